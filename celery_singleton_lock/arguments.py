@@ -1,0 +1,211 @@
+"""Lock names from call arguments: bind to the signature, encode canonically, hash.
+
+``f(1, b=2)``, ``f(1, 2)`` and ``f(a=1)`` (``b`` defaulting to 2) name the same lock. Only
+types with a stable, explicit encoding are accepted; anything else is an error that names the
+task, the argument and its type. Nothing ever falls back to ``repr()`` or ``str()``, which
+would silently give different keys for equal values (or equal keys for different ones).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import hashlib
+import inspect
+import uuid
+from decimal import Decimal
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from .errors import LockConfigurationError, LockKeyError, UnsupportedArgumentError
+
+__all__ = ["ArgumentKeyer", "canonical_digest"]
+
+KeyCallable = Callable[..., Any]
+_Update = Callable[[bytes], None]
+
+_SUPPORTED = (
+    "str, int, float, bool, None, list/tuple, dict, Decimal, UUID, date/datetime/time, Enum, bytes"
+)
+
+
+def _length_prefixed(tag: bytes, payload: bytes, update: _Update) -> None:
+    update(tag + str(len(payload)).encode() + b":" + payload)
+
+
+def _encode(value: Any, path: str, update: _Update) -> None:
+    """Feed the canonical encoding of ``value`` to ``update``; ``path`` names it in errors.
+
+    Every encoding starts with a type tag and is length- or count-prefixed, so no two
+    different values share an encoding.
+    """
+    if value is None:
+        update(b"N")
+    elif value is True:
+        update(b"T")
+    elif value is False:
+        update(b"F")
+    elif isinstance(value, enum.Enum):
+        cls = type(value)
+        _length_prefixed(b"e", f"{cls.__module__}.{cls.__qualname__}".encode(), update)
+        _encode(value.value, f"{path}.value", update)
+    elif isinstance(value, int):
+        _length_prefixed(b"i", str(int(value)).encode(), update)
+    elif isinstance(value, float):
+        _length_prefixed(b"f", repr(float(value)).encode(), update)
+    elif isinstance(value, str):
+        _length_prefixed(b"s", value.encode("utf-8", "surrogatepass"), update)
+    elif isinstance(value, (bytes, bytearray, memoryview)):
+        _length_prefixed(b"b", bytes(value), update)
+    elif isinstance(value, (list, tuple)):
+        update(b"l" + str(len(value)).encode() + b":")
+        for index, item in enumerate(value):
+            _encode(item, f"{path}[{index}]", update)
+    elif isinstance(value, Mapping):
+        pairs = []
+        for key, item in value.items():
+            key_hash = hashlib.sha256()
+            _encode(key, f"{path} key {key!r}"[:200], key_hash.update)
+            pairs.append((key_hash.digest(), key, item))
+        pairs.sort(key=lambda pair: pair[0])
+        update(b"d" + str(len(pairs)).encode() + b":")
+        for key_digest, key, item in pairs:
+            update(key_digest)
+            _encode(item, f"{path}[{key!r}]"[:200] if path else str(key)[:200], update)
+    elif isinstance(value, Decimal):
+        _length_prefixed(b"D", str(value.normalize()).encode(), update)
+    elif isinstance(value, uuid.UUID):
+        _length_prefixed(b"u", value.hex.encode(), update)
+    elif isinstance(value, dt.datetime):
+        if value.utcoffset() is None:
+            _length_prefixed(b"tn", value.isoformat().encode(), update)
+        else:  # equal instants in different zones are equal datetimes: key them equally
+            utc = value.astimezone(dt.timezone.utc).replace(tzinfo=None)
+            _length_prefixed(b"tz", utc.isoformat().encode(), update)
+    elif isinstance(value, dt.date):
+        _length_prefixed(b"dd", value.isoformat().encode(), update)
+    elif isinstance(value, dt.time):
+        _length_prefixed(b"tt", value.isoformat().encode(), update)
+    else:
+        raise UnsupportedArgumentError(
+            f"argument {path} has type {type(value).__module__}.{type(value).__qualname__}, "
+            f"which has no stable lock-key encoding (supported: {_SUPPORTED}). "
+            "Name the arguments that identify the work with lock_on=(...), or give "
+            "lock_key=callable returning a string"
+        )
+
+
+def canonical_digest(task_name: str, arguments: Mapping[str, Any], *, label: str = "") -> str:
+    """SHA-256 (hex) of ``task_name`` and ``arguments`` encoded canonically.
+
+    Raises:
+        UnsupportedArgumentError: an argument's type has no stable encoding; the message
+            names ``label`` (the task), the argument path and its type.
+    """
+    digest = hashlib.sha256()
+    digest.update(task_name.encode("utf-8") + b"\0")
+    try:
+        _encode(dict(arguments), "", digest.update)
+    except UnsupportedArgumentError as exc:
+        raise UnsupportedArgumentError(f"task {label or task_name}: {exc.message}") from None
+    return digest.hexdigest()
+
+
+class ArgumentKeyer:
+    """Computes the lock name of one task's calls; validated once, at task registration.
+
+    Args:
+        task_name: goes into the lock name (readable) and into the hash.
+        func: the task function; its signature normalises calls.
+        lock_on: names of the parameters that identify the work; None means all of them.
+        lock_key: callable taking the task's arguments and returning a string, for full
+            control; exclusive with ``lock_on``.
+        skip_first: the function's first parameter is ``self`` (a bound task).
+
+    Raises:
+        LockConfigurationError: ``lock_on`` names a parameter ``func`` does not have, both
+            ``lock_on`` and ``lock_key`` are given, or ``lock_key`` is not callable.
+    """
+
+    def __init__(
+        self,
+        task_name: str,
+        func: Callable[..., Any],
+        *,
+        lock_on: Optional[Sequence[str]] = None,
+        lock_key: Optional[KeyCallable] = None,
+        skip_first: bool = False,
+    ) -> None:
+        self.task_name = task_name
+        self.lock_key = lock_key
+        signature = inspect.signature(func)
+        parameters = list(signature.parameters.values())
+        if skip_first and parameters:
+            parameters = parameters[1:]
+        self.signature = signature.replace(parameters=parameters)
+        if lock_on is not None and lock_key is not None:
+            raise LockConfigurationError(f"task {task_name}: give lock_on or lock_key, not both")
+        if lock_key is not None and not callable(lock_key):
+            raise LockConfigurationError(
+                f"task {task_name}: lock_key must be a callable returning a string, "
+                f"got {type(lock_key).__name__}"
+            )
+        if isinstance(lock_on, str):
+            lock_on = (lock_on,)
+        if lock_on is not None:
+            lock_on = tuple(lock_on)
+            known = self.signature.parameters
+            missing = [name for name in lock_on if name not in known]
+            if missing or not lock_on:
+                raise LockConfigurationError(
+                    f"task {task_name}: lock_on names {missing or 'nothing'}, but the task's "
+                    f"parameters are {list(known)}; name existing parameters"
+                )
+        self.lock_on: Optional[tuple[str, ...]] = lock_on
+
+    def bind(
+        self, args: Optional[Sequence[Any]], kwargs: Optional[Mapping[str, Any]]
+    ) -> dict[str, Any]:
+        """The call's arguments by parameter name, defaults applied."""
+        try:
+            bound = self.signature.bind(*(args or ()), **(kwargs or {}))
+        except TypeError as exc:
+            raise LockKeyError(
+                f"task {self.task_name}: arguments do not match its signature "
+                f"{self.signature}: {exc}"
+            ) from None
+        bound.apply_defaults()
+        return dict(bound.arguments)
+
+    def name(self, args: Optional[Sequence[Any]], kwargs: Optional[Mapping[str, Any]]) -> str:
+        """The lock name for a call: ``<task name>:<sha256 of the identifying arguments>``.
+
+        Raises:
+            LockKeyError: the arguments do not fit the signature, an argument type has no
+                stable encoding, or ``lock_key`` raised or returned a non-string.
+        """
+        if self.lock_key is not None:
+            identity: Mapping[str, Any] = {"lock_key": self._call_key_callable(args, kwargs)}
+        else:
+            arguments = self.bind(args, kwargs)
+            if self.lock_on is not None:
+                arguments = {name: arguments[name] for name in self.lock_on}
+            identity = arguments
+        return f"{self.task_name}:{canonical_digest(self.task_name, identity)}"
+
+    def _call_key_callable(
+        self, args: Optional[Sequence[Any]], kwargs: Optional[Mapping[str, Any]]
+    ) -> str:
+        assert self.lock_key is not None
+        try:
+            value = self.lock_key(*(args or ()), **(kwargs or {}))
+        except Exception as exc:
+            raise LockKeyError(
+                f"task {self.task_name}: lock_key callable raised "
+                f"{type(exc).__name__}: {exc}; it must accept the task's arguments"
+            ) from exc
+        if not isinstance(value, str):
+            raise LockKeyError(
+                f"task {self.task_name}: lock_key callable returned "
+                f"{type(value).__name__}, not a string"
+            )
+        return value

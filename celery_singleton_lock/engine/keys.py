@@ -1,0 +1,60 @@
+"""Naming of the Redis keys and channel that belong to one lock.
+
+Layout, for prefix ``P`` and lock name ``N``::
+
+    P:{N}            the lock (a hash with a TTL)
+    P:{N}:fence      its fence counter (a string that never expires)
+    P:{N}:released   the channel its releases are published on
+
+``{N}`` is a Redis Cluster hash tag: the lock and its counter always share a slot, so one
+script may touch both.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..errors import LockConfigurationError
+
+_PREFIX_PATTERN = re.compile(r"^[A-Za-z0-9_.:\-/|@#=+]{1,64}$")
+_NAME_FORBIDDEN = re.compile(r"[{}\s]")
+MAX_NAME_LENGTH = 512
+
+
+def validate_prefix(prefix: str) -> str:
+    """Return ``prefix`` if it is safe as a key namespace, else raise ``LockConfigurationError``.
+
+    Braces would break the hash tag and whitespace or control characters make keys unreadable
+    in ``redis-cli``; both are refused rather than silently escaped.
+    """
+    if not isinstance(prefix, str) or not _PREFIX_PATTERN.match(prefix):
+        raise LockConfigurationError(
+            f"lock key prefix {prefix!r} is invalid: use 1-64 characters from "
+            "letters, digits and _ . : - / | @ # = + (no braces, spaces or control characters)"
+        )
+    return prefix
+
+
+@dataclass(frozen=True)
+class LockKeys:
+    """The lock key, fence counter key and release channel of one lock name."""
+
+    lock: str
+    fence: str
+    channel: str
+
+    @classmethod
+    def build(cls, prefix: str, name: str) -> LockKeys:
+        if not name or len(name) > MAX_NAME_LENGTH or _NAME_FORBIDDEN.search(name):
+            raise LockConfigurationError(
+                f"lock name {name[:80]!r} is invalid: it must be 1-{MAX_NAME_LENGTH} characters "
+                "without braces or whitespace"
+            )
+        lock = f"{prefix}:{{{name}}}"
+        return cls(lock=lock, fence=f"{lock}:fence", channel=f"{lock}:released")
+
+    @property
+    def name(self) -> str:
+        """The lock name between the hash-tag braces."""
+        return self.lock[self.lock.index("{") + 1 : -1]

@@ -1,0 +1,91 @@
+"""The ``LockError`` family.
+
+Every exception keeps all of its fields in ``args`` so that it survives both a pickle round
+trip and Celery's JSON result serializer (which rebuilds an exception as ``cls(*args)``);
+``str()`` is always the human message alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+__all__ = [
+    "DuplicateTaskError",
+    "DuplicateTaskSkipped",
+    "LockBackendUnavailable",
+    "LockConfigurationError",
+    "LockError",
+    "LockKeyError",
+    "LockLostError",
+    "LockNotOwnedError",
+    "UnsupportedArgumentError",
+]
+
+
+class LockError(Exception):
+    """Base of every error this package raises.
+
+    Attributes:
+        message: what went wrong and what to do about it.
+        key: the Redis lock key concerned, when there is one.
+        holder: who holds the lock (task id, host, pid, remaining TTL...), when known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        key: Optional[str] = None,
+        holder: Optional[Mapping[str, Any]] = None,
+    ) -> None:
+        super().__init__(message, key, dict(holder) if holder is not None else None)
+
+    @property
+    def message(self) -> str:
+        return str(self.args[0])
+
+    @property
+    def key(self) -> Optional[str]:
+        return self.args[1] if len(self.args) > 1 else None
+
+    @property
+    def holder(self) -> Optional[dict[str, Any]]:
+        return self.args[2] if len(self.args) > 2 else None
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class LockBackendUnavailable(LockError):
+    """The lock server could not be reached (connection refused, timeout, auth, OOM...)."""
+
+
+class LockNotOwnedError(LockError):
+    """An operation needed a lock we do not (or no longer) own."""
+
+
+class LockLostError(LockNotOwnedError):
+    """The lease expired or was taken over while its holder was still running."""
+
+
+class LockConfigurationError(LockError, ValueError):
+    """A task's lock options or an app setting is invalid; raised at registration/worker start."""
+
+
+class LockKeyError(LockError, TypeError):
+    """A lock key could not be computed from a call's arguments."""
+
+
+class UnsupportedArgumentError(LockKeyError):
+    """An argument has a type with no stable canonical encoding."""
+
+
+class DuplicateTaskError(LockError):
+    """A duplicate execution found the lock held (policy ``fail``, or lock retries spent)."""
+
+
+class DuplicateTaskSkipped(DuplicateTaskError):
+    """Outcome stored for a duplicate that was skipped (policy ``skip``).
+
+    ``AsyncResult.get()`` raises it promptly; ``holder['task_id']`` names the execution that
+    held the lock.
+    """

@@ -1,0 +1,47 @@
+from __future__ import annotations
+
+from typing import Iterator
+
+import pytest
+import redis
+
+from celery_singleton_lock.engine import RedisLocker, Renewer
+from celery_singleton_lock.testing import RedisServer
+from tests.support import CountingConnection
+
+
+@pytest.fixture
+def locker(redis_client: redis.Redis) -> RedisLocker:
+    """A locker with its own renewer thread (isolated from other tests' leases)."""
+    return RedisLocker(redis_client, prefix="t", renewer=Renewer())
+
+
+@pytest.fixture
+def counting_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    """A client whose every round trip is recorded in ``CountingConnection.sent``."""
+    pool = redis.ConnectionPool(
+        host="127.0.0.1", port=redis_server.port, connection_class=CountingConnection
+    )
+    client = redis.Redis(connection_pool=pool)
+    client.ping()
+    CountingConnection.reset()
+    yield client
+    pool.disconnect()
+
+
+class FakeClock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()

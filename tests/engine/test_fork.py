@@ -1,0 +1,58 @@
+"""A forked child never renews or releases the leases it inherited, and renews its own."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import redis
+
+from celery_singleton_lock.engine import Lease, RedisLocker, process_renewer
+from celery_singleton_lock.testing import RedisServer
+
+
+def _run_in_child(body) -> int:  # type: ignore[no-untyped-def]
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        code = 1
+        try:
+            code = 0 if body() else 3
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def test_child_does_not_release_an_inherited_lease(redis_server: RedisServer) -> None:
+    client = redis_server.client()
+    locker = RedisLocker(client, prefix="t")
+    lease = locker.try_acquire("parent-job", ttl=30, renew=False)
+    assert isinstance(lease, Lease)
+    assert _run_in_child(lambda: lease.release() is False and lease.inherited) == 0
+    assert client.hget(lease.key, "token") == lease.token.encode()
+    assert lease.release() is True
+
+
+def test_child_does_not_renew_inherited_leases_but_renews_its_own(
+    redis_server: RedisServer,
+) -> None:
+    client = redis_server.client()
+    locker = RedisLocker(client, prefix="t")  # the process renewer, as in production
+    parent_lease = locker.try_acquire("parent-job", ttl=30)
+    assert isinstance(parent_lease, Lease)
+
+    def child() -> bool:
+        if process_renewer().leases():
+            return False  # inherited leases must not be in the child's renewer
+        own = locker.try_acquire("child-job", ttl=0.6)
+        time.sleep(1.5)
+        child_client = redis.Redis(host="127.0.0.1", port=redis_server.port)
+        return bool(
+            isinstance(own, Lease)
+            and child_client.hget(own.key, "token") == own.token.encode()
+            and own.release()
+        )
+
+    assert _run_in_child(child) == 0
+    assert client.hget(parent_lease.key, "token") == parent_lease.token.encode()
+    parent_lease.release()

@@ -1,0 +1,187 @@
+"""Renewal: one round trip per tick for every lease, TTL replaced never extended, loss detection."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import redis
+
+from celery_singleton_lock.engine import Lease, RedisLocker, Renewer
+from celery_singleton_lock.testing import RedisServer
+from tests.engine.conftest import FakeClock
+from tests.support import CountingConnection, wait_until
+
+
+def test_renewal_keeps_a_one_second_lease_alive_for_five_seconds(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    lease = locker.try_acquire("job", ttl=1.0)
+    assert isinstance(lease, Lease)
+    deadline = time.monotonic() + 5.0
+    max_pttl = 0
+    while time.monotonic() < deadline:
+        assert redis_client.hget(lease.key, "token") == lease.token.encode()
+        max_pttl = max(max_pttl, redis_client.pttl(lease.key))
+        time.sleep(0.05)
+    assert not lease.lost.is_set()
+    assert 0 < max_pttl <= 1000  # replaced, never added to
+
+
+def test_renewing_a_thousand_leases_costs_one_round_trip_per_tick(
+    counting_client: redis.Redis, clock: FakeClock
+) -> None:
+    renewer = Renewer(clock=clock, autostart=False)
+    locker = RedisLocker(counting_client, prefix="t", renewer=renewer)
+    leases = [locker.try_acquire(f"job-{i}", ttl=3.0) for i in range(1000)]
+    assert all(isinstance(lease, Lease) for lease in leases)
+    clock.advance(1.0)
+    renewer.run_once()  # first tick: NOSCRIPT, SCRIPT LOAD, EVALSHA; the script is then cached
+    for _tick in range(3):
+        clock.advance(1.0)
+        CountingConnection.reset()
+        renewer.run_once()
+        assert CountingConnection.sent == ["EVALSHA"]
+    assert not any(lease.lost.is_set() for lease in leases)  # type: ignore[union-attr]
+
+
+def test_no_round_trip_before_a_lease_is_due(
+    counting_client: redis.Redis, clock: FakeClock
+) -> None:
+    renewer = Renewer(clock=clock, autostart=False)
+    locker = RedisLocker(counting_client, prefix="t", renewer=renewer)
+    locker.try_acquire("job", ttl=3.0)
+    CountingConnection.reset()
+    clock.advance(0.4)  # well before ttl/3
+    renewer.run_once()
+    assert CountingConnection.sent == []
+
+
+def test_renewal_replaces_the_ttl(redis_client: redis.Redis, clock: FakeClock) -> None:
+    renewer = Renewer(clock=clock, autostart=False)
+    locker = RedisLocker(redis_client, prefix="t", renewer=renewer)
+    lease = locker.try_acquire("job", ttl=2.0)
+    assert isinstance(lease, Lease)
+    redis_client.pexpire(lease.key, 50_000)  # pretend something stretched it
+    clock.advance(1.0)
+    renewer.run_once()
+    assert 1500 < redis_client.pttl(lease.key) <= 2000
+
+
+def test_deleted_key_marks_the_lease_lost_within_one_tick(
+    redis_client: redis.Redis, clock: FakeClock
+) -> None:
+    renewer = Renewer(clock=clock, autostart=False)
+    locker = RedisLocker(redis_client, prefix="t", renewer=renewer)
+    lost: list[Lease] = []
+    lease = locker.try_acquire("job", ttl=3.0, on_lost=lost.append)
+    assert isinstance(lease, Lease)
+    redis_client.delete(lease.key)
+    clock.advance(1.0)
+    renewer.run_once()
+    assert lease.lost.is_set()
+    assert lost == [lease]
+    assert lease not in renewer.leases()
+
+
+def test_overwritten_key_marks_the_lease_lost_and_is_left_alone(
+    redis_client: redis.Redis, clock: FakeClock
+) -> None:
+    renewer = Renewer(clock=clock, autostart=False)
+    locker = RedisLocker(redis_client, prefix="t", renewer=renewer)
+    lease = locker.try_acquire("job", ttl=3.0)
+    assert isinstance(lease, Lease)
+    redis_client.hset(lease.key, "token", "someone-else")
+    redis_client.pexpire(lease.key, 700)
+    clock.advance(1.0)
+    renewer.run_once()
+    assert lease.lost.is_set()
+    assert redis_client.pttl(lease.key) <= 700  # the new owner's TTL was not touched
+
+
+def test_loss_is_detected_by_the_renewer_thread(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    fired = threading.Event()
+    lease = locker.try_acquire("job", ttl=0.6, on_lost=lambda _lease: fired.set())
+    assert isinstance(lease, Lease)
+    redis_client.delete(lease.key)
+    assert fired.wait(timeout=0.6)  # one tick is ttl/3 = 0.2 s
+
+
+def test_a_foreign_token_cannot_renew(redis_client: redis.Redis, clock: FakeClock) -> None:
+    renewer = Renewer(clock=clock, autostart=False)
+    locker = RedisLocker(redis_client, prefix="t", renewer=renewer)
+    lease = locker.try_acquire("job", ttl=3.0, renew=False)
+    assert isinstance(lease, Lease)
+    impostor = Lease(
+        locker=locker,
+        keys=lease.keys,
+        token="f" * 32,
+        ttl=60,
+        owner=lease.owner,
+        fence=None,
+        confirmed_at=clock(),
+        deadline=None,
+    )
+    assert locker.renew_many([impostor], now=clock()) == [False]
+    assert redis_client.pttl(lease.key) <= 3000
+
+
+def test_renewal_stops_at_the_maximum_lifetime(redis_client: redis.Redis, clock: FakeClock) -> None:
+    renewer = Renewer(clock=clock, autostart=False)
+    locker = RedisLocker(redis_client, prefix="t", renewer=renewer)
+    lease = locker.try_acquire("job", ttl=3.0, max_lifetime=2.5)
+    assert isinstance(lease, Lease)
+    clock.advance(1.0)
+    renewer.run_once()
+    clock.advance(1.0)
+    renewer.run_once()  # 0.5 s of lifetime left: the TTL is capped to it
+    assert redis_client.pttl(lease.key) <= 500
+    clock.advance(1.0)
+    renewer.run_once()
+    assert renewer.leases() == []
+    assert not lease.lost.is_set()
+
+
+def test_released_lease_is_no_longer_renewed(redis_client: redis.Redis, clock: FakeClock) -> None:
+    renewer = Renewer(clock=clock, autostart=False)
+    locker = RedisLocker(redis_client, prefix="t", renewer=renewer)
+    lease = locker.try_acquire("job", ttl=3.0)
+    assert isinstance(lease, Lease)
+    lease.release()
+    assert renewer.leases() == []
+
+
+def test_unreachable_server_marks_lost_only_after_the_ttl_has_passed(clock: FakeClock) -> None:
+    with RedisServer.running() as server:
+        client = server.client(socket_timeout=0.5, socket_connect_timeout=0.5)
+        renewer = Renewer(clock=clock, autostart=False)
+        locker = RedisLocker(client, prefix="t", renewer=renewer)
+        lease = locker.try_acquire("job", ttl=3.0)
+        assert isinstance(lease, Lease)
+        server.stop()
+        clock.advance(1.5)
+        renewer.run_once()
+        assert not lease.lost.is_set()  # 1.5 s since confirmed: may still be ours
+        clock.advance(1.6)
+        renewer.run_once()
+        assert lease.lost.is_set()  # 3.1 s: the TTL has certainly run out
+
+
+def test_renewer_thread_survives_an_outage_and_resumes() -> None:
+    with RedisServer.running() as server:
+        client = server.client(socket_timeout=0.3, socket_connect_timeout=0.3)
+        renewer = Renewer()
+        locker = RedisLocker(client, prefix="t", renewer=renewer)
+        long_lived = locker.try_acquire("long", ttl=3.0)
+        assert isinstance(long_lived, Lease)
+        server.stop()
+        time.sleep(0.5)
+        server.start()  # the data is gone: the long lease is lost, and reported as such
+        wait_until(long_lived.lost.is_set, timeout=15)
+        fresh = locker.try_acquire("fresh", ttl=0.6)
+        assert isinstance(fresh, Lease)
+        time.sleep(2.0)
+        assert client.hget(fresh.key, "token") == fresh.token.encode()
+        assert not fresh.lost.is_set()

@@ -1,0 +1,68 @@
+"""Helpers shared by the tests: a connection that counts round trips, polling with a deadline."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable, TypeVar
+
+import redis
+
+T = TypeVar("T")
+
+# Sent by redis-py when it opens a connection; not lock traffic.
+HANDSHAKE = frozenset({"HELLO", "CLIENT", "AUTH", "SELECT", "PING"})
+
+
+class CountingConnection(redis.Connection):
+    """Counts what the client sends: one entry per round trip, by command name.
+
+    A pipeline counts once, as ``PIPELINE`` (one packed send); commands a Lua script runs
+    inside Redis are never seen here.
+    """
+
+    lock = threading.Lock()
+    sent: list[str] = []
+    _single = threading.local()
+
+    def send_command(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        name = args[0].decode() if isinstance(args[0], bytes) else str(args[0])
+        CountingConnection._single.active = True
+        try:
+            super().send_command(*args, **kwargs)
+        finally:
+            CountingConnection._single.active = False
+        if name.upper() not in HANDSHAKE:
+            self._record(name.upper())
+
+    def send_packed_command(self, command, check_health=True):  # type: ignore[no-untyped-def]
+        if not getattr(CountingConnection._single, "active", False):
+            self._record("PIPELINE")
+        super().send_packed_command(command, check_health)
+
+    @classmethod
+    def _record(cls, name: str) -> None:
+        with cls.lock:
+            cls.sent.append(name)
+
+    @classmethod
+    def reset(cls) -> None:
+        with cls.lock:
+            cls.sent = []
+
+    @classmethod
+    def count(cls) -> int:
+        with cls.lock:
+            return len(cls.sent)
+
+
+def wait_until(predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.02) -> T:
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s: {predicate}")
+        time.sleep(interval)

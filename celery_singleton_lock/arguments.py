@@ -32,6 +32,29 @@ def _length_prefixed(tag: bytes, payload: bytes, update: _Update) -> None:
     update(tag + str(len(payload)).encode() + b":" + payload)
 
 
+_DECIMAL_SPECIALS = {"n": "NaN", "N": "sNaN"}
+
+
+def _decimal_text(value: Decimal) -> str:
+    """Exact text of ``value``, trailing zeros dropped (``1.0`` and ``1.00`` give ``1E0``).
+
+    Independent of the decimal context: ``normalize()`` rounds to the context's precision
+    (so ``1`` and ``1.0000000000000000000000000000001`` collided), under- or overflows at
+    its exponent limits, raises on sNaN, and ``str()`` follows its ``capitals`` setting.
+    """
+    sign, digits, exponent = value.as_tuple()
+    prefix = "-" if sign else ""
+    if exponent == "F":
+        return f"{prefix}Infinity"
+    if not isinstance(exponent, int):  # NaN ('n') or sNaN ('N'), with its payload digits
+        return prefix + _DECIMAL_SPECIALS[exponent] + "".join(map(str, digits))
+    coefficient = "".join(map(str, digits)).lstrip("0")
+    significant = coefficient.rstrip("0")
+    if not significant:
+        return f"{prefix}0"
+    return f"{prefix}{significant}E{exponent + len(coefficient) - len(significant)}"
+
+
 def _encode(value: Any, path: str, update: _Update) -> None:
     """Feed the canonical encoding of ``value`` to ``update``; ``path`` names it in errors.
 
@@ -49,7 +72,8 @@ def _encode(value: Any, path: str, update: _Update) -> None:
         _length_prefixed(b"e", f"{cls.__module__}.{cls.__qualname__}".encode(), update)
         _encode(value.value, f"{path}.value", update)
     elif isinstance(value, int):
-        _length_prefixed(b"i", str(int(value)).encode(), update)
+        # hex: str() of an int over 4300 digits raises ValueError (sys.int_max_str_digits)
+        _length_prefixed(b"i", format(int(value), "x").encode(), update)
     elif isinstance(value, float):
         _length_prefixed(b"f", repr(float(value)).encode(), update)
     elif isinstance(value, str):
@@ -72,7 +96,7 @@ def _encode(value: Any, path: str, update: _Update) -> None:
             update(key_digest)
             _encode(item, f"{path}[{key!r}]"[:200] if path else str(key)[:200], update)
     elif isinstance(value, Decimal):
-        _length_prefixed(b"D", str(value.normalize()).encode(), update)
+        _length_prefixed(b"D", _decimal_text(value).encode(), update)
     elif isinstance(value, uuid.UUID):
         _length_prefixed(b"u", value.hex.encode(), update)
     elif isinstance(value, dt.datetime):

@@ -123,9 +123,7 @@ class RedisServer:
                 break
             except redis.exceptions.ConnectionError:
                 if self.process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"{self.binary} did not start on port {self.port}"
-                    ) from None
+                    raise RuntimeError(f"{self.binary} did not start on port {self.port}") from None
                 time.sleep(0.02)
         probe.close()
         return self

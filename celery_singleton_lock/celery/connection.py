@@ -1,0 +1,111 @@
+"""Which Redis holds an app's locks, and the one locker per app and process that talks to it."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any, Optional
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+from ..engine import RedisLocker
+from ..errors import LockConfigurationError
+
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+DEFAULT_URL = "redis://localhost:6379/0"
+
+#: Client defaults: fail within seconds rather than hang a worker slot when Redis is down.
+#: Retrying a command is safe: acquire recognises its own token, release and renew are
+#: idempotent. ``singleton_lock_redis_options`` overrides any of them.
+CLIENT_DEFAULTS: dict[str, Any] = {
+    "socket_timeout": 5.0,
+    "socket_connect_timeout": 2.0,
+    "health_check_interval": 30,
+}
+
+
+def _first_url(value: Any) -> Optional[str]:
+    if isinstance(value, (list, tuple)):
+        value = value[0] if value else None
+    if not isinstance(value, str) or not value:
+        return None
+    return value.split(";")[0].strip()
+
+
+def _is_redis(url: Optional[str]) -> bool:
+    return bool(url) and urlsplit(url).scheme in REDIS_SCHEMES
+
+
+def choose_url(conf: Any) -> tuple[str, str]:
+    """The lock server URL and where it came from (the setting, broker, backend or default)."""
+    explicit = conf.get("singleton_lock_url")
+    if explicit:
+        if not _is_redis(explicit):
+            raise LockConfigurationError(
+                f"singleton_lock_url={redact(explicit)!r} is not a Redis URL; use "
+                "redis://, rediss:// (TLS) or unix://"
+            )
+        return explicit, "singleton_lock_url"
+    broker = _first_url(conf.get("broker_write_url") or conf.get("broker_url"))
+    if _is_redis(broker):
+        return broker, "broker_url"  # type: ignore[return-value]
+    backend = _first_url(conf.get("result_backend"))
+    if _is_redis(backend):
+        return backend, "result_backend"  # type: ignore[return-value]
+    return DEFAULT_URL, "default"
+
+
+def redact(url: str) -> str:
+    """``url`` with its password hidden, for logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+
+
+def make_client(url: str, options: Optional[dict[str, Any]] = None) -> redis.Redis:
+    """A redis-py client for ``url`` (TLS and ACL user/password come from the URL)."""
+    settings = {
+        **CLIENT_DEFAULTS,
+        "retry": Retry(ExponentialBackoff(cap=0.2, base=0.02), 2),
+        **(options or {}),
+    }
+    return redis.Redis.from_url(url, **settings)
+
+
+_lockers: weakref.WeakKeyDictionary[Any, RedisLocker] = weakref.WeakKeyDictionary()
+_lockers_lock = threading.Lock()
+
+
+def locker_for(app: Any) -> RedisLocker:
+    """The locker of ``app`` (created on first use; redis-py's pool is fork-safe)."""
+    locker = _lockers.get(app)
+    if locker is None:
+        with _lockers_lock:
+            locker = _lockers.get(app)
+            if locker is None:
+                conf = app.conf
+                url, _source = choose_url(conf)
+                prefix = conf.get("singleton_lock_prefix") or "singleton-lock"
+                client = make_client(url, conf.get("singleton_lock_redis_options"))
+                locker = RedisLocker(client, prefix=prefix)
+                _lockers[app] = locker
+    return locker
+
+
+def forget_locker(app: Any) -> None:
+    """Drop ``app``'s locker, e.g. after its settings changed (tests)."""
+    with _lockers_lock:
+        locker = _lockers.pop(app, None)
+    if locker is not None:
+        locker.client.close()
+
+
+def all_lockers() -> list[RedisLocker]:
+    with _lockers_lock:
+        return list(_lockers.values())

@@ -1,0 +1,96 @@
+"""``self.request.lock``: what a running task knows about its lock."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ..engine import Lease
+from ..errors import LockLostError
+
+
+class LockHandle:
+    """The lock of one execution, attached to its request (so it is per thread).
+
+    Attributes:
+        key: the Redis key of the lock (None when no lock could be computed).
+        reentrant: this run is nested inside a run of this thread holding the same key; the
+            outer run owns (and will release) the lock.
+        locked: False when the task runs without a lock (``lock_on_backend_error="run"``).
+    """
+
+    __slots__ = ("_lease", "key", "locked", "reentrant")
+
+    def __init__(
+        self,
+        key: Optional[str],
+        lease: Optional[Lease] = None,
+        *,
+        reentrant: bool = False,
+        locked: bool = True,
+    ) -> None:
+        self.key = key
+        self._lease = lease
+        self.reentrant = reentrant
+        self.locked = locked
+
+    @property
+    def lease(self) -> Optional[Lease]:
+        """The engine lease this execution owns (None for reentrant or unlocked runs)."""
+        return self._lease
+
+    @property
+    def fence(self) -> Optional[int]:
+        """The fencing token of this acquisition (strictly increasing per key), if fencing."""
+        return None if self._lease is None else self._lease.fence
+
+    @property
+    def lost(self) -> bool:
+        """True once Redis said the lock is no longer ours (or was unreachable past its TTL)."""
+        return self._lease is not None and self._lease.lost.is_set()
+
+    @property
+    def held(self) -> bool:
+        """True while the lock is ours: acquired, not lost, not released."""
+        return self._lease is not None and self._lease.held
+
+    def check(self) -> None:
+        """Raise ``LockLostError`` if the lock was lost: call it before irreversible steps."""
+        if self.lost:
+            raise LockLostError(
+                f"lock {self.key} was lost while the task ran (expired or taken over); "
+                "stop before writing",
+                self.key,
+            )
+
+    def nested(self) -> LockHandle:
+        """The handle of a reentrant run inside this one: same key and fence, owns nothing."""
+        return _NestedHandle(self)
+
+    def __repr__(self) -> str:
+        state = "reentrant" if self.reentrant else ("held" if self.held else "not held")
+        return f"<LockHandle {self.key} fence={self.fence} {state}>"
+
+
+class _NestedHandle(LockHandle):
+    """A reentrant run's view of the outer run's lock: reads through, never releases."""
+
+    __slots__ = ("_outer",)
+
+    def __init__(self, outer: LockHandle) -> None:
+        super().__init__(outer.key, None, reentrant=True, locked=outer.locked)
+        self._outer = outer
+
+    @property
+    def fence(self) -> Optional[int]:
+        return self._outer.fence
+
+    @property
+    def lost(self) -> bool:
+        return self._outer.lost
+
+    @property
+    def held(self) -> bool:
+        return self._outer.held
+
+
+UNLOCKED = LockHandle(None, None, locked=False)

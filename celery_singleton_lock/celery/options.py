@@ -1,0 +1,172 @@
+"""Lock options of a task: task attribute, else app setting ``singleton_lock_<name>``, else default.
+
+Everything is validated here, once, when the task is bound to its app and again at worker
+start, so a bad option fails there with the task's name, not on the thousandth call.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional
+
+from ..arguments import ArgumentKeyer
+from ..engine.keys import LockKeys, validate_prefix
+from ..errors import LockConfigurationError
+
+POLICIES = ("skip", "retry", "wait", "fail")
+BACKEND_ERROR_POLICIES = ("retry", "run")
+
+#: task attribute -> (app setting, built-in default). ``lock_on`` and ``lock_key`` are
+#: per-task only.
+TASK_OPTIONS: dict[str, tuple[str, Any]] = {
+    "lock_ttl": ("singleton_lock_ttl", 15.0),
+    "on_duplicate": ("singleton_lock_on_duplicate", "skip"),
+    "lock_fencing": ("singleton_lock_fencing", False),
+    "lock_retry_backoff": ("singleton_lock_retry_backoff", 1.0),
+    "lock_retry_backoff_max": ("singleton_lock_retry_backoff_max", 60.0),
+    "lock_max_retries": ("singleton_lock_max_retries", None),
+    "lock_wait_timeout": ("singleton_lock_wait_timeout", 30.0),
+    "lock_on_backend_error": ("singleton_lock_on_backend_error", "retry"),
+}
+
+#: App-wide settings with no task attribute.
+APP_SETTINGS: dict[str, Any] = {
+    "singleton_lock_url": None,
+    "singleton_lock_prefix": "singleton-lock",
+    "singleton_lock_redis_options": None,
+}
+
+KNOWN_SETTINGS = frozenset(APP_SETTINGS) | {setting for setting, _ in TASK_OPTIONS.values()}
+
+MIN_TTL, MAX_TTL = 0.1, 86_400.0
+
+
+class Unset:
+    """Marks a task attribute left to the app setting (None is a meaningful value)."""
+
+    def __repr__(self) -> str:
+        return "<from app settings>"
+
+
+UNSET: Any = Unset()
+
+
+@dataclass(frozen=True)
+class LockOptions:
+    """The resolved, validated lock options of one task."""
+
+    task_name: str
+    keyer: ArgumentKeyer
+    prefix: str
+    ttl: float
+    on_duplicate: str
+    fencing: bool
+    retry_backoff: float
+    retry_backoff_max: float
+    max_retries: Optional[int]
+    wait_timeout: float
+    on_backend_error: str
+
+
+def _number(task: str, name: str, value: Any, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        raise LockConfigurationError(
+            f"task {task}: {name} must be a number of seconds, got {value!r}"
+        )
+    if not low <= value <= high:
+        raise LockConfigurationError(
+            f"task {task}: {name}={value!r} is out of range; use {low} to {high} seconds"
+        )
+    return float(value)
+
+
+def _choice(task: str, name: str, value: Any, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise LockConfigurationError(
+            f"task {task}: {name}={value!r} is not one of {', '.join(map(repr, allowed))}"
+        )
+    return str(value)
+
+
+def unknown_settings(conf: Mapping[str, Any]) -> list[str]:
+    """``singleton_lock_*`` keys in ``conf`` that this package does not know (typos)."""
+    return sorted(
+        key for key in conf if key.startswith("singleton_lock_") and key not in KNOWN_SETTINGS
+    )
+
+
+def resolve(
+    *,
+    task_name: str,
+    func: Callable[..., Any],
+    skip_first: bool,
+    attributes: Mapping[str, Any],
+    conf: Mapping[str, Any],
+) -> LockOptions:
+    """Resolve and validate a task's options.
+
+    Args:
+        attributes: the task's attributes (``lock_ttl``...); ``UNSET`` defers to ``conf``.
+        conf: the app's configuration.
+
+    Raises:
+        LockConfigurationError: naming the task, the option and what to do.
+    """
+    value: dict[str, Any] = {}
+    for attribute, (setting, default) in TASK_OPTIONS.items():
+        chosen = attributes.get(attribute, UNSET)
+        if chosen is UNSET:
+            chosen = conf.get(setting, default)
+        value[attribute] = chosen
+
+    ttl = _number(task_name, "lock_ttl", value["lock_ttl"], MIN_TTL, MAX_TTL)
+    backoff = _number(task_name, "lock_retry_backoff", value["lock_retry_backoff"], 0.001, MAX_TTL)
+    backoff_max = _number(
+        task_name, "lock_retry_backoff_max", value["lock_retry_backoff_max"], backoff, MAX_TTL
+    )
+    wait_timeout = _number(task_name, "lock_wait_timeout", value["lock_wait_timeout"], 0.0, 3600)
+    max_retries = value["lock_max_retries"]
+    if max_retries is not None and (
+        isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0
+    ):
+        raise LockConfigurationError(
+            f"task {task_name}: lock_max_retries must be None (retry until acquired) or an "
+            f"integer >= 0, got {max_retries!r}"
+        )
+    fencing = value["lock_fencing"]
+    if not isinstance(fencing, bool):
+        raise LockConfigurationError(
+            f"task {task_name}: lock_fencing must be True or False, got {fencing!r}"
+        )
+    prefix = conf.get("singleton_lock_prefix") or APP_SETTINGS["singleton_lock_prefix"]
+    try:
+        validate_prefix(prefix)
+        LockKeys.build(prefix, f"{task_name}:{'0' * 64}")
+    except LockConfigurationError as exc:
+        raise LockConfigurationError(f"task {task_name}: {exc.message}") from None
+
+    return LockOptions(
+        task_name=task_name,
+        keyer=ArgumentKeyer(
+            task_name,
+            func,
+            lock_on=attributes.get("lock_on"),
+            lock_key=attributes.get("lock_key"),
+            skip_first=skip_first,
+        ),
+        prefix=prefix,
+        ttl=ttl,
+        on_duplicate=_choice(task_name, "on_duplicate", value["on_duplicate"], POLICIES),
+        fencing=fencing,
+        retry_backoff=backoff,
+        retry_backoff_max=backoff_max,
+        max_retries=max_retries,
+        wait_timeout=wait_timeout,
+        on_backend_error=_choice(
+            task_name,
+            "lock_on_backend_error",
+            value["lock_on_backend_error"],
+            BACKEND_ERROR_POLICIES,
+        ),
+    )

@@ -1,0 +1,203 @@
+"""What a duplicate does when its lock is held: skip, retry, wait or fail.
+
+Each policy either returns a lease (``wait`` got the lock) or ends the execution by raising
+what Celery's tracer understands: ``Ignore`` (skip: the outcome is stored first, so
+``AsyncResult.get()`` never hangs), ``Retry`` (a new message was sent with a countdown), or an
+exception (fail).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, NoReturn, Optional
+
+from celery.exceptions import Ignore, Retry
+
+from ..engine import Lease, LockHolder
+from ..engine.locker import AcquireResult
+from ..errors import DuplicateTaskError, DuplicateTaskSkipped, LockBackendUnavailable, LockError
+from .options import LockOptions
+from .signals import lock_duplicate
+
+log = logging.getLogger("celery_singleton_lock.duplicate")
+
+#: Message header counting lock retries; kept apart from Celery's own ``retries``.
+RETRY_HEADER = "singleton_lock_retries"
+
+
+def backoff_delay(
+    attempt: int, base: float, cap: float, rng: Callable[[], float] = random.random
+) -> float:
+    """Exponential backoff with full jitter: uniform in ``[0, min(cap, base * 2**attempt))``."""
+    return float(rng() * min(cap, base * (2 ** min(attempt, 60))))
+
+
+def lock_retries(request: Any) -> int:
+    """How many lock retries the execution behind ``request`` has had."""
+    headers = getattr(request, "headers", None) or {}
+    value = headers.get(RETRY_HEADER, getattr(request, RETRY_HEADER, 0))
+    try:
+        return max(0, int(value or 0))
+    except (TypeError, ValueError):
+        return 0
+
+
+def describe(holder: LockHolder) -> str:
+    ttl = "no TTL" if holder.ttl is None else f"{holder.ttl:.1f}s left"
+    return f"task {holder.task_id or '?'} on {holder.host or '?'} pid {holder.pid} ({ttl})"
+
+
+@dataclass
+class Duplicate:
+    """One execution that found its lock held."""
+
+    task: Any
+    request: Any
+    options: LockOptions
+    name: str
+    holder: LockHolder
+
+    @property
+    def label(self) -> str:
+        return f"{self.task.name}[{self.request.id}]"
+
+    def announce(self, action: str) -> None:
+        if lock_duplicate.receivers:
+            lock_duplicate.send(
+                sender=self.task,
+                task_id=self.request.id,
+                key=self.holder.key,
+                holder=self.holder.as_dict(),
+                action=action,
+            )
+
+
+def skip(duplicate: Duplicate) -> NoReturn:
+    """End without running the body; store ``DuplicateTaskSkipped`` as the outcome."""
+    task, request, holder = duplicate.task, duplicate.request, duplicate.holder
+    message = f"task {duplicate.label} skipped: lock {holder.key} is held by {describe(holder)}"
+    log.warning(message)
+    duplicate.announce("skip")
+    # A redelivered copy of the running execution shares its task id: storing an outcome
+    # would overwrite the state of the execution that is still running.
+    if holder.task_id != request.id and not _ignores_result(task, request):
+        task.backend.mark_as_failure(
+            request.id,
+            DuplicateTaskSkipped(message, holder.key, holder.as_dict()),
+            request=request,
+            call_errbacks=False,
+        )
+    raise Ignore(message)
+
+
+def fail(duplicate: Duplicate) -> NoReturn:
+    holder = duplicate.holder
+    duplicate.announce("fail")
+    raise DuplicateTaskError(
+        f"task {duplicate.label} refused to run: lock {holder.key} is held by "
+        f"{describe(holder)} (on_duplicate='fail')",
+        holder.key,
+        holder.as_dict(),
+    )
+
+
+def retry(duplicate: Duplicate, cause: Optional[LockError] = None) -> NoReturn:
+    """Send the execution again after a jittered backoff; fail once the budget is spent."""
+    task, request, options = duplicate.task, duplicate.request, duplicate.options
+    attempt = lock_retries(request)
+    holder = duplicate.holder
+    if options.max_retries is not None and attempt >= options.max_retries:
+        if cause is not None:
+            raise type(cause)(
+                f"task {duplicate.label}: gave up after {attempt} lock retries "
+                f"(lock_max_retries={options.max_retries}): {cause.message}",
+                cause.key,
+                cause.holder,
+            )
+        raise DuplicateTaskError(
+            f"task {duplicate.label}: lock {holder.key} still held by {describe(holder)} "
+            f"after {attempt} lock retries (lock_max_retries={options.max_retries})",
+            holder.key,
+            holder.as_dict(),
+        )
+    countdown = backoff_delay(attempt, options.retry_backoff, options.retry_backoff_max)
+    reason = cause or DuplicateTaskError(
+        f"lock {holder.key} held by {describe(holder)}", holder.key, holder.as_dict()
+    )
+    if cause is None:
+        log.info(
+            "task %s: lock held by %s; lock retry %d in %.2fs",
+            duplicate.label,
+            describe(holder),
+            attempt + 1,
+            countdown,
+        )
+        duplicate.announce("retry")
+    headers = {**(getattr(request, "headers", None) or {}), RETRY_HEADER: attempt + 1}
+    signature = task.signature_from_request(
+        request, countdown=countdown, headers=headers, retries=request.retries
+    )
+    if request.is_eager:
+        time.sleep(countdown)  # apply() re-runs the signature at once
+    else:
+        signature.apply_async()
+    raise Retry(str(reason), exc=reason, when=countdown, sig=signature)
+
+
+def wait(duplicate: Duplicate, acquire: Callable[[], AcquireResult]) -> Lease:
+    """Block the worker slot until the lock is released or ``lock_wait_timeout`` passes.
+
+    Woken by the release notification, and re-checking at the holder's remaining TTL (a
+    crashed holder publishes nothing). Subscribing happens before each re-check, so a release
+    between the check and the wait is never missed. Falls back to ``retry`` on timeout.
+    """
+    locker = duplicate.task.lock_locker
+    deadline = time.monotonic() + duplicate.options.wait_timeout
+    duplicate.announce("wait")
+    pubsub = locker.subscribe_releases(duplicate.name)
+    try:
+        while True:
+            outcome = acquire()
+            if isinstance(outcome, Lease):
+                return outcome
+            duplicate.holder = outcome
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            holder_ttl = outcome.ttl if outcome.ttl is not None else remaining
+            locker.wait_for_release(pubsub, min(remaining, holder_ttl + 0.01))
+    except LockBackendUnavailable as exc:
+        retry(duplicate, exc)
+    finally:
+        pubsub.close()
+    log.info(
+        "task %s: waited %.1fs for the lock; retrying later",
+        duplicate.label,
+        duplicate.options.wait_timeout,
+    )
+    retry(duplicate)
+
+
+def _ignores_result(task: Any, request: Any) -> bool:
+    if request.is_eager:
+        return True
+    try:
+        from celery.app.task import get_actual_ignore_result
+    except ImportError:  # Celery < 5.5: the request can only add ignore_result
+        return bool(task.ignore_result or request.ignore_result)
+    return bool(get_actual_ignore_result(task, request))
+
+
+def handle(duplicate: Duplicate, acquire: Callable[[], AcquireResult]) -> Lease:
+    """Apply the task's ``on_duplicate`` policy; returns a lease only if ``wait`` got one."""
+    policy = duplicate.options.on_duplicate
+    if policy == "skip":
+        skip(duplicate)
+    if policy == "retry":
+        retry(duplicate)
+    if policy == "fail":
+        fail(duplicate)
+    return wait(duplicate, acquire)

@@ -1,0 +1,28 @@
+"""Celery signals sent by locked tasks, for metrics and alerts.
+
+Every signal is sent with ``sender`` = the task and these keyword arguments:
+
+``lock_acquired``: ``task_id``, ``key``, ``fence``
+    The lock was taken before the body runs (not sent for reentrant runs).
+``lock_duplicate``: ``task_id``, ``key``, ``holder`` (dict), ``action``
+    The lock was held; ``action`` is what this execution does about it:
+    ``"skip"``, ``"retry"``, ``"wait"`` (about to block) or ``"fail"``.
+``lock_lost``: ``task_id``, ``key``
+    Renewal was refused (or Redis unreachable past the TTL) while the body ran. Sent from the
+    renewer thread.
+``lock_released``: ``task_id``, ``key``, ``owned``
+    The lock was released after the body; ``owned`` is False if it had already expired or
+    been taken over. Also sent, with ``reclaimed=True``, when a worker's main process frees
+    the lock of a child that died holding it.
+"""
+
+from __future__ import annotations
+
+from celery.utils.dispatch import Signal
+
+__all__ = ["lock_acquired", "lock_duplicate", "lock_lost", "lock_released"]
+
+lock_acquired = Signal(name="lock_acquired")
+lock_duplicate = Signal(name="lock_duplicate")
+lock_lost = Signal(name="lock_lost")
+lock_released = Signal(name="lock_released")

@@ -1,0 +1,255 @@
+"""``LockedTask``: a Celery task base that runs at most one execution per lock key at a time."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import socket
+import threading
+from typing import Any, Callable, Optional, Sequence
+
+from celery import Task
+
+from ..engine import Lease, LockHolder, Owner, RedisLocker
+from ..errors import DuplicateTaskError, LockBackendUnavailable
+from . import policies
+from .connection import locker_for
+from .handle import LockHandle
+from .options import TASK_OPTIONS, UNSET, LockOptions, resolve
+from .signals import lock_acquired, lock_lost, lock_released
+
+log = logging.getLogger("celery_singleton_lock.acquire")
+log_release = logging.getLogger("celery_singleton_lock.release")
+
+_HOSTNAME = socket.gethostname()
+_ATTRIBUTES = (*TASK_OPTIONS, "lock_on", "lock_key")
+
+
+class _HeldHere(threading.local):
+    """Locks held by runs in this thread, by lock name: what makes nested runs reentrant."""
+
+    def __init__(self) -> None:
+        self.by_name: dict[str, LockHandle] = {}
+
+
+_held_here = _HeldHere()
+
+
+class LockedTask(Task):  # type: ignore[misc]
+    """Task base class: the worker takes a per-argument Redis lock before the body runs.
+
+    The lock is taken in ``before_start`` (so beat, ``send_task``, retries and redelivery are
+    all covered), renewed by a worker-side thread while the body runs, and released after it
+    on every exit path. The body sees its lock as ``self.request.lock`` (a
+    :class:`~celery_singleton_lock.celery.handle.LockHandle`).
+
+    Every ``lock_*`` attribute left unset takes the app setting ``singleton_lock_<name>``
+    (e.g. ``singleton_lock_ttl``), else the default shown. A direct call ``task(...)`` runs
+    the body in the caller without any lock (Celery does not run ``before_start`` there).
+    """
+
+    #: Seconds the lock lives without renewal (default 15). The worker renews it every third
+    #: of that while the body runs, so it does not limit how long the task may run; it bounds
+    #: how long a killed worker's lock keeps blocking the key.
+    lock_ttl: Any = UNSET
+
+    #: What a duplicate does when the lock is held (default ``"skip"``):
+    #: ``"skip"`` ends it without running the body (``AsyncResult.get()`` raises
+    #: ``DuplicateTaskSkipped`` naming the holder); ``"retry"`` sends it again after a
+    #: jittered exponential backoff; ``"wait"`` blocks the worker slot until the release (up to
+    #: ``lock_wait_timeout``), then retries; ``"fail"`` raises ``DuplicateTaskError``.
+    on_duplicate: Any = UNSET
+
+    #: Names of the parameters that identify the work, e.g. ``("account_id",)``. Default: all
+    #: parameters, bound to the signature with defaults applied.
+    lock_on: Optional[Sequence[str]] = None
+
+    #: Callable taking the task's arguments and returning the lock name as a string, for full
+    #: control (exclusive with ``lock_on``).
+    lock_key: Optional[Callable[..., str]] = None
+
+    #: Hand out a fencing token per acquisition (``self.request.lock.fence``), strictly
+    #: increasing per key, for stores to reject writes from a holder that lost its lock.
+    #: Default False.
+    lock_fencing: Any = UNSET
+
+    #: Base of the lock-retry backoff in seconds (default 1.0); attempt ``n`` waits a uniform
+    #: random time in ``[0, min(lock_retry_backoff_max, base * 2**n))``.
+    lock_retry_backoff: Any = UNSET
+
+    #: Cap of the lock-retry backoff in seconds (default 60).
+    lock_retry_backoff_max: Any = UNSET
+
+    #: Lock-retry budget, separate from the task's own ``max_retries`` (default None: retry
+    #: until acquired, so no duplicate is ever dropped). When spent: ``DuplicateTaskError``.
+    lock_max_retries: Any = UNSET
+
+    #: Seconds policy ``"wait"`` blocks the worker slot before falling back to a retry
+    #: (default 30).
+    lock_wait_timeout: Any = UNSET
+
+    #: When the lock server cannot be reached at ``before_start``: ``"retry"`` (default:
+    #: send the task again later; nothing is lost) or ``"run"`` (run without the lock).
+    lock_on_backend_error: Any = UNSET
+
+    _lock_options: Optional[LockOptions] = None
+
+    # -- configuration -----------------------------------------------------------------------
+
+    @classmethod
+    def on_bound(cls, app: Any) -> None:
+        super().on_bound(app)
+        if not issubclass(DuplicateTaskError, tuple(cls.throws)):
+            # an expected outcome: logged without a traceback
+            cls.throws = (*tuple(cls.throws), DuplicateTaskError)
+        cls.resolve_lock_options(app)
+
+    @classmethod
+    def resolve_lock_options(cls, app: Any) -> Optional[LockOptions]:
+        """Validate and cache this task's lock options (at registration and worker start).
+
+        Raises:
+            LockConfigurationError: naming the task and the bad option.
+        """
+        if not cls.name:
+            return None
+        run = inspect.getattr_static(cls, "run")
+        func = run.__func__ if isinstance(run, staticmethod) else run
+        cls._lock_options = resolve(
+            task_name=cls.name,
+            func=func,
+            skip_first=not isinstance(run, staticmethod),
+            attributes={name: getattr(cls, name) for name in _ATTRIBUTES},
+            conf=app.conf,
+        )
+        return cls._lock_options
+
+    @property
+    def lock_options(self) -> LockOptions:
+        """This task's resolved lock options."""
+        options = type(self)._lock_options or type(self).resolve_lock_options(self.app)
+        assert options is not None
+        return options
+
+    @property
+    def lock_locker(self) -> RedisLocker:
+        """The engine locker this task's app uses."""
+        return locker_for(self.app)
+
+    # -- acquire: the hot path ---------------------------------------------------------------
+
+    def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
+        options = self.lock_options
+        request = self.request
+        name = options.keyer.name(args, kwargs)
+        outer = _held_here.by_name.get(name)
+        if outer is not None:
+            request.lock = outer.nested()
+            return
+
+        def acquire() -> Any:
+            return self.lock_locker.try_acquire(
+                name,
+                options.ttl,
+                owner=Owner(task_id=task_id, host=request.hostname or _HOSTNAME, pid=os.getpid()),
+                fencing=options.fencing,
+                max_lifetime=self._hard_time_limit(request),
+                on_lost=self._on_lock_lost,
+            )
+
+        try:
+            outcome = acquire()
+        except LockBackendUnavailable as exc:
+            outcome = self._on_backend_unavailable(exc, name, options, request)
+            if outcome is None:
+                return
+        if not isinstance(outcome, Lease):
+            duplicate = policies.Duplicate(self, request, options, name, outcome)
+            outcome = policies.handle(duplicate, acquire)
+        handle = LockHandle(outcome.key, outcome)
+        request.lock = handle
+        _held_here.by_name[name] = handle
+        if lock_acquired.receivers:
+            lock_acquired.send(sender=self, task_id=task_id, key=outcome.key, fence=outcome.fence)
+
+    def _hard_time_limit(self, request: Any) -> Optional[float]:
+        limits = getattr(request, "timelimit", None)
+        hard = (limits[0] if limits else None) or self.time_limit
+        if hard is None:
+            hard = self.app.conf.task_time_limit
+        return float(hard) if hard else None
+
+    def _on_backend_unavailable(
+        self, exc: LockBackendUnavailable, name: str, options: LockOptions, request: Any
+    ) -> Optional[Lease]:
+        if options.on_backend_error == "run":
+            log.error("task %s[%s]: %s; running WITHOUT the lock", self.name, request.id, exc)
+            request.lock = LockHandle(exc.key, None, locked=False)
+            return None
+        log.error("task %s[%s]: %s; retrying later", self.name, request.id, exc)
+        unknown = LockHolder(
+            key=exc.key or name,
+            task_id="",
+            host="",
+            pid=None,
+            acquired_at=None,
+            fence=None,
+            ttl=None,
+        )
+        policies.retry(policies.Duplicate(self, request, options, name, unknown), exc)
+
+    def _on_lock_lost(self, lease: Lease) -> None:
+        # Runs in the renewer thread: the body learns of it through request.lock.lost/check().
+        log.error(
+            "task %s[%s]: lock %s LOST while running (expired or taken over); the body should "
+            "stop before its next write (self.request.lock.check())",
+            self.name,
+            lease.owner.task_id,
+            lease.key,
+        )
+        if lock_lost.receivers:
+            lock_lost.send(sender=self, task_id=lease.owner.task_id, key=lease.key)
+
+    # -- release -----------------------------------------------------------------------------
+
+    def release_lock(self, request: Any = None) -> None:
+        """Release the lock of ``request`` (default: the current one) if this run owns it.
+
+        Called after the body on every exit path; safe to call more than once.
+        """
+        request = self.request if request is None else request
+        handle: Optional[LockHandle] = getattr(request, "lock", None)
+        if handle is None or handle.lease is None or handle.lease.released:
+            return
+        lease = handle.lease
+        for name, held in list(_held_here.by_name.items()):
+            if held is handle:
+                del _held_here.by_name[name]
+        try:
+            owned = lease.release()
+        except LockBackendUnavailable as exc:
+            log_release.error(
+                "task %s[%s]: could not release %s (%s); it frees itself within %.1fs",
+                self.name,
+                request.id,
+                lease.key,
+                exc,
+                lease.ttl,
+            )
+            return
+        if not owned:
+            log_release.warning(
+                "task %s[%s]: lock %s had expired or been taken over before its release",
+                self.name,
+                request.id,
+                lease.key,
+            )
+        if lock_released.receivers:
+            lock_released.send(sender=self, task_id=request.id, key=lease.key, owned=owned)
+
+    def retry(self, *args: Any, throw: bool = True, **kwargs: Any) -> Any:
+        """Celery's ``retry``; releases the lock first so the new attempt cannot collide with it."""
+        if throw and not self.request.called_directly:
+            self.release_lock()
+        return super().retry(*args, throw=throw, **kwargs)

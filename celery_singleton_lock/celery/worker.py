@@ -1,0 +1,186 @@
+"""Worker-side hooks, wired to Celery's own signals when this package is imported.
+
+* ``task_postrun``: release the lock after the body, whatever the outcome (success, failure,
+  ``Retry``, ``Ignore``, ``Reject``: ``after_return`` is not called for the last three).
+* ``task_failure`` (``WorkerLostError``, hard ``TimeLimitExceeded``) and ``task_revoked``
+  (``terminate=True``), sent in the worker's MAIN process: the child that held the lock is
+  dead or being killed, so the main process frees the lock by owner (task id, node, pid)
+  once that pid is gone.
+* ``worker_init``: validate every locked task's options and log the lock server.
+* ``worker_process_shutdown`` / ``worker_shutdown``: release whatever this process holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any, Optional
+
+from celery import signals
+from celery.exceptions import TimeLimitExceeded, WorkerLostError
+
+from ..errors import LockConfigurationError, LockError
+from .connection import all_lockers, choose_url, locker_for, redact
+from .options import unknown_settings
+from .signals import lock_released
+from .task import LockedTask
+
+log = logging.getLogger("celery_singleton_lock.worker")
+
+#: Seconds the main process waits for a dead/killed child's pid to disappear.
+RECLAIM_WAIT = 5.0
+
+_node_name: Optional[str] = None
+
+
+def _release_after_body(task: Any = None, **_: Any) -> None:
+    if isinstance(task, LockedTask):
+        task.release_lock()
+
+
+def _reclaim_after_child_death(
+    sender: Any = None,
+    task_id: Optional[str] = None,
+    exception: Any = None,
+    args: Any = None,
+    kwargs: Any = None,
+    **_: Any,
+) -> None:
+    if isinstance(sender, LockedTask) and isinstance(
+        exception, (WorkerLostError, TimeLimitExceeded)
+    ):
+        request = getattr(sender, "request", None)
+        node = getattr(request, "hostname", None) if task_id == getattr(request, "id", 0) else None
+        _reclaim_in_background(sender, task_id, args, kwargs, node or _node_name)
+
+
+def _reclaim_after_terminate(
+    sender: Any = None, request: Any = None, terminated: bool = False, **_: Any
+) -> None:
+    if terminated and isinstance(sender, LockedTask) and request is not None:
+        node = getattr(request, "hostname", None) or _node_name
+        _reclaim_in_background(sender, request.id, request.args, request.kwargs, node)
+
+
+def _reclaim_in_background(
+    task: LockedTask, task_id: Optional[str], args: Any, kwargs: Any, node: Optional[str]
+) -> None:
+    if not task_id or not node:
+        return
+    thread = threading.Thread(
+        target=reclaim_dead_holder,
+        args=(task, task_id, args, kwargs, node),
+        name="celery-singleton-lock-reclaim",
+        daemon=True,
+    )
+    thread.start()
+
+
+def pid_is_gone(pid: int) -> bool:
+    """True once ``pid`` no longer runs here (exited, or a zombie waiting to be reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def reclaim_dead_holder(task: LockedTask, task_id: str, args: Any, kwargs: Any, node: str) -> bool:
+    """Free the lock a dead child of this worker held for ``task_id``; True if freed.
+
+    Only a lock whose owner metadata names this very execution (task id, this node, a pid
+    that is gone) is deleted, atomically, by the ``RELEASE_ABANDONED`` script.
+    """
+    try:
+        name = task.lock_options.keyer.name(args, kwargs)
+        locker = locker_for(task.app)
+        deadline = time.monotonic() + RECLAIM_WAIT
+        while True:
+            holder = locker.read(name)
+            if holder is None or holder.task_id != task_id or holder.host != node:
+                return False
+            if holder.pid is not None and pid_is_gone(holder.pid):
+                freed = locker.release_abandoned(name, task_id=task_id, host=node, pid=holder.pid)
+                if freed:
+                    log.warning(
+                        "task %s[%s]: freed lock %s left by dead process %s",
+                        task.name,
+                        task_id,
+                        holder.key,
+                        holder.pid,
+                    )
+                    if lock_released.receivers:
+                        lock_released.send(
+                            sender=task,
+                            task_id=task_id,
+                            key=holder.key,
+                            owned=True,
+                            reclaimed=True,
+                        )
+                return freed
+            if time.monotonic() > deadline:
+                log.warning(
+                    "task %s[%s]: holder pid %s of %s still alive after %.0fs; leaving the lock "
+                    "to its TTL",
+                    task.name,
+                    task_id,
+                    holder.pid,
+                    holder.key,
+                    RECLAIM_WAIT,
+                )
+                return False
+            time.sleep(0.05)
+    except LockError as exc:
+        log.error("task %s[%s]: could not reclaim its lock: %s", task.name, task_id, exc)
+        return False
+
+
+def _check_configuration_at_start(sender: Any = None, **_: Any) -> None:
+    global _node_name
+    app = getattr(sender, "app", None)
+    if app is None:
+        return
+    _node_name = getattr(sender, "hostname", None) or _node_name
+    typos = unknown_settings(app.conf)
+    if typos:
+        raise LockConfigurationError(
+            f"unknown setting(s) {', '.join(typos)}; see celery_singleton_lock.celery.options"
+        )
+    url, source = choose_url(app.conf)
+    locked = [task for task in app.tasks.values() if isinstance(task, LockedTask) and task.name]
+    for task in locked:
+        type(task).resolve_lock_options(app)
+    log.info(
+        "singleton locks on %s (from %s), prefix %r, %d locked task(s)",
+        redact(url),
+        source,
+        app.conf.get("singleton_lock_prefix") or "singleton-lock",
+        len(locked),
+    )
+
+
+def _release_everything_held(**_: Any) -> None:
+    for locker in all_lockers():
+        try:
+            released = locker.release_all()
+        except LockError as exc:
+            log.error("could not release locks at shutdown: %s", exc)
+            continue
+        if released:
+            log.warning("released %d lock(s) still held at shutdown", released)
+
+
+signals.task_postrun.connect(_release_after_body, weak=False)
+signals.task_failure.connect(_reclaim_after_child_death, weak=False)
+signals.task_revoked.connect(_reclaim_after_terminate, weak=False)
+signals.worker_init.connect(_check_configuration_at_start, weak=False)
+signals.worker_process_shutdown.connect(_release_everything_held, weak=False)
+signals.worker_shutdown.connect(_release_everything_held, weak=False)

@@ -1,0 +1,79 @@
+"""Real servers and a real in-process worker for the Celery-layer tests.
+
+Servers and the worker live for the whole session (starting a worker costs seconds); every
+test uses keys of its own (``unique_key``), so tests never see each other's locks.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Iterator
+
+import pytest
+import redis
+from celery.contrib.testing.worker import start_worker
+
+from celery_singleton_lock.celery.connection import forget_locker, locker_for
+from celery_singleton_lock.engine import RedisLocker
+from celery_singleton_lock.testing import RedisServer
+from tests.celery import lockapp
+from tests.support import CountingConnection
+
+
+@pytest.fixture(scope="session")
+def broker_server() -> Iterator[RedisServer]:
+    with RedisServer.running() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def lock_server() -> Iterator[RedisServer]:
+    with RedisServer.running() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def celery_app(broker_server: RedisServer, lock_server: RedisServer) -> Any:
+    lockapp.configure(
+        broker_url=broker_server.url,
+        backend_url=broker_server.url.replace("/0", "/1"),
+        lock_url=lock_server.url,
+        singleton_lock_redis_options={"connection_class": CountingConnection},
+    )
+    forget_locker(lockapp.app)
+    return lockapp.app
+
+
+@pytest.fixture(scope="session")
+def worker(celery_app: Any) -> Iterator[Any]:
+    """A real worker in this process (threads pool, 4 slots): signals reach the test."""
+    with start_worker(
+        celery_app,
+        pool="threads",
+        concurrency=4,
+        perform_ping_check=False,
+        loglevel="WARNING",
+        shutdown_timeout=15,
+    ) as running:
+        yield running
+
+
+@pytest.fixture
+def locker(celery_app: Any) -> RedisLocker:
+    return locker_for(celery_app)
+
+
+@pytest.fixture
+def store(lock_server: RedisServer) -> redis.Redis:
+    return lock_server.client()
+
+
+@pytest.fixture
+def unique_key() -> str:
+    return f"k-{uuid.uuid4().hex[:12]}"
+
+
+def lock_key_of(task: Any, *args: Any, **kwargs: Any) -> str:
+    """The Redis key of the lock a call of ``task`` takes."""
+    name = task.lock_options.keyer.name(args, kwargs)
+    return locker_for(task.app).keys(name).lock

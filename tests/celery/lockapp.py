@@ -1,0 +1,232 @@
+"""The Celery app the integration tests run, in-process or as real `celery worker` processes.
+
+Configured from the environment (CSL_BROKER_URL, CSL_BACKEND_URL, CSL_LOCK_URL,
+CSL_VISIBILITY_TIMEOUT) so that subprocess workers see the same servers as the test.
+Bodies record what they do in the lock Redis: ``gauge:<key>`` (bodies inside now),
+``overlaps:<key>`` (times a body found another inside), ``runs:<key>`` (one entry per run).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Optional
+
+import redis
+from celery import Celery
+from celery.exceptions import Ignore, Reject
+
+from celery_singleton_lock import LockedTask
+
+app = Celery("lockapp")
+
+
+def configure(
+    *,
+    broker_url: str,
+    backend_url: str,
+    lock_url: str,
+    visibility_timeout: Optional[float] = None,
+    **extra: Any,
+) -> None:
+    transport: dict[str, Any] = {}
+    if visibility_timeout is not None:
+        # kombu's Redis transport restores unacked messages only every
+        # unacked_restore_interval x unacked_restore_throttle: make redelivery prompt.
+        transport = {
+            "visibility_timeout": visibility_timeout,
+            "unacked_restore_interval": 0.5,
+            "unacked_restore_throttle": 1,
+        }
+    app.conf.update(
+        broker_url=broker_url,
+        result_backend=backend_url,
+        singleton_lock_url=lock_url,
+        broker_transport_options=transport,
+        broker_connection_retry_on_startup=True,
+        worker_prefetch_multiplier=1,
+        task_track_started=True,
+        result_expires=600,
+        **extra,
+    )
+
+
+if os.environ.get("CSL_BROKER_URL"):
+    configure(
+        broker_url=os.environ["CSL_BROKER_URL"],
+        backend_url=os.environ["CSL_BACKEND_URL"],
+        lock_url=os.environ["CSL_LOCK_URL"],
+        visibility_timeout=float(os.environ["CSL_VISIBILITY_TIMEOUT"])
+        if os.environ.get("CSL_VISIBILITY_TIMEOUT")
+        else None,
+    )
+
+_store: Optional[redis.Redis] = None
+_store_pid = 0
+
+
+def store() -> redis.Redis:
+    """The Redis where bodies record what they do (the lock server, another key space)."""
+    global _store, _store_pid
+    if _store is None or _store_pid != os.getpid():
+        _store = redis.Redis.from_url(app.conf.singleton_lock_url)
+        _store_pid = os.getpid()
+    return _store
+
+
+def body(key: str, seconds: float, task_id: Optional[str]) -> dict[str, Any]:
+    r = store()
+    inside = r.incr(f"gauge:{key}")
+    if inside > 1:
+        r.incr(f"overlaps:{key}")
+    r.rpush(f"runs:{key}", f"{task_id}|{os.getpid()}|{time.time()}")
+    try:
+        time.sleep(seconds)
+    finally:
+        r.decr(f"gauge:{key}")
+    return {"key": key, "pid": os.getpid()}
+
+
+@app.task(bind=True, base=LockedTask, lock_on=("key",), on_duplicate="skip", lock_ttl=5)
+def hold_skip(self: LockedTask, key: str, seconds: float = 0.0) -> dict[str, Any]:
+    return body(key, seconds, self.request.id)
+
+
+@app.task(
+    bind=True,
+    base=LockedTask,
+    lock_on=("key",),
+    on_duplicate="retry",
+    lock_ttl=5,
+    lock_retry_backoff=0.05,
+    lock_retry_backoff_max=0.5,
+)
+def hold_retry(self: LockedTask, key: str, seconds: float = 0.0) -> dict[str, Any]:
+    return body(key, seconds, self.request.id)
+
+
+@app.task(
+    bind=True,
+    base=LockedTask,
+    lock_on=("key",),
+    on_duplicate="retry",
+    lock_ttl=5,
+    lock_retry_backoff=0.05,
+    lock_retry_backoff_max=0.1,
+    lock_max_retries=2,
+)
+def hold_retry_twice(self: LockedTask, key: str, seconds: float = 0.0) -> dict[str, Any]:
+    return body(key, seconds, self.request.id)
+
+
+@app.task(bind=True, base=LockedTask, lock_on=("key",), on_duplicate="wait", lock_wait_timeout=10)
+def hold_wait(self: LockedTask, key: str, seconds: float = 0.0) -> dict[str, Any]:
+    return body(key, seconds, self.request.id)
+
+
+@app.task(bind=True, base=LockedTask, lock_on=("key",), on_duplicate="fail")
+def hold_fail(self: LockedTask, key: str, seconds: float = 0.0) -> dict[str, Any]:
+    return body(key, seconds, self.request.id)
+
+
+@app.task(bind=True, base=LockedTask, lock_on=("key",), lock_ttl=1, on_duplicate="skip")
+def short_ttl(self: LockedTask, key: str, seconds: float = 0.0) -> dict[str, Any]:
+    return body(key, seconds, self.request.id)
+
+
+# -- exit paths ----------------------------------------------------------------------------
+
+
+@app.task(bind=True, base=LockedTask)
+def raises(self: LockedTask, key: str) -> None:
+    raise ValueError(f"boom {key}")
+
+
+@app.task(bind=True, base=LockedTask, max_retries=3)
+def retries_once(self: LockedTask, key: str) -> str:
+    if self.request.retries == 0:
+        raise self.retry(countdown=0)
+    return "second attempt"
+
+
+@app.task(
+    bind=True,
+    base=LockedTask,
+    autoretry_for=(KeyError,),
+    max_retries=1,
+    default_retry_delay=0,
+)
+def autoretries(self: LockedTask, key: str) -> str:
+    if self.request.retries == 0:
+        raise KeyError(key)
+    return "second attempt"
+
+
+@app.task(bind=True, base=LockedTask)
+def ignores(self: LockedTask, key: str) -> None:
+    raise Ignore()
+
+
+@app.task(bind=True, base=LockedTask)
+def rejects(self: LockedTask, key: str) -> None:
+    raise Reject("rejected", requeue=False)
+
+
+@app.task(bind=True, base=LockedTask, soft_time_limit=0.5)
+def soft_limited(self: LockedTask, key: str) -> None:
+    time.sleep(5)
+
+
+@app.task(bind=True, base=LockedTask, time_limit=1, lock_ttl=30)
+def hard_limited(self: LockedTask, key: str) -> None:
+    body(key, 10, self.request.id)
+
+
+@app.task(bind=True, base=LockedTask, lock_ttl=30)
+def long_running(self: LockedTask, key: str, seconds: float = 10) -> dict[str, Any]:
+    return body(key, seconds, self.request.id)
+
+
+@app.task(bind=True, base=LockedTask, lock_on=("key",))
+def reentrant(self: LockedTask, key: str, depth: int) -> list[int]:
+    store().incr(f"reentrant:{key}")
+    if depth == 0:
+        return [0]
+    inner = self.apply(args=(key, depth - 1), throw=True)
+    return [depth, *inner.get()]
+
+
+@app.task(bind=True, base=LockedTask, lock_ttl=0.6)
+def watches_its_lock(self: LockedTask, key: str) -> dict[str, Any]:
+    """Deletes its own lock key (as a takeover would), then waits to be told it is lost."""
+    handle = self.request.lock
+    store().delete(handle.key)
+    deadline = time.monotonic() + 5
+    while not handle.lost and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        handle.check()
+        raised = False
+    except Exception as exc:  # the test asserts its type
+        raised = type(exc).__name__
+    return {"lost": handle.lost, "check_raised": raised}
+
+
+@app.task(bind=True, base=LockedTask, lock_fencing=True, lock_on=("account",))
+def fenced(self: LockedTask, account: str) -> Optional[int]:
+    return self.request.lock.fence  # type: ignore[no-any-return]
+
+
+@app.task(bind=True, base=LockedTask, lock_on_backend_error="run")
+def runs_unlocked(self: LockedTask, key: str) -> bool:
+    return bool(self.request.lock.locked)
+
+
+@app.task(bind=True, base=LockedTask, lock_retry_backoff=0.2, lock_retry_backoff_max=0.5)
+def retries_on_outage(self: LockedTask, key: str) -> str:
+    return "ran"
+
+
+@app.task(base=LockedTask)
+def takes_anything(value: Any) -> None:
+    return None

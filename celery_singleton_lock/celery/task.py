@@ -10,6 +10,7 @@ import threading
 from typing import Any, Callable, Optional, Sequence
 
 from celery import Task
+from celery.app.task import Context
 
 from ..engine import Lease, LockHolder, Owner, RedisLocker
 from ..errors import DuplicateTaskError, LockBackendUnavailable
@@ -23,6 +24,13 @@ log = logging.getLogger("celery_singleton_lock.acquire")
 log_release = logging.getLogger("celery_singleton_lock.release")
 
 _HOSTNAME = socket.gethostname()
+
+# ``self.request.lock`` must be request state, not a message header: Celery turns every
+# request attribute that Context does not declare into a custom header when it copies a
+# request (``push_request``), and would then try to serialize the handle into messages.
+# Declaring it also gives direct calls ``self.request.lock is None``.
+if not hasattr(Context, "lock"):
+    Context.lock = None
 _ATTRIBUTES = (*TASK_OPTIONS, "lock_on", "lock_key")
 
 
@@ -247,6 +255,22 @@ class LockedTask(Task):  # type: ignore[misc]
             )
         if lock_released.receivers:
             lock_released.send(sender=self, task_id=request.id, key=lease.key, owned=owned)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # The worker calls this (not ``run``) because it is overridden. Releasing here, as the
+        # body ends, frees the lock before Celery publishes callbacks and chain steps and
+        # stores the result: a same-key chain step cannot collide with it, and a caller whose
+        # ``result.get()`` returned finds the lock free.
+        request = self.request_stack.top
+        handle = getattr(request, "lock", None)
+        owns = handle is not None and handle.lease is not None and not handle.body_entered
+        if owns:
+            handle.body_entered = True  # a direct recursive call must not release it
+        try:
+            return super().__call__(*args, **kwargs)
+        finally:
+            if owns:
+                self.release_lock(request)
 
     def retry(self, *args: Any, throw: bool = True, **kwargs: Any) -> Any:
         """Celery's ``retry``; releases the lock first so the new attempt cannot collide with it."""

@@ -6,6 +6,7 @@ test uses keys of its own (``unique_key``), so tests never see each other's lock
 
 from __future__ import annotations
 
+import gc
 import uuid
 from typing import Any, Iterator
 
@@ -33,7 +34,7 @@ def lock_server() -> Iterator[RedisServer]:
 
 
 @pytest.fixture(scope="session")
-def celery_app(broker_server: RedisServer, lock_server: RedisServer) -> Any:
+def celery_app(broker_server: RedisServer, lock_server: RedisServer) -> Iterator[Any]:
     lockapp.configure(
         broker_url=broker_server.url,
         backend_url=broker_server.url.replace("/0", "/1"),
@@ -41,7 +42,16 @@ def celery_app(broker_server: RedisServer, lock_server: RedisServer) -> Any:
         singleton_lock_redis_options={"connection_class": CountingConnection},
     )
     forget_locker(lockapp.app)
-    return lockapp.app
+    yield lockapp.app
+    # Before the servers go: results collected later would unsubscribe from a dead server,
+    # and a result consumer left subscribed keeps reconnecting.
+    gc.collect()
+    consumer = getattr(lockapp.app.backend, "result_consumer", None)
+    if consumer is not None:
+        consumer.stop()
+        consumer._pubsub = None
+        consumer.subscribed_to = set()
+    forget_locker(lockapp.app)
 
 
 @pytest.fixture(scope="session")

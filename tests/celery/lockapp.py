@@ -47,6 +47,10 @@ def configure(
         worker_prefetch_multiplier=1,
         task_track_started=True,
         result_expires=600,
+        # tests stop servers on purpose: give up reconnecting the result store quickly
+        result_backend_transport_options={
+            "retry_policy": {"max_retries": 2, "interval_start": 0, "interval_step": 0.2}
+        },
         **extra,
     )
 

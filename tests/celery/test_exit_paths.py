@@ -1,0 +1,75 @@
+"""Every way a body can end releases its lock (threads pool, in-process worker).
+
+Time limits need the prefork pool: see test_prefork.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+
+from tests.celery import lockapp
+from tests.celery.conftest import lock_key_of
+from tests.support import wait_until
+
+
+def test_success_releases_the_lock(worker: Any, store: redis.Redis, unique_key: str) -> None:
+    lockapp.hold_skip.delay(unique_key).get(timeout=10)
+    assert not store.exists(lock_key_of(lockapp.hold_skip, unique_key))
+
+
+def test_failure_releases_the_lock(worker: Any, store: redis.Redis, unique_key: str) -> None:
+    with pytest.raises(ValueError):
+        lockapp.raises.delay(unique_key).get(timeout=10)
+    assert not store.exists(lock_key_of(lockapp.raises, unique_key))
+
+
+def test_self_retry_releases_before_the_next_attempt_which_runs(
+    worker: Any, store: redis.Redis, unique_key: str
+) -> None:
+    # countdown=0: the next attempt starts at once and would be skipped as a duplicate of
+    # its own previous attempt if the lock were still held.
+    assert lockapp.retries_once.delay(unique_key).get(timeout=10) == "second attempt"
+    assert not store.exists(lock_key_of(lockapp.retries_once, unique_key))
+
+
+def test_autoretry_releases_and_the_next_attempt_runs(
+    worker: Any, store: redis.Redis, unique_key: str
+) -> None:
+    assert lockapp.autoretries.delay(unique_key).get(timeout=10) == "second attempt"
+    assert not store.exists(lock_key_of(lockapp.autoretries, unique_key))
+
+
+def test_ignore_raised_by_the_body_releases_the_lock(
+    worker: Any, store: redis.Redis, unique_key: str
+) -> None:
+    result = lockapp.ignores.delay(unique_key)
+    key = lock_key_of(lockapp.ignores, unique_key)
+    wait_until(lambda: store.exists(key) == 0 and result.state != "PENDING", timeout=10)
+    assert not store.exists(key)
+
+
+def test_reject_raised_by_the_body_releases_the_lock(
+    worker: Any, store: redis.Redis, unique_key: str
+) -> None:
+    result = lockapp.rejects.delay(unique_key)
+    key = lock_key_of(lockapp.rejects, unique_key)
+    with pytest.raises(Exception, match="rejected"):
+        result.get(timeout=10)
+    assert not store.exists(key)
+
+
+def test_unsupported_argument_fails_naming_task_and_argument_and_takes_no_lock(
+    worker: Any, store: redis.Redis
+) -> None:
+    before = set(store.scan_iter(match="singleton-lock:*"))
+    # apply(): a set would not survive the JSON serializer on its way to a worker
+    result = lockapp.takes_anything.apply(args=({1, 2},))
+    with pytest.raises(Exception) as info:
+        result.get()
+    assert type(info.value).__name__ == "UnsupportedArgumentError"
+    message = str(info.value)
+    assert "tests.celery.lockapp.takes_anything" in message
+    assert "value" in message and "set" in message and "lock_on" in message
+    assert set(store.scan_iter(match="singleton-lock:*")) == before

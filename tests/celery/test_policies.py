@@ -1,0 +1,173 @@
+"""Duplicate policies on a real worker: skip, retry, wait, fail."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import redis
+
+from celery_singleton_lock import DuplicateTaskError, DuplicateTaskSkipped
+from celery_singleton_lock.celery import lock_duplicate
+from celery_singleton_lock.engine import Lease, Owner, RedisLocker
+from tests.celery import lockapp
+from tests.celery.conftest import lock_key_of
+from tests.support import wait_until
+
+
+def _hold(
+    locker: RedisLocker, task: Any, key: str, ttl: float = 30, task_id: str = "holder"
+) -> Lease:
+    """Take ``task``'s lock for ``key`` from outside, as another worker would."""
+    lease = locker.try_acquire(
+        task.lock_options.keyer.name((key,), {}), ttl, owner=Owner(task_id=task_id), renew=False
+    )
+    assert isinstance(lease, Lease)
+    return lease
+
+
+def test_skipped_duplicate_raises_skipped_naming_the_holder(
+    worker: Any, locker: RedisLocker, unique_key: str
+) -> None:
+    lease = _hold(locker, lockapp.hold_skip, unique_key, task_id="the-holder")
+    result = lockapp.hold_skip.delay(unique_key)
+    with pytest.raises(DuplicateTaskSkipped) as info:
+        result.get(timeout=10)
+    assert "the-holder" in str(info.value)
+    assert result.state == "FAILURE"
+    lease.release()
+
+
+def test_skipped_duplicate_does_not_run_the_body(
+    worker: Any, locker: RedisLocker, store: redis.Redis, unique_key: str
+) -> None:
+    lease = _hold(locker, lockapp.hold_skip, unique_key)
+    with pytest.raises(DuplicateTaskSkipped):
+        lockapp.hold_skip.delay(unique_key).get(timeout=10)
+    assert store.llen(f"runs:{unique_key}") == 0
+    lease.release()
+
+
+def test_skipped_duplicate_leaves_the_holders_lock_untouched(
+    worker: Any, locker: RedisLocker, store: redis.Redis, unique_key: str
+) -> None:
+    lease = _hold(locker, lockapp.hold_skip, unique_key, ttl=30)
+    with pytest.raises(DuplicateTaskSkipped):
+        lockapp.hold_skip.delay(unique_key).get(timeout=10)
+    assert store.hget(lease.key, "token") == lease.token.encode()
+    assert store.pttl(lease.key) > 25_000  # not renewed by the duplicate either
+    assert lease.release() is True
+
+
+def test_skip_sends_the_duplicate_signal(worker: Any, locker: RedisLocker, unique_key: str) -> None:
+    seen: list[dict[str, Any]] = []
+
+    def receiver(**kwargs: Any) -> None:
+        seen.append(kwargs)
+
+    lock_duplicate.connect(receiver, weak=False)
+    try:
+        lease = _hold(locker, lockapp.hold_skip, unique_key, task_id="h1")
+        with pytest.raises(DuplicateTaskSkipped):
+            lockapp.hold_skip.delay(unique_key).get(timeout=10)
+    finally:
+        lock_duplicate.disconnect(receiver)
+    assert [(s["action"], s["holder"]["task_id"], s["key"]) for s in seen] == [
+        ("skip", "h1", lease.key)
+    ]
+    lease.release()
+
+
+def test_two_concurrent_skip_tasks_run_one_body(
+    worker: Any, store: redis.Redis, unique_key: str
+) -> None:
+    first = lockapp.hold_skip.delay(unique_key, 1.0)
+    wait_until(lambda: store.llen(f"runs:{unique_key}") == 1)
+    second = lockapp.hold_skip.delay(unique_key, 1.0)
+    with pytest.raises(DuplicateTaskSkipped) as info:
+        second.get(timeout=10)
+    assert info.value.holder is not None and info.value.holder["task_id"] == first.id
+    first.get(timeout=10)
+    assert store.llen(f"runs:{unique_key}") == 1
+
+
+def test_retried_duplicate_runs_after_the_holder_finishes(
+    worker: Any, store: redis.Redis, unique_key: str
+) -> None:
+    first = lockapp.hold_retry.delay(unique_key, 0.8)
+    wait_until(lambda: store.llen(f"runs:{unique_key}") == 1)
+    second = lockapp.hold_retry.delay(unique_key, 0.1)
+    second.get(timeout=20)
+    first.get(timeout=20)
+    assert store.llen(f"runs:{unique_key}") == 2
+    assert int(store.get(f"overlaps:{unique_key}") or 0) == 0
+
+
+def test_retry_does_not_consume_the_tasks_own_retries(
+    worker: Any, locker: RedisLocker, store: redis.Redis, unique_key: str
+) -> None:
+    lease = _hold(locker, lockapp.hold_retry, unique_key)
+    result = lockapp.hold_retry.delay(unique_key)
+    wait_until(lambda: result.state == "RETRY")
+    time.sleep(0.5)  # a few lock retries happen
+    lease.release()
+    result.get(timeout=20)
+    run = store.lrange(f"runs:{unique_key}", 0, -1)
+    assert len(run) == 1
+    assert lockapp.app.backend.get_task_meta(result.id).get("retries", 0) == 0
+
+
+def test_retry_budget_spent_fails_with_duplicate_task_error(
+    worker: Any, locker: RedisLocker, unique_key: str
+) -> None:
+    lease = _hold(locker, lockapp.hold_retry_twice, unique_key)
+    result = lockapp.hold_retry_twice.delay(unique_key)
+    with pytest.raises(DuplicateTaskError, match="after 2 lock retries"):
+        result.get(timeout=20)
+    lease.release()
+
+
+def test_waiting_duplicate_runs_as_soon_as_the_lock_is_released(
+    worker: Any, locker: RedisLocker, store: redis.Redis, unique_key: str
+) -> None:
+    lease = _hold(locker, lockapp.hold_wait, unique_key, ttl=30)
+    result = lockapp.hold_wait.delay(unique_key)
+    wait_until(lambda: result.state == "STARTED")
+    time.sleep(0.5)
+    assert store.llen(f"runs:{unique_key}") == 0
+    released_at = time.time()
+    lease.release()
+    result.get(timeout=10)
+    started_at = float(store.lrange(f"runs:{unique_key}", 0, 0)[0].decode().split("|")[2])
+    assert started_at - released_at < 0.5  # woken by the release, not by the 30 s TTL
+
+
+def test_waiting_duplicate_notices_a_crashed_holder_at_its_ttl(
+    worker: Any, locker: RedisLocker, store: redis.Redis, unique_key: str
+) -> None:
+    _hold(locker, lockapp.hold_wait, unique_key, ttl=1.0)  # never released: a crash
+    start = time.time()
+    lockapp.hold_wait.delay(unique_key).get(timeout=10)
+    assert time.time() - start < 3.0
+
+
+def test_fail_policy_raises_duplicate_task_error(
+    worker: Any, locker: RedisLocker, unique_key: str
+) -> None:
+    lease = _hold(locker, lockapp.hold_fail, unique_key, task_id="busy")
+    with pytest.raises(DuplicateTaskError, match="busy") as info:
+        lockapp.hold_fail.delay(unique_key).get(timeout=10)
+    assert not isinstance(info.value, DuplicateTaskSkipped)
+    lease.release()
+
+
+def test_lock_key_is_released_after_a_duplicate_finally_runs(
+    worker: Any, store: redis.Redis, unique_key: str
+) -> None:
+    results = [lockapp.hold_retry.delay(unique_key, 0.05) for _ in range(5)]
+    for result in results:
+        result.get(timeout=30)
+    assert store.llen(f"runs:{unique_key}") == 5
+    assert int(store.get(f"overlaps:{unique_key}") or 0) == 0
+    assert not store.exists(lock_key_of(lockapp.hold_retry, unique_key))

@@ -262,9 +262,9 @@ class LockedTask(Task):  # type: ignore[misc]
         # stores the result: a same-key chain step cannot collide with it, and a caller whose
         # ``result.get()`` returned finds the lock free.
         request = self.request_stack.top
-        handle = getattr(request, "lock", None)
+        handle: Optional[LockHandle] = getattr(request, "lock", None)
         owns = handle is not None and handle.lease is not None and not handle.body_entered
-        if owns:
+        if handle is not None and owns:
             handle.body_entered = True  # a direct recursive call must not release it
         try:
             return super().__call__(*args, **kwargs)

@@ -13,6 +13,7 @@ from redis.retry import Retry
 
 from ..engine import RedisLocker
 from ..errors import LockConfigurationError
+from .options import lock_prefix
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 DEFAULT_URL = "redis://localhost:6379/0"
@@ -91,7 +92,7 @@ def locker_for(app: Any) -> RedisLocker:
             if locker is None:
                 conf = app.conf
                 url, _source = choose_url(conf)
-                prefix = conf.get("singleton_lock_prefix") or "singleton-lock"
+                prefix = lock_prefix(conf)
                 client = make_client(url, conf.get("singleton_lock_redis_options"))
                 locker = RedisLocker(client, prefix=prefix)
                 _lockers[app] = locker

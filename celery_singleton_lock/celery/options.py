@@ -89,6 +89,12 @@ def _choice(task: str, name: str, value: Any, allowed: tuple[str, ...]) -> str:
     return str(value)
 
 
+def lock_prefix(conf: Mapping[str, Any]) -> Any:
+    """The configured key prefix (validated by the caller); the default when unset."""
+    prefix = conf.get("singleton_lock_prefix")
+    return APP_SETTINGS["singleton_lock_prefix"] if prefix is None else prefix
+
+
 def unknown_settings(conf: Mapping[str, Any]) -> list[str]:
     """``singleton_lock_*`` keys in ``conf`` that this package does not know (typos)."""
     return sorted(
@@ -139,7 +145,7 @@ def resolve(
         raise LockConfigurationError(
             f"task {task_name}: lock_fencing must be True or False, got {fencing!r}"
         )
-    prefix = conf.get("singleton_lock_prefix") or APP_SETTINGS["singleton_lock_prefix"]
+    prefix = lock_prefix(conf)
     try:
         validate_prefix(prefix)
         LockKeys.build(prefix, f"{task_name}:{'0' * 64}")

@@ -23,7 +23,7 @@ from celery.exceptions import TimeLimitExceeded, WorkerLostError
 
 from ..errors import LockConfigurationError, LockError
 from .connection import all_lockers, choose_url, locker_for, redact
-from .options import unknown_settings
+from .options import lock_prefix, unknown_settings
 from .signals import lock_released
 from .task import LockedTask
 
@@ -162,7 +162,7 @@ def _check_configuration_at_start(sender: Any = None, **_: Any) -> None:
         "singleton locks on %s (from %s), prefix %r, %d locked task(s)",
         redact(url),
         source,
-        app.conf.get("singleton_lock_prefix") or "singleton-lock",
+        lock_prefix(app.conf),
         len(locked),
     )
 

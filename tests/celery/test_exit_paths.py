@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import redis
 
+from celery_singleton_lock.celery import lock_released
 from tests.celery import lockapp
 from tests.celery.conftest import lock_key_of
 from tests.support import wait_until
@@ -44,10 +45,18 @@ def test_autoretry_releases_and_the_next_attempt_runs(
 def test_ignore_raised_by_the_body_releases_the_lock(
     worker: Any, store: redis.Redis, unique_key: str
 ) -> None:
-    result = lockapp.ignores.delay(unique_key)
-    key = lock_key_of(lockapp.ignores, unique_key)
-    wait_until(lambda: store.exists(key) == 0 and result.state != "PENDING", timeout=10)
-    assert not store.exists(key)
+    released: list[str] = []
+
+    def receiver(task_id: str, **_: Any) -> None:
+        released.append(task_id)
+
+    lock_released.connect(receiver, weak=False)
+    try:
+        result = lockapp.ignores.delay(unique_key)
+        wait_until(lambda: result.id in released, timeout=10)  # IGNORED stores no state
+    finally:
+        lock_released.disconnect(receiver)
+    assert not store.exists(lock_key_of(lockapp.ignores, unique_key))
 
 
 def test_reject_raised_by_the_body_releases_the_lock(

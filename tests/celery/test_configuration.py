@@ -1,0 +1,115 @@
+"""Invalid configuration fails at task registration or worker start, naming the task."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+from typing import Any, Iterator
+
+import pytest
+from celery import Celery
+
+from celery_singleton_lock import LockConfigurationError, LockedTask
+from celery_singleton_lock.celery.worker import _check_configuration_at_start
+
+
+@pytest.fixture
+def app() -> Iterator[Celery]:
+    app = Celery("cfg", set_as_current=False, broker="memory://")
+    app.conf.singleton_lock_url = "redis://127.0.0.1:1/0"  # never contacted here
+    app.finalize()
+    yield app
+    app.close()
+
+
+def register(app: Celery, **options: Any) -> Any:
+    def job(account_id: int, cents: int = 0) -> None:
+        return None
+
+    # shared=False: a shared task would be re-registered on every app finalized later
+    return app.task(name="billing.job", base=LockedTask, shared=False, **options)(job)
+
+
+@pytest.mark.parametrize("policy", ["ignore", "SKIP", "", None, 3])
+def test_unknown_policy_fails_at_registration(app: Celery, policy: Any) -> None:
+    with pytest.raises(LockConfigurationError, match=r"billing\.job.*on_duplicate"):
+        register(app, on_duplicate=policy)
+
+
+@pytest.mark.parametrize("ttl", [0, -1, 0.01, 10**9, math.inf, math.nan, "15", True])
+def test_non_positive_or_absurd_ttl_fails_at_registration(app: Celery, ttl: Any) -> None:
+    with pytest.raises(LockConfigurationError, match=r"billing\.job.*lock_ttl"):
+        register(app, lock_ttl=ttl)
+
+
+def test_lock_on_naming_a_missing_parameter_fails_at_registration(app: Celery) -> None:
+    with pytest.raises(LockConfigurationError, match=r"billing\.job.*accout_id"):
+        register(app, lock_on=("accout_id",))
+
+
+def test_lock_on_and_lock_key_together_fail_at_registration(app: Celery) -> None:
+    with pytest.raises(LockConfigurationError, match=r"billing\.job.*not both"):
+        register(app, lock_on=("account_id",), lock_key=lambda account_id, cents=0: "x")
+
+
+def test_non_callable_lock_key_fails_at_registration(app: Celery) -> None:
+    with pytest.raises(LockConfigurationError, match=r"billing\.job.*callable"):
+        register(app, lock_key="account_id")
+
+
+@pytest.mark.parametrize("retries", [-1, 1.5, "3", True])
+def test_invalid_lock_retry_budget_fails_at_registration(app: Celery, retries: Any) -> None:
+    with pytest.raises(LockConfigurationError, match=r"billing\.job.*lock_max_retries"):
+        register(app, lock_max_retries=retries)
+
+
+def test_backoff_cap_below_its_base_fails_at_registration(app: Celery) -> None:
+    with pytest.raises(LockConfigurationError, match="lock_retry_backoff_max"):
+        register(app, lock_retry_backoff=5, lock_retry_backoff_max=1)
+
+
+@pytest.mark.parametrize("prefix", ["locks{x}", "has space", "", "tab\there", "x" * 65])
+def test_key_prefix_with_odd_characters_fails_at_registration(app: Celery, prefix: str) -> None:
+    app.conf.singleton_lock_prefix = prefix
+    with pytest.raises(LockConfigurationError, match=r"billing\.job.*prefix"):
+        register(app)
+
+
+def test_app_settings_supply_defaults(app: Celery) -> None:
+    app.conf.singleton_lock_ttl = 3
+    app.conf.singleton_lock_on_duplicate = "retry"
+    options = register(app).lock_options
+    assert (options.ttl, options.on_duplicate) == (3.0, "retry")
+
+
+def test_task_attributes_override_app_settings(app: Celery) -> None:
+    app.conf.singleton_lock_ttl = 3
+    app.conf.singleton_lock_max_retries = 5
+    options = register(app, lock_ttl=7, lock_max_retries=None).lock_options
+    assert (options.ttl, options.max_retries) == (7.0, None)
+
+
+def test_defaults_suit_balance_updates(app: Celery) -> None:
+    options = register(app).lock_options
+    assert options.ttl == 15.0 and options.max_retries is None
+    assert options.on_duplicate == "skip" and options.on_backend_error == "retry"
+
+
+def test_misspelt_setting_fails_at_worker_start(app: Celery) -> None:
+    app.conf.singleton_lock_tll = 5
+    with pytest.raises(LockConfigurationError, match="singleton_lock_tll"):
+        _check_configuration_at_start(sender=SimpleNamespace(app=app, hostname="w@h"))
+
+
+def test_non_redis_lock_url_fails_at_worker_start(app: Celery) -> None:
+    app.conf.singleton_lock_url = "amqp://guest@localhost//"
+    with pytest.raises(LockConfigurationError, match="not a Redis URL"):
+        _check_configuration_at_start(sender=SimpleNamespace(app=app, hostname="w@h"))
+
+
+def test_setting_changed_after_registration_is_checked_at_worker_start(app: Celery) -> None:
+    register(app)
+    app.conf.singleton_lock_on_duplicate = "drop"
+    # every locked task of the app is checked (shared tasks of other modules included)
+    with pytest.raises(LockConfigurationError, match=r"task \S+: on_duplicate='drop'"):
+        _check_configuration_at_start(sender=SimpleNamespace(app=app, hostname="w@h"))

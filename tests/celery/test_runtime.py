@@ -1,0 +1,123 @@
+"""Run-time behaviour of a locked task on a real worker: cost, loss, reentrancy, eager, outage."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import redis
+
+from celery_singleton_lock.celery import lock_lost
+from celery_singleton_lock.engine import Lease, Owner, RedisLocker
+from celery_singleton_lock.testing import RedisServer
+from tests.celery import lockapp
+from tests.celery.conftest import lock_key_of
+from tests.support import CountingConnection, wait_until
+
+
+def test_an_uncontended_task_costs_exactly_two_lock_round_trips(
+    worker: Any, unique_key: str
+) -> None:
+    lockapp.hold_skip.delay(f"{unique_key}-warm").get(timeout=10)  # scripts loaded once
+    CountingConnection.reset()
+    for i in range(25):
+        lockapp.hold_skip.delay(f"{unique_key}-{i}").get(timeout=10)
+    assert CountingConnection.sent == ["EVALSHA", "EVALSHA"] * 25
+
+
+def test_a_lost_lock_is_flagged_on_the_request_and_signalled(worker: Any, unique_key: str) -> None:
+    seen: list[dict[str, Any]] = []
+
+    def receiver(**kwargs: Any) -> None:
+        seen.append(kwargs)
+
+    lock_lost.connect(receiver, weak=False)
+    try:
+        result = lockapp.watches_its_lock.delay(unique_key)
+        assert result.get(timeout=10) == {"lost": True, "check_raised": "LockLostError"}
+    finally:
+        lock_lost.disconnect(receiver)
+    assert [s["task_id"] for s in seen] == [result.id]
+
+
+def test_a_nested_same_key_run_in_the_same_thread_is_reentrant(
+    worker: Any, store: redis.Redis, unique_key: str
+) -> None:
+    assert lockapp.reentrant.delay(unique_key, 2).get(timeout=10) == [2, 1, 0]
+    assert int(store.get(f"reentrant:{unique_key}")) == 3
+    assert not store.exists(lock_key_of(lockapp.reentrant, unique_key, 0))
+
+
+def test_fences_increase_across_executions(worker: Any) -> None:
+    fences = [lockapp.fenced.delay("acct-fence").get(timeout=10) for _ in range(5)]
+    assert all(b > a for a, b in zip(fences, fences[1:]))
+
+
+def test_apply_takes_a_real_lock_and_skips_when_it_is_held(
+    celery_app: Any, locker: RedisLocker, store: redis.Redis, unique_key: str
+) -> None:
+    name = lockapp.hold_skip.lock_options.keyer.name((unique_key,), {})
+    lease = locker.try_acquire(name, 30, owner=Owner(task_id="elsewhere"), renew=False)
+    assert isinstance(lease, Lease)
+    result = lockapp.hold_skip.apply(args=(unique_key,))
+    assert result.state == "IGNORED"
+    assert store.llen(f"runs:{unique_key}") == 0
+    lease.release()
+    assert lockapp.hold_skip.apply(args=(unique_key,)).get()["key"] == unique_key
+    assert not store.exists(lease.key)
+
+
+def test_always_eager_mode_takes_and_releases_real_locks(
+    celery_app: Any, locker: RedisLocker, store: redis.Redis, unique_key: str
+) -> None:
+    celery_app.conf.task_always_eager = True
+    try:
+        assert lockapp.fenced.delay(unique_key).get() >= 1
+    finally:
+        celery_app.conf.task_always_eager = False
+    name = lockapp.fenced.lock_options.keyer.name((unique_key,), {})
+    assert store.get(locker.keys(name).fence) == b"1"
+    assert not store.exists(lock_key_of(lockapp.fenced, unique_key))
+
+
+def test_a_direct_call_takes_no_lock(
+    celery_app: Any, locker: RedisLocker, store: redis.Redis, unique_key: str
+) -> None:
+    name = lockapp.hold_skip.lock_options.keyer.name((unique_key,), {})
+    lease = locker.try_acquire(name, 30, renew=False)
+    assert isinstance(lease, Lease)
+    lockapp.hold_skip(unique_key)  # runs in the caller: Celery runs no before_start here
+    assert store.llen(f"runs:{unique_key}") == 1
+    assert store.exists(lease.key)  # the holder's lock was neither taken nor released
+    lease.release()
+
+
+def test_unreachable_lock_server_retries_the_task_until_it_returns(
+    worker: Any, lock_server: RedisServer, unique_key: str
+) -> None:
+    lock_server.stop()
+    try:
+        result = lockapp.retries_on_outage.delay(unique_key)
+        wait_until(lambda: result.state == "RETRY", timeout=20)
+        time.sleep(0.5)
+    finally:
+        lock_server.start()
+    assert result.get(timeout=30) == "ran"
+
+
+def test_lock_on_backend_error_run_runs_without_the_lock(
+    worker: Any, lock_server: RedisServer, unique_key: str
+) -> None:
+    lock_server.stop()
+    try:
+        result = lockapp.runs_unlocked.delay(unique_key)
+        assert result.get(timeout=20) is False
+    finally:
+        lock_server.start()
+
+
+@pytest.mark.parametrize("value", [b"x" * (10 * 1024 * 1024), "é" * 3_000_000])
+def test_huge_arguments_give_a_bounded_key(celery_app: Any, value: Any) -> None:
+    key = lock_key_of(lockapp.hold_skip, value)
+    assert len(key) < 200

@@ -1,0 +1,145 @@
+"""Helpers shared by the benchmarks: a Redis to measure against, round-trip counting, stats."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+from dataclasses import dataclass
+from typing import Any, Iterator, List, Optional, Sequence
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+
+from celery_singleton_lock.testing import RedisServer
+
+#: Commands redis-py sends on its own when it opens a connection; not counted as round trips.
+HANDSHAKE = frozenset({"HELLO", "CLIENT", "AUTH", "SELECT"})
+
+
+@dataclass
+class Target:
+    """The Redis server a benchmark runs against."""
+
+    url: str
+    description: str
+
+
+def redact(url: str) -> str:
+    """``url`` without its password."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return urlunsplit(parts._replace(netloc=user + netloc))
+
+
+@contextlib.contextmanager
+def redis_target() -> Iterator[Target]:
+    """``$REDIS_URL`` if set, else a throwaway ``redis-server`` on a free loopback port."""
+    url = os.environ.get("REDIS_URL")
+    if url:
+        yield Target(url, f"REDIS_URL={redact(url)}")
+        return
+    with RedisServer.running() as server:
+        yield Target(server.url, f"throwaway redis-server on 127.0.0.1:{server.port}")
+
+
+class RoundTripCounter:
+    """Requests sent to Redis by counting clients: one per command, one per pipelined batch.
+
+    ``sent`` lists them by command name (``PIPELINE`` for a pipelined batch), in order.
+    """
+
+    def __init__(self) -> None:
+        self.sent: List[str] = []
+
+    def reset(self) -> None:
+        self.sent = []
+
+    def __len__(self) -> int:
+        return len(self.sent)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class _CountingMixin:
+    """Mixed in before a redis-py connection class; counts what it sends."""
+
+    counter: RoundTripCounter
+    _sending = 0  # depth of send_command calls, so their packed send is not counted twice
+
+    def send_command(self, *args: Any, **kwargs: Any) -> Any:
+        name = _text(args[0]).upper()
+        if name not in HANDSHAKE:
+            if name == "SCRIPT" and len(args) > 1:  # SCRIPT LOAD, after a NOSCRIPT reply
+                name = f"{name} {_text(args[1]).upper()}"
+            self.counter.sent.append(name)
+        self._sending += 1
+        try:
+            return super().send_command(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            self._sending -= 1
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> Any:
+        if not self._sending:  # a pipeline: all its commands go out in one write
+            self.counter.sent.append("PIPELINE")
+        return super().send_packed_command(command, check_health)  # type: ignore[misc]
+
+
+def counting_client(url: str, counter: RoundTripCounter, **options: Any) -> redis.Redis:
+    """A client of ``url`` whose connections report every request to ``counter``.
+
+    Works for whatever connection class the URL selects (TCP, TLS, unix socket).
+    """
+    pool = redis.ConnectionPool.from_url(url, **options)
+    base = pool.connection_class
+    pool.connection_class = type(
+        f"Counting{base.__name__}", (_CountingMixin, base), {"counter": counter}
+    )
+    return redis.Redis(connection_pool=pool)
+
+
+def server_version(client: redis.Redis) -> str:
+    info = client.info("server")
+    return str(info.get("redis_version", "?"))
+
+
+def command_usec(client: redis.Redis, command: str) -> Optional[int]:
+    """Server-side microseconds spent in ``command`` so far (INFO commandstats), or None."""
+    try:
+        stats = client.info("commandstats")
+    except redis.exceptions.ResponseError:
+        return None
+    entry = stats.get(f"cmdstat_{command.lower()}")
+    if not isinstance(entry, dict) or "usec" not in entry:
+        return 0 if entry is None else None
+    return int(entry["usec"])
+
+
+def server_cpu_seconds(client: redis.Redis) -> Optional[float]:
+    """CPU seconds the server process has used so far (INFO cpu: getrusage, in microseconds)."""
+    try:
+        info = client.info("cpu")
+        return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+    except (redis.exceptions.ResponseError, KeyError, ValueError):
+        return None
+
+
+def quartiles(values: Sequence[float]) -> tuple[float, float]:
+    """First and third quartiles (the median of a single value for tiny samples)."""
+    if len(values) < 2:
+        return values[0], values[0]
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q3
+
+
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values))
+
+
+def verdict(met: bool) -> str:
+    return "MET" if met else "NOT MET"

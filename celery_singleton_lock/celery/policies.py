@@ -123,10 +123,14 @@ def retry(duplicate: Duplicate, cause: Optional[LockError] = None) -> NoReturn:
             holder.key,
             holder.as_dict(),
         )
-    countdown = backoff_delay(attempt, options.retry_backoff, options.retry_backoff_max)
     reason = cause or DuplicateTaskError(
         f"lock {holder.key} held by {describe(holder)}", holder.key, holder.as_dict()
     )
+    if request.is_eager:
+        # apply() would re-run the retry signature recursively, at once: the caller gets the
+        # outcome instead (``handle`` has already waited for a held lock).
+        raise reason
+    countdown = backoff_delay(attempt, options.retry_backoff, options.retry_backoff_max)
     if cause is None:
         log.info(
             "task %s: lock held by %s; lock retry %d in %.2fs",
@@ -140,10 +144,7 @@ def retry(duplicate: Duplicate, cause: Optional[LockError] = None) -> NoReturn:
     signature = task.signature_from_request(
         request, countdown=countdown, headers=headers, retries=request.retries
     )
-    if request.is_eager:
-        time.sleep(countdown)  # apply() re-runs the signature at once
-    else:
-        signature.apply_async()
+    signature.apply_async()
     raise Retry(str(reason), exc=reason, when=countdown, sig=signature)
 
 
@@ -194,6 +195,8 @@ def _ignores_result(task: Any, request: Any) -> bool:
 def handle(duplicate: Duplicate, acquire: Callable[[], AcquireResult]) -> Lease:
     """Apply the task's ``on_duplicate`` policy; returns a lease only if ``wait`` got one."""
     policy = duplicate.options.on_duplicate
+    if policy == "retry" and duplicate.request.is_eager:
+        policy = "wait"  # in eager mode, wait in place up to lock_wait_timeout, then fail
     if policy == "skip":
         skip(duplicate)
     if policy == "retry":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -121,3 +122,34 @@ def test_lock_on_backend_error_run_runs_without_the_lock(
 def test_huge_arguments_give_a_bounded_key(celery_app: Any, value: Any) -> None:
     key = lock_key_of(lockapp.hold_skip, value)
     assert len(key) < 200
+
+
+def test_apply_with_retry_policy_waits_in_place_for_the_release(
+    celery_app: Any, locker: RedisLocker, store: redis.Redis, unique_key: str
+) -> None:
+    name = lockapp.hold_retry.lock_options.keyer.name((unique_key,), {})
+    lease = locker.try_acquire(name, 30, renew=False)
+    assert isinstance(lease, Lease)
+    releaser = threading.Timer(0.3, lease.release)
+    releaser.start()
+    try:
+        result = lockapp.hold_retry.apply(args=(unique_key,))
+    finally:
+        releaser.join()
+    assert result.state == "SUCCESS"
+    assert store.llen(f"runs:{unique_key}") == 1
+
+
+def test_apply_with_the_lock_server_down_fails_at_once_with_backend_unavailable(
+    celery_app: Any, lock_server: RedisServer, unique_key: str
+) -> None:
+    lock_server.stop()
+    try:
+        started = time.monotonic()
+        result = lockapp.retries_on_outage.apply(args=(unique_key,))
+        elapsed = time.monotonic() - started
+    finally:
+        lock_server.start()
+    assert result.state == "FAILURE"
+    assert type(result.result).__name__ == "LockBackendUnavailable"
+    assert elapsed < 10

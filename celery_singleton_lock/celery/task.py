@@ -192,7 +192,10 @@ class LockedTask(Task):  # type: ignore[misc]
         self, exc: LockBackendUnavailable, name: str, options: LockOptions, request: Any
     ) -> Optional[Lease]:
         if request.is_eager and options.on_backend_error == "retry":
-            raise exc  # apply() callers get the error now rather than a retry loop
+            # apply() callers get the error now rather than a retry loop
+            raise LockBackendUnavailable(
+                f"task {self.name}[{request.id}]: {exc.message}", exc.key
+            ) from exc
         if options.on_backend_error == "run":
             log.error("task %s[%s]: %s; running WITHOUT the lock", self.name, request.id, exc)
             request.lock = LockHandle(exc.key, None, locked=False)

@@ -234,3 +234,80 @@ def retries_on_outage(self: LockedTask, key: str) -> str:
 @app.task(base=LockedTask)
 def takes_anything(value: Any) -> None:
     return None
+
+
+# -- tasks for real worker processes --------------------------------------------------------
+# (tests/celery/test_real_workers.py starts `celery worker` subprocesses on these)
+
+if os.environ.get("CSL_QUEUE"):
+    # one queue per test: lock retries and redeliveries come back to the test's own workers
+    app.conf.task_default_queue = os.environ["CSL_QUEUE"]
+
+
+class RecordsAttempts(LockedTask):
+    """Records every delivery that reaches ``before_start`` in ``attempts:<key>``, as
+    "task_id|pid|time|redelivered|lock_retries", before the lock is tried."""
+
+    def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
+        from celery_singleton_lock.celery.policies import lock_retries
+
+        key = kwargs["key"] if "key" in kwargs else args[0]
+        info = self.request.delivery_info or {}
+        store().rpush(
+            f"attempts:{key}",
+            f"{task_id}|{os.getpid()}|{time.time()}|{int(bool(info.get('redelivered')))}"
+            f"|{lock_retries(self.request)}",
+        )
+        super().before_start(task_id, args, kwargs)
+
+
+@app.task(
+    bind=True,
+    base=LockedTask,
+    lock_on=("key",),
+    lock_ttl=2,
+    on_duplicate="retry",
+    lock_retry_backoff=0.1,
+    lock_retry_backoff_max=0.5,
+)
+def long_short_ttl(self: LockedTask, key: str, seconds: float = 30) -> dict[str, Any]:
+    return body(key, seconds, self.request.id)
+
+
+@app.task(
+    bind=True,
+    base=LockedTask,
+    lock_on=("key",),
+    lock_ttl=1,
+    on_duplicate="retry",
+    lock_retry_backoff=0.1,
+    lock_retry_backoff_max=0.5,
+)
+def short_ttl_retry(self: LockedTask, key: str, seconds: float = 0.0) -> dict[str, Any]:
+    return body(key, seconds, self.request.id)
+
+
+@app.task(
+    bind=True,
+    base=RecordsAttempts,
+    acks_late=True,
+    lock_on=("key",),
+    lock_ttl=2,
+    on_duplicate="skip",
+)
+def late_ack_skip(self: LockedTask, key: str, seconds: float = 6) -> dict[str, Any]:
+    return body(key, seconds, self.request.id)
+
+
+@app.task(
+    bind=True,
+    base=RecordsAttempts,
+    acks_late=True,
+    lock_on=("key",),
+    lock_ttl=2,
+    on_duplicate="retry",
+    lock_retry_backoff=0.1,
+    lock_retry_backoff_max=0.5,
+)
+def late_ack_retry(self: LockedTask, key: str, seconds: float = 6) -> dict[str, Any]:
+    return body(key, seconds, self.request.id)

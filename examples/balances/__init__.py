@@ -1,0 +1,1 @@
+"""Concurrent balance updates: per-account locks and fencing tokens vs. plain tasks."""

@@ -1,0 +1,5 @@
+import sys
+
+from examples.balances.runner import main
+
+sys.exit(main())

@@ -15,6 +15,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, NoReturn, Optional
 
 from celery.exceptions import Ignore, Retry
+from celery.states import READY_STATES
+from kombu.exceptions import OperationalError
+from redis.exceptions import RedisError
 
 from ..engine import Lease, LockHolder
 from ..engine.locker import AcquireResult
@@ -26,6 +29,14 @@ log = logging.getLogger("celery_singleton_lock.duplicate")
 
 #: Message header counting lock retries; kept apart from Celery's own ``retries``.
 RETRY_HEADER = "singleton_lock_retries"
+
+#: Message header marking a copy of an execution that was running under the same task id
+#: (a broker redelivery of an ``acks_late`` task): it must not run again once that finished.
+COPY_HEADER = "singleton_lock_copy"
+
+#: Seconds a copy waits for the original's outcome to be stored: the lock is released as the
+#: body returns, a moment before Celery stores the result.
+COPY_SETTLE_TIMEOUT = 2.0
 
 
 def backoff_delay(
@@ -61,6 +72,13 @@ class Duplicate:
     holder: LockHolder
 
     @property
+    def is_copy(self) -> bool:
+        """This is a copy of an execution that was running under the same task id (a broker
+        redelivery): it must never store a state, which belongs to that execution."""
+        same_id = bool(self.holder.task_id) and self.holder.task_id == self.request.id
+        return same_id or is_marked_copy(self.request)
+
+    @property
     def label(self) -> str:
         return f"{self.task.name}[{self.request.id}]"
 
@@ -81,9 +99,7 @@ def skip(duplicate: Duplicate) -> NoReturn:
     message = f"task {duplicate.label} skipped: lock {holder.key} is held by {describe(holder)}"
     log.warning(message)
     duplicate.announce("skip")
-    # A redelivered copy of the running execution shares its task id: storing an outcome
-    # would overwrite the state of the execution that is still running.
-    if holder.task_id != request.id and not _ignores_result(task, request):
+    if not duplicate.is_copy and not _ignores_result(task, request):
         task.backend.mark_as_failure(
             request.id,
             DuplicateTaskSkipped(message, holder.key, holder.as_dict()),
@@ -141,10 +157,14 @@ def retry(duplicate: Duplicate, cause: Optional[LockError] = None) -> NoReturn:
         )
         duplicate.announce("retry")
     headers = {**(getattr(request, "headers", None) or {}), RETRY_HEADER: attempt + 1}
+    if duplicate.is_copy:
+        headers[COPY_HEADER] = 1
     signature = task.signature_from_request(
         request, countdown=countdown, headers=headers, retries=request.retries
     )
     signature.apply_async()
+    if duplicate.is_copy:
+        raise Ignore(f"copy of a running execution sent again: {reason}")
     raise Retry(str(reason), exc=reason, when=countdown, sig=signature)
 
 
@@ -182,6 +202,35 @@ def wait(duplicate: Duplicate, acquire: Callable[[], AcquireResult]) -> Lease:
     retry(duplicate)
 
 
+#: Reading a result may fail with no backend configured, or with the backend down.
+BACKEND_READ_ERRORS = (NotImplementedError, OSError, RedisError, OperationalError)
+
+
+def is_marked_copy(request: Any) -> bool:
+    headers = getattr(request, "headers", None) or {}
+    return bool(headers.get(COPY_HEADER, getattr(request, COPY_HEADER, None)))
+
+
+def original_finished(task: Any, request: Any) -> bool:
+    """True if the execution this request is a copy of has stored its outcome.
+
+    Asked only of copies, once they hold the lock. Without stored results it cannot be known:
+    the copy then runs (make such writes idempotent).
+    """
+    deadline = time.monotonic() + COPY_SETTLE_TIMEOUT
+    while True:
+        try:
+            state = task.backend.get_task_meta(request.id).get("status")
+        except BACKEND_READ_ERRORS as exc:  # run rather than lose the task
+            log.warning("task %s[%s]: cannot read its state (%s)", task.name, request.id, exc)
+            return False
+        if state in READY_STATES:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
 def _ignores_result(task: Any, request: Any) -> bool:
     if request.is_eager:
         return True
@@ -197,6 +246,8 @@ def handle(duplicate: Duplicate, acquire: Callable[[], AcquireResult]) -> Lease:
     policy = duplicate.options.on_duplicate
     if policy == "retry" and duplicate.request.is_eager:
         policy = "wait"  # in eager mode, wait in place up to lock_wait_timeout, then fail
+    if policy == "fail" and duplicate.is_copy:
+        policy = "skip"  # a failure stored under the running execution's id would clobber it
     if policy == "skip":
         skip(duplicate)
     if policy == "retry":

@@ -11,6 +11,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from celery import Task
 from celery.app.task import Context
+from celery.exceptions import Ignore
 
 from ..engine import Lease, LockHolder, Owner, RedisLocker
 from ..errors import DuplicateTaskError, LockBackendUnavailable
@@ -172,9 +173,19 @@ class LockedTask(Task):  # type: ignore[misc]
             outcome = self._on_backend_unavailable(exc, name, options, request)
             if outcome is None:
                 return
+        is_copy = policies.is_marked_copy(request)
         if not isinstance(outcome, Lease):
             duplicate = policies.Duplicate(self, request, options, name, outcome)
+            is_copy = is_copy or duplicate.is_copy
             outcome = policies.handle(duplicate, acquire)
+        if is_copy and policies.original_finished(self, request):
+            outcome.release()
+            log.warning(
+                "task %s[%s]: dropped a redelivered copy: the original execution finished",
+                self.name,
+                task_id,
+            )
+            raise Ignore("redelivered copy of a finished execution")
         handle = LockHandle(outcome.key, outcome)
         request.lock = handle
         _held_here.by_name[name] = handle

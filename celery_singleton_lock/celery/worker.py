@@ -6,7 +6,7 @@
   (``terminate=True``), sent in the worker's MAIN process: the child that held the lock is
   dead or being killed, so the main process frees the lock by owner (task id, node, pid)
   once that pid is gone.
-* ``worker_init``: validate every locked task's options and log the lock server.
+* ``worker_init``: validate every locked task's options (``worker_ready``: log the server).
 * ``worker_process_shutdown`` / ``worker_shutdown``: release whatever this process holds.
 """
 
@@ -154,16 +154,27 @@ def _check_configuration_at_start(sender: Any = None, **_: Any) -> None:
         raise LockConfigurationError(
             f"unknown setting(s) {', '.join(typos)}; see celery_singleton_lock.celery.options"
         )
-    url, source = choose_url(app.conf)
-    locked = [task for task in app.tasks.values() if isinstance(task, LockedTask) and task.name]
-    for task in locked:
+    choose_url(app.conf)  # raises on a lock URL that is not Redis
+    for task in _locked_tasks(app):
         type(task).resolve_lock_options(app)
+
+
+def _locked_tasks(app: Any) -> list[LockedTask]:
+    return [task for task in app.tasks.values() if isinstance(task, LockedTask) and task.name]
+
+
+def _log_lock_server(sender: Any = None, **_: Any) -> None:
+    # worker_ready, not worker_init: Celery sets up its logging in between.
+    app = getattr(sender, "app", None)
+    if app is None:
+        return
+    url, source = choose_url(app.conf)
     log.info(
         "singleton locks on %s (from %s), prefix %r, %d locked task(s)",
         redact(url),
         source,
         lock_prefix(app.conf),
-        len(locked),
+        len(_locked_tasks(app)),
     )
 
 
@@ -182,5 +193,6 @@ signals.task_postrun.connect(_release_after_body, weak=False)
 signals.task_failure.connect(_reclaim_after_child_death, weak=False)
 signals.task_revoked.connect(_reclaim_after_terminate, weak=False)
 signals.worker_init.connect(_check_configuration_at_start, weak=False)
+signals.worker_ready.connect(_log_lock_server, weak=False)
 signals.worker_process_shutdown.connect(_release_everything_held, weak=False)
 signals.worker_shutdown.connect(_release_everything_held, weak=False)

@@ -96,11 +96,21 @@ def counting_client(url: str, counter: RoundTripCounter, **options: Any) -> redi
     Works for whatever connection class the URL selects (TCP, TLS, unix socket).
     """
     pool = redis.ConnectionPool.from_url(url, **options)
-    base = pool.connection_class
-    pool.connection_class = type(
-        f"Counting{base.__name__}", (_CountingMixin, base), {"counter": counter}
-    )
+    pool.connection_class = _counting_class(pool.connection_class, counter)
     return redis.Redis(connection_pool=pool)
+
+
+def counting_connection_class(url: str, counter: RoundTripCounter) -> type:
+    """A connection class for ``url`` reporting every request to ``counter``.
+
+    For code that builds its own client from options, e.g. ``connection_class=`` passed to
+    ``redis.Redis.from_url`` (which lets that keyword win over the class the URL selects).
+    """
+    return _counting_class(redis.ConnectionPool.from_url(url).connection_class, counter)
+
+
+def _counting_class(base: type, counter: RoundTripCounter) -> type:
+    return type(f"Counting{base.__name__}", (_CountingMixin, base), {"counter": counter})
 
 
 def server_version(client: redis.Redis) -> str:

@@ -2,7 +2,7 @@
 
 Layout, for prefix ``P`` and lock name ``N``::
 
-    P:{N}            the lock (a hash with a TTL)
+    P:{N}            the lock (a string with a TTL, see :mod:`.scripts`)
     P:{N}:fence      its fence counter (a string that never expires)
     P:{N}:released   the channel its releases are published on
 

@@ -10,11 +10,36 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .keys import LockKeys
+from .scripts import TOKEN_LENGTH
 
 if TYPE_CHECKING:
     from .locker import RedisLocker
 
 log = logging.getLogger("celery_singleton_lock.renewal")
+
+_hostname: Optional[str] = None
+_pid = os.getpid()
+
+
+def _after_fork_in_child() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def current_pid() -> int:
+    """``os.getpid()`` without the system call: kept up to date by an after-fork hook."""
+    return _pid
+
+
+def hostname() -> str:
+    """``socket.gethostname()``, looked up once per process (it costs a system call)."""
+    global _hostname
+    if _hostname is None:
+        _hostname = socket.gethostname()
+    return _hostname
 
 
 @dataclass(frozen=True)
@@ -22,7 +47,7 @@ class Owner:
     """Metadata stored with a lock so that inspecting it needs no other key."""
 
     task_id: str = ""
-    host: str = field(default_factory=socket.gethostname)
+    host: str = field(default_factory=hostname)
     pid: int = field(default_factory=os.getpid)
 
 
@@ -52,6 +77,48 @@ class LockHolder:
 
 LostCallback = Callable[["Lease"], None]
 
+#: Guards the lost/released state of every lease. State changes are rare (loss, release,
+#: registering a callback), so one lock for all leases costs nothing in contention and saves
+#: allocating a lock per lease.
+_state_lock = threading.Lock()
+
+
+class LostFlag:
+    """Set once, when a lease is lost. Reads like a ``threading.Event``.
+
+    ``is_set()`` is a plain attribute read; the ``threading.Event`` behind ``wait()`` is only
+    created for a caller that actually waits.
+    """
+
+    __slots__ = ("_event", "_set")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._event: Optional[threading.Event] = None
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        with _state_lock:
+            self._set = True
+            event = self._event
+        if event is not None:
+            event.set()
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        """Block until the flag is set or ``timeout`` passes; return whether it is set."""
+        with _state_lock:
+            if self._set:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(timeout)
+
+    def __repr__(self) -> str:
+        return f"<LostFlag {'set' if self._set else 'unset'}>"
+
 
 class Lease:
     """A lock this process holds.
@@ -60,14 +127,21 @@ class Lease:
     until it is released, lost, or reaches ``max_lifetime``. ``lost`` is set (and the
     ``on_lost`` callbacks fire, once, from the renewer thread) when Redis says the lock is no
     longer ours, or when Redis could not be reached for longer than the TTL.
+
+    ``ttl`` (and ``keys``, ``token``) are fixed when the lease is created. ``wire_keys`` is
+    the lock key and release channel encoded as the locker's client sends them (the locker
+    passes the ones it has cached; they are encoded from ``keys`` when omitted).
     """
 
     __slots__ = (
         "_lost_callbacks",
-        "_state_lock",
+        "_third",
+        "_wire_channel",
+        "_wire_key",
         "confirmed_at",
         "deadline",
         "fence",
+        "key",
         "keys",
         "locker",
         "lost",
@@ -77,6 +151,7 @@ class Lease:
         "renew_due",
         "token",
         "ttl",
+        "ttl_ms",
     )
 
     def __init__(
@@ -90,11 +165,23 @@ class Lease:
         fence: Optional[int],
         confirmed_at: float,
         deadline: Optional[float],
+        wire_keys: Optional[tuple[bytes, bytes]] = None,
     ) -> None:
+        if len(token) != TOKEN_LENGTH:
+            # Renewal sends tokens back to back at a fixed width; a shorter or longer one
+            # would shift every token after it.
+            raise ValueError(f"a lease token is {TOKEN_LENGTH} characters, got {token!r}")
         self.locker = locker
         self.keys = keys
+        self.key = keys.lock
+        if wire_keys is None:
+            wire_keys = locker.wire_keys(keys)
+        self._wire_key, self._wire_channel = wire_keys
         self.token = token
         self.ttl = ttl
+        #: ``ttl`` in whole milliseconds (at least 1), as sent to Redis.
+        self.ttl_ms = max(1, int(ttl * 1000))
+        self._third = ttl / 3.0
         self.owner = owner
         self.fence = fence
         #: renewer-clock time just before the last request that set our TTL was sent:
@@ -102,16 +189,13 @@ class Lease:
         self.confirmed_at = confirmed_at
         #: renewer-clock time after which renewal stops (max lifetime), or None.
         self.deadline = deadline
-        self.renew_due = confirmed_at + ttl / 3.0
-        self.pid = os.getpid()
-        self.lost = threading.Event()
+        self.renew_due = confirmed_at + self._third
+        #: the process that holds the lease (the cached pid: a stale one could only make a
+        #: lease look inherited, i.e. never touched, never the other way round).
+        self.pid = _pid
+        self.lost = LostFlag()
         self.released = False
-        self._lost_callbacks: list[LostCallback] = []
-        self._state_lock = threading.Lock()
-
-    @property
-    def key(self) -> str:
-        return self.keys.lock
+        self._lost_callbacks: Optional[list[LostCallback]] = None
 
     @property
     def inherited(self) -> bool:
@@ -120,23 +204,28 @@ class Lease:
 
     @property
     def held(self) -> bool:
-        return not (self.released or self.lost.is_set() or self.inherited)
+        return not (self.released or self.lost._set or self.inherited)
 
     def on_lost(self, callback: LostCallback) -> None:
         """Call ``callback(lease)`` once when the lease is lost (immediately if it already is)."""
-        with self._state_lock:
-            if not self.lost.is_set():
+        with _state_lock:
+            if not self.lost._set:
+                if self._lost_callbacks is None:
+                    self._lost_callbacks = []
                 self._lost_callbacks.append(callback)
                 return
         callback(self)
 
     def mark_lost(self, reason: str) -> None:
         """Flag the lease lost and fire its callbacks; later calls do nothing."""
-        with self._state_lock:
-            if self.lost.is_set() or self.released:
+        with _state_lock:
+            if self.lost._set or self.released:
                 return
-            self.lost.set()
-            callbacks, self._lost_callbacks = self._lost_callbacks, []
+            self.lost._set = True
+            event = self.lost._event
+            callbacks, self._lost_callbacks = self._lost_callbacks or [], None
+        if event is not None:
+            event.set()
         log.error("lease on %s lost: %s", self.key, reason)
         for callback in callbacks:
             try:
@@ -155,5 +244,5 @@ class Lease:
         self.release()
 
     def __repr__(self) -> str:
-        state = "held" if self.held else ("lost" if self.lost.is_set() else "released")
+        state = "held" if self.held else ("lost" if self.lost._set else "released")
         return f"<Lease {self.key} fence={self.fence} {state}>"

@@ -3,7 +3,9 @@
 Each tick renews every due lease of the process in ONE round trip per lock server (one
 script over N keys). A lease is due a third of its TTL after it was last confirmed; leases
 that fall due within the next half interval are renewed in the same round trip, so leases
-with equal TTLs share ticks instead of spreading out.
+with equal TTLs share ticks instead of spreading out. The thread sleeps until the earliest due
+time; adding a lease wakes it only if that lease falls due sooner, so acquiring and releasing
+locks costs the thread nothing.
 
 Failure handling: a refusal from Redis marks the lease lost at once; an unreachable Redis
 marks it lost only once its TTL has certainly run out (``confirmed_at + ttl``), and the
@@ -16,10 +18,12 @@ never renewed (nor released, see ``Lease.inherited``) from the child.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
 import weakref
+from operator import attrgetter
 from typing import Callable, Optional
 
 from ..errors import LockBackendUnavailable
@@ -31,6 +35,8 @@ Clock = Callable[[], float]
 
 #: Seconds to wait before trying again after the lock server could not be reached.
 RETRY_AFTER_ERROR = 0.2
+
+_lease_ttl = attrgetter("ttl")
 
 _instances: weakref.WeakSet[Renewer] = weakref.WeakSet()
 
@@ -55,30 +61,38 @@ class Renewer:
     def _reset(self) -> None:
         self._pid = os.getpid()
         self._leases: dict[int, Lease] = {}
-        self._wakeup = threading.Condition()
+        self._lock = threading.Lock()
+        self._wakeup = threading.Condition(self._lock)
         self._thread: Optional[threading.Thread] = None
+        #: clock time of the next tick as planned so far (inf: none planned). A tick resets it
+        #: to inf when it takes its snapshot, so a lease added during the tick sets it again.
+        self._wake_at = math.inf
 
     # -- registry -----------------------------------------------------------------------------
 
     def add(self, lease: Lease) -> None:
         """Start renewing ``lease``."""
-        with self._wakeup:
+        with self._lock:
             self._leases[id(lease)] = lease
+            if lease.renew_due < self._wake_at:
+                # Due before the planned tick: wake the thread (a no-op when none waits).
+                # Otherwise the thread is left asleep; it will see the lease at its next tick.
+                self._wake_at = lease.renew_due
+                self._wakeup.notify()
             if self.autostart and self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="celery-singleton-lock-renewer", daemon=True
                 )
                 self._thread.start()
-            self._wakeup.notify()
 
     def discard(self, lease: Lease) -> None:
         """Stop renewing ``lease`` (released, lost or handed over)."""
-        with self._wakeup:
+        with self._lock:
             self._leases.pop(id(lease), None)
 
     def leases(self) -> list[Lease]:
         """The leases being renewed now."""
-        with self._wakeup:
+        with self._lock:
             return list(self._leases.values())
 
     # -- ticking ------------------------------------------------------------------------------
@@ -86,58 +100,90 @@ class Renewer:
     def run_once(self) -> Optional[float]:
         """Renew what is due now; return seconds until the next tick (None: nothing held)."""
         now = self.clock()
-        leases = self.leases()
-        if not leases:
-            return None
-        interval = min(lease.ttl for lease in leases) / 3.0
-        batches: dict[int, list[Lease]] = {}
-        for lease in leases:
-            if lease.deadline is not None and now >= lease.deadline:
-                log.info("renewal of %s stopped: its maximum lifetime has passed", lease.key)
-                self.discard(lease)
-            elif lease.renew_due <= now + interval / 2.0:
-                batches.setdefault(id(lease.locker), []).append(lease)
-        for batch in batches.values():
-            self._renew_batch(batch, now)
-        remaining = self.leases()
-        if not remaining:
-            return None
-        return max(0.0, min(lease.renew_due for lease in remaining) - self.clock())
+        with self._lock:
+            leases = list(self._leases.values())
+            self._wake_at = math.inf
+        next_due = math.inf
+        if leases:
+            interval = min(map(_lease_ttl, leases)) / 3.0
+            horizon = now + interval / 2.0
+            batches: dict[int, list[Lease]] = {}
+            batch: list[Lease] = []
+            batch_locker: object = None
+            for lease in leases:
+                if lease.deadline is not None and now >= lease.deadline:
+                    log.info("renewal of %s stopped: its maximum lifetime has passed", lease.key)
+                    self.discard(lease)
+                    continue
+                due = lease.renew_due
+                if due > horizon:
+                    if due < next_due:
+                        next_due = due
+                    continue
+                if lease.locker is not batch_locker:
+                    batch_locker = lease.locker
+                    batch = batches.setdefault(id(batch_locker), [])
+                batch.append(lease)
+            for batch in batches.values():
+                retry_at = self._renew_batch(batch, now)
+                next_due = min(next_due, now + interval if retry_at is None else retry_at)
+        with self._lock:
+            if not self._leases:
+                return None
+            if next_due < self._wake_at:
+                self._wake_at = next_due
+            if self._wake_at == math.inf:  # cannot happen; never sleep forever holding leases
+                self._wake_at = min(lease.renew_due for lease in self._leases.values())
+            wake_at = self._wake_at
+        return max(0.0, wake_at - self.clock())
 
-    def _renew_batch(self, batch: list[Lease], sent_at: float) -> None:
+    def _renew_batch(self, batch: list[Lease], sent_at: float) -> Optional[float]:
+        """Renew ``batch`` (one lock server); return the retry time if it was unreachable."""
         locker = batch[0].locker
         self.round_trips += 1
         try:
-            still_ours = locker.renew_many(batch, now=sent_at)
+            lost = locker.renew_batch(batch, now=sent_at)
         except LockBackendUnavailable as exc:
+            retry_at = sent_at + RETRY_AFTER_ERROR
             for lease in batch:
                 if sent_at - lease.confirmed_at >= lease.ttl:
                     self.discard(lease)
                     lease.mark_lost(f"lock server unreachable for longer than the TTL ({exc})")
                 else:
-                    lease.renew_due = sent_at + RETRY_AFTER_ERROR
+                    lease.renew_due = retry_at
             log.warning("renewal of %d lease(s) failed, will retry: %s", len(batch), exc)
-            return
-        for lease, ours in zip(batch, still_ours):
-            if ours:
-                lease.confirmed_at = sent_at
-                lease.renew_due = sent_at + lease.ttl / 3.0
-            else:
-                self.discard(lease)
-                if not lease.released:
-                    lease.mark_lost("Redis no longer holds our token (expired or taken over)")
+            return retry_at
+        renewed = batch
+        if lost:
+            gone = set(lost)
+            renewed = [lease for index, lease in enumerate(batch) if index not in gone]
+        for lease in renewed:
+            lease.confirmed_at = sent_at
+            lease.renew_due = sent_at + lease._third
+        for index in lost:
+            lease = batch[index]
+            self.discard(lease)
+            if not lease.released:
+                lease.mark_lost("Redis no longer holds our token (expired or taken over)")
+        return None
 
     def _run(self) -> None:
         while True:
+            failed = False
             try:
-                delay = self.run_once()
+                self.run_once()
             except Exception:
                 # The renewer must outlive any single bad tick, or every lease would expire.
                 log.exception("renewer tick failed; retrying")
-                delay = RETRY_AFTER_ERROR
-            with self._wakeup:
+                failed = True
+            with self._lock:
                 if os.getpid() != self._pid:
                     return
+                # Read under the lock: a lease added since run_once returned lowered it.
+                wake_at = self._wake_at
+                delay = None if wake_at == math.inf else max(0.0, wake_at - self.clock())
+                if failed:
+                    delay = RETRY_AFTER_ERROR if delay is None else min(delay, RETRY_AFTER_ERROR)
                 self._wakeup.wait(timeout=delay)
 
 

@@ -1,55 +1,82 @@
 """Lua scripts of the lock engine, each headed by its contract.
 
-A lock is a Redis hash with a TTL. Its fields:
-    token        the holder's 128-bit random token (hex); the only proof of ownership
-    task_id      what the holder runs (free text, may be empty)
-    host         the holder's host / worker node name
-    pid          the holder's process id
-    acquired_at  the holder's wall clock at acquisition, in milliseconds
+A lock is a Redis string with a TTL. Its value, fields separated by ``|``::
+
+    <token>|<fence>|<acquired_at>|<pid>|<host>|<task_id>
+
+    token        the holder's 128-bit random token, 32 hex characters (fixed width, so a
+                 script compares ``string.sub(value, 1, 32)`` or ``GETRANGE key 0 31``);
+                 the only proof of ownership
     fence        the fencing token given with this acquisition ('' when fencing is off)
+    acquired_at  the holder's wall clock at acquisition, in milliseconds
+    pid          the holder's process id
+    host         the holder's host / worker node name, with '%' and '|' escaped as %25 and
+                 %7C (only when present)
+    task_id      what the holder runs (free text, may be empty); last, so it may contain '|'
 
-The fence counter is a separate string key sharing the lock's hash tag, so every key a script
-touches lives in one Redis Cluster slot. It never expires: a counter that reset would hand out
-fences lower than ones a store has already seen.
+The client sends the value whole (with an empty fence), so that without fencing acquiring is a
+single ``SET key value NX PX ttl`` inside the script. A key at a lock's name whose value does not
+have this shape (no ``|`` after 32 characters) was not written by this package: acquiring
+raises a ``NOTLOCK`` error instead of reporting it as a holder.
 
-All scripts are loaded once and run with EVALSHA (redis-py ``Script`` falls back on NOSCRIPT).
+The fence counter is a separate string key sharing the lock's hash tag, so every key ACQUIRE,
+RELEASE and RELEASE_ABANDONED touch lives in one Redis Cluster slot (RENEW takes all the due
+locks of a process at once, hence a single node or Sentinel). The counter never expires: a
+counter that reset would hand out fences lower than ones a store has already seen.
+
+All scripts are registered as redis-py ``Script`` objects and run with EVALSHA; on NOSCRIPT
+the script is loaded (``SCRIPT LOAD``) and the call sent again.
 """
 
 from __future__ import annotations
 
+#: Width of the token at the start of a lock value (hex of 128 random bits).
+TOKEN_LENGTH = 32
+
 ACQUIRE = """
--- KEYS[1]  lock key (hash)
--- KEYS[2]  fence counter key (string, never expires)
--- ARGV[1]  token          ARGV[2] ttl in ms        ARGV[3] '1' to hand out a fence, else '0'
--- ARGV[4]  task id        ARGV[5] host             ARGV[6] pid
--- ARGV[7]  acquired-at (ms, caller's clock)
--- Returns  {1, fence}  acquired (fence is '' without fencing). Also returned when the lock
---                      already holds ARGV[1]: a resend after a lost reply is not a duplicate.
---          {0, task_id, host, pid, acquired_at, fence, pttl}  held by someone else.
-local current = redis.call('HGET', KEYS[1], 'token')
-if not current then
-  local fence = ''
-  if ARGV[3] == '1' then
-    fence = redis.call('INCR', KEYS[2])
+-- KEYS[1]  lock key (string)
+-- KEYS[2]  fence counter key (string, never expires). Passed ONLY to hand out a fence:
+--          with one key the script neither reads nor writes a counter.
+-- ARGV[1]  ttl in ms
+-- ARGV[2]  the lock value with an empty fence: '<token>||<acquired_at>|<pid>|<host>|<task_id>'
+-- Returns  integer: acquired; the fence (>= 1), or 0 without fencing. Also returned when the
+--                   lock already holds this token: a resend after a lost reply is not a
+--                   duplicate.
+--          string 'pttl|fence|acquired_at|pid|host|task_id': held by someone else (pttl is the
+--                   remaining TTL in ms, -1 without one; the holder's token is not returned).
+--          error NOTLOCK: the key holds a string that is not a lock value (WRONGTYPE if it is
+--                   not a string at all).
+local v
+if #KEYS == 1 then
+  if redis.call('SET', KEYS[1], ARGV[2], 'NX', 'PX', ARGV[1]) then
+    return 0
   end
-  redis.call('HSET', KEYS[1], 'token', ARGV[1], 'task_id', ARGV[4], 'host', ARGV[5],
-             'pid', ARGV[6], 'acquired_at', ARGV[7], 'fence', fence)
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, fence}
+  v = redis.call('GET', KEYS[1])
+else
+  v = redis.call('GET', KEYS[1])
+  if not v then
+    local fence = redis.call('INCR', KEYS[2])
+    redis.call('SET', KEYS[1],
+               string.sub(ARGV[2], 1, 33) .. string.format('%d', fence) .. string.sub(ARGV[2], 34),
+               'PX', ARGV[1])
+    return fence
+  end
 end
-if current == ARGV[1] then
-  return {1, redis.call('HGET', KEYS[1], 'fence')}
+if string.sub(v, 33, 33) ~= '|' then
+  return redis.error_reply('NOTLOCK ' .. KEYS[1] .. ' holds a value that is not a lock')
 end
-local h = redis.call('HMGET', KEYS[1], 'task_id', 'host', 'pid', 'acquired_at', 'fence')
-return {0, h[1], h[2], h[3], h[4], h[5], redis.call('PTTL', KEYS[1])}
+if string.sub(v, 1, 32) == string.sub(ARGV[2], 1, 32) then
+  return tonumber(string.match(v, '^%d+', 34)) or 0
+end
+return redis.call('PTTL', KEYS[1]) .. '|' .. string.sub(v, 34)
 """
 
 RELEASE = """
 -- KEYS[1]  lock key
--- ARGV[1]  token of the releasing owner
+-- ARGV[1]  token of the releasing owner (32 characters)
 -- ARGV[2]  channel to publish the release on (waiters subscribe to it)
 -- Returns  1 released; 0 not ours (expired, or taken over by another owner): nothing changed.
-if redis.call('HGET', KEYS[1], 'token') == ARGV[1] then
+if redis.call('GETRANGE', KEYS[1], '0', '31') == ARGV[1] then
   redis.call('DEL', KEYS[1])
   redis.call('PUBLISH', ARGV[2], KEYS[1])
   return 1
@@ -59,31 +86,43 @@ return 0
 
 RENEW = """
 -- KEYS[1..N]  lock keys
--- ARGV        token_1, ttl_ms_1, token_2, ttl_ms_2, ... (two per key, in KEYS order)
--- Returns     {r_1, ..., r_N}: 1 renewed (TTL REPLACED by ttl_ms, never added to),
---             0 lost (key gone or holding another token: left untouched).
-local result = {}
+-- ARGV[1]     ttl in ms for every key without an override
+-- ARGV[2]     the N tokens concatenated, 32 characters each, in KEYS order
+-- ARGV[3..]   optional overrides, pairs: key index (1-based), ttl in ms for that key
+-- Returns     the 1-based indices of the keys NOT renewed (gone, holding another token, or
+--             not a string: left untouched); empty when every key was renewed. A renewed
+--             key's TTL is REPLACED by its ttl, never added to.
+local ttl, tokens, override = ARGV[1], ARGV[2], {}
+for j = 3, #ARGV, 2 do
+  override[tonumber(ARGV[j])] = ARGV[j + 1]
+end
+local lost, n = {}, 0
 for i = 1, #KEYS do
-  if redis.call('HGET', KEYS[i], 'token') == ARGV[2 * i - 1] then
-    redis.call('PEXPIRE', KEYS[i], ARGV[2 * i])
-    result[i] = 1
+  if redis.pcall('GETRANGE', KEYS[i], '0', '31') == string.sub(tokens, 32 * i - 31, 32 * i) then
+    redis.call('PEXPIRE', KEYS[i], override[i] or ttl)
   else
-    result[i] = 0
+    n = n + 1
+    lost[n] = i
   end
 end
-return result
+return lost
 """
 
 RELEASE_ABANDONED = """
 -- For a supervisor whose child died holding a lock (it cannot know the child's token).
 -- KEYS[1]  lock key
--- ARGV[1]  task id     ARGV[2] host     ARGV[3] pid of the dead holder
--- ARGV[4]  channel to publish the release on
+-- ARGV[1]  '<pid>|<host>|<task_id>' of the dead holder, host escaped as in the lock value
+-- ARGV[2]  channel to publish the release on
 -- Returns  1 released; 0 the lock is gone or held by another execution: nothing changed.
-local h = redis.call('HMGET', KEYS[1], 'task_id', 'host', 'pid')
-if h[1] == ARGV[1] and h[2] == ARGV[2] and h[3] == ARGV[3] then
+local v = redis.call('GET', KEYS[1])
+if not v or string.sub(v, 33, 33) ~= '|' then
+  return 0
+end
+local fence_end = string.find(v, '|', 34, true)
+local acquired_end = fence_end and string.find(v, '|', fence_end + 1, true)
+if acquired_end and string.sub(v, acquired_end + 1) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[4], KEYS[1])
+  redis.call('PUBLISH', ARGV[2], KEYS[1])
   return 1
 end
 return 0

@@ -45,3 +45,23 @@ class FakeClock:
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
+
+
+def stored_token(client: redis.Redis, key: str) -> bytes:
+    """The token at the start of the lock value stored at ``key`` (b"" when the key is gone)."""
+    return bytes(client.getrange(key, 0, 31))
+
+
+def stored_fields(client: redis.Redis, key: str) -> dict[str, bytes]:
+    """The lock value stored at ``key``, split into its named fields (see engine.scripts)."""
+    value = client.get(key)
+    assert value is not None, f"{key} is not set"
+    token, fence, acquired_at, pid, host, task_id = value.split(b"|", 5)
+    return {
+        "token": token,
+        "fence": fence,
+        "acquired_at": acquired_at,
+        "pid": pid,
+        "host": host,
+        "task_id": task_id,
+    }

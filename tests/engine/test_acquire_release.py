@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
+import pytest
 import redis
 
-from celery_singleton_lock.engine import Lease, LockHolder, Owner, RedisLocker, Renewer
+from celery_singleton_lock.engine import Lease, LockHolder, Owner, RedisLocker, Renewer, scripts
+from tests.engine.conftest import stored_fields, stored_token
 from tests.support import CountingConnection
 
 
@@ -30,12 +33,15 @@ def test_owner_metadata_is_stored_in_the_lock_itself(
     locker: RedisLocker, redis_client: redis.Redis
 ) -> None:
     before = time.time()
-    locker.try_acquire("job", ttl=5, owner=Owner(task_id="t-1", host="w1", pid=42))
-    fields = redis_client.hgetall(locker.keys("job").lock)
-    assert fields[b"task_id"] == b"t-1"
-    assert fields[b"host"] == b"w1"
-    assert fields[b"pid"] == b"42"
-    assert before * 1000 - 1 <= int(fields[b"acquired_at"]) <= time.time() * 1000 + 1
+    lease = locker.try_acquire("job", ttl=5, owner=Owner(task_id="t-1", host="w1", pid=42))
+    assert isinstance(lease, Lease)
+    fields = stored_fields(redis_client, locker.keys("job").lock)
+    assert fields["token"] == lease.token.encode()
+    assert fields["task_id"] == b"t-1"
+    assert fields["host"] == b"w1"
+    assert fields["pid"] == b"42"
+    assert fields["fence"] == b""
+    assert before * 1000 - 1 <= int(fields["acquired_at"]) <= time.time() * 1000 + 1
 
 
 def test_second_acquire_reports_the_holder_and_its_remaining_ttl(locker: RedisLocker) -> None:
@@ -91,7 +97,7 @@ def test_a_foreign_token_cannot_release(locker: RedisLocker, redis_client: redis
         deadline=None,
     )
     assert impostor.release() is False
-    assert redis_client.hget(lease.key, "token") == lease.token.encode()
+    assert stored_token(redis_client, lease.key) == lease.token.encode()
 
 
 def test_release_after_expiry_leaves_the_new_owners_lock_intact(
@@ -103,7 +109,7 @@ def test_release_after_expiry_leaves_the_new_owners_lock_intact(
     second = locker.try_acquire("job", ttl=5, owner=Owner(task_id="second"))
     assert isinstance(second, Lease)
     assert first.release() is False
-    assert redis_client.hget(second.key, "token") == second.token.encode()
+    assert stored_token(redis_client, second.key) == second.token.encode()
 
 
 def test_release_publishes_a_notification(locker: RedisLocker) -> None:
@@ -142,3 +148,79 @@ def test_keys_share_one_hash_tag(locker: RedisLocker) -> None:
     keys = locker.keys("task.name:abc")
     assert keys.lock == "t:{task.name:abc}"
     assert keys.fence.startswith(keys.lock) and keys.channel.startswith(keys.lock)
+
+
+def test_a_resent_acquire_with_the_same_token_is_idempotent(redis_client: redis.Redis) -> None:
+    """The script contract: a resend after a lost reply acquires again, with the same fence."""
+    acquire = redis_client.register_script(scripts.ACQUIRE)
+    token = "a" * 32
+    value = f"{token}||1700000000000|42|w1|t-1"
+    assert acquire(keys=["t:{plain}"], args=[5000, value]) == 0
+    assert acquire(keys=["t:{plain}"], args=[5000, value]) == 0
+    fenced_keys = ["t:{fenced}", "t:{fenced}:fence"]
+    assert acquire(keys=fenced_keys, args=[5000, value]) == 1
+    stored = redis_client.get("t:{fenced}")
+    assert acquire(keys=fenced_keys, args=[5000, value]) == 1
+    assert redis_client.get("t:{fenced}") == stored == f"{token}|1|1700000000000|42|w1|t-1".encode()
+    assert redis_client.get("t:{fenced}:fence") == b"1"  # no fence burnt by the resend
+    other = acquire(keys=fenced_keys, args=[5000, f"{'b' * 32}||1|2|w2|t-2"])
+    pttl, holder = other.split(b"|", 1)  # someone else's token: the holder, without its token
+    assert 0 < int(pttl) <= 5000 and holder == b"1|1700000000000|42|w1|t-1"
+
+
+def test_separators_in_host_and_task_id_survive_the_round_trip(locker: RedisLocker) -> None:
+    owner = Owner(task_id="a|b|%7C", host="node|1%25x", pid=5)
+    lease = locker.try_acquire("job", ttl=5, owner=owner)
+    assert isinstance(lease, Lease)
+    holder = locker.try_acquire("job", ttl=5)
+    assert isinstance(holder, LockHolder)
+    assert (holder.task_id, holder.host, holder.pid) == ("a|b|%7C", "node|1%25x", 5)
+    read = locker.read("job")
+    assert read is not None and (read.task_id, read.host, read.pid) == ("a|b|%7C", "node|1%25x", 5)
+    assert not locker.release_abandoned("job", task_id="a|b|%7C", host="node|1%x", pid=5)
+    assert not locker.release_abandoned("job", task_id="a|b|", host="node|1%25x", pid=5)
+    assert locker.release_abandoned("job", task_id="a|b|%7C", host="node|1%25x", pid=5)
+    assert locker.read("job") is None
+
+
+def test_a_lease_token_must_have_the_fixed_width(locker: RedisLocker) -> None:
+    lease = locker.try_acquire("job", ttl=5, renew=False)
+    assert isinstance(lease, Lease)
+    with pytest.raises(ValueError, match="32 characters"):
+        Lease(
+            locker=locker,
+            keys=lease.keys,
+            token="abc",
+            ttl=5,
+            owner=Owner(),
+            fence=None,
+            confirmed_at=0.0,
+            deadline=None,
+        )
+
+
+def test_lost_flag_reads_and_waits_like_an_event(locker: RedisLocker) -> None:
+    lease = locker.try_acquire("job", ttl=5, renew=False)
+    assert isinstance(lease, Lease)
+    assert not lease.lost.is_set()
+    assert lease.lost.wait(0.05) is False
+    threading.Timer(0.1, lease.mark_lost, args=("test",)).start()
+    assert lease.lost.wait(5.0) is True
+    assert lease.lost.is_set() and not lease.held
+    assert lease.lost.wait(0) is True
+
+
+def test_scripts_are_loaded_again_after_a_script_flush(counting_client: redis.Redis) -> None:
+    renewer = Renewer(autostart=False)
+    locker = RedisLocker(counting_client, prefix="t", renewer=renewer)
+    locker.try_acquire("warm-up", ttl=5).release()  # type: ignore[union-attr]
+    counting_client.script_flush()  # e.g. a failover to a replica that never saw them
+    CountingConnection.reset()
+    lease = locker.try_acquire("job", ttl=5, fencing=True)
+    assert isinstance(lease, Lease) and lease.fence == 1
+    assert CountingConnection.sent == ["EVALSHA", "SCRIPT LOAD", "EVALSHA"]  # NOSCRIPT, again
+    assert locker.renew_many([lease], now=renewer.clock()) == [True]
+    assert lease.release()
+    CountingConnection.reset()
+    assert isinstance(locker.try_acquire("job", ttl=5), Lease)
+    assert CountingConnection.sent == ["EVALSHA"]

@@ -9,6 +9,7 @@ import redis
 
 from celery_singleton_lock.engine import Lease, RedisLocker, process_renewer
 from celery_singleton_lock.testing import RedisServer
+from tests.engine.conftest import stored_token
 
 
 def _run_in_child(body) -> int:  # type: ignore[no-untyped-def]
@@ -29,7 +30,7 @@ def test_child_does_not_release_an_inherited_lease(redis_server: RedisServer) ->
     lease = locker.try_acquire("parent-job", ttl=30, renew=False)
     assert isinstance(lease, Lease)
     assert _run_in_child(lambda: lease.release() is False and lease.inherited) == 0
-    assert client.hget(lease.key, "token") == lease.token.encode()
+    assert stored_token(client, lease.key) == lease.token.encode()
     assert lease.release() is True
 
 
@@ -49,10 +50,10 @@ def test_child_does_not_renew_inherited_leases_but_renews_its_own(
         child_client = redis.Redis(host="127.0.0.1", port=redis_server.port)
         return bool(
             isinstance(own, Lease)
-            and child_client.hget(own.key, "token") == own.token.encode()
+            and stored_token(child_client, own.key) == own.token.encode()
             and own.release()
         )
 
     assert _run_in_child(child) == 0
-    assert client.hget(parent_lease.key, "token") == parent_lease.token.encode()
+    assert stored_token(client, parent_lease.key) == parent_lease.token.encode()
     parent_lease.release()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from celery_singleton_lock.engine import Lease, RedisLocker, Renewer
-from celery_singleton_lock.errors import LockBackendUnavailable, LockError
+from celery_singleton_lock.errors import LockBackendUnavailable, LockError, LockNotOwnedError
 from celery_singleton_lock.testing import RedisServer
 
 
@@ -39,9 +39,20 @@ def test_failed_release_keeps_the_token_so_it_can_be_retried() -> None:
         assert locker.read("job") is None
 
 
-def test_a_key_of_another_type_gives_a_clear_error(redis_server: RedisServer) -> None:
+@pytest.mark.parametrize("fencing", [False, True])
+@pytest.mark.parametrize("kind", ["string", "hash"])
+def test_a_key_not_written_by_us_gives_a_clear_error(
+    redis_server: RedisServer, kind: str, fencing: bool
+) -> None:
     client = redis_server.client()
-    client.set("t:{job}", "not a lock")
+    if kind == "string":
+        client.set("t:{job}", "not a lock")
+    else:
+        client.hset("t:{job}", "token", "x")
     locker = RedisLocker(client, prefix="t", renewer=Renewer(autostart=False))
-    with pytest.raises(LockError, match="not a lock written by this package"):
-        locker.try_acquire("job", ttl=5)
+    with pytest.raises(LockNotOwnedError, match="not a lock written by this package"):
+        locker.try_acquire("job", ttl=5, fencing=fencing)
+    with pytest.raises(LockNotOwnedError, match="not a lock written by this package"):
+        locker.read("job")
+    assert list(locker.scan()) == []
+    assert client.type("t:{job}") == kind.encode()  # left as it was

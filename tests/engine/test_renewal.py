@@ -9,7 +9,7 @@ import redis
 
 from celery_singleton_lock.engine import Lease, RedisLocker, Renewer
 from celery_singleton_lock.testing import RedisServer
-from tests.engine.conftest import FakeClock
+from tests.engine.conftest import FakeClock, stored_token
 from tests.support import CountingConnection, wait_until
 
 
@@ -21,7 +21,7 @@ def test_renewal_keeps_a_one_second_lease_alive_for_five_seconds(
     deadline = time.monotonic() + 5.0
     max_pttl = 0
     while time.monotonic() < deadline:
-        assert redis_client.hget(lease.key, "token") == lease.token.encode()
+        assert stored_token(redis_client, lease.key) == lease.token.encode()
         max_pttl = max(max_pttl, redis_client.pttl(lease.key))
         time.sleep(0.05)
     assert not lease.lost.is_set()
@@ -91,8 +91,7 @@ def test_overwritten_key_marks_the_lease_lost_and_is_left_alone(
     locker = RedisLocker(redis_client, prefix="t", renewer=renewer)
     lease = locker.try_acquire("job", ttl=3.0)
     assert isinstance(lease, Lease)
-    redis_client.hset(lease.key, "token", "someone-else")
-    redis_client.pexpire(lease.key, 700)
+    redis_client.set(lease.key, "e" * 32 + "||1|2|other-host|other-task", px=700)
     clock.advance(1.0)
     renewer.run_once()
     assert lease.lost.is_set()
@@ -183,5 +182,55 @@ def test_renewer_thread_survives_an_outage_and_resumes() -> None:
         fresh = locker.try_acquire("fresh", ttl=0.6)
         assert isinstance(fresh, Lease)
         time.sleep(2.0)
-        assert client.hget(fresh.key, "token") == fresh.token.encode()
+        assert stored_token(client, fresh.key) == fresh.token.encode()
         assert not fresh.lost.is_set()
+
+
+def test_leases_with_different_ttls_in_one_tick_each_get_their_own(
+    counting_client: redis.Redis, clock: FakeClock
+) -> None:
+    renewer = Renewer(clock=clock, autostart=False)
+    locker = RedisLocker(counting_client, prefix="t", renewer=renewer)
+    ttls = [3.0, 3.0, 9.0, 3.0, 6.0, 3.0]
+    leases = [locker.try_acquire(f"job-{i}", ttl=ttl) for i, ttl in enumerate(ttls)]
+    assert all(isinstance(lease, Lease) for lease in leases)
+    for lease in leases:
+        counting_client.pexpire(lease.key, 100_000)  # pretend something stretched them
+    clock.advance(3.0)  # every lease is due
+    renewer.run_once()  # loads the script
+    clock.advance(3.0)
+    CountingConnection.reset()
+    renewer.run_once()
+    assert CountingConnection.sent == ["EVALSHA"]
+    for lease, ttl in zip(leases, ttls):
+        assert ttl * 1000 - 500 < counting_client.pttl(lease.key) <= ttl * 1000  # type: ignore[union-attr]
+
+
+def test_a_foreign_key_in_a_renewal_batch_loses_only_that_lease(
+    redis_client: redis.Redis, clock: FakeClock
+) -> None:
+    renewer = Renewer(clock=clock, autostart=False)
+    locker = RedisLocker(redis_client, prefix="t", renewer=renewer)
+    leases = [locker.try_acquire(f"job-{i}", ttl=3.0) for i in range(5)]
+    assert all(isinstance(lease, Lease) for lease in leases)
+    taken = leases[2]
+    assert isinstance(taken, Lease)
+    redis_client.delete(taken.key)
+    redis_client.hset(taken.key, "token", taken.token)  # not a string: WRONGTYPE for GETRANGE
+    clock.advance(1.0)
+    renewer.run_once()
+    assert [lease.lost.is_set() for lease in leases] == [False, False, True, False, False]  # type: ignore[union-attr]
+    assert redis_client.type(taken.key) == b"hash"  # left alone
+
+
+def test_a_lease_added_while_the_renewer_sleeps_long_is_renewed_on_time(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    long_lived = locker.try_acquire("long", ttl=60.0)  # the thread now sleeps ~20 s
+    assert isinstance(long_lived, Lease)
+    time.sleep(0.2)
+    short = locker.try_acquire("short", ttl=0.6)
+    assert isinstance(short, Lease)
+    time.sleep(1.5)
+    assert stored_token(redis_client, short.key) == short.token.encode()
+    assert not short.lost.is_set()

@@ -37,6 +37,13 @@ BACKEND_ERRORS: tuple[type[BaseException], ...] = (
     redis.exceptions.AuthenticationError,
     redis.exceptions.ReadOnlyError,
     redis.exceptions.BusyLoadingError,
+    # redis-py turns these replies into classes of their own and drops the reply's first
+    # word (OOM, NOPERM) from the message, so they must be recognised by class
+    *(
+        getattr(redis.exceptions, name)
+        for name in ("OutOfMemoryError", "NoPermissionError")
+        if hasattr(redis.exceptions, name)
+    ),
 )
 
 AcquireResult = Union[Lease, LockHolder]

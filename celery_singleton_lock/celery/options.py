@@ -67,6 +67,9 @@ class LockOptions:
     max_retries: Optional[int]
     wait_timeout: float
     on_backend_error: str
+    #: the task's hard time limit when its message names none (task attribute, else the
+    #: ``task_time_limit`` setting): renewal never outlives it
+    default_time_limit: Optional[float] = None
 
 
 def _number(task: str, name: str, value: Any, low: float, high: float) -> float:
@@ -109,12 +112,14 @@ def resolve(
     skip_first: bool,
     attributes: Mapping[str, Any],
     conf: Mapping[str, Any],
+    time_limit: Optional[float] = None,
 ) -> LockOptions:
     """Resolve and validate a task's options.
 
     Args:
         attributes: the task's attributes (``lock_ttl``...); ``UNSET`` defers to ``conf``.
         conf: the app's configuration.
+        time_limit: the task's own hard time limit, if it has one.
 
     Raises:
         LockConfigurationError: naming the task, the option and what to do.
@@ -175,4 +180,5 @@ def resolve(
             value["lock_on_backend_error"],
             BACKEND_ERROR_POLICIES,
         ),
+        default_time_limit=time_limit or conf.get("task_time_limit") or None,
     )

@@ -131,6 +131,7 @@ class LockedTask(Task):  # type: ignore[misc]
             skip_first=not isinstance(run, staticmethod),
             attributes={name: getattr(cls, name) for name in _ATTRIBUTES},
             conf=app.conf,
+            time_limit=cls.time_limit,
         )
         return cls._lock_options
 
@@ -163,7 +164,7 @@ class LockedTask(Task):  # type: ignore[misc]
                 options.ttl,
                 owner=Owner(task_id=task_id, host=request.hostname or _HOSTNAME, pid=os.getpid()),
                 fencing=options.fencing,
-                max_lifetime=self._hard_time_limit(request),
+                max_lifetime=self._hard_time_limit(request, options),
                 on_lost=self._on_lock_lost,
             )
 
@@ -192,11 +193,9 @@ class LockedTask(Task):  # type: ignore[misc]
         if lock_acquired.receivers:
             lock_acquired.send(sender=self, task_id=task_id, key=outcome.key, fence=outcome.fence)
 
-    def _hard_time_limit(self, request: Any) -> Optional[float]:
-        limits = getattr(request, "timelimit", None)
-        hard = (limits[0] if limits else None) or self.time_limit
-        if hard is None:
-            hard = self.app.conf.task_time_limit
+    def _hard_time_limit(self, request: Any, options: LockOptions) -> Optional[float]:
+        limits = request.timelimit
+        hard = limits[0] if limits and limits[0] else options.default_time_limit
         return float(hard) if hard else None
 
     def _on_backend_unavailable(
@@ -237,10 +236,12 @@ class LockedTask(Task):  # type: ignore[misc]
 
     # -- release -----------------------------------------------------------------------------
 
-    def release_lock(self, request: Any = None) -> None:
+    def release_lock(self, request: Any = None, *, wait: bool = True) -> None:
         """Release the lock of ``request`` (default: the current one) if this run owns it.
 
-        Called after the body on every exit path; safe to call more than once.
+        Called after the body on every exit path; safe to call more than once. With
+        ``wait=False`` the round trip runs in the process releaser thread, off the task's
+        path; renewal stops at once either way.
         """
         request = self.request if request is None else request
         handle: Optional[LockHandle] = getattr(request, "lock", None)
@@ -250,33 +251,52 @@ class LockedTask(Task):  # type: ignore[misc]
         for name, held in list(_held_here.by_name.items()):
             if held is handle:
                 del _held_here.by_name[name]
-        try:
-            owned = lease.release()
-        except LockBackendUnavailable as exc:
-            log_release.error(
-                "task %s[%s]: could not release %s (%s); it frees itself within %.1fs",
-                self.name,
-                request.id,
-                lease.key,
-                exc,
-                lease.ttl,
-            )
+        task_id = request.id
+
+        def released(owned: Optional[bool]) -> None:
+            if owned is None:
+                log_release.error(
+                    "task %s[%s]: could not release %s; it frees itself within %.1fs",
+                    self.name,
+                    task_id,
+                    lease.key,
+                    lease.ttl,
+                )
+                return
+            if not owned:
+                log_release.warning(
+                    "task %s[%s]: lock %s had expired or been taken over before its release",
+                    self.name,
+                    task_id,
+                    lease.key,
+                )
+            if lock_released.receivers:
+                lock_released.send(sender=self, task_id=task_id, key=lease.key, owned=owned)
+
+        if not wait:
+            lease.locker.release_soon(lease, released)
             return
-        if not owned:
-            log_release.warning(
-                "task %s[%s]: lock %s had expired or been taken over before its release",
-                self.name,
-                request.id,
-                lease.key,
-            )
-        if lock_released.receivers:
-            lock_released.send(sender=self, task_id=request.id, key=lease.key, owned=owned)
+        try:
+            owned: Optional[bool] = lease.release()
+        except LockBackendUnavailable:
+            owned = None
+        released(owned)
+
+    @staticmethod
+    def _successors_follow(request: Any) -> bool:
+        """The request has successors Celery publishes after the body: release before them."""
+        return bool(
+            request.is_eager
+            or request.callbacks
+            or request.chain
+            or request.chord
+            or request.errbacks
+        )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # The worker calls this (not ``run``) because it is overridden. Releasing here, as the
-        # body ends, frees the lock before Celery publishes callbacks and chain steps and
-        # stores the result: a same-key chain step cannot collide with it, and a caller whose
-        # ``result.get()`` returned finds the lock free.
+        # body ends, stops renewal at once and frees the lock before Celery publishes callbacks
+        # and chain steps: a same-key chain step cannot collide with it.
         request = self.request_stack.top
         handle: Optional[LockHandle] = getattr(request, "lock", None)
         owns = handle is not None and handle.lease is not None and not handle.body_entered
@@ -286,7 +306,9 @@ class LockedTask(Task):  # type: ignore[misc]
             return super().__call__(*args, **kwargs)
         finally:
             if owns:
-                self.release_lock(request)
+                # Off the task's path, unless successors (callbacks, chain steps) or an eager
+                # caller come next: they must find the lock free.
+                self.release_lock(request, wait=self._successors_follow(request))
 
     def retry(self, *args: Any, throw: bool = True, **kwargs: Any) -> Any:
         """Celery's ``retry``; releases the lock first so the new attempt cannot collide with it."""

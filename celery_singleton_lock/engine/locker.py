@@ -23,6 +23,7 @@ from . import lease as _lease
 from . import scripts
 from .keys import LockKeys, validate_prefix
 from .lease import Lease, LockHolder, LostCallback, Owner
+from .releaser import ReleaseCallback, Releaser, process_releaser
 from .renewer import Renewer, process_renewer
 
 log_acquire = logging.getLogger("celery_singleton_lock.acquire")
@@ -151,6 +152,7 @@ class RedisLocker:
             as they are; the engine adds none of its own.
         prefix: namespace of every key this locker writes.
         renewer: renews the leases; defaults to the one renewer of this process.
+        releaser: runs :meth:`release_soon` hand-overs; defaults to the one of this process.
         wall_clock: clock stored as ``acquired_at`` (seconds since the epoch).
     """
 
@@ -160,11 +162,13 @@ class RedisLocker:
         *,
         prefix: str = "singleton-lock",
         renewer: Optional[Renewer] = None,
+        releaser: Optional[Releaser] = None,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.client = client
         self.prefix = validate_prefix(prefix)
         self._renewer = renewer
+        self._releaser = releaser
         self.wall_clock = wall_clock
         self._encode: Callable[[str], bytes] = client.get_encoder().encode
         self._acquire = _Lua(client.register_script(scripts.ACQUIRE))
@@ -176,6 +180,10 @@ class RedisLocker:
     @property
     def renewer(self) -> Renewer:
         return self._renewer if self._renewer is not None else process_renewer()
+
+    @property
+    def releaser(self) -> Releaser:
+        return self._releaser if self._releaser is not None else process_releaser()
 
     def keys(self, name: str) -> LockKeys:
         """Key names of the lock called ``name`` under this locker's prefix."""
@@ -281,6 +289,27 @@ class RedisLocker:
             LockBackendUnavailable: the server could not be reached; the lease keeps its
                 token (and stays unrenewed), so ``release`` may simply be called again.
         """
+        if not self._claim_release(lease):
+            return False
+        try:
+            return self.send_release(lease)
+        except LockBackendUnavailable:
+            lease.released = False
+            raise
+
+    def release_soon(self, lease: Lease, on_done: Optional[ReleaseCallback] = None) -> bool:
+        """Stop renewing ``lease`` now and release it from the process releaser thread.
+
+        For callers that need not wait for the round trip. ``on_done`` is called from that
+        thread with the outcome (see :data:`~.releaser.ReleaseCallback`). Returns False if
+        there was nothing to release (already released, or inherited from a parent).
+        """
+        if not self._claim_release(lease):
+            return False
+        self.releaser.submit(lease, on_done)
+        return True
+
+    def _claim_release(self, lease: Lease) -> bool:
         if lease.pid != os.getpid():  # inherited from the parent: never touched here
             return False
         with _lease._state_lock:
@@ -288,16 +317,15 @@ class RedisLocker:
                 return False
             lease.released = True  # from here a failed renewal is not reported as a loss
         self.renewer.discard(lease)
-        key = lease.key
-        try:
-            released = self._script(
-                self._release, key, b"1", lease._wire_key, lease.token, lease._wire_channel
-            )
-        except LockBackendUnavailable:
-            lease.released = False
-            raise
+        return True
+
+    def send_release(self, lease: Lease) -> bool:
+        """Run the release script for a lease already marked released; True if it was ours."""
+        released = self._script(
+            self._release, lease.key, b"1", lease._wire_key, lease.token, lease._wire_channel
+        )
         if not released:
-            log_release.warning("released %s but it was no longer ours", key)
+            log_release.warning("released %s but it was no longer ours", lease.key)
         return bool(released)
 
     def release_abandoned(self, name: str, *, task_id: str, host: str, pid: int) -> bool:
@@ -313,8 +341,10 @@ class RedisLocker:
             self._script(self._release_abandoned, keys.lock, b"1", lock_key, fields, channel)
         )
 
-    def release_all(self) -> int:
-        """Release every lease this process holds through this locker; returns how many."""
+    def release_all(self, timeout: float = 5.0) -> int:
+        """Run pending hand-overs, then release every lease this process still holds through
+        this locker; returns how many were released here."""
+        self.releaser.flush(timeout)
         released = 0
         for lease in self.renewer.leases():
             if lease.locker is self and lease.held:

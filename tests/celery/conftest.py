@@ -18,7 +18,7 @@ from celery_singleton_lock.celery.connection import forget_locker, locker_for
 from celery_singleton_lock.engine import RedisLocker
 from celery_singleton_lock.testing import RedisServer
 from tests.celery import lockapp
-from tests.support import CountingConnection
+from tests.support import CountingConnection, wait_until
 
 
 @pytest.fixture(scope="session")
@@ -87,3 +87,9 @@ def lock_key_of(task: Any, *args: Any, **kwargs: Any) -> str:
     """The Redis key of the lock a call of ``task`` takes."""
     name = task.lock_options.keyer.name(args, kwargs)
     return locker_for(task.app).keys(name).lock
+
+
+def assert_released(store: redis.Redis, key: str, timeout: float = 5.0) -> None:
+    """The lock ``key`` is gone, now or within ``timeout``: a task without successors hands
+    its release to the worker's releaser thread, a moment after its result is stored."""
+    wait_until(lambda: not store.exists(key), timeout=timeout, interval=0.005)

@@ -11,19 +11,19 @@ import redis
 
 from celery_singleton_lock.celery import lock_released
 from tests.celery import lockapp
-from tests.celery.conftest import lock_key_of
+from tests.celery.conftest import assert_released, lock_key_of
 from tests.support import wait_until
 
 
 def test_success_releases_the_lock(worker: Any, store: redis.Redis, unique_key: str) -> None:
     lockapp.hold_skip.delay(unique_key).get(timeout=10)
-    assert not store.exists(lock_key_of(lockapp.hold_skip, unique_key))
+    assert_released(store, lock_key_of(lockapp.hold_skip, unique_key))
 
 
 def test_failure_releases_the_lock(worker: Any, store: redis.Redis, unique_key: str) -> None:
     with pytest.raises(ValueError):
         lockapp.raises.delay(unique_key).get(timeout=10)
-    assert not store.exists(lock_key_of(lockapp.raises, unique_key))
+    assert_released(store, lock_key_of(lockapp.raises, unique_key))
 
 
 def test_self_retry_releases_before_the_next_attempt_which_runs(
@@ -32,14 +32,14 @@ def test_self_retry_releases_before_the_next_attempt_which_runs(
     # countdown=0: the next attempt starts at once and would be skipped as a duplicate of
     # its own previous attempt if the lock were still held.
     assert lockapp.retries_once.delay(unique_key).get(timeout=10) == "second attempt"
-    assert not store.exists(lock_key_of(lockapp.retries_once, unique_key))
+    assert_released(store, lock_key_of(lockapp.retries_once, unique_key))
 
 
 def test_autoretry_releases_and_the_next_attempt_runs(
     worker: Any, store: redis.Redis, unique_key: str
 ) -> None:
     assert lockapp.autoretries.delay(unique_key).get(timeout=10) == "second attempt"
-    assert not store.exists(lock_key_of(lockapp.autoretries, unique_key))
+    assert_released(store, lock_key_of(lockapp.autoretries, unique_key))
 
 
 def test_ignore_raised_by_the_body_releases_the_lock(
@@ -56,7 +56,7 @@ def test_ignore_raised_by_the_body_releases_the_lock(
         wait_until(lambda: result.id in released, timeout=10)  # IGNORED stores no state
     finally:
         lock_released.disconnect(receiver)
-    assert not store.exists(lock_key_of(lockapp.ignores, unique_key))
+    assert_released(store, lock_key_of(lockapp.ignores, unique_key))
 
 
 def test_reject_raised_by_the_body_releases_the_lock(
@@ -66,7 +66,7 @@ def test_reject_raised_by_the_body_releases_the_lock(
     key = lock_key_of(lockapp.rejects, unique_key)
     with pytest.raises(Exception, match="rejected"):
         result.get(timeout=10)
-    assert not store.exists(key)
+    assert_released(store, key)
 
 
 def test_unsupported_argument_fails_naming_task_and_argument_and_takes_no_lock(

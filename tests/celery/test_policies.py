@@ -12,7 +12,7 @@ from celery_singleton_lock import DuplicateTaskError, DuplicateTaskSkipped
 from celery_singleton_lock.celery import lock_duplicate
 from celery_singleton_lock.engine import Lease, Owner, RedisLocker
 from tests.celery import lockapp
-from tests.celery.conftest import lock_key_of
+from tests.celery.conftest import assert_released, lock_key_of
 from tests.support import wait_until
 
 
@@ -170,4 +170,4 @@ def test_lock_key_is_released_after_a_duplicate_finally_runs(
         result.get(timeout=30)
     assert store.llen(f"runs:{unique_key}") == 5
     assert int(store.get(f"overlaps:{unique_key}") or 0) == 0
-    assert not store.exists(lock_key_of(lockapp.hold_retry, unique_key))
+    assert_released(store, lock_key_of(lockapp.hold_retry, unique_key))

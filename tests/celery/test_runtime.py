@@ -8,12 +8,13 @@ from typing import Any
 
 import pytest
 import redis
+from celery import chain
 
 from celery_singleton_lock.celery import lock_lost
 from celery_singleton_lock.engine import Lease, Owner, RedisLocker
 from celery_singleton_lock.testing import RedisServer
 from tests.celery import lockapp
-from tests.celery.conftest import lock_key_of
+from tests.celery.conftest import assert_released, lock_key_of
 from tests.support import CountingConnection, wait_until
 
 
@@ -24,6 +25,7 @@ def test_an_uncontended_task_costs_exactly_two_lock_round_trips(
     CountingConnection.reset()
     for i in range(25):
         lockapp.hold_skip.delay(f"{unique_key}-{i}").get(timeout=10)
+    wait_until(lambda: CountingConnection.count() >= 50, timeout=5)  # last release: threaded
     assert CountingConnection.sent == ["EVALSHA", "EVALSHA"] * 25
 
 
@@ -47,7 +49,7 @@ def test_a_nested_same_key_run_in_the_same_thread_is_reentrant(
 ) -> None:
     assert lockapp.reentrant.delay(unique_key, 2).get(timeout=10) == [2, 1, 0]
     assert int(store.get(f"reentrant:{unique_key}")) == 3
-    assert not store.exists(lock_key_of(lockapp.reentrant, unique_key, 0))
+    assert_released(store, lock_key_of(lockapp.reentrant, unique_key, 0))
 
 
 def test_fences_increase_across_executions(worker: Any) -> None:
@@ -79,7 +81,7 @@ def test_always_eager_mode_takes_and_releases_real_locks(
         celery_app.conf.task_always_eager = False
     name = lockapp.fenced.lock_options.keyer.name((unique_key,), {})
     assert store.get(locker.keys(name).fence) == b"1"
-    assert not store.exists(lock_key_of(lockapp.fenced, unique_key))
+    assert_released(store, lock_key_of(lockapp.fenced, unique_key))
 
 
 def test_a_direct_call_takes_no_lock(
@@ -153,3 +155,25 @@ def test_apply_with_the_lock_server_down_fails_at_once_with_backend_unavailable(
     assert result.state == "FAILURE"
     assert type(result.result).__name__ == "LockBackendUnavailable"
     assert elapsed < 10
+
+
+def test_same_key_chain_steps_do_not_collide(
+    worker: Any,
+    locker: RedisLocker,
+    store: redis.Redis,
+    unique_key: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A step with successors releases before Celery publishes the next step, so the next
+    # same-key step finds the lock free (it would be skipped otherwise). A slow release
+    # script makes a release that did not come first lose that race for certain.
+    send_release = locker.send_release
+
+    def slow_release(lease: Lease) -> bool:
+        time.sleep(0.3)
+        return send_release(lease)
+
+    monkeypatch.setattr(locker, "send_release", slow_release)
+    steps = chain(*(lockapp.hold_skip.si(unique_key, 0.01) for _ in range(3)))
+    steps.apply_async().get(timeout=20)
+    assert store.llen(f"runs:{unique_key}") == 3

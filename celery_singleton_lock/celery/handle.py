@@ -94,5 +94,3 @@ class _NestedHandle(LockHandle):
     def held(self) -> bool:
         return self._outer.held
 
-
-UNLOCKED = LockHandle(None, None, locked=False)

@@ -93,4 +93,3 @@ class _NestedHandle(LockHandle):
     @property
     def held(self) -> bool:
         return self._outer.held
-

@@ -99,7 +99,13 @@ def skip(duplicate: Duplicate) -> NoReturn:
     message = f"task {duplicate.label} skipped: lock {holder.key} is held by {describe(holder)}"
     log.warning(message)
     duplicate.announce("skip")
-    if not duplicate.is_copy and not _ignores_result(task, request):
+    # Store the skip unless the outcome belongs to another execution of this task id: the
+    # holder itself, or an original that already finished.
+    if (
+        holder.task_id != request.id
+        and not _ignores_result(task, request)
+        and not (duplicate.is_copy and outcome_stored(task, request))
+    ):
         task.backend.mark_as_failure(
             request.id,
             DuplicateTaskSkipped(message, holder.key, holder.as_dict()),
@@ -207,28 +213,36 @@ BACKEND_READ_ERRORS = (NotImplementedError, OSError, RedisError, OperationalErro
 
 
 def is_marked_copy(request: Any) -> bool:
+    """The message may repeat an execution that already ran: the broker redelivered it
+    (``acks_late``), or a copy re-sent it under the same task id."""
     headers = getattr(request, "headers", None) or {}
-    return bool(headers.get(COPY_HEADER, getattr(request, COPY_HEADER, None)))
+    if headers.get(COPY_HEADER, getattr(request, COPY_HEADER, None)):
+        return True
+    return bool((getattr(request, "delivery_info", None) or {}).get("redelivered"))
+
+
+def outcome_stored(task: Any, request: Any) -> bool:
+    """True if an outcome is stored under this request's task id (one backend read)."""
+    try:
+        return task.backend.get_task_meta(request.id).get("status") in READY_STATES
+    except BACKEND_READ_ERRORS as exc:  # run rather than lose the task
+        log.warning("task %s[%s]: cannot read its state (%s)", task.name, request.id, exc)
+        return False
 
 
 def original_finished(task: Any, request: Any) -> bool:
     """True if the execution this request is a copy of has stored its outcome.
 
-    Asked only of copies, once they hold the lock. Without stored results it cannot be known:
-    the copy then runs (make such writes idempotent).
+    Asked only of copies, once they hold the lock; it waits up to ``COPY_SETTLE_TIMEOUT`` for
+    an outcome, since the lock is released a moment before Celery stores it. Without stored
+    results it cannot be known: the copy then runs (make such writes idempotent).
     """
     deadline = time.monotonic() + COPY_SETTLE_TIMEOUT
-    while True:
-        try:
-            state = task.backend.get_task_meta(request.id).get("status")
-        except BACKEND_READ_ERRORS as exc:  # run rather than lose the task
-            log.warning("task %s[%s]: cannot read its state (%s)", task.name, request.id, exc)
-            return False
-        if state in READY_STATES:
-            return True
+    while not outcome_stored(task, request):
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.05)
+    return True
 
 
 def _ignores_result(task: Any, request: Any) -> bool:
@@ -246,7 +260,7 @@ def handle(duplicate: Duplicate, acquire: Callable[[], AcquireResult]) -> Lease:
     policy = duplicate.options.on_duplicate
     if policy == "retry" and duplicate.request.is_eager:
         policy = "wait"  # in eager mode, wait in place up to lock_wait_timeout, then fail
-    if policy == "fail" and duplicate.is_copy:
+    if policy == "fail" and duplicate.holder.task_id == duplicate.request.id:
         policy = "skip"  # a failure stored under the running execution's id would clobber it
     if policy == "skip":
         skip(duplicate)

@@ -366,15 +366,21 @@ class ChaosStaleFence(Exception):
     max_retries=50,
     default_retry_delay=0.1,
 )
-def chaos_balance(self: LockedTask, account: str, cents: int, ns: str, work: float = 0.05) -> str:
-    """One fenced read-modify-write of ``account`` in the chaos store."""
+def chaos_balance(
+    self: LockedTask, account: str, cents: int, ns: str, work: float = 0.05, after: float = 0.0
+) -> str:
+    """One fenced read-modify-write of ``account`` in the chaos store: claim-read, ``work``
+    seconds, write; then ``after`` seconds more under the lock (a window in which a kill finds
+    the write applied and the message not yet acknowledged)."""
     fence = self.request.lock.fence
     st = chaos_store(ns)
     st.record_run(account, self.request.id, os.getpid(), fence, self.request.hostname or "?")
     try:
-        return str(st.apply(self.request.id, account, cents, fence, work))
+        outcome = str(st.apply(self.request.id, account, cents, fence, work))
     except _stale_fence() as exc:
         raise ChaosStaleFence(str(exc)) from None
+    time.sleep(after)
+    return outcome
 
 
 @app.task(

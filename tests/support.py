@@ -66,3 +66,13 @@ def wait_until(predicate: Callable[[], T], timeout: float = 10.0, interval: floa
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s: {predicate}")
         time.sleep(interval)
+
+
+def sleep_for(seconds: float, step: float = 0.05) -> None:
+    """Sleep ``seconds`` in short steps (a loop bounded in count and time)."""
+    deadline = time.monotonic() + seconds
+    for _ in range(int(seconds / step) + 2):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return
+        time.sleep(min(step, remaining))

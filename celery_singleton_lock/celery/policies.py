@@ -46,12 +46,16 @@ def backoff_delay(
     return float(rng() * min(cap, base * (2 ** min(attempt, 60))))
 
 
+def _header(request: Any, name: str) -> Any:
+    """A custom message header of ``request`` (Celery also mirrors them as attributes)."""
+    headers = getattr(request, "headers", None) or {}
+    return headers.get(name, getattr(request, name, None))
+
+
 def lock_retries(request: Any) -> int:
     """How many lock retries the execution behind ``request`` has had."""
-    headers = getattr(request, "headers", None) or {}
-    value = headers.get(RETRY_HEADER, getattr(request, RETRY_HEADER, 0))
     try:
-        return max(0, int(value or 0))
+        return max(0, int(_header(request, RETRY_HEADER) or 0))
     except (TypeError, ValueError):
         return 0
 
@@ -215,8 +219,7 @@ BACKEND_READ_ERRORS = (NotImplementedError, OSError, RedisError, OperationalErro
 def is_marked_copy(request: Any) -> bool:
     """The message may repeat an execution that already ran: the broker redelivered it
     (``acks_late``), or a copy re-sent it under the same task id."""
-    headers = getattr(request, "headers", None) or {}
-    if headers.get(COPY_HEADER, getattr(request, COPY_HEADER, None)):
+    if _header(request, COPY_HEADER):
         return True
     return bool((getattr(request, "delivery_info", None) or {}).get("redelivered"))
 

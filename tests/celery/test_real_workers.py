@@ -38,7 +38,7 @@ from tests.celery.workers import (
     worker_group,
 )
 from tests.conftest import rabbitmq_available
-from tests.support import wait_until
+from tests.support import sleep_for, wait_until
 
 RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672//"
 
@@ -122,16 +122,6 @@ def wait_gone(store: redis.Redis, name: str, timeout: float) -> float:
     started = time.monotonic()
     wait_until(lambda: store.exists(name) == 0, timeout=timeout, interval=0.01)
     return time.monotonic() - started
-
-
-def sleep_for(seconds: float) -> None:
-    """Sleep ``seconds`` in short steps (a bounded loop)."""
-    deadline = time.monotonic() + seconds
-    for _ in range(int(seconds / 0.1) + 2):
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return
-        time.sleep(min(0.1, remaining))
 
 
 # -- 1. renewal on each pool ------------------------------------------------------------------
@@ -434,7 +424,7 @@ def long_body_with_duplicate(
     queue = started[0].queue
     first = send(client, queue, lockapp.short_ttl_retry, key, 5)
     run = first_run(store, key)
-    sleep_for(run.started + 2 - time.time())
+    sleep_for(run.started + 2 - time.time(), step=0.1)
     duplicate = send(client, queue, lockapp.short_ttl_retry, key, 0.5)
     first.get(timeout=15)
     duplicate.get(timeout=15)
@@ -472,11 +462,10 @@ def attempts(store: redis.Redis, key: str) -> list[Attempt]:
 
 def _released_within(store: redis.Redis, name: str, seconds: float) -> bool:
     """The last release runs in a worker's releaser thread, just after its result is stored."""
-    deadline = time.monotonic() + seconds
-    while store.exists(name):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
+    try:
+        wait_gone(store, name, seconds)
+    except AssertionError:
+        return False
     return True
 
 
@@ -523,7 +512,7 @@ def run_redelivery(servers: Servers, task: Any, seconds: float, watch: float) ->
             result = send(client, worker.queue, task, key, seconds)
             began = time.monotonic()
             first_run(store, key)
-            sleep_for(watch - (time.monotonic() - began))
+            sleep_for(watch - (time.monotonic() - began), step=0.1)
             group.kill_all()
             return Redelivery(
                 result.id,

@@ -48,7 +48,7 @@ from tests.celery.workers import (
     worker_group,
 )
 from tests.chaos.fenced_store import LOCK_LOST_LIST, FencedStore, Ledger
-from tests.support import wait_until
+from tests.support import sleep_for, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCK_PREFIX = "singleton-lock:"
@@ -164,15 +164,6 @@ def wait_no_locks(client: redis.Redis, timeout: float) -> tuple[int, float]:
             return left, time.monotonic() - started
         time.sleep(0.05)
     return len(lock_keys(client)), time.monotonic() - started
-
-
-def sleep_for(seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    for _ in range(int(seconds / 0.05) + 2):
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return
-        time.sleep(min(0.05, remaining))
 
 
 # -- 1 & 2: fenced balance updates under faults -----------------------------------------------

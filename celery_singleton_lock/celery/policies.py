@@ -248,6 +248,20 @@ def original_finished(task: Any, request: Any) -> bool:
     return True
 
 
+def already_ran(task: Any, request: Any, is_copy: bool) -> bool:
+    """True if this message repeats an execution of its task id that already finished.
+
+    Asked once the lock is held. A copy waits briefly for the original's outcome. A lock-retry
+    message of an ``acks_late`` task looks once, without waiting: the broker may have handed
+    its first delivery out again, and that copy may have run the body in the meantime.
+    """
+    if is_copy:
+        return original_finished(task, request)
+    if task.acks_late and lock_retries(request):
+        return outcome_stored(task, request)
+    return False
+
+
 def _ignores_result(task: Any, request: Any) -> bool:
     if request.is_eager:
         return True

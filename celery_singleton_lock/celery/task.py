@@ -179,7 +179,7 @@ class LockedTask(Task):  # type: ignore[misc]
             duplicate = policies.Duplicate(self, request, options, name, outcome)
             is_copy = is_copy or duplicate.is_copy
             outcome = policies.handle(duplicate, acquire)
-        if is_copy and policies.original_finished(self, request):
+        if policies.already_ran(self, request, is_copy):
             outcome.release()
             log.warning(
                 "task %s[%s]: dropped a redelivered copy: the original execution finished",

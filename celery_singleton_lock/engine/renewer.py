@@ -5,7 +5,9 @@ script over N keys). A lease is due a third of its TTL after it was last confirm
 that fall due within the next half interval are renewed in the same round trip, so leases
 with equal TTLs share ticks instead of spreading out. The thread sleeps until the earliest due
 time; adding a lease wakes it only if that lease falls due sooner, so acquiring and releasing
-locks costs the thread nothing.
+locks costs the thread nothing. When it finds no lease at all it still looks again one renewal
+interval later rather than sleeping until woken: a process that takes short locks one after
+another (a worker running tasks) would otherwise wake it once per lock.
 
 Failure handling: a refusal from Redis marks the lease lost at once; an unreachable Redis
 marks it lost only once its TTL has certainly run out (``confirmed_at + ttl``), and the
@@ -55,6 +57,8 @@ class Renewer:
         self.autostart = autostart
         #: round trips sent (one per lock server per tick), for tests and benchmarks.
         self.round_trips = 0
+        #: times adding a lease had to wake the thread, for tests and benchmarks.
+        self.wakeups = 0
         self._reset()
         _instances.add(self)
 
@@ -67,6 +71,8 @@ class Renewer:
         #: clock time of the next tick as planned so far (inf: none planned). A tick resets it
         #: to inf when it takes its snapshot, so a lease added during the tick sets it again.
         self._wake_at = math.inf
+        #: renewal interval of the last lease added: how long the thread sleeps when idle.
+        self._idle_interval = math.inf
 
     # -- registry -----------------------------------------------------------------------------
 
@@ -74,10 +80,12 @@ class Renewer:
         """Start renewing ``lease``."""
         with self._lock:
             self._leases[id(lease)] = lease
+            self._idle_interval = lease._third
             if lease.renew_due < self._wake_at:
                 # Due before the planned tick: wake the thread (a no-op when none waits).
                 # Otherwise the thread is left asleep; it will see the lease at its next tick.
                 self._wake_at = lease.renew_due
+                self.wakeups += 1
                 self._wakeup.notify()
             if self.autostart and self._thread is None:
                 self._thread = threading.Thread(
@@ -129,6 +137,9 @@ class Renewer:
                 next_due = min(next_due, now + interval if retry_at is None else retry_at)
         with self._lock:
             if not self._leases:
+                # Look again an interval from now (see the module docstring); a lease added
+                # meanwhile that falls due before that still wakes the thread.
+                self._wake_at = min(self._wake_at, now + self._idle_interval)
                 return None
             if next_due < self._wake_at:
                 self._wake_at = next_due

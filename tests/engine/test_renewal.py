@@ -36,7 +36,7 @@ def test_renewing_a_thousand_leases_costs_one_round_trip_per_tick(
     leases = [locker.try_acquire(f"job-{i}", ttl=3.0) for i in range(1000)]
     assert all(isinstance(lease, Lease) for lease in leases)
     clock.advance(1.0)
-    renewer.run_once()  # first tick: NOSCRIPT, SCRIPT LOAD, EVALSHA; the script is then cached
+    renewer.run_once()  # first tick: NOSCRIPT, scripts loaded, EVALSHA; then cached
     for _tick in range(3):
         clock.advance(1.0)
         CountingConnection.reset()
@@ -234,3 +234,34 @@ def test_a_lease_added_while_the_renewer_sleeps_long_is_renewed_on_time(
     time.sleep(1.5)
     assert stored_token(redis_client, short.key) == short.token.encode()
     assert not short.lost.is_set()
+
+
+def test_a_lease_taken_after_an_idle_tick_does_not_wake_the_renewer(
+    redis_client: redis.Redis, clock: FakeClock
+) -> None:
+    # A worker takes short locks one after another: between two tasks the renewer often ticks
+    # with nothing held. Waking its thread again for each next lock would cost every task.
+    renewer = Renewer(clock=clock, autostart=False)
+    locker = RedisLocker(redis_client, prefix="t", renewer=renewer)
+    first = locker.try_acquire("job-1", 30)
+    assert isinstance(first, Lease) and renewer.wakeups == 1
+    first.release()
+    clock.advance(10)
+    assert renewer.run_once() is None  # nothing held
+    second = locker.try_acquire("job-2", 30)
+    assert isinstance(second, Lease)
+    assert renewer.wakeups == 1
+    clock.advance(10)
+    renewer.run_once()  # the tick planned at the idle one renews it
+    assert second.confirmed_at == clock.now
+
+
+def test_a_lease_due_before_the_planned_tick_still_wakes_the_renewer(
+    redis_client: redis.Redis, clock: FakeClock
+) -> None:
+    renewer = Renewer(clock=clock, autostart=False)
+    locker = RedisLocker(redis_client, prefix="t", renewer=renewer)
+    locker.try_acquire("slow", 30).release()  # type: ignore[union-attr]
+    renewer.run_once()  # idle: the next look is 10 s away
+    assert isinstance(locker.try_acquire("fast", 0.3), Lease)  # due in 0.1 s
+    assert renewer.wakeups == 2

@@ -28,6 +28,12 @@ _SUPPORTED = (
 )
 
 
+#: Digests of string mapping keys, which repeat on every call (parameter names above all):
+#: a new SHA-256 object per key was the largest cost of a small task's key.
+_str_key_digests: dict[str, bytes] = {}
+_STR_KEY_DIGESTS_SIZE = 4096
+
+
 def _length_prefixed(tag: bytes, payload: bytes, update: _Update) -> None:
     update(tag + str(len(payload)).encode() + b":" + payload)
 
@@ -87,9 +93,14 @@ def _encode(value: Any, path: str, update: _Update) -> None:
     elif isinstance(value, Mapping):
         pairs = []
         for key, item in value.items():
-            key_hash = hashlib.sha256()
-            _encode(key, f"{path} key {key!r}"[:200], key_hash.update)
-            pairs.append((key_hash.digest(), key, item))
+            key_digest = _str_key_digests.get(key) if type(key) is str else None
+            if key_digest is None:
+                key_hash = hashlib.sha256()
+                _encode(key, f"{path} key {key!r}"[:200], key_hash.update)
+                key_digest = key_hash.digest()
+                if type(key) is str and len(_str_key_digests) < _STR_KEY_DIGESTS_SIZE:
+                    _str_key_digests[key] = key_digest
+            pairs.append((key_digest, key, item))
         pairs.sort(key=lambda pair: pair[0])
         update(b"d" + str(len(pairs)).encode() + b":")
         for key_digest, key, item in pairs:
@@ -185,11 +196,39 @@ class ArgumentKeyer:
                     f"parameters are {list(known)}; name existing parameters"
                 )
         self.lock_on: Optional[tuple[str, ...]] = lock_on
+        # Most task functions take plain parameters: their calls bind without inspect's
+        # general (and slower) Signature.bind; anything unusual still goes through it.
+        self._plain_names: Optional[tuple[str, ...]] = None
+        self._defaults: dict[str, Any] = {}
+        if all(p.kind is p.POSITIONAL_OR_KEYWORD for p in self.signature.parameters.values()):
+            self._plain_names = tuple(self.signature.parameters)
+            self._defaults = {
+                p.name: p.default
+                for p in self.signature.parameters.values()
+                if p.default is not p.empty
+            }
 
     def bind(
         self, args: Optional[Sequence[Any]], kwargs: Optional[Mapping[str, Any]]
     ) -> dict[str, Any]:
         """The call's arguments by parameter name, defaults applied."""
+        names = self._plain_names
+        if names is not None and (args is None or len(args) <= len(names)):
+            arguments = dict(zip(names, args or ()))
+            fits = True
+            if kwargs:
+                known = self.signature.parameters
+                fits = not any(key in arguments or key not in known for key in kwargs)
+                arguments.update(kwargs)
+            if fits and len(arguments) < len(names):
+                for name in names:
+                    if name not in arguments:
+                        if name not in self._defaults:
+                            fits = False
+                            break
+                        arguments[name] = self._defaults[name]
+            if fits:
+                return arguments
         try:
             bound = self.signature.bind(*(args or ()), **(kwargs or {}))
         except TypeError as exc:

@@ -244,6 +244,51 @@ def test_canonical_digest_is_the_hash_in_the_lock_name() -> None:
     assert name == f"{TASK}:{canonical_digest(TASK, {'a': 1, 'b': 2})}"
 
 
+def test_the_digest_format_is_stable_across_releases() -> None:
+    # Workers of two versions must name the same call's lock alike (rolling upgrades).
+    args = {
+        "s": "héllo",
+        "n": 7,
+        "d": {"k1": 1, "k2": [1.5, None, True]},
+        "x": Decimal("1.50"),
+        "u": uuid.UUID(int=5),
+        "b": b"b",
+    }
+    expected = "f0d2fc45dcbc9c1c28d7eb9b22bfc10a73f3197890043a1c56d6dbb59a195b00"
+    assert canonical_digest("tasks.t", args) == expected
+    assert canonical_digest("tasks.t", args) == expected  # key digests now cached
+
+
+def _inspect_bind(k: ArgumentKeyer, args: Any, kwargs: Any) -> Any:
+    """What Signature.bind gives (the general path), or the error type it leads to."""
+    try:
+        bound = k.signature.bind(*(args or ()), **(kwargs or {}))
+    except TypeError:
+        return LockKeyError
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    args=st.one_of(st.none(), st.lists(st.integers(), max_size=4)),
+    kwargs=st.one_of(
+        st.none(),
+        st.dictionaries(
+            st.sampled_from(["account_id", "amount", "note", "other"]), st.integers(), max_size=3
+        ),
+    ),
+)
+def test_binding_plain_parameters_matches_inspect(args: Any, kwargs: Any) -> None:
+    k = keyer(transfer)
+    expected = _inspect_bind(k, args, kwargs)
+    if expected is LockKeyError:
+        with pytest.raises(LockKeyError):
+            k.bind(args, kwargs)
+    else:
+        assert k.bind(args, kwargs) == expected
+
+
 def test_names_do_not_depend_on_hash_randomisation() -> None:
     code = (
         "import decimal, enum, uuid\n"

@@ -233,13 +233,27 @@ def outcome_stored(task: Any, request: Any) -> bool:
         return False
 
 
-def original_finished(task: Any, request: Any) -> bool:
-    """True if the execution this request is a copy of has stored its outcome.
+def released_by_itself(task: Any, request: Any, name: str) -> bool:
+    """True if the last recorded release of lock ``name`` was by an execution of this very
+    task id that finished its body (recorded by ``acks_late`` tasks; one Redis read)."""
+    try:
+        last = task.lock_locker.last_release(name)
+    except LockError as exc:  # fall back on the stored outcome
+        log.warning("task %s[%s]: cannot read the last release (%s)", task.name, request.id, exc)
+        return False
+    return last is not None and last.task_id == request.id
 
-    Asked only of copies, once they hold the lock; it waits up to ``COPY_SETTLE_TIMEOUT`` for
-    an outcome, since the lock is released a moment before Celery stores it. Without stored
-    results it cannot be known: the copy then runs (make such writes idempotent).
+
+def original_finished(task: Any, request: Any, name: str) -> bool:
+    """True if the execution this request is a copy of has finished.
+
+    Asked only of copies, once they hold the lock. The lock is released a moment before
+    Celery stores the outcome: the release's record answers at once; otherwise it waits up to
+    ``COPY_SETTLE_TIMEOUT`` for an outcome. Without either it cannot be known: the copy then
+    runs (make such writes idempotent).
     """
+    if released_by_itself(task, request, name):
+        return True
     deadline = time.monotonic() + COPY_SETTLE_TIMEOUT
     while not outcome_stored(task, request):
         if time.monotonic() >= deadline:
@@ -248,17 +262,18 @@ def original_finished(task: Any, request: Any) -> bool:
     return True
 
 
-def already_ran(task: Any, request: Any, is_copy: bool) -> bool:
+def already_ran(task: Any, request: Any, is_copy: bool, name: str) -> bool:
     """True if this message repeats an execution of its task id that already finished.
 
-    Asked once the lock is held. A copy waits briefly for the original's outcome. A lock-retry
-    message of an ``acks_late`` task looks once, without waiting: the broker may have handed
-    its first delivery out again, and that copy may have run the body in the meantime.
+    Asked once the lock ``name`` is held. A copy waits briefly for the original's outcome. A
+    lock-retry message of an ``acks_late`` task looks without waiting: the broker may have
+    handed its first delivery out again, and that copy may have run the body in the meantime
+    (its release, recorded, may have come just before its outcome is stored).
     """
     if is_copy:
-        return original_finished(task, request)
+        return original_finished(task, request, name)
     if task.acks_late and lock_retries(request):
-        return outcome_stored(task, request)
+        return released_by_itself(task, request, name) or outcome_stored(task, request)
     return False
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import os
@@ -11,7 +12,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from celery import Task
 from celery.app.task import Context
-from celery.exceptions import Ignore
+from celery.exceptions import Ignore, Reject, Retry
 
 from ..engine import Lease, LockHolder, Owner, RedisLocker
 from ..errors import DuplicateTaskError, LockBackendUnavailable
@@ -43,6 +44,37 @@ class _HeldHere(threading.local):
 
 
 _held_here = _HeldHere()
+
+
+def _releasing_lock(call: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap a task's ``__call__`` so that the lock taken in ``before_start`` is released as
+    the body ends, however it ends."""
+
+    @functools.wraps(call)
+    def __call__(self: LockedTask, *args: Any, **kwargs: Any) -> Any:
+        request = self.request_stack.top
+        handle: Optional[LockHandle] = getattr(request, "lock", None)
+        owns = handle is not None and handle.lease is not None and not handle.body_entered
+        if owns:
+            handle.body_entered = True  # type: ignore[union-attr]  # nested calls leave it
+        finished = False
+        try:
+            result = call(self, *args, **kwargs)
+            finished = True
+            return result
+        except (Retry, Ignore, Reject):
+            raise  # not a finished execution: a retry, or a message meant to come back
+        except Exception:
+            finished = True  # a failure is an outcome too
+            raise
+        finally:
+            if owns:
+                # Without waiting for the reply, unless successors (callbacks, chain steps)
+                # or an eager caller come next: they must find the lock free.
+                self.release_lock(request, wait=self._successors_follow(request), finished=finished)
+
+    __call__.releases_lock = True  # type: ignore[attr-defined]
+    return __call__
 
 
 class LockedTask(Task):  # type: ignore[misc]
@@ -179,7 +211,7 @@ class LockedTask(Task):  # type: ignore[misc]
             duplicate = policies.Duplicate(self, request, options, name, outcome)
             is_copy = is_copy or duplicate.is_copy
             outcome = policies.handle(duplicate, acquire)
-        if policies.already_ran(self, request, is_copy):
+        if policies.already_ran(self, request, is_copy, name):
             outcome.release()
             log.warning(
                 "task %s[%s]: dropped a redelivered copy: the original execution finished",
@@ -236,12 +268,17 @@ class LockedTask(Task):  # type: ignore[misc]
 
     # -- release -----------------------------------------------------------------------------
 
-    def release_lock(self, request: Any = None, *, wait: bool = True) -> None:
+    def release_lock(
+        self, request: Any = None, *, wait: bool = True, finished: bool = False
+    ) -> None:
         """Release the lock of ``request`` (default: the current one) if this run owns it.
 
         Called after the body on every exit path; safe to call more than once. With
-        ``wait=False`` the round trip runs in the process releaser thread, off the task's
-        path; renewal stops at once either way.
+        ``wait=False`` the release is sent without waiting for its reply (Redis frees the lock
+        as it arrives; the outcome is logged and signalled once the reply is read); renewal
+        stops at once either way. ``finished``: the body ran to an outcome; for an
+        ``acks_late`` task the release then records its task id, so that a redelivered copy
+        taking the lock before the outcome is stored knows it already ran.
         """
         request = self.request if request is None else request
         handle: Optional[LockHandle] = getattr(request, "lock", None)
@@ -273,11 +310,12 @@ class LockedTask(Task):  # type: ignore[misc]
             if lock_released.receivers:
                 lock_released.send(sender=self, task_id=task_id, key=lease.key, owned=owned)
 
+        record = finished and bool(self.acks_late)
         if not wait:
-            lease.locker.release_soon(lease, released)
+            lease.locker.release_soon(lease, released, record=record)
             return
         try:
-            owned: Optional[bool] = lease.release()
+            owned: Optional[bool] = lease.release(record=record)
         except LockBackendUnavailable:
             owned = None
         released(owned)
@@ -294,21 +332,19 @@ class LockedTask(Task):  # type: ignore[misc]
         )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # The worker calls this (not ``run``) because it is overridden. Releasing here, as the
-        # body ends, stops renewal at once and frees the lock before Celery publishes callbacks
-        # and chain steps: a same-key chain step cannot collide with it.
-        request = self.request_stack.top
-        handle: Optional[LockHandle] = getattr(request, "lock", None)
-        owns = handle is not None and handle.lease is not None and not handle.body_entered
-        if handle is not None and owns:
-            handle.body_entered = True  # a direct recursive call must not release it
-        try:
-            return super().__call__(*args, **kwargs)
-        finally:
-            if owns:
-                # Off the task's path, unless successors (callbacks, chain steps) or an eager
-                # caller come next: they must find the lock free.
-                self.release_lock(request, wait=self._successors_follow(request))
+        return super().__call__(*args, **kwargs)
+
+    # The worker calls __call__ (not ``run``) because it is overridden. Releasing as the body
+    # ends stops renewal at once and frees the lock before Celery publishes callbacks and chain
+    # steps (a same-key chain step cannot collide with it), on every exit path of the body.
+    __call__ = _releasing_lock(__call__)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        own_call = cls.__dict__.get("__call__")
+        if own_call is not None and not getattr(own_call, "releases_lock", False):
+            # A subclass's own __call__ releases too, whether or not it calls super().
+            cls.__call__ = _releasing_lock(own_call)  # type: ignore[method-assign]
 
     def retry(self, *args: Any, throw: bool = True, **kwargs: Any) -> Any:
         """Celery's ``retry``; releases the lock first so the new attempt cannot collide with it."""

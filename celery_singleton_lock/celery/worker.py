@@ -1,7 +1,5 @@
 """Worker-side hooks, wired to Celery's own signals when this package is imported.
 
-* ``task_postrun``: release the lock after the body, whatever the outcome (success, failure,
-  ``Retry``, ``Ignore``, ``Reject``: ``after_return`` is not called for the last three).
 * ``task_failure`` (``WorkerLostError``, hard ``TimeLimitExceeded``) and ``task_revoked``
   (``terminate=True``), sent in the worker's MAIN process: the child that held the lock is
   dead or being killed, so the main process frees the lock by owner (task id, node, pid)
@@ -33,11 +31,6 @@ log = logging.getLogger("celery_singleton_lock.worker")
 RECLAIM_WAIT = 5.0
 
 _node_name: Optional[str] = None
-
-
-def _release_after_body(task: Any = None, **_: Any) -> None:
-    if isinstance(task, LockedTask):
-        task.release_lock()
 
 
 def _reclaim_after_child_death(
@@ -189,7 +182,6 @@ def _release_everything_held(**_: Any) -> None:
             log.warning("released %d lock(s) still held at shutdown", released)
 
 
-signals.task_postrun.connect(_release_after_body, weak=False)
 signals.task_failure.connect(_reclaim_after_child_death, weak=False)
 signals.task_revoked.connect(_reclaim_after_terminate, weak=False)
 signals.worker_init.connect(_check_configuration_at_start, weak=False)

@@ -6,8 +6,8 @@ Imports nothing from Celery; the Celery layer (:mod:`celery_singleton_lock.celer
 from .keys import LockKeys
 from .lease import Lease, LockHolder, Owner
 from .locker import AcquireResult, RedisLocker, new_token
-from .releaser import Releaser, process_releaser
 from .renewer import Renewer, process_renewer
+from .settler import ReplySettler, process_settler
 
 __all__ = [
     "AcquireResult",
@@ -16,9 +16,9 @@ __all__ = [
     "LockKeys",
     "Owner",
     "RedisLocker",
-    "Releaser",
     "Renewer",
+    "ReplySettler",
     "new_token",
-    "process_releaser",
     "process_renewer",
+    "process_settler",
 ]

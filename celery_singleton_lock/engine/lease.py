@@ -233,9 +233,13 @@ class Lease:
             except Exception:
                 log.exception("lost-lease callback for %s raised", self.key)
 
-    def release(self) -> bool:
-        """Release through the locker that granted the lease; True if it was still ours."""
-        return self.locker.release(self)
+    def release(self, *, record: bool = False) -> bool:
+        """Release through the locker that granted the lease; True if it was still ours.
+
+        With ``record``, the release leaves a record of this holder for the lease's TTL
+        (:meth:`RedisLocker.last_release`).
+        """
+        return self.locker.release(self, record=record)
 
     def __enter__(self) -> Lease:
         return self

@@ -21,10 +21,11 @@ from redis.exceptions import NoScriptError
 from ..errors import LockBackendUnavailable, LockError, LockNotOwnedError
 from . import lease as _lease
 from . import scripts
+from .connections import PinnedConnections
 from .keys import LockKeys, validate_prefix
 from .lease import Lease, LockHolder, LostCallback, Owner
-from .releaser import ReleaseCallback, Releaser, process_releaser
 from .renewer import Renewer, process_renewer
+from .settler import ReplySettler, process_settler
 
 log_acquire = logging.getLogger("celery_singleton_lock.acquire")
 log_release = logging.getLogger("celery_singleton_lock.release")
@@ -48,6 +49,9 @@ BACKEND_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 AcquireResult = Union[Lease, LockHolder]
+
+#: Called with True (released), False (it was no longer ours) or None (the release failed).
+ReleaseCallback = Callable[[Optional[bool]], None]
 
 #: Lock names whose keys a locker keeps built (a plain dict, emptied when it is full).
 KEYS_CACHE_SIZE = 4096
@@ -152,7 +156,8 @@ class RedisLocker:
             as they are; the engine adds none of its own.
         prefix: namespace of every key this locker writes.
         renewer: renews the leases; defaults to the one renewer of this process.
-        releaser: runs :meth:`release_soon` hand-overs; defaults to the one of this process.
+        settler: reads the confirmations of :meth:`release_soon` releases left unread on an
+            idle connection; defaults to the one of this process.
         wall_clock: clock stored as ``acquired_at`` (seconds since the epoch).
     """
 
@@ -162,13 +167,12 @@ class RedisLocker:
         *,
         prefix: str = "singleton-lock",
         renewer: Optional[Renewer] = None,
-        releaser: Optional[Releaser] = None,
+        settler: Optional[ReplySettler] = None,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.client = client
         self.prefix = validate_prefix(prefix)
         self._renewer = renewer
-        self._releaser = releaser
         self.wall_clock = wall_clock
         self._encode: Callable[[str], bytes] = client.get_encoder().encode
         self._acquire = _Lua(client.register_script(scripts.ACQUIRE))
@@ -176,14 +180,16 @@ class RedisLocker:
         self._renew = _Lua(client.register_script(scripts.RENEW))
         self._release_abandoned = _Lua(client.register_script(scripts.RELEASE_ABANDONED))
         self._names: dict[str, _Named] = {}
+        #: Acquire and release run here: connections kept checked out of the client's pool.
+        self.connections = PinnedConnections(client, settler=settler or process_settler())
 
     @property
     def renewer(self) -> Renewer:
         return self._renewer if self._renewer is not None else process_renewer()
 
     @property
-    def releaser(self) -> Releaser:
-        return self._releaser if self._releaser is not None else process_releaser()
+    def settler(self) -> Optional[ReplySettler]:
+        return self.connections._settler
 
     def keys(self, name: str) -> LockKeys:
         """Key names of the lock called ``name`` under this locker's prefix."""
@@ -249,9 +255,13 @@ class RedisLocker:
         value = f"{token}||{int(self.wall_clock() * 1000)}|{fields}"
         ttl_ms = b"%d" % max(1, int(ttl * 1000))
         if fencing:
-            reply = self._script(self._acquire, keys.lock, b"2", lock_key, fence_key, ttl_ms, value)
+            reply = self._script(
+                self._acquire, keys.lock, b"2", lock_key, fence_key, ttl_ms, value, pinned=True
+            )
         else:
-            reply = self._script(self._acquire, keys.lock, b"1", lock_key, ttl_ms, value)
+            reply = self._script(
+                self._acquire, keys.lock, b"1", lock_key, ttl_ms, value, pinned=True
+            )
         if type(reply) is not int:
             pttl, _, fields = _text(reply).partition("|")
             holder = _holder(keys.lock, fields, pttl)
@@ -278,12 +288,13 @@ class RedisLocker:
 
     # -- release ------------------------------------------------------------------------------
 
-    def release(self, lease: Lease) -> bool:
+    def release(self, lease: Lease, *, record: bool = False) -> bool:
         """Release ``lease`` with a compare-and-delete, in one round trip.
 
         Returns True if the lock was still ours, False if it had expired or been taken over
-        (nothing is deleted then). Releasing twice, or from a forked child that inherited the
-        lease, changes nothing and returns False.
+        (nothing is deleted then). With ``record``, the release leaves a record of this holder
+        for the lease's TTL, read by :meth:`last_release`. Releasing twice, or from a forked
+        child that inherited the lease, changes nothing and returns False.
 
         Raises:
             LockBackendUnavailable: the server could not be reached; the lease keeps its
@@ -292,22 +303,58 @@ class RedisLocker:
         if not self._claim_release(lease):
             return False
         try:
-            return self.send_release(lease)
+            return self.send_release(lease, record=record)
         except LockBackendUnavailable:
             lease.released = False
             raise
 
-    def release_soon(self, lease: Lease, on_done: Optional[ReleaseCallback] = None) -> bool:
-        """Stop renewing ``lease`` now and release it from the process releaser thread.
+    def release_soon(
+        self, lease: Lease, on_done: Optional[ReleaseCallback] = None, *, record: bool = False
+    ) -> bool:
+        """Stop renewing ``lease`` and send its release now, without waiting for the reply.
 
-        For callers that need not wait for the round trip. ``on_done`` is called from that
-        thread with the outcome (see :data:`~.releaser.ReleaseCallback`). Returns False if
-        there was nothing to release (already released, or inherited from a parent).
+        Redis frees the lock as soon as the command arrives; the caller does not wait the
+        round trip. ``on_done`` gets the outcome (see :data:`ReleaseCallback`) once the reply
+        is read: by the next command on that connection, or by the process settler thread
+        (see :mod:`.connections`). Returns False if there was nothing to release (already
+        released, or inherited from a parent). ``record`` as for :meth:`release`.
         """
         if not self._claim_release(lease):
             return False
-        self.releaser.submit(lease, on_done)
+
+        def confirmed(reply: Any) -> None:
+            owned = self._release_confirmed(lease, reply, record)
+            if on_done is not None:
+                on_done(owned)
+
+        try:
+            self.connections.send(
+                "EVALSHA", self._release.sha, *self._release_args(lease, record), on_reply=confirmed
+            )
+        except BACKEND_ERRORS as exc:
+            confirmed(exc)  # not even sent: released the usual way, with retries
         return True
+
+    def _release_confirmed(self, lease: Lease, reply: Any, record: bool) -> Optional[bool]:
+        """The outcome of a release sent by :meth:`release_soon`, from its reply."""
+        if not isinstance(reply, BaseException):
+            if not reply:
+                log_release.warning("released %s but it was no longer ours", lease.key)
+            return bool(reply)
+        # A compare-and-delete is safe to send again. After NOSCRIPT (the script was not run)
+        # the answer is exact; after a broken connection the first one may have run, and
+        # "no longer ours" would then be our own release: reported as unknown.
+        try:
+            owned = self.send_release(lease, report=False, record=record)
+        except LockError as exc:
+            log_release.error(
+                "could not release %s (%s); it frees itself within its TTL", lease.key, exc
+            )
+            return None
+        if owned or isinstance(reply, NoScriptError):
+            return owned
+        log_release.info("release of %s: connection lost before its reply (%s)", lease.key, reply)
+        return None
 
     def _claim_release(self, lease: Lease) -> bool:
         if lease.pid != os.getpid():  # inherited from the parent: never touched here
@@ -319,14 +366,36 @@ class RedisLocker:
         self.renewer.discard(lease)
         return True
 
-    def send_release(self, lease: Lease) -> bool:
+    def send_release(self, lease: Lease, *, report: bool = True, record: bool = False) -> bool:
         """Run the release script for a lease already marked released; True if it was ours."""
         released = self._script(
-            self._release, lease.key, b"1", lease._wire_key, lease.token, lease._wire_channel
+            self._release, lease.key, *self._release_args(lease, record), pinned=True
         )
-        if not released:
+        if not released and report:
             log_release.warning("released %s but it was no longer ours", lease.key)
         return bool(released)
+
+    @staticmethod
+    def _release_args(lease: Lease, record: bool) -> tuple[Any, ...]:
+        """numkeys, KEYS and ARGV of the release script for ``lease``."""
+        if record:
+            last = lease.keys.last_release
+            return (b"2", lease._wire_key, last, lease.token, lease._wire_channel, lease.ttl_ms)
+        return (b"1", lease._wire_key, lease.token, lease._wire_channel)
+
+    def last_release(self, name: str) -> Optional[LockHolder]:
+        """Who last released lock ``name`` with ``record=True``, within that lease's TTL
+        (its ``ttl`` is the record's remaining life); None if there is no such record."""
+        keys = self.keys(name)
+
+        def fetch() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.get(keys.last_release)
+            pipe.pttl(keys.last_release)
+            return pipe.execute()
+
+        value, pttl = self._call(fetch, keys.lock)
+        return None if value is None else _holder(keys.lock, _text(value), pttl)
 
     def release_abandoned(self, name: str, *, task_id: str, host: str, pid: int) -> bool:
         """Release the lock ``name`` if it is held by that (dead) execution; True if released.
@@ -344,7 +413,11 @@ class RedisLocker:
     def release_all(self, timeout: float = 5.0) -> int:
         """Run pending hand-overs, then release every lease this process still holds through
         this locker; returns how many were released here."""
-        self.releaser.flush(timeout)
+        settler = self.settler
+        if settler is not None:
+            settler.flush(timeout)
+        else:
+            self.connections.settle_idle()
         released = 0
         for lease in self.renewer.leases():
             if lease.locker is self and lease.held:
@@ -480,28 +553,42 @@ class RedisLocker:
 
     # -- plumbing -----------------------------------------------------------------------------
 
-    def _script(self, lua: _Lua, key: str, *args: Any) -> Any:
+    def _script(self, lua: _Lua, key: str, *args: Any, pinned: bool = False) -> Any:
         """EVALSHA ``lua`` with ``args`` (numkeys, keys, argv), loading it on NOSCRIPT.
 
-        What ``Script.__call__`` does (same SHA, same ``SCRIPT LOAD`` fallback, and the
+        What ``Script.__call__`` does (same SHA, a ``SCRIPT LOAD`` fallback, and the
         ``Script`` keeps the new SHA), minus the per-call pipeline check (an import and an
-        ``isinstance`` against a protocol class) and two wrapper calls: about 3 us per call
-        measured, more than all the rest of the engine's own work. A locker never runs on a
-        pipeline.
+        ``isinstance`` against a protocol class) and two wrapper calls. With ``pinned`` it runs
+        on the locker's own connections (:mod:`.connections`), as acquire and release do.
         """
-        execute: Callable[..., Any] = self.client.execute_command
+        execute: Callable[..., Any] = (
+            self.connections.call if pinned else self.client.execute_command
+        )
         try:
             try:
                 return execute("EVALSHA", lua.sha, *args)
             except NoScriptError:
-                lua.script.sha = self.client.script_load(lua.script.script)
-                lua.sha = lua.script.sha.encode("ascii")
+                self._load_scripts()
                 return execute("EVALSHA", lua.sha, *args)
         except redis.exceptions.RedisError as exc:
             error = self._translate(exc, key)
             if error is exc:
                 raise
             raise error from exc
+
+    def _load_scripts(self) -> None:
+        """Load every script of this locker, in one pipelined round trip.
+
+        After one NOSCRIPT they are all gone (a restart, a failover, ``SCRIPT FLUSH``), and a
+        release sent without waiting (:meth:`release_soon`) must find its script there.
+        """
+        luas = (self._acquire, self._release, self._renew, self._release_abandoned)
+        pipe = self.client.pipeline(transaction=False)
+        for lua in luas:
+            pipe.script_load(lua.script.script)
+        for lua, sha in zip(luas, pipe.execute()):
+            lua.script.sha = _text(sha)
+            lua.sha = lua.script.sha.encode("ascii")
 
     def _call(self, fn: Callable[..., T], key: str, *args: Any) -> T:
         """Run one Redis call, mapping server trouble to ``LockBackendUnavailable``."""

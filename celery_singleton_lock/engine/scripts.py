@@ -73,15 +73,26 @@ return redis.call('PTTL', KEYS[1]) .. '|' .. string.sub(v, 34)
 
 RELEASE = """
 -- KEYS[1]  lock key
+-- KEYS[2]  optional: key recording the last release (see keys.py). Passed ONLY to record it:
+--          it is set to the released value without its token, for ARGV[3] ms.
 -- ARGV[1]  token of the releasing owner (32 characters)
 -- ARGV[2]  channel to publish the release on (waiters subscribe to it)
+-- ARGV[3]  with KEYS[2]: how long the record lives, in ms
 -- Returns  1 released; 0 not ours (expired, or taken over by another owner): nothing changed.
-if redis.call('GETRANGE', KEYS[1], '0', '31') == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], KEYS[1])
-  return 1
+if #KEYS == 1 then
+  if redis.call('GETRANGE', KEYS[1], '0', '31') ~= ARGV[1] then
+    return 0
+  end
+else
+  local v = redis.call('GET', KEYS[1])
+  if not v or string.sub(v, 1, 32) ~= ARGV[1] then
+    return 0
+  end
+  redis.call('SET', KEYS[2], string.sub(v, 34), 'PX', ARGV[3])
 end
-return 0
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[2], KEYS[1])
+return 1
 """
 
 RENEW = """

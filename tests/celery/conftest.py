@@ -90,6 +90,6 @@ def lock_key_of(task: Any, *args: Any, **kwargs: Any) -> str:
 
 
 def assert_released(store: redis.Redis, key: str, timeout: float = 5.0) -> None:
-    """The lock ``key`` is gone, now or within ``timeout``: a task without successors hands
-    its release to the worker's releaser thread, a moment after its result is stored."""
+    """The lock ``key`` is gone, now or within ``timeout``: a task without successors sends
+    its release without waiting for the reply, so a test can look a moment too early."""
     wait_until(lambda: not store.exists(key), timeout=timeout, interval=0.005)

@@ -236,6 +236,31 @@ def takes_anything(value: Any) -> None:
     return None
 
 
+class CallsRunItself(LockedTask):
+    """Overrides ``__call__`` without calling ``super().__call__``."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.run(*args, **kwargs)
+
+
+class CallsSuper(LockedTask):
+    """Overrides ``__call__``, calls ``super().__call__``, then says if the lock is still held."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        in_body = super().__call__(*args, **kwargs)
+        return [in_body, self.request.lock is not None and self.request.lock.held]
+
+
+@app.task(bind=True, base=CallsRunItself)
+def own_call(self: LockedTask, key: str) -> bool:
+    return self.request.lock is not None and self.request.lock.held
+
+
+@app.task(bind=True, base=CallsSuper)
+def own_call_super(self: LockedTask, key: str) -> bool:
+    return self.request.lock is not None and self.request.lock.held
+
+
 # -- tasks for real worker processes --------------------------------------------------------
 # (tests/celery/test_real_workers.py starts `celery worker` subprocesses on these)
 

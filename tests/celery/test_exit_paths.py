@@ -26,6 +26,21 @@ def test_failure_releases_the_lock(worker: Any, store: redis.Redis, unique_key: 
     assert_released(store, lock_key_of(lockapp.raises, unique_key))
 
 
+def test_a_subclass_call_that_skips_super_still_releases_the_lock(
+    worker: Any, store: redis.Redis, unique_key: str
+) -> None:
+    assert lockapp.own_call.delay(unique_key).get(timeout=10) is True  # held in the body
+    assert_released(store, lock_key_of(lockapp.own_call, unique_key))
+
+
+def test_a_subclass_call_that_calls_super_holds_the_lock_until_it_returns(
+    worker: Any, store: redis.Redis, unique_key: str
+) -> None:
+    # [held in the body, held in the subclass's __call__ after super() returned]
+    assert lockapp.own_call_super.delay(unique_key).get(timeout=10) == [True, True]
+    assert_released(store, lock_key_of(lockapp.own_call_super, unique_key))
+
+
 def test_self_retry_releases_before_the_next_attempt_which_runs(
     worker: Any, store: redis.Redis, unique_key: str
 ) -> None:

@@ -169,9 +169,9 @@ def test_same_key_chain_steps_do_not_collide(
     # script makes a release that did not come first lose that race for certain.
     send_release = locker.send_release
 
-    def slow_release(lease: Lease) -> bool:
+    def slow_release(lease: Lease, **options: Any) -> bool:
         time.sleep(0.3)
-        return send_release(lease)
+        return send_release(lease, **options)
 
     monkeypatch.setattr(locker, "send_release", slow_release)
     steps = chain(*(lockapp.hold_skip.si(unique_key, 0.01) for _ in range(3)))

@@ -218,9 +218,39 @@ def test_scripts_are_loaded_again_after_a_script_flush(counting_client: redis.Re
     CountingConnection.reset()
     lease = locker.try_acquire("job", ttl=5, fencing=True)
     assert isinstance(lease, Lease) and lease.fence == 1
-    assert CountingConnection.sent == ["EVALSHA", "SCRIPT LOAD", "EVALSHA"]  # NOSCRIPT, again
+    # NOSCRIPT, then every script of the locker loaded in one pipeline, then again
+    assert CountingConnection.sent == ["EVALSHA", "PIPELINE", "EVALSHA"]
     assert locker.renew_many([lease], now=renewer.clock()) == [True]
     assert lease.release()
     CountingConnection.reset()
     assert isinstance(locker.try_acquire("job", ttl=5), Lease)
     assert CountingConnection.sent == ["EVALSHA"]
+
+
+def test_a_recorded_release_names_its_holder_for_the_lease_ttl(locker: RedisLocker) -> None:
+    lease = locker.try_acquire("job", ttl=30, owner=Owner(task_id="t-1", host="w1", pid=42))
+    assert isinstance(lease, Lease)
+    assert lease.release(record=True)
+    last = locker.last_release("job")
+    assert last is not None
+    assert (last.task_id, last.host, last.pid) == ("t-1", "w1", 42)
+    assert last.ttl is not None and 0 < last.ttl <= 30
+
+
+def test_a_plain_release_leaves_no_record(locker: RedisLocker) -> None:
+    lease = locker.try_acquire("job", ttl=30, owner=Owner(task_id="t-1"))
+    assert isinstance(lease, Lease) and lease.release()
+    assert locker.last_release("job") is None
+
+
+def test_a_recorded_release_of_a_lock_no_longer_ours_records_nothing(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    first = locker.try_acquire("job", ttl=30, owner=Owner(task_id="first"))
+    assert isinstance(first, Lease)
+    redis_client.delete(first.key)  # it expired, say
+    second = locker.try_acquire("job", ttl=30, owner=Owner(task_id="second"))
+    assert isinstance(second, Lease)
+    assert first.release(record=True) is False
+    assert locker.last_release("job") is None
+    assert redis_client.exists(second.key)

@@ -23,7 +23,7 @@ def test_acquire_raises_backend_unavailable_when_the_server_is_down() -> None:
         assert isinstance(info.value, LockError)
 
 
-def test_failed_release_keeps_the_token_so_it_can_be_retried() -> None:
+def test_a_release_that_timed_out_can_be_sent_again_and_the_lock_ends_free() -> None:
     with RedisServer.running() as server:
         client = server.client(socket_timeout=0.3, socket_connect_timeout=0.3)
         locker = RedisLocker(client, prefix="t", renewer=Renewer(autostart=False))
@@ -35,7 +35,11 @@ def test_failed_release_keeps_the_token_so_it_can_be_retried() -> None:
                 lease.release()
         finally:
             server.resume()
-        assert lease.release() is True
+        assert not lease.released  # the token is kept: releasing again is allowed
+        # The first release may have run once the server resumed (it was sent, its reply
+        # never came): the second one then finds the lock gone. Either way it ends free.
+        assert lease.release() in (True, False)
+        assert lease.released
         assert locker.read("job") is None
 
 

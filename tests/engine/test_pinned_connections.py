@@ -1,0 +1,115 @@
+"""The locker's own connections: kept out of the pool, one per thread at a time, never left
+holding a stale reply, and never kept when the pool is capped."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any, Iterator
+
+import pytest
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from celery_singleton_lock.engine import ReplySettler
+from celery_singleton_lock.engine.connections import PinnedConnections
+from celery_singleton_lock.testing import RedisServer
+
+
+class Interrupted(Exception):
+    """Raised from a signal handler in the middle of a blocking read, as Celery's soft time
+    limit is."""
+
+
+@pytest.fixture
+def impatient_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    """Times out after 0.1 s and never retries: a command can be cut off before its reply."""
+    client = redis_server.client(socket_timeout=0.1, retry=Retry(NoBackoff(), 0))
+    yield client
+    client.close()
+
+
+def test_a_command_that_timed_out_leaves_no_reply_for_the_next_one(
+    impatient_client: redis.Redis,
+) -> None:
+    connections = PinnedConnections(impatient_client)
+    with pytest.raises(redis.exceptions.TimeoutError):
+        connections.call("BLPOP", "nothing-here", "0.4")  # answers nil after 0.4 s
+    assert connections.call("ECHO", "after") == b"after"
+
+
+def test_a_command_interrupted_by_a_signal_leaves_no_reply_for_the_next_one(
+    redis_client: redis.Redis,
+) -> None:
+    connections = PinnedConnections(redis_client)
+
+    def interrupt(*_: Any) -> None:
+        raise Interrupted
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.1)
+        with pytest.raises(Interrupted):
+            connections.call("BLPOP", "nothing-here", "0.4")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert connections.call("ECHO", "after") == b"after"
+
+
+def test_threads_reuse_connections_instead_of_opening_one_per_command(
+    redis_client: redis.Redis,
+) -> None:
+    connections = PinnedConnections(redis_client)
+    start = threading.Barrier(4)
+
+    def work() -> None:
+        start.wait()
+        for i in range(100):
+            assert connections.call("ECHO", str(i)) == str(i).encode()
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert 1 <= len(connections) <= 4
+
+
+def test_send_returns_without_waiting_for_the_reply(redis_client: redis.Redis) -> None:
+    settler = ReplySettler(interval=3600)
+    connections = PinnedConnections(redis_client, settler=settler)
+    replies: list[Any] = []
+    connections.send("BLPOP", "queue", "0", on_reply=replies.append)  # blocks at the server
+    assert replies == []
+    redis_client.lpush("queue", "x")
+    assert settler.flush(5)
+    assert replies == [[b"queue", b"x"]]
+
+
+def test_an_error_reply_of_a_sent_command_goes_to_its_handler(redis_client: redis.Redis) -> None:
+    settler = ReplySettler(interval=3600)
+    connections = PinnedConnections(redis_client, settler=settler)
+    replies: list[Any] = []
+    connections.send("NOSUCHCOMMAND", on_reply=replies.append)
+    assert settler.flush(5)
+    assert len(replies) == 1 and isinstance(replies[0], redis.exceptions.ResponseError)
+    assert connections.call("ECHO", "still fine") == b"still fine"
+
+
+def test_a_capped_pool_gets_its_connection_back_after_every_command(
+    redis_server: RedisServer,
+) -> None:
+    pool = redis.BlockingConnectionPool(
+        host="127.0.0.1", port=redis_server.port, max_connections=1, timeout=1
+    )
+    client = redis.Redis(connection_pool=pool)
+    connections = PinnedConnections(client)
+    assert not connections.keeps_connections
+    assert connections.call("ECHO", "ours") == b"ours"
+    replies: list[Any] = []
+    connections.send("ECHO", "sent", on_reply=replies.append)
+    assert replies == [b"sent"]  # answered at once: nothing may stay checked out
+    assert client.echo("the application's") == b"the application's"  # would time out
+    pool.disconnect()

@@ -28,7 +28,7 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import redis
-from celery import Celery, signals
+from celery import Celery, Task, signals
 from celery.contrib.testing.worker import start_worker
 
 from celery_singleton_lock.celery import LockedTask
@@ -194,6 +194,56 @@ def build_locked(app: Celery, name: str, setup: Setup) -> Any:
     return app.task(name=name, base=LockedTask)(noop)
 
 
+class FloorLock:
+    """The least a lock taken at run time can cost: ``SET key 1 NX PX`` before the body,
+    waiting for its reply, and ``DEL key`` after it, sent without waiting (its reply is read
+    before the next ``SET``). One kept connection, no token, no Lua, no renewal, no error
+    handling: not a usable lock, only the yardstick for one (the solo worker is one thread).
+    """
+
+    def __init__(self, url: str, connection_class: type, prefix: str) -> None:
+        self.pool = redis.ConnectionPool.from_url(url, connection_class=connection_class)
+        self.prefix = prefix
+        self.connection: Any = None
+        self.unread = 0
+
+    def acquire(self, arg: Any) -> None:
+        if self.connection is None:
+            self.connection = self.pool.get_connection()
+        self.connection.send_command("SET", f"{self.prefix}:{arg}", "1", "NX", "PX", "30000")
+        while self.unread:
+            self.connection.read_response()
+            self.unread -= 1
+        if self.connection.read_response() is None:
+            raise BenchError(f"floor lock {arg} was held")
+
+    def release(self, arg: Any) -> None:
+        self.connection.send_command("DEL", f"{self.prefix}:{arg}")
+        self.unread += 1
+
+    def close(self) -> None:
+        if self.connection is not None:
+            while self.unread:
+                self.connection.read_response()
+                self.unread -= 1
+        self.pool.disconnect()
+        self.connection = None
+
+
+def build_floor(app: Celery, name: str, setup: Setup) -> Any:
+    floor = FloorLock(setup.url, app.conf.bench_floor_connection_class, f"{setup.prefix}-floor")
+    app.conf.bench_floor = floor
+
+    class FloorTask(Task):  # type: ignore[misc]
+        def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
+            floor.acquire(args[0])
+
+        def after_return(self, status: str, retval: Any, task_id: str, *args: Any) -> None:
+            floor.release(args[0][0])
+
+    return app.task(name=name, base=FloorTask)(noop)
+
+
 def build_once(app: Celery, name: str, setup: Setup) -> Any:
     from celery_once import QueueOnce
 
@@ -217,6 +267,12 @@ def build_singleton(app: Celery, name: str, setup: Setup) -> Any:
 def contenders() -> List[Contender]:
     return [
         Contender("plain", "plain Celery Task", build_plain),
+        Contender(
+            "floor",
+            "floor: SET NX wait, DEL no wait",
+            build_floor,
+            lock_pattern=lambda prefix, name: f"{prefix}-floor:*",
+        ),
         Contender(
             "locked",
             "LockedTask (this package)",
@@ -257,6 +313,8 @@ def make_app(setup: Setup, entries: List[Contender]) -> Celery:
         if contender.key == "locked":
             # the plugin passes these to redis.Redis.from_url
             app.conf.singleton_lock_redis_options = {"connection_class": counting}
+        elif contender.key == "floor":
+            app.conf.bench_floor_connection_class = counting
         elif contender.key == "singleton":
             # celery-singleton passes these to redis.Redis.from_url
             app.conf.singleton_backend_kwargs = {"connection_class": counting}
@@ -283,6 +341,9 @@ def _count_once(url: str, counter: RoundTripCounter) -> None:
 
 def release_clients(app: Celery) -> None:
     forget_locker(app)
+    floor = app.conf.get("bench_floor")
+    if floor is not None:
+        floor.close()
     try:
         import celery_once.backends.redis as once_redis
 
@@ -570,6 +631,14 @@ def print_verdicts(run: Run) -> None:
         f"LockedTask {ratio:.3f}x plain tasks/s (>= {MIN_RATIO_TO_PLAIN}) "
         f"{verdict(ratio >= MIN_RATIO_TO_PLAIN)}"
     ]
+    floor = by_key["floor"]
+    if floor.available:
+        of_floor = median([a / b for a, b in zip(locked.tasks_per_s, floor.tasks_per_s)])
+        lines.append(
+            f"floor (1 waited + 1 unwaited round trip, no other work) "
+            f"{median(floor.ratios):.3f}x plain: the ceiling of any lock taken at run time "
+            f"here; LockedTask {of_floor:.3f}x the floor's tasks/s"
+        )
     for key in ("once", "singleton"):
         other = by_key[key]
         if not other.available:

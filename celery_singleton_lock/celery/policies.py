@@ -1,9 +1,14 @@
 """What a duplicate does when its lock is held: skip, retry, wait or fail.
 
 Each policy either returns a lease (``wait`` got the lock) or ends the execution by raising
-what Celery's tracer understands: ``Ignore`` (skip: the outcome is stored first, so
-``AsyncResult.get()`` never hangs), ``Retry`` (a new message was sent with a countdown), or an
-exception (fail).
+what Celery's tracer understands: ``Ignore`` after storing the state first (skip: the outcome,
+so ``AsyncResult.get()`` never hangs; retry: RETRY, then a new message is sent with a
+countdown), or an exception (fail).
+
+A lock retry is not a Celery retry: it does not count against the task's ``max_retries`` and
+does not call ``on_retry`` or send ``task_retry`` (``lock_duplicate`` with ``action="retry"``
+announces it). Celery's retry stores RETRY after sending the new message; storing it before
+is what keeps a fast new attempt's SUCCESS from being overwritten.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, NoReturn, Optional
 
-from celery.exceptions import Ignore, Retry
+from celery.exceptions import Ignore
 from celery.states import READY_STATES
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
@@ -169,13 +174,27 @@ def retry(duplicate: Duplicate, cause: Optional[LockError] = None) -> NoReturn:
     headers = {**(getattr(request, "headers", None) or {}), RETRY_HEADER: attempt + 1}
     if duplicate.is_copy:
         headers[COPY_HEADER] = 1
+    else:
+        # RETRY is stored BEFORE the new message exists. Celery's own retry stores it after
+        # sending, and a new message that runs at once can store SUCCESS in between: the
+        # late RETRY then overwrites it and ``get()`` never returns. A copy stores nothing:
+        # the state belongs to the execution it copies.
+        _store_retry(task, request, reason)
     signature = task.signature_from_request(
         request, countdown=countdown, headers=headers, retries=request.retries
     )
     signature.apply_async()
-    if duplicate.is_copy:
-        raise Ignore(f"copy of a running execution sent again: {reason}")
-    raise Retry(str(reason), exc=reason, when=countdown, sig=signature)
+    raise Ignore(f"lock retry {attempt + 1} sent: {reason}")
+
+
+def _store_retry(task: Any, request: Any, reason: LockError) -> None:
+    """Store RETRY with ``reason`` as the state's result, unless results are ignored."""
+    if _ignores_result(task, request):
+        return
+    try:
+        task.backend.mark_as_retry(request.id, reason, request=request)
+    except BACKEND_ERRORS as exc:  # the retry message matters more than the state
+        log.warning("task %s[%s]: cannot store RETRY (%s)", task.name, request.id, exc)
 
 
 def wait(duplicate: Duplicate, acquire: Callable[[], AcquireResult]) -> Lease:
@@ -212,8 +231,8 @@ def wait(duplicate: Duplicate, acquire: Callable[[], AcquireResult]) -> Lease:
     retry(duplicate)
 
 
-#: Reading a result may fail with no backend configured, or with the backend down.
-BACKEND_READ_ERRORS = (NotImplementedError, OSError, RedisError, OperationalError)
+#: Reading or storing a result may fail with no backend configured, or with the backend down.
+BACKEND_ERRORS = (NotImplementedError, OSError, RedisError, OperationalError)
 
 
 def is_marked_copy(request: Any) -> bool:
@@ -228,7 +247,7 @@ def outcome_stored(task: Any, request: Any) -> bool:
     """True if an outcome is stored under this request's task id (one backend read)."""
     try:
         return task.backend.get_task_meta(request.id).get("status") in READY_STATES
-    except BACKEND_READ_ERRORS as exc:  # run rather than lose the task
+    except BACKEND_ERRORS as exc:  # run rather than lose the task
         log.warning("task %s[%s]: cannot read its state (%s)", task.name, request.id, exc)
         return False
 

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 import redis
+from celery.signals import before_task_publish
 
 from celery_singleton_lock import DuplicateTaskError, DuplicateTaskSkipped
 from celery_singleton_lock.celery import lock_duplicate
+from celery_singleton_lock.celery.policies import RETRY_HEADER
 from celery_singleton_lock.engine import Lease, Owner, RedisLocker
 from tests.celery import lockapp
 from tests.celery.conftest import assert_released, lock_key_of
@@ -116,6 +118,29 @@ def test_retry_does_not_consume_the_tasks_own_retries(
     run = store.lrange(f"runs:{unique_key}", 0, -1)
     assert len(run) == 1
     assert lockapp.app.backend.get_task_meta(result.id).get("retries", 0) == 0
+
+
+def test_a_lock_retry_stores_retry_before_it_sends_its_new_message(
+    worker: Any, locker: RedisLocker, unique_key: str
+) -> None:
+    # Sent first, the new message may run and store SUCCESS before RETRY lands over it.
+    states_when_sent: list[str] = []
+
+    def record(headers: Optional[dict[str, Any]] = None, **_: Any) -> None:
+        if headers and headers.get(RETRY_HEADER):
+            meta = lockapp.app.backend.get_task_meta(headers["id"])
+            states_when_sent.append(meta["status"])
+
+    lease = _hold(locker, lockapp.hold_retry, unique_key)
+    before_task_publish.connect(record, weak=False)
+    try:
+        result = lockapp.hold_retry.delay(unique_key)
+        wait_until(lambda: len(states_when_sent) >= 2)
+    finally:
+        before_task_publish.disconnect(record)
+        lease.release()
+    result.get(timeout=20)
+    assert set(states_when_sent) == {"RETRY"}
 
 
 def test_retry_budget_spent_fails_with_duplicate_task_error(

@@ -17,6 +17,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from .errors import (
+    AlreadyFinished,
     DuplicateTaskError,
     DuplicateTaskSkipped,
     LockBackendUnavailable,
@@ -50,6 +51,7 @@ _CELERY_NAMES = {
 }
 
 __all__ = [
+    "AlreadyFinished",
     "DuplicateTaskError",
     "DuplicateTaskSkipped",
     "LockBackendUnavailable",

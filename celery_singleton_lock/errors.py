@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional
 
 __all__ = [
+    "AlreadyFinished",
     "DuplicateTaskError",
     "DuplicateTaskSkipped",
     "LockBackendUnavailable",
@@ -57,6 +58,12 @@ class LockError(Exception):
 
 class LockBackendUnavailable(LockError):
     """The lock server could not be reached (connection refused, timeout, auth, OOM...)."""
+
+
+class AlreadyFinished(LockError):
+    """The owner's task id already ran to the end under this lock (a recorded release): an
+    acquire that asked for it (``unless_finished``) took nothing. Seen by a redelivered copy
+    of a finished task."""
 
 
 class LockNotOwnedError(LockError):

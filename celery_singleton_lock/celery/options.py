@@ -28,6 +28,7 @@ TASK_OPTIONS: dict[str, tuple[str, Any]] = {
     "lock_max_retries": ("singleton_lock_max_retries", None),
     "lock_wait_timeout": ("singleton_lock_wait_timeout", 30.0),
     "lock_on_backend_error": ("singleton_lock_on_backend_error", "retry"),
+    "lock_finished_ttl": ("singleton_lock_finished_ttl", 3600.0),
 }
 
 #: App-wide settings with no task attribute.
@@ -67,6 +68,9 @@ class LockOptions:
     max_retries: Optional[int]
     wait_timeout: float
     on_backend_error: str
+    #: seconds an ``acks_late`` task's finish is remembered under its lock (see LockedTask);
+    #: None: not at all
+    finished_ttl: Optional[float] = 3600.0
     #: the task's hard time limit when its message names none (task attribute, else the
     #: ``task_time_limit`` setting): renewal never outlives it
     default_time_limit: Optional[float] = None
@@ -137,6 +141,9 @@ def resolve(
         task_name, "lock_retry_backoff_max", value["lock_retry_backoff_max"], backoff, MAX_TTL
     )
     wait_timeout = _number(task_name, "lock_wait_timeout", value["lock_wait_timeout"], 0.0, 3600)
+    finished_ttl = value["lock_finished_ttl"]
+    if finished_ttl is not None:
+        finished_ttl = _number(task_name, "lock_finished_ttl", finished_ttl, MIN_TTL, 7 * MAX_TTL)
     max_retries = value["lock_max_retries"]
     if max_retries is not None and (
         isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0
@@ -180,5 +187,6 @@ def resolve(
             value["lock_on_backend_error"],
             BACKEND_ERROR_POLICIES,
         ),
+        finished_ttl=finished_ttl,
         default_time_limit=time_limit or conf.get("task_time_limit") or None,
     )

@@ -39,10 +39,6 @@ RETRY_HEADER = "singleton_lock_retries"
 #: (a broker redelivery of an ``acks_late`` task): it must not run again once that finished.
 COPY_HEADER = "singleton_lock_copy"
 
-#: Seconds a copy waits for the original's outcome to be stored: the lock is released as the
-#: body returns, a moment before Celery stores the result.
-COPY_SETTLE_TIMEOUT = 2.0
-
 
 def backoff_delay(
     attempt: int, base: float, cap: float, rng: Callable[[], float] = random.random
@@ -252,47 +248,17 @@ def outcome_stored(task: Any, request: Any) -> bool:
         return False
 
 
-def released_by_itself(task: Any, request: Any, name: str) -> bool:
-    """True if the last recorded release of lock ``name`` was by an execution of this very
-    task id that finished its body (recorded by ``acks_late`` tasks; one Redis read)."""
-    try:
-        last = task.lock_locker.last_release(name)
-    except LockError as exc:  # fall back on the stored outcome
-        log.warning("task %s[%s]: cannot read the last release (%s)", task.name, request.id, exc)
-        return False
-    return last is not None and last.task_id == request.id
+def already_ran(task: Any, request: Any, is_copy: bool) -> bool:
+    """True if this message repeats an execution of its task id whose outcome is stored.
 
-
-def original_finished(task: Any, request: Any, name: str) -> bool:
-    """True if the execution this request is a copy of has finished.
-
-    Asked only of copies, once they hold the lock. The lock is released a moment before
-    Celery stores the outcome: the release's record answers at once; otherwise it waits up to
-    ``COPY_SETTLE_TIMEOUT`` for an outcome. Without either it cannot be known: the copy then
-    runs (make such writes idempotent).
+    Asked once the lock is held, of copies and of lock-retried ``acks_late`` messages only
+    (one backend read): the broker may have handed the first delivery out again, and that
+    copy may have run the body meanwhile. The finish record checked by the acquire itself
+    (``unless_finished``) answers first; this covers an execution whose release could not
+    record it (the lock server was down as it ended).
     """
-    if released_by_itself(task, request, name):
-        return True
-    deadline = time.monotonic() + COPY_SETTLE_TIMEOUT
-    while not outcome_stored(task, request):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
-def already_ran(task: Any, request: Any, is_copy: bool, name: str) -> bool:
-    """True if this message repeats an execution of its task id that already finished.
-
-    Asked once the lock ``name`` is held. A copy waits briefly for the original's outcome. A
-    lock-retry message of an ``acks_late`` task looks without waiting: the broker may have
-    handed its first delivery out again, and that copy may have run the body in the meantime
-    (its release, recorded, may have come just before its outcome is stored).
-    """
-    if is_copy:
-        return original_finished(task, request, name)
-    if task.acks_late and lock_retries(request):
-        return released_by_itself(task, request, name) or outcome_stored(task, request)
+    if is_copy or (task.acks_late and lock_retries(request)):
+        return outcome_stored(task, request)
     return False
 
 

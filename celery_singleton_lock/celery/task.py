@@ -8,14 +8,14 @@ import logging
 import os
 import socket
 import threading
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, NoReturn, Optional, Sequence
 
 from celery import Task
 from celery.app.task import Context
 from celery.exceptions import Ignore, Reject, Retry
 
 from ..engine import Lease, LockHolder, Owner, RedisLocker
-from ..errors import DuplicateTaskError, LockBackendUnavailable
+from ..errors import AlreadyFinished, DuplicateTaskError, LockBackendUnavailable
 from . import policies
 from .connection import locker_for
 from .handle import LockHandle
@@ -134,6 +134,14 @@ class LockedTask(Task):  # type: ignore[misc]
     #: send the task again later; nothing is lost) or ``"run"`` (run without the lock).
     lock_on_backend_error: Any = UNSET
 
+    #: For ``acks_late`` tasks: seconds the lock remembers that a task id ran to the end
+    #: (default 3600, the Redis broker's default ``visibility_timeout``). A redelivered copy
+    #: of that task id taking the lock meanwhile is dropped, in the acquire's own round trip.
+    #: Costs one small key per finished task for that long; keep it at least the broker's
+    #: ``visibility_timeout``. None turns it off (e.g. if the same task id is sent again on
+    #: purpose, as a dead-letter replay does).
+    lock_finished_ttl: Any = UNSET
+
     _lock_options: Optional[LockOptions] = None
 
     # -- configuration -----------------------------------------------------------------------
@@ -190,6 +198,10 @@ class LockedTask(Task):  # type: ignore[misc]
             request.lock = outer.nested()
             return
 
+        # A redelivered message of an acks_late task may repeat an execution that already
+        # ran to the end: the acquire itself looks for that execution's finish record.
+        unless_finished = bool(self.acks_late and task_id and options.finished_ttl)
+
         def acquire() -> Any:
             return self.lock_locker.try_acquire(
                 name,
@@ -198,32 +210,40 @@ class LockedTask(Task):  # type: ignore[misc]
                 fencing=options.fencing,
                 max_lifetime=self._hard_time_limit(request, options),
                 on_lost=self._on_lock_lost,
+                unless_finished=unless_finished,
             )
 
         try:
-            outcome = acquire()
-        except LockBackendUnavailable as exc:
-            outcome = self._on_backend_unavailable(exc, name, options, request)
-            if outcome is None:
-                return
-        is_copy = policies.is_marked_copy(request)
-        if not isinstance(outcome, Lease):
-            duplicate = policies.Duplicate(self, request, options, name, outcome)
-            is_copy = is_copy or duplicate.is_copy
-            outcome = policies.handle(duplicate, acquire)
-        if policies.already_ran(self, request, is_copy, name):
+            try:
+                outcome = acquire()
+            except LockBackendUnavailable as exc:
+                outcome = self._on_backend_unavailable(exc, name, options, request)
+                if outcome is None:
+                    return
+            is_copy = policies.is_marked_copy(request)
+            if not isinstance(outcome, Lease):
+                duplicate = policies.Duplicate(self, request, options, name, outcome)
+                is_copy = is_copy or duplicate.is_copy
+                outcome = policies.handle(duplicate, acquire)
+        except AlreadyFinished:
+            self._drop_copy(task_id, "its finish is recorded under the lock")
+        if policies.already_ran(self, request, is_copy):
             outcome.release()
-            log.warning(
-                "task %s[%s]: dropped a redelivered copy: the original execution finished",
-                self.name,
-                task_id,
-            )
-            raise Ignore("redelivered copy of a finished execution")
+            self._drop_copy(task_id, "its outcome is stored")
         handle = LockHandle(outcome.key, outcome)
         request.lock = handle
         _held_here.by_name[name] = handle
         if lock_acquired.receivers:
             lock_acquired.send(sender=self, task_id=task_id, key=outcome.key, fence=outcome.fence)
+
+    def _drop_copy(self, task_id: str, why: str) -> NoReturn:
+        log.warning(
+            "task %s[%s]: dropped a redelivered copy: the execution it repeats finished (%s)",
+            self.name,
+            task_id,
+            why,
+        )
+        raise Ignore(f"redelivered copy of a finished execution ({why})")
 
     def _hard_time_limit(self, request: Any, options: LockOptions) -> Optional[float]:
         limits = request.timelimit
@@ -277,8 +297,8 @@ class LockedTask(Task):  # type: ignore[misc]
         ``wait=False`` the release is sent without waiting for its reply (Redis frees the lock
         as it arrives; the outcome is logged and signalled once the reply is read); renewal
         stops at once either way. ``finished``: the body ran to an outcome; for an
-        ``acks_late`` task the release then records its task id, so that a redelivered copy
-        taking the lock before the outcome is stored knows it already ran.
+        ``acks_late`` task the release then records its task id for ``lock_finished_ttl``,
+        so that a redelivered copy of it takes nothing (see ``before_start``).
         """
         request = self.request if request is None else request
         handle: Optional[LockHandle] = getattr(request, "lock", None)
@@ -310,12 +330,12 @@ class LockedTask(Task):  # type: ignore[misc]
             if lock_released.receivers:
                 lock_released.send(sender=self, task_id=task_id, key=lease.key, owned=owned)
 
-        record = finished and bool(self.acks_late)
+        remember_for = self.lock_options.finished_ttl if finished and self.acks_late else None
         if not wait:
-            lease.locker.release_soon(lease, released, record=record)
+            lease.locker.release_soon(lease, released, remember_for=remember_for)
             return
         try:
-            owned: Optional[bool] = lease.release(record=record)
+            owned: Optional[bool] = lease.release(remember_for=remember_for)
         except LockBackendUnavailable:
             owned = None
         released(owned)

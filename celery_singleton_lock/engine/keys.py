@@ -5,8 +5,11 @@ Layout, for prefix ``P`` and lock name ``N``::
     P:{N}            the lock (a string with a TTL, see :mod:`.scripts`)
     P:{N}:fence      its fence counter (a string that never expires)
     P:{N}:released   the channel its releases are published on
-    P:{N}:last       who released it last, when the release asked for a record (a string
-                     'fence|acquired_at|pid|host|task_id' with a TTL)
+    P:{N}:finished:<owner task id>
+                     that owner ran to the end under this lock: written by a release that asks
+                     for it ('fence|acquired_at|pid|host|task_id', with a TTL), and read by an
+                     acquire that asks for it (a redelivered copy of a finished task takes
+                     nothing)
 
 ``{N}`` is a Redis Cluster hash tag: the lock and its counter always share a slot, so one
 script may touch both.
@@ -40,7 +43,7 @@ def validate_prefix(prefix: str) -> str:
 
 @dataclass(frozen=True)
 class LockKeys:
-    """The lock key, fence counter key, release channel and last-release key of one name."""
+    """The lock key, fence counter key and release channel of one name."""
 
     lock: str
     fence: str
@@ -56,10 +59,9 @@ class LockKeys:
         lock = f"{prefix}:{{{name}}}"
         return cls(lock=lock, fence=f"{lock}:fence", channel=f"{lock}:released")
 
-    @property
-    def last_release(self) -> str:
-        """Key recording the last release, when asked for (see :mod:`.scripts`)."""
-        return f"{self.lock}:last"
+    def finished(self, task_id: str) -> str:
+        """Key recording that the owner running ``task_id`` ran to the end (see module doc)."""
+        return f"{self.lock}:finished:{task_id}"
 
     @property
     def name(self) -> str:

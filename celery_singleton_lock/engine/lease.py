@@ -233,13 +233,12 @@ class Lease:
             except Exception:
                 log.exception("lost-lease callback for %s raised", self.key)
 
-    def release(self, *, record: bool = False) -> bool:
+    def release(self, *, remember_for: Optional[float] = None) -> bool:
         """Release through the locker that granted the lease; True if it was still ours.
 
-        With ``record``, the release leaves a record of this holder for the lease's TTL
-        (:meth:`RedisLocker.last_release`).
+        ``remember_for``: see :meth:`RedisLocker.release`.
         """
-        return self.locker.release(self, record=record)
+        return self.locker.release(self, remember_for=remember_for)
 
     def __enter__(self) -> Lease:
         return self

@@ -18,7 +18,7 @@ import redis
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
-from ..errors import LockBackendUnavailable, LockError, LockNotOwnedError
+from ..errors import AlreadyFinished, LockBackendUnavailable, LockError, LockNotOwnedError
 from . import lease as _lease
 from . import scripts
 from .connections import PinnedConnections
@@ -222,6 +222,7 @@ class RedisLocker:
         renew: bool = True,
         max_lifetime: Optional[float] = None,
         on_lost: Optional[LostCallback] = None,
+        unless_finished: bool = False,
     ) -> AcquireResult:
         """Take the lock ``name`` for ``ttl`` seconds, in one round trip, without waiting.
 
@@ -234,8 +235,12 @@ class RedisLocker:
                 ``ttl``); None renews until release.
             fencing: hand out a fencing token, strictly increasing per lock name.
             on_lost: called once, from the renewer thread, if the lease is lost.
+            unless_finished: take nothing if ``owner.task_id`` already ran to the end under
+                this lock (a release with ``remember_for`` recorded it), in the same round
+                trip.
 
         Raises:
+            AlreadyFinished: with ``unless_finished``, that record exists.
             LockBackendUnavailable: the server could not be reached or refused the write.
             LockNotOwnedError: the lock's key holds data this package did not write.
         """
@@ -254,7 +259,25 @@ class RedisLocker:
         # The value with an empty fence; the script fills the fence in when fencing.
         value = f"{token}||{int(self.wall_clock() * 1000)}|{fields}"
         ttl_ms = b"%d" % max(1, int(ttl * 1000))
-        if fencing:
+        if unless_finished:
+            if not owner.task_id:
+                raise ValueError("unless_finished needs an owner with a task_id")
+            finished_key = keys.finished(owner.task_id)
+            reply = self._script(
+                self._acquire,
+                keys.lock,
+                b"3",
+                lock_key,
+                fence_key,
+                finished_key,
+                ttl_ms,
+                value,
+                b"1" if fencing else b"0",
+                pinned=True,
+            )
+            if reply == -1:
+                raise self._already_finished(name, owner.task_id)
+        elif fencing:
             reply = self._script(
                 self._acquire, keys.lock, b"2", lock_key, fence_key, ttl_ms, value, pinned=True
             )
@@ -288,13 +311,15 @@ class RedisLocker:
 
     # -- release ------------------------------------------------------------------------------
 
-    def release(self, lease: Lease, *, record: bool = False) -> bool:
+    def release(self, lease: Lease, *, remember_for: Optional[float] = None) -> bool:
         """Release ``lease`` with a compare-and-delete, in one round trip.
 
         Returns True if the lock was still ours, False if it had expired or been taken over
-        (nothing is deleted then). With ``record``, the release leaves a record of this holder
-        for the lease's TTL, read by :meth:`last_release`. Releasing twice, or from a forked
-        child that inherited the lease, changes nothing and returns False.
+        (nothing is deleted then). With ``remember_for`` (seconds), the same script records
+        that the owner's task id ran to the end: for that long, an acquire of this lock by
+        that task id with ``unless_finished`` takes nothing (see :meth:`finished`). Releasing
+        twice, or from a forked child that inherited the lease, changes nothing and returns
+        False.
 
         Raises:
             LockBackendUnavailable: the server could not be reached; the lease keeps its
@@ -303,13 +328,17 @@ class RedisLocker:
         if not self._claim_release(lease):
             return False
         try:
-            return self.send_release(lease, record=record)
+            return self.send_release(lease, remember_for=remember_for)
         except LockBackendUnavailable:
             lease.released = False
             raise
 
     def release_soon(
-        self, lease: Lease, on_done: Optional[ReleaseCallback] = None, *, record: bool = False
+        self,
+        lease: Lease,
+        on_done: Optional[ReleaseCallback] = None,
+        *,
+        remember_for: Optional[float] = None,
     ) -> bool:
         """Stop renewing ``lease`` and send its release now, without waiting for the reply.
 
@@ -317,25 +346,30 @@ class RedisLocker:
         round trip. ``on_done`` gets the outcome (see :data:`ReleaseCallback`) once the reply
         is read: by the next command on that connection, or by the process settler thread
         (see :mod:`.connections`). Returns False if there was nothing to release (already
-        released, or inherited from a parent). ``record`` as for :meth:`release`.
+        released, or inherited from a parent). ``remember_for`` as for :meth:`release`.
         """
         if not self._claim_release(lease):
             return False
 
         def confirmed(reply: Any) -> None:
-            owned = self._release_confirmed(lease, reply, record)
+            owned = self._release_confirmed(lease, reply, remember_for)
             if on_done is not None:
                 on_done(owned)
 
         try:
             self.connections.send(
-                "EVALSHA", self._release.sha, *self._release_args(lease, record), on_reply=confirmed
+                "EVALSHA",
+                self._release.sha,
+                *self._release_args(lease, remember_for),
+                on_reply=confirmed,
             )
         except BACKEND_ERRORS as exc:
             confirmed(exc)  # not even sent: released the usual way, with retries
         return True
 
-    def _release_confirmed(self, lease: Lease, reply: Any, record: bool) -> Optional[bool]:
+    def _release_confirmed(
+        self, lease: Lease, reply: Any, remember_for: Optional[float]
+    ) -> Optional[bool]:
         """The outcome of a release sent by :meth:`release_soon`, from its reply."""
         if not isinstance(reply, BaseException):
             if not reply:
@@ -345,7 +379,7 @@ class RedisLocker:
         # the answer is exact; after a broken connection the first one may have run, and
         # "no longer ours" would then be our own release: reported as unknown.
         try:
-            owned = self.send_release(lease, report=False, record=record)
+            owned = self.send_release(lease, report=False, remember_for=remember_for)
         except LockError as exc:
             log_release.error(
                 "could not release %s (%s); it frees itself within its TTL", lease.key, exc
@@ -366,36 +400,49 @@ class RedisLocker:
         self.renewer.discard(lease)
         return True
 
-    def send_release(self, lease: Lease, *, report: bool = True, record: bool = False) -> bool:
+    def send_release(
+        self, lease: Lease, *, report: bool = True, remember_for: Optional[float] = None
+    ) -> bool:
         """Run the release script for a lease already marked released; True if it was ours."""
         released = self._script(
-            self._release, lease.key, *self._release_args(lease, record), pinned=True
+            self._release, lease.key, *self._release_args(lease, remember_for), pinned=True
         )
         if not released and report:
             log_release.warning("released %s but it was no longer ours", lease.key)
         return bool(released)
 
     @staticmethod
-    def _release_args(lease: Lease, record: bool) -> tuple[Any, ...]:
+    def _release_args(lease: Lease, remember_for: Optional[float]) -> tuple[Any, ...]:
         """numkeys, KEYS and ARGV of the release script for ``lease``."""
-        if record:
-            last = lease.keys.last_release
-            return (b"2", lease._wire_key, last, lease.token, lease._wire_channel, lease.ttl_ms)
+        if remember_for is not None and lease.owner.task_id:
+            finished = lease.keys.finished(lease.owner.task_id)
+            ttl_ms = b"%d" % max(1, int(remember_for * 1000))
+            return (b"2", lease._wire_key, finished, lease.token, lease._wire_channel, ttl_ms)
         return (b"1", lease._wire_key, lease.token, lease._wire_channel)
 
-    def last_release(self, name: str) -> Optional[LockHolder]:
-        """Who last released lock ``name`` with ``record=True``, within that lease's TTL
-        (its ``ttl`` is the record's remaining life); None if there is no such record."""
+    def finished(self, name: str, task_id: str) -> Optional[LockHolder]:
+        """The record that ``task_id`` ran to the end under lock ``name`` (its ``ttl`` is the
+        record's remaining life), or None if there is none."""
         keys = self.keys(name)
+        record = keys.finished(task_id)
 
         def fetch() -> list[Any]:
             pipe = self.client.pipeline(transaction=False)
-            pipe.get(keys.last_release)
-            pipe.pttl(keys.last_release)
+            pipe.get(record)
+            pipe.pttl(record)
             return pipe.execute()
 
         value, pttl = self._call(fetch, keys.lock)
         return None if value is None else _holder(keys.lock, _text(value), pttl)
+
+    def _already_finished(self, name: str, task_id: str) -> AlreadyFinished:
+        keys = self.keys(name)
+        return AlreadyFinished(
+            f"task id {task_id} already ran to the end under lock {keys.lock} "
+            f"(recorded at {keys.finished(task_id)}): nothing was taken",
+            keys.lock,
+            {"task_id": task_id},
+        )
 
     def release_abandoned(self, name: str, *, task_id: str, host: str, pid: int) -> bool:
         """Release the lock ``name`` if it is held by that (dead) execution; True if released.

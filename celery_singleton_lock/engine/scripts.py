@@ -35,13 +35,17 @@ TOKEN_LENGTH = 32
 
 ACQUIRE = """
 -- KEYS[1]  lock key (string)
--- KEYS[2]  fence counter key (string, never expires). Passed ONLY to hand out a fence:
---          with one key the script neither reads nor writes a counter.
+-- KEYS[2]  optional: fence counter key (string, never expires). With one key the script
+--          neither reads nor writes a counter.
+-- KEYS[3]  optional: the finish record of this owner (see RELEASE). When it exists, nothing
+--          is taken: this owner already ran to the end under this lock.
 -- ARGV[1]  ttl in ms
 -- ARGV[2]  the lock value with an empty fence: '<token>||<acquired_at>|<pid>|<host>|<task_id>'
--- Returns  integer: acquired; the fence (>= 1), or 0 without fencing. Also returned when the
---                   lock already holds this token: a resend after a lost reply is not a
---                   duplicate.
+-- ARGV[3]  optional, with KEYS[2]: '0' to take the lock without handing out a fence
+-- Returns  integer >= 0: acquired; the fence (>= 1), or 0 without fencing. Also returned
+--                   when the lock already holds this token: a resend after a lost reply is
+--                   not a duplicate.
+--          integer -1 (only with KEYS[3]): the finish record exists; nothing changed.
 --          string 'pttl|fence|acquired_at|pid|host|task_id': held by someone else (pttl is the
 --                   remaining TTL in ms, -1 without one; the holder's token is not returned).
 --          error NOTLOCK: the key holds a string that is not a lock value (WRONGTYPE if it is
@@ -53,8 +57,15 @@ if #KEYS == 1 then
   end
   v = redis.call('GET', KEYS[1])
 else
+  if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 1 then
+    return -1
+  end
   v = redis.call('GET', KEYS[1])
   if not v then
+    if ARGV[3] == '0' then
+      redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[1])
+      return 0
+    end
     local fence = redis.call('INCR', KEYS[2])
     redis.call('SET', KEYS[1],
                string.sub(ARGV[2], 1, 33) .. string.format('%d', fence) .. string.sub(ARGV[2], 34),
@@ -73,8 +84,9 @@ return redis.call('PTTL', KEYS[1]) .. '|' .. string.sub(v, 34)
 
 RELEASE = """
 -- KEYS[1]  lock key
--- KEYS[2]  optional: key recording the last release (see keys.py). Passed ONLY to record it:
---          it is set to the released value without its token, for ARGV[3] ms.
+-- KEYS[2]  optional: the owner's finish record (see keys.py). Passed ONLY to record that the
+--          owner ran to the end: set to the released value without its token, for ARGV[3] ms.
+--          ACQUIRE given that record takes nothing while it lives.
 -- ARGV[1]  token of the releasing owner (32 characters)
 -- ARGV[2]  channel to publish the release on (waiters subscribe to it)
 -- ARGV[3]  with KEYS[2]: how long the record lives, in ms

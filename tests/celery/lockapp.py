@@ -1,7 +1,8 @@
 """The Celery app the integration tests run, in-process or as real `celery worker` processes.
 
 Configured from the environment (CSL_BROKER_URL, CSL_BACKEND_URL, CSL_LOCK_URL,
-CSL_VISIBILITY_TIMEOUT) so that subprocess workers see the same servers as the test.
+CSL_VISIBILITY_TIMEOUT, CSL_TRACK_STARTED) so that subprocess workers see the same servers as
+the test.
 Bodies record what they do in the lock Redis: ``gauge:<key>`` (bodies inside now),
 ``overlaps:<key>`` (times a body found another inside), ``runs:<key>`` (one entry per run).
 """
@@ -45,7 +46,7 @@ def configure(
         broker_transport_options=transport,
         broker_connection_retry_on_startup=True,
         worker_prefetch_multiplier=1,
-        task_track_started=True,
+        task_track_started=os.environ.get("CSL_TRACK_STARTED", "1") == "1",
         result_expires=600,
         # tests stop servers on purpose: give up reconnecting the result store quickly
         result_backend_transport_options={
@@ -91,51 +92,38 @@ def body(key: str, seconds: float, task_id: Optional[str]) -> dict[str, Any]:
     return {"key": key, "pid": os.getpid()}
 
 
-@app.task(bind=True, base=LockedTask, lock_on=("key",), on_duplicate="skip", lock_ttl=5)
-def hold_skip(self: LockedTask, key: str, seconds: float = 0.0) -> dict[str, Any]:
-    return body(key, seconds, self.request.id)
+def keyed_task(name: str, *, seconds: float = 0.0, base: type = LockedTask, **options: Any) -> Any:
+    """A task ``name(key, seconds=...)`` locked on ``key`` whose body is :func:`body`: the
+    shape of most tasks here, which differ only in their lock options."""
+
+    def run(self: LockedTask, key: str, seconds: float = seconds) -> dict[str, Any]:
+        return body(key, seconds, self.request.id)
+
+    run.__name__ = run.__qualname__ = name
+    return app.task(bind=True, base=base, name=f"{__name__}.{name}", lock_on=("key",), **options)(
+        run
+    )
 
 
-@app.task(
-    bind=True,
-    base=LockedTask,
-    lock_on=("key",),
+hold_skip = keyed_task("hold_skip", on_duplicate="skip", lock_ttl=5)
+hold_retry = keyed_task(
+    "hold_retry",
     on_duplicate="retry",
     lock_ttl=5,
     lock_retry_backoff=0.05,
     lock_retry_backoff_max=0.5,
 )
-def hold_retry(self: LockedTask, key: str, seconds: float = 0.0) -> dict[str, Any]:
-    return body(key, seconds, self.request.id)
-
-
-@app.task(
-    bind=True,
-    base=LockedTask,
-    lock_on=("key",),
+hold_retry_twice = keyed_task(
+    "hold_retry_twice",
     on_duplicate="retry",
     lock_ttl=5,
     lock_retry_backoff=0.05,
     lock_retry_backoff_max=0.1,
     lock_max_retries=2,
 )
-def hold_retry_twice(self: LockedTask, key: str, seconds: float = 0.0) -> dict[str, Any]:
-    return body(key, seconds, self.request.id)
-
-
-@app.task(bind=True, base=LockedTask, lock_on=("key",), on_duplicate="wait", lock_wait_timeout=10)
-def hold_wait(self: LockedTask, key: str, seconds: float = 0.0) -> dict[str, Any]:
-    return body(key, seconds, self.request.id)
-
-
-@app.task(bind=True, base=LockedTask, lock_on=("key",), on_duplicate="fail")
-def hold_fail(self: LockedTask, key: str, seconds: float = 0.0) -> dict[str, Any]:
-    return body(key, seconds, self.request.id)
-
-
-@app.task(bind=True, base=LockedTask, lock_on=("key",), lock_ttl=1, on_duplicate="skip")
-def short_ttl(self: LockedTask, key: str, seconds: float = 0.0) -> dict[str, Any]:
-    return body(key, seconds, self.request.id)
+hold_wait = keyed_task("hold_wait", on_duplicate="wait", lock_wait_timeout=10)
+hold_fail = keyed_task("hold_fail", on_duplicate="fail")
+short_ttl = keyed_task("short_ttl", lock_ttl=1, on_duplicate="skip")
 
 
 # -- exit paths ----------------------------------------------------------------------------
@@ -286,56 +274,42 @@ class RecordsAttempts(LockedTask):
         super().before_start(task_id, args, kwargs)
 
 
-@app.task(
-    bind=True,
-    base=LockedTask,
-    lock_on=("key",),
+long_short_ttl = keyed_task(
+    "long_short_ttl",
+    seconds=30,
     lock_ttl=2,
     on_duplicate="retry",
     lock_retry_backoff=0.1,
     lock_retry_backoff_max=0.5,
 )
-def long_short_ttl(self: LockedTask, key: str, seconds: float = 30) -> dict[str, Any]:
-    return body(key, seconds, self.request.id)
-
-
-@app.task(
-    bind=True,
-    base=LockedTask,
-    lock_on=("key",),
+short_ttl_retry = keyed_task(
+    "short_ttl_retry",
     lock_ttl=1,
     on_duplicate="retry",
     lock_retry_backoff=0.1,
     lock_retry_backoff_max=0.5,
 )
-def short_ttl_retry(self: LockedTask, key: str, seconds: float = 0.0) -> dict[str, Any]:
-    return body(key, seconds, self.request.id)
-
-
-@app.task(
-    bind=True,
+late_ack_skip = keyed_task(
+    "late_ack_skip",
+    seconds=6,
     base=RecordsAttempts,
     acks_late=True,
-    lock_on=("key",),
     lock_ttl=2,
     on_duplicate="skip",
 )
-def late_ack_skip(self: LockedTask, key: str, seconds: float = 6) -> dict[str, Any]:
-    return body(key, seconds, self.request.id)
-
-
-@app.task(
-    bind=True,
+late_ack_retry = keyed_task(
+    "late_ack_retry",
+    seconds=6,
     base=RecordsAttempts,
     acks_late=True,
-    lock_on=("key",),
     lock_ttl=2,
     on_duplicate="retry",
     lock_retry_backoff=0.1,
     lock_retry_backoff_max=0.5,
 )
-def late_ack_retry(self: LockedTask, key: str, seconds: float = 6) -> dict[str, Any]:
-    return body(key, seconds, self.request.id)
+late_ack_forgetful = keyed_task(
+    "late_ack_forgetful", base=RecordsAttempts, acks_late=True, lock_ttl=2, lock_finished_ttl=None
+)
 
 
 # -- tasks for the chaos suite --

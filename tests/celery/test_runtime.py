@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from typing import Any
+import uuid
+from typing import Any, Iterator
 
 import pytest
 import redis
 from celery import chain
+from celery.signals import task_postrun
 
 from celery_singleton_lock.celery import lock_lost
 from celery_singleton_lock.engine import Lease, Owner, RedisLocker
@@ -177,3 +180,43 @@ def test_same_key_chain_steps_do_not_collide(
     steps = chain(*(lockapp.hold_skip.si(unique_key, 0.01) for _ in range(3)))
     steps.apply_async().get(timeout=20)
     assert store.llen(f"runs:{unique_key}") == 3
+
+
+@contextlib.contextmanager
+def ended_states() -> Iterator[dict[str, list[str]]]:
+    """Task id -> the state each execution of it ended in (IGNORED for a dropped one)."""
+    ended: dict[str, list[str]] = {}
+
+    def record(task_id: str = "", state: str = "", **_: Any) -> None:
+        ended.setdefault(task_id, []).append(state)
+
+    task_postrun.connect(record, weak=False)
+    try:
+        yield ended
+    finally:
+        task_postrun.disconnect(record)
+
+
+def test_an_acks_late_task_id_that_finished_does_not_run_again_under_its_lock(
+    worker: Any, store: redis.Redis, unique_key: str
+) -> None:
+    task_id = str(uuid.uuid4())
+    with ended_states() as ended:
+        lockapp.late_ack_retry.apply_async((unique_key, 0), task_id=task_id).get(timeout=10)
+        lockapp.late_ack_retry.apply_async((unique_key, 0), task_id=task_id)  # as a copy would
+        wait_until(lambda: len(ended.get(task_id, [])) == 2)
+    assert ended[task_id] == ["SUCCESS", "IGNORED"]
+    assert store.llen(f"runs:{unique_key}") == 1
+    assert_released(store, lock_key_of(lockapp.late_ack_retry, unique_key))
+
+
+def test_with_lock_finished_ttl_none_the_same_task_id_runs_again(
+    worker: Any, store: redis.Redis, unique_key: str
+) -> None:
+    task_id = str(uuid.uuid4())
+    with ended_states() as ended:
+        for _ in range(2):
+            lockapp.late_ack_forgetful.apply_async((unique_key,), task_id=task_id).get(timeout=10)
+        wait_until(lambda: len(ended.get(task_id, [])) == 2)
+    assert ended[task_id] == ["SUCCESS", "SUCCESS"]
+    assert store.llen(f"runs:{unique_key}") == 2

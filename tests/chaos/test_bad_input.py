@@ -45,7 +45,8 @@ def define(app: Celery, **options: Any) -> Any:
 
 def lock_keys(server: RedisServer) -> list[bytes]:
     client: redis.Redis = server.client()
-    return [k for k in client.scan_iter(match="singleton-lock:*") if not k.endswith(b":fence")]
+    # a lock key ends with its hash tag: fence counters and finish records are not locks
+    return list(client.scan_iter(match="singleton-lock:{*}"))
 
 
 def run_error(task: Any, *args: Any, **kwargs: Any) -> BaseException:
@@ -125,6 +126,8 @@ REGISTRATION_CASES: dict[str, tuple[dict[str, Any], list[str]]] = {
     ),
     "lock_key not callable": ({"lock_key": "account_id"}, ["lock_key", "callable"]),
     "negative lock-retry budget": ({"lock_max_retries": -1}, ["lock_max_retries"]),
+    "zero finished TTL": ({"lock_finished_ttl": 0}, ["lock_finished_ttl=0"]),
+    "finished TTL as a string": ({"lock_finished_ttl": "1h"}, ["lock_finished_ttl", "'1h'"]),
     "unknown backend-error policy": (
         {"lock_on_backend_error": "ignore"},
         ["lock_on_backend_error='ignore'"],

@@ -82,14 +82,24 @@ class ChaosServers(Servers):
     """Broker (results in its db 1), lock server, and the store: three Redis servers."""
 
     store_url: str = ""
+    #: whether the workers store STARTED (Celery's ``task_track_started``)
+    track_started: bool = True
 
     def env(self, queue: str, **extra: str) -> dict[str, str]:
-        return super().env(queue, CSL_STORE_URL=self.store_url, **extra)
+        return super().env(
+            queue,
+            CSL_STORE_URL=self.store_url,
+            CSL_TRACK_STARTED="1" if self.track_started else "0",
+            **extra,
+        )
 
 
 @contextlib.contextmanager
 def chaos_servers(
-    *, lock_args: tuple[str, ...] = (), visibility_timeout: Optional[float] = None
+    *,
+    lock_args: tuple[str, ...] = (),
+    visibility_timeout: Optional[float] = None,
+    track_started: bool = True,
 ) -> Iterator[ChaosServers]:
     with contextlib.ExitStack() as stack:
         broker = stack.enter_context(RedisServer.running())
@@ -101,6 +111,7 @@ def chaos_servers(
             backend_url=broker.url.replace("/0", "/1"),
             visibility_timeout=visibility_timeout,
             store_url=store.url,
+            track_started=track_started,
         )
 
 
@@ -129,12 +140,9 @@ def text(value: Any) -> str:
 
 
 def lock_keys(client: redis.Redis) -> list[str]:
-    """The lock keys on the lock server (fence counters excluded)."""
-    return [
-        text(k)
-        for k in client.scan_iter(match=f"{LOCK_PREFIX}*", count=1000)
-        if not text(k).endswith(":fence")
-    ]
+    """The lock keys on the lock server: they end with their hash tag (fence counters and
+    finish records do not)."""
+    return [text(k) for k in client.scan_iter(match=f"{LOCK_PREFIX}*}}", count=1000)]
 
 
 def holders(client: redis.Redis) -> dict[str, str]:
@@ -639,10 +647,15 @@ def redelivery(request: pytest.FixtureRequest) -> RedeliveryOutcome:
     every message is redelivered while its body runs. Tasks share a few keys (task i uses key
     i % keys), so copies of one task id and other tasks of the same key both contend.
     Watched until every task stored SUCCESS (at most the size's window), then 4 s more for
-    late copies; then the workers are killed and everything is counted."""
+    late copies; then the workers are killed and everything is counted.
+
+    The workers do not store STARTED: Celery writes it for every delivery, copies included,
+    by reading the state and then writing it, and a copy whose read comes just before the
+    original stores SUCCESS overwrites it (2 runs in 5 here left one task STARTED, every body
+    having run once). That is Celery's race, not the lock's; see the README's limits."""
     size = request.param
     tasks, key_count, window = REDELIVERY_SIZES[size]
-    servers_cm = chaos_servers(visibility_timeout=REDELIVERY_VISIBILITY)
+    servers_cm = chaos_servers(visibility_timeout=REDELIVERY_VISIBILITY, track_started=False)
     with servers_cm as servers, worker_group(servers) as group:
         queue = unique("q")
         start_workers(group, [queue, queue])
@@ -731,13 +744,6 @@ def test_redelivery_never_runs_one_key_twice_at_once(
     assert outcome.stuck_locks == 0
 
 
-@pytest.mark.xfail(
-    reason="KNOWN BUG, open on issue 3: in about 1 run in 3 a task's body runs twice, or one "
-    "task has not finished by the end of the window. Suspected: an original delivery that waited "
-    "in a worker's buffer past the visibility timeout runs after its redelivered copy finished "
-    "(only copies and lock-retried messages look for an earlier run). Fails on 57510f7 too.",
-    strict=False,
-)
 def test_redelivered_copies_never_run_again_once_the_original_finished(
     redelivery: RedeliveryOutcome,
 ) -> None:

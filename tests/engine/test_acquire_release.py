@@ -8,9 +8,10 @@ import time
 import pytest
 import redis
 
+from celery_singleton_lock import AlreadyFinished
 from celery_singleton_lock.engine import Lease, LockHolder, Owner, RedisLocker, Renewer, scripts
 from tests.engine.conftest import stored_fields, stored_token
-from tests.support import CountingConnection
+from tests.support import CountingConnection, wait_until
 
 
 def test_acquire_returns_a_lease_with_a_128_bit_token(locker: RedisLocker) -> None:
@@ -227,23 +228,23 @@ def test_scripts_are_loaded_again_after_a_script_flush(counting_client: redis.Re
     assert CountingConnection.sent == ["EVALSHA"]
 
 
-def test_a_recorded_release_names_its_holder_for_the_lease_ttl(locker: RedisLocker) -> None:
-    lease = locker.try_acquire("job", ttl=30, owner=Owner(task_id="t-1", host="w1", pid=42))
+def test_a_release_that_remembers_records_the_owner_for_that_long(locker: RedisLocker) -> None:
+    lease = locker.try_acquire("job", ttl=5, owner=Owner(task_id="t-1", host="w1", pid=42))
     assert isinstance(lease, Lease)
-    assert lease.release(record=True)
-    last = locker.last_release("job")
-    assert last is not None
-    assert (last.task_id, last.host, last.pid) == ("t-1", "w1", 42)
-    assert last.ttl is not None and 0 < last.ttl <= 30
+    assert lease.release(remember_for=60)
+    record = locker.finished("job", "t-1")
+    assert record is not None
+    assert (record.task_id, record.host, record.pid) == ("t-1", "w1", 42)
+    assert record.ttl is not None and 5 < record.ttl <= 60
 
 
-def test_a_plain_release_leaves_no_record(locker: RedisLocker) -> None:
+def test_a_plain_release_remembers_nothing(locker: RedisLocker) -> None:
     lease = locker.try_acquire("job", ttl=30, owner=Owner(task_id="t-1"))
     assert isinstance(lease, Lease) and lease.release()
-    assert locker.last_release("job") is None
+    assert locker.finished("job", "t-1") is None
 
 
-def test_a_recorded_release_of_a_lock_no_longer_ours_records_nothing(
+def test_a_release_of_a_lock_no_longer_ours_remembers_nothing(
     locker: RedisLocker, redis_client: redis.Redis
 ) -> None:
     first = locker.try_acquire("job", ttl=30, owner=Owner(task_id="first"))
@@ -251,6 +252,50 @@ def test_a_recorded_release_of_a_lock_no_longer_ours_records_nothing(
     redis_client.delete(first.key)  # it expired, say
     second = locker.try_acquire("job", ttl=30, owner=Owner(task_id="second"))
     assert isinstance(second, Lease)
-    assert first.release(record=True) is False
-    assert locker.last_release("job") is None
+    assert first.release(remember_for=60) is False
+    assert locker.finished("job", "first") is None
     assert redis_client.exists(second.key)
+
+
+def test_an_owner_that_finished_takes_nothing_when_acquiring_unless_finished(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    owner = Owner(task_id="t-1")
+    lease = locker.try_acquire("job", ttl=30, owner=owner)
+    assert isinstance(lease, Lease) and lease.release(remember_for=60)
+    with pytest.raises(AlreadyFinished) as info:
+        locker.try_acquire("job", ttl=30, owner=owner, unless_finished=True)
+    assert "t-1" in str(info.value) and info.value.key == lease.key
+    assert not redis_client.exists(lease.key)
+
+
+def test_another_owner_acquires_unless_finished_as_usual(locker: RedisLocker) -> None:
+    first = locker.try_acquire("job", ttl=30, owner=Owner(task_id="t-1"))
+    assert isinstance(first, Lease) and first.release(remember_for=60)
+    second = locker.try_acquire("job", ttl=30, owner=Owner(task_id="t-2"), unless_finished=True)
+    assert isinstance(second, Lease) and second.fence is None
+
+
+def test_unless_finished_still_reports_the_holder(locker: RedisLocker) -> None:
+    holder = locker.try_acquire("job", ttl=30, owner=Owner(task_id="holder"))
+    assert isinstance(holder, Lease)
+    found = locker.try_acquire("job", ttl=30, owner=Owner(task_id="t-2"), unless_finished=True)
+    assert isinstance(found, LockHolder) and found.task_id == "holder"
+
+
+def test_unless_finished_with_fencing_hands_out_the_next_fence(locker: RedisLocker) -> None:
+    first = locker.try_acquire("job", ttl=30, owner=Owner(task_id="t-1"), fencing=True)
+    assert isinstance(first, Lease) and first.release()
+    second = locker.try_acquire(
+        "job", ttl=30, owner=Owner(task_id="t-2"), fencing=True, unless_finished=True
+    )
+    assert isinstance(second, Lease) and second.fence == (first.fence or 0) + 1
+
+
+def test_the_finish_record_expires_after_its_time(locker: RedisLocker) -> None:
+    owner = Owner(task_id="t-1")
+    lease = locker.try_acquire("job", ttl=30, owner=owner)
+    assert isinstance(lease, Lease) and lease.release(remember_for=0.2)
+    wait_until(lambda: locker.finished("job", "t-1") is None, timeout=5)
+    again = locker.try_acquire("job", ttl=30, owner=owner, unless_finished=True)
+    assert isinstance(again, Lease)

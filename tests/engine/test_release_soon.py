@@ -154,12 +154,12 @@ def test_a_forked_child_never_reads_its_parents_replies(redis_server: RedisServe
     assert outcomes == [True]
 
 
-def test_a_release_sent_without_waiting_can_record_its_holder(redis_client: redis.Redis) -> None:
+def test_a_release_sent_without_waiting_can_remember_its_owner(redis_client: redis.Redis) -> None:
     settler = ReplySettler(interval=NEVER)
     locker = make_locker(redis_client, settler)
     lease = locker.try_acquire("job", 30, owner=Owner(task_id="t-9"))
     assert isinstance(lease, Lease)
-    locker.release_soon(lease, record=True)
+    locker.release_soon(lease, remember_for=60)
     assert settler.flush(5)
-    last = locker.last_release("job")
-    assert last is not None and last.task_id == "t-9"
+    record = locker.finished("job", "t-9")
+    assert record is not None and record.task_id == "t-9"

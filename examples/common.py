@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -17,7 +19,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Callable, Iterator, Optional, Sequence
+from typing import IO, Any, Callable, Iterator, Optional, Protocol, Sequence, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
@@ -252,6 +254,26 @@ def add_server_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep-logs", action="store_true", help="keep the worker/beat logs")
 
 
+def add_worker_arguments(parser: argparse.ArgumentParser, defaults: Any) -> None:
+    """``--workers``, ``--concurrency`` and ``--pool``, defaulting to ``defaults``' fields."""
+    parser.add_argument(
+        "--workers", type=int, default=defaults.workers, help="celery worker processes"
+    )
+    parser.add_argument(
+        "--concurrency", type=int, default=defaults.concurrency, help="slots per worker"
+    )
+    parser.add_argument("--pool", default=defaults.pool, choices=("prefork", "threads"))
+
+
+T = TypeVar("T")
+
+
+def options_from_args(options_class: type[T], args: argparse.Namespace) -> T:
+    """An options dataclass filled from the parsed arguments of the same names."""
+    names = [f.name for f in dataclasses.fields(options_class)]  # type: ignore[arg-type]
+    return options_class(**{name: getattr(args, name) for name in names})
+
+
 @contextlib.contextmanager
 def servers_from_args(args: argparse.Namespace, example: str) -> Iterator[Settings]:
     """Settings for one run; starts an embedded redis-server when no Redis URL was given."""
@@ -424,6 +446,23 @@ def celery_command(app_module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", "celery", "-A", app_module, *args]
 
 
+def worker_command(
+    app_module: str, hostname: str, *, pool: str, concurrency: int, loglevel: str
+) -> list[str]:
+    """``celery worker`` for an example: no gossip, mingle or heartbeat (quiet, quick start)."""
+    return celery_command(
+        app_module,
+        "worker",
+        f"--hostname={hostname}",
+        f"--pool={pool}",
+        f"--concurrency={concurrency}",
+        f"--loglevel={loglevel}",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+    )
+
+
 def wait_for_workers(
     supervisor: Supervisor,
     settings: Settings,
@@ -530,3 +569,54 @@ def log_lines(paths: Sequence[Path]) -> Iterator[str]:
                 yield from handle
         except OSError:
             continue
+
+
+# -- running an example ----------------------------------------------------------------------
+
+
+class Outcome(Protocol):
+    """What an example's run returns: printed as text, then as one JSON line."""
+
+    @property
+    def exit_code(self) -> int: ...
+
+    def text(self) -> str: ...
+
+    def as_json(self) -> dict[str, Any]: ...
+
+
+def run_example(
+    args: argparse.Namespace,
+    example: str,
+    run: Callable[[Settings], Outcome],
+    *,
+    errors: tuple[type[BaseException], ...] = (),
+) -> int:
+    """Run ``run`` on the servers ``args`` name (an embedded one if none) and return the exit
+    code. Every process is stopped on the way out, whatever happens: an interrupt (130), a
+    SIGTERM/SIGHUP (128 + signal), or an expected error, ``errors`` included (2, with the
+    error on stderr)."""
+    expected: tuple[type[BaseException], ...] = (
+        *errors,
+        ChildDied,
+        TimeoutError,
+        redis.RedisError,
+        OSError,
+    )
+    with terminate_as_exception():
+        try:
+            with servers_from_args(args, example) as settings:
+                print(f"servers: {settings.describe()}", flush=True)
+                outcome = run(settings)
+        except KeyboardInterrupt:
+            print("interrupted: every process was stopped", file=sys.stderr)
+            return 130
+        except Terminated as exc:
+            print("terminated: every process was stopped", file=sys.stderr)
+            return int(exc.code or 1)
+        except expected as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+    print(outcome.text())
+    print(json.dumps(outcome.as_json()), flush=True)
+    return outcome.exit_code

@@ -12,7 +12,6 @@ could not run.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import shutil
 import sys
@@ -23,24 +22,22 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-import redis
 from celery import Celery
 
 from examples.common import (
-    ChildDied,
     Progress,
     Settings,
     Supervisor,
-    Terminated,
     add_server_arguments,
-    celery_command,
+    add_worker_arguments,
     cleanup,
     configure_app,
     data_client,
-    servers_from_args,
+    options_from_args,
+    run_example,
     show_progress,
-    terminate_as_exception,
     wait_for_workers,
+    worker_command,
 )
 
 APP = "examples.balances.app"
@@ -290,16 +287,12 @@ def run(
         for i in range(1, options.workers + 1):
             supervisor.start(
                 f"worker-{i}",
-                celery_command(
+                worker_command(
                     APP,
-                    "worker",
-                    f"--hostname={ns}-w{i}@%h",
-                    f"--pool={options.pool}",
-                    f"--concurrency={options.concurrency}",
-                    "--loglevel=WARNING",
-                    "--without-gossip",
-                    "--without-mingle",
-                    "--without-heartbeat",
+                    f"{ns}-w{i}@%h",
+                    pool=options.pool,
+                    concurrency=options.concurrency,
+                    loglevel="WARNING",
                 ),
                 env,
             )
@@ -416,13 +409,13 @@ def parser() -> argparse.ArgumentParser:
     d = Options()
     p.add_argument("--accounts", type=int, default=d.accounts)
     p.add_argument("--updates", type=int, default=d.updates, help="tasks sent per run")
-    p.add_argument("--workers", type=int, default=d.workers, help="celery worker processes")
-    p.add_argument("--concurrency", type=int, default=d.concurrency, help="slots per worker")
-    p.add_argument("--pool", default=d.pool, choices=("prefork", "threads"))
+    add_worker_arguments(p, d)
     p.add_argument("--work-ms", type=float, default=d.work_ms, help="pause between read/write")
     p.add_argument("--seed", type=int, default=d.seed, help="random seed of the workload")
     p.add_argument("--timeout", type=float, default=d.timeout, help="seconds per run, at most")
-    p.add_argument("--no-plain", action="store_true", help="skip the run without the lock")
+    p.add_argument(
+        "--no-plain", dest="plain", action="store_false", help="skip the run without the lock"
+    )
     p.add_argument(
         "--database-url",
         help="postgresql://... (needs psycopg) or sqlite:////path.db; "
@@ -436,43 +429,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from examples.balances.store import Store, StoreError
 
     args = parser().parse_args(argv)
-    options = Options(
-        accounts=args.accounts,
-        updates=args.updates,
-        workers=args.workers,
-        concurrency=args.concurrency,
-        pool=args.pool,
-        work_ms=args.work_ms,
-        seed=args.seed,
-        timeout=args.timeout,
-        plain=not args.no_plain,
-        database_url=args.database_url,
-    )
+    options = options_from_args(Options, args)
     if options.database_url:
         try:  # fail before starting anything: a bad URL, psycopg missing, server down
             Store.open(options.database_url, "locked").check()
         except StoreError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
-    with terminate_as_exception():
-        try:
-            with servers_from_args(args, "balances") as settings:
-                print(f"servers: {settings.describe()}", flush=True)
-                report = run(
-                    options, settings, progress=show_progress(args), keep_logs=args.keep_logs
-                )
-        except KeyboardInterrupt:
-            print("interrupted: every process was stopped", file=sys.stderr)
-            return 130
-        except Terminated as exc:
-            print("terminated: every process was stopped", file=sys.stderr)
-            return int(exc.code or 1)
-        except StoreError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-        except (ChildDied, TimeoutError, redis.RedisError, OSError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-    print(report.text())
-    print(json.dumps(report.as_json()), flush=True)
-    return report.exit_code
+    return run_example(
+        args,
+        "balances",
+        lambda settings: run(
+            options, settings, progress=show_progress(args), keep_logs=args.keep_logs
+        ),
+        errors=(StoreError,),
+    )

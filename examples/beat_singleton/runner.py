@@ -9,7 +9,6 @@ overlapped, 1 when some did, 2 when the example could not run (nothing ran, a pr
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import shutil
 import sys
@@ -19,23 +18,21 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-import redis
-
 from examples.common import (
-    ChildDied,
     Progress,
     Settings,
     Supervisor,
-    Terminated,
     add_server_arguments,
+    add_worker_arguments,
     celery_command,
     cleanup,
     data_client,
     log_lines,
-    servers_from_args,
+    options_from_args,
+    run_example,
     show_progress,
-    terminate_as_exception,
     wait_for_workers,
+    worker_command,
 )
 
 APP = "examples.beat_singleton.app"
@@ -169,16 +166,12 @@ def run(
             workers = [
                 supervisor.start(
                     f"worker-{i}",
-                    celery_command(
+                    worker_command(
                         APP,
-                        "worker",
-                        f"--hostname={ns}-w{i}@%h",
-                        f"--pool={options.pool}",
-                        f"--concurrency={options.concurrency}",
-                        "--loglevel=INFO",
-                        "--without-gossip",
-                        "--without-mingle",
-                        "--without-heartbeat",
+                        f"{ns}-w{i}@%h",
+                        pool=options.pool,
+                        concurrency=options.concurrency,
+                        loglevel="INFO",
                     ),
                     env,
                 )
@@ -299,9 +292,7 @@ def parser() -> argparse.ArgumentParser:
     d = Options()
     p.add_argument("--seconds", type=float, default=d.seconds, help="how long beats run")
     p.add_argument("--beats", type=int, default=d.beats, help="celery beat processes")
-    p.add_argument("--workers", type=int, default=d.workers, help="celery worker processes")
-    p.add_argument("--concurrency", type=int, default=d.concurrency, help="slots per worker")
-    p.add_argument("--pool", default=d.pool, choices=("prefork", "threads"))
+    add_worker_arguments(p, d)
     p.add_argument("--job-seconds", type=float, default=d.job_seconds, help="length of a run")
     p.add_argument("--interval", type=float, default=d.interval, help="beat schedule period")
     add_server_arguments(p)
@@ -310,31 +301,11 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser().parse_args(argv)
-    options = Options(
-        seconds=args.seconds,
-        beats=args.beats,
-        workers=args.workers,
-        concurrency=args.concurrency,
-        pool=args.pool,
-        job_seconds=args.job_seconds,
-        interval=args.interval,
+    options = options_from_args(Options, args)
+    return run_example(
+        args,
+        "beat",
+        lambda settings: run(
+            options, settings, progress=show_progress(args), keep_logs=args.keep_logs
+        ),
     )
-    with terminate_as_exception():
-        try:
-            with servers_from_args(args, "beat") as settings:
-                print(f"servers: {settings.describe()}", flush=True)
-                summary = run(
-                    options, settings, progress=show_progress(args), keep_logs=args.keep_logs
-                )
-        except KeyboardInterrupt:
-            print("interrupted: every process was stopped", file=sys.stderr)
-            return 130
-        except Terminated as exc:
-            print("terminated: every process was stopped", file=sys.stderr)
-            return int(exc.code or 1)
-        except (ChildDied, TimeoutError, redis.RedisError, OSError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-    print(summary.text())
-    print(json.dumps(summary.as_json()), flush=True)
-    return summary.exit_code

@@ -108,7 +108,7 @@ def skip(duplicate: Duplicate) -> NoReturn:
     # holder itself, or an original that already finished.
     if (
         holder.task_id != request.id
-        and not _ignores_result(task, request)
+        and not ignores_result(task, request)
         and not (duplicate.is_copy and outcome_stored(task, request))
     ):
         task.backend.mark_as_failure(
@@ -185,7 +185,7 @@ def retry(duplicate: Duplicate, cause: Optional[LockError] = None) -> NoReturn:
 
 def _store_retry(task: Any, request: Any, reason: LockError) -> None:
     """Store RETRY with ``reason`` as the state's result, unless results are ignored."""
-    if _ignores_result(task, request):
+    if ignores_result(task, request):
         return
     try:
         task.backend.mark_as_retry(request.id, reason, request=request)
@@ -262,7 +262,8 @@ def already_ran(task: Any, request: Any, is_copy: bool) -> bool:
     return False
 
 
-def _ignores_result(task: Any, request: Any) -> bool:
+def ignores_result(task: Any, request: Any) -> bool:
+    """True if no state is stored for this execution (``ignore_result``, or eager)."""
     if request.is_eager:
         return True
     try:

@@ -10,7 +10,7 @@ import socket
 import threading
 from typing import Any, Callable, NoReturn, Optional, Sequence
 
-from celery import Task
+from celery import Task, states
 from celery.app.task import Context
 from celery.exceptions import Ignore, Reject, Retry
 
@@ -142,6 +142,13 @@ class LockedTask(Task):  # type: ignore[misc]
     #: purpose, as a dead-letter replay does).
     lock_finished_ttl: Any = UNSET
 
+    #: Celery's ``track_started`` (task attribute or ``task_track_started``), taken over by
+    #: the lock: STARTED is stored once the lock is held, not before ``before_start`` as the
+    #: tracer does, so a duplicate that is skipped or retried never shows STARTED, and a
+    #: redelivered copy of a finished execution cannot overwrite its outcome with STARTED
+    #: (the tracer stores it by reading, then writing the state).
+    lock_track_started: bool = False
+
     _lock_options: Optional[LockOptions] = None
 
     # -- configuration -----------------------------------------------------------------------
@@ -152,6 +159,8 @@ class LockedTask(Task):  # type: ignore[misc]
         if not issubclass(DuplicateTaskError, tuple(cls.throws)):
             # an expected outcome: logged without a traceback
             cls.throws = (*tuple(cls.throws), DuplicateTaskError)
+        if cls.track_started:  # resolved from the settings by bind(); see lock_track_started
+            cls.lock_track_started, cls.track_started = True, False
         cls.resolve_lock_options(app)
 
     @classmethod
@@ -233,8 +242,21 @@ class LockedTask(Task):  # type: ignore[misc]
         handle = LockHandle(outcome.key, outcome)
         request.lock = handle
         _held_here.by_name[name] = handle
+        if self.lock_track_started:
+            self._store_started(task_id, request)
         if lock_acquired.receivers:
             lock_acquired.send(sender=self, task_id=task_id, key=outcome.key, fence=outcome.fence)
+
+    def _store_started(self, task_id: str, request: Any) -> None:
+        """STARTED, as Celery's tracer stores it with ``track_started`` (see
+        ``lock_track_started``); a backend failure costs the state, not the run."""
+        if policies.ignores_result(self, request):
+            return
+        meta = {"pid": os.getpid(), "hostname": request.hostname or _HOSTNAME}
+        try:
+            self.backend.store_result(task_id, meta, states.STARTED, request=request)
+        except policies.BACKEND_ERRORS as exc:
+            log.warning("task %s[%s]: cannot store STARTED (%s)", self.name, task_id, exc)
 
     def _drop_copy(self, task_id: str, why: str) -> NoReturn:
         log.warning(
@@ -261,6 +283,8 @@ class LockedTask(Task):  # type: ignore[misc]
         if options.on_backend_error == "run":
             log.error("task %s[%s]: %s; running WITHOUT the lock", self.name, request.id, exc)
             request.lock = LockHandle(exc.key, None, locked=False)
+            if self.lock_track_started:
+                self._store_started(request.id, request)
             return None
         log.error("task %s[%s]: %s; retrying later", self.name, request.id, exc)
         unknown = LockHolder(

@@ -1,8 +1,7 @@
 """The Celery app the integration tests run, in-process or as real `celery worker` processes.
 
 Configured from the environment (CSL_BROKER_URL, CSL_BACKEND_URL, CSL_LOCK_URL,
-CSL_VISIBILITY_TIMEOUT, CSL_TRACK_STARTED) so that subprocess workers see the same servers as
-the test.
+CSL_VISIBILITY_TIMEOUT) so that subprocess workers see the same servers as the test.
 Bodies record what they do in the lock Redis: ``gauge:<key>`` (bodies inside now),
 ``overlaps:<key>`` (times a body found another inside), ``runs:<key>`` (one entry per run).
 """
@@ -46,7 +45,7 @@ def configure(
         broker_transport_options=transport,
         broker_connection_retry_on_startup=True,
         worker_prefetch_multiplier=1,
-        task_track_started=os.environ.get("CSL_TRACK_STARTED", "1") == "1",
+        task_track_started=True,
         result_expires=600,
         # tests stop servers on purpose: give up reconnecting the result store quickly
         result_backend_transport_options={
@@ -217,6 +216,11 @@ def runs_unlocked(self: LockedTask, key: str) -> bool:
 @app.task(bind=True, base=LockedTask, lock_retry_backoff=0.2, lock_retry_backoff_max=0.5)
 def retries_on_outage(self: LockedTask, key: str) -> str:
     return "ran"
+
+
+@app.task(bind=True, base=LockedTask)
+def reports_its_state(self: LockedTask, key: str) -> str:
+    return str(self.backend.get_task_meta(self.request.id)["status"])
 
 
 @app.task(base=LockedTask)

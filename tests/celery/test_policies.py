@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import time
-from typing import Any, Optional
+import uuid
+from typing import Any, Iterator, Optional
 
 import pytest
 import redis
 from celery.signals import before_task_publish
+from celery.states import READY_STATES
 
 from celery_singleton_lock import DuplicateTaskError, DuplicateTaskSkipped
 from celery_singleton_lock.celery import lock_duplicate
 from celery_singleton_lock.celery.policies import RETRY_HEADER
 from celery_singleton_lock.engine import Lease, Owner, RedisLocker
+from celery_singleton_lock.testing import RedisServer
 from tests.celery import lockapp
 from tests.celery.conftest import assert_released, lock_key_of
 from tests.support import wait_until
@@ -143,6 +148,41 @@ def test_a_lock_retry_stores_retry_before_it_sends_its_new_message(
     assert set(states_when_sent) == {"RETRY"}
 
 
+@contextlib.contextmanager
+def states_stored(broker_server: RedisServer, task_id: str) -> Iterator[list[str]]:
+    """Every state the result backend stores for ``task_id``, in order, read from the channel
+    Celery's Redis backend publishes each one on; filled in when the block ends (up to the
+    first ready state)."""
+    client = broker_server.client()
+    pubsub = client.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(f"celery-task-meta-{task_id}")
+    stored: list[str] = []
+    try:
+        yield stored
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not (stored and stored[-1] in READY_STATES):
+            message = pubsub.get_message(timeout=0.1)
+            if message is not None:
+                stored.append(lockapp.app.backend.decode(message["data"])["status"])
+    finally:
+        pubsub.close()
+        client.close()
+
+
+def test_a_retried_duplicate_is_stored_started_only_once_it_holds_the_lock(
+    worker: Any, locker: RedisLocker, broker_server: RedisServer, unique_key: str
+) -> None:
+    task_id = str(uuid.uuid4())
+    lease = _hold(locker, lockapp.hold_retry, unique_key)
+    with states_stored(broker_server, task_id) as stored:
+        result = lockapp.hold_retry.apply_async((unique_key,), task_id=task_id)
+        wait_until(lambda: result.state == "RETRY")
+        time.sleep(0.3)  # a few lock retries
+        lease.release()
+        result.get(timeout=20)
+    assert [state for state, _ in itertools.groupby(stored)] == ["RETRY", "STARTED", "SUCCESS"]
+
+
 def test_retry_budget_spent_fails_with_duplicate_task_error(
     worker: Any, locker: RedisLocker, unique_key: str
 ) -> None:
@@ -157,8 +197,18 @@ def test_waiting_duplicate_runs_as_soon_as_the_lock_is_released(
     worker: Any, locker: RedisLocker, store: redis.Redis, unique_key: str
 ) -> None:
     lease = _hold(locker, lockapp.hold_wait, unique_key, ttl=30)
-    result = lockapp.hold_wait.delay(unique_key)
-    wait_until(lambda: result.state == "STARTED")
+    waiting: list[str] = []
+
+    def record(task_id: str = "", action: str = "", **_: Any) -> None:
+        if action == "wait":
+            waiting.append(task_id)
+
+    lock_duplicate.connect(record, weak=False)
+    try:
+        result = lockapp.hold_wait.delay(unique_key)
+        wait_until(lambda: result.id in waiting)
+    finally:
+        lock_duplicate.disconnect(record)
     time.sleep(0.5)
     assert store.llen(f"runs:{unique_key}") == 0
     released_at = time.time()

@@ -220,3 +220,11 @@ def test_with_lock_finished_ttl_none_the_same_task_id_runs_again(
         wait_until(lambda: len(ended.get(task_id, [])) == 2)
     assert ended[task_id] == ["SUCCESS", "SUCCESS"]
     assert store.llen(f"runs:{unique_key}") == 2
+
+
+def test_a_locked_task_with_track_started_is_started_while_its_body_runs(
+    worker: Any, unique_key: str
+) -> None:
+    assert lockapp.reports_its_state.lock_track_started
+    assert not lockapp.reports_its_state.track_started  # the tracer's own store is off
+    assert lockapp.reports_its_state.delay(unique_key).get(timeout=10) == "STARTED"

@@ -82,24 +82,14 @@ class ChaosServers(Servers):
     """Broker (results in its db 1), lock server, and the store: three Redis servers."""
 
     store_url: str = ""
-    #: whether the workers store STARTED (Celery's ``task_track_started``)
-    track_started: bool = True
 
     def env(self, queue: str, **extra: str) -> dict[str, str]:
-        return super().env(
-            queue,
-            CSL_STORE_URL=self.store_url,
-            CSL_TRACK_STARTED="1" if self.track_started else "0",
-            **extra,
-        )
+        return super().env(queue, CSL_STORE_URL=self.store_url, **extra)
 
 
 @contextlib.contextmanager
 def chaos_servers(
-    *,
-    lock_args: tuple[str, ...] = (),
-    visibility_timeout: Optional[float] = None,
-    track_started: bool = True,
+    *, lock_args: tuple[str, ...] = (), visibility_timeout: Optional[float] = None
 ) -> Iterator[ChaosServers]:
     with contextlib.ExitStack() as stack:
         broker = stack.enter_context(RedisServer.running())
@@ -111,7 +101,6 @@ def chaos_servers(
             backend_url=broker.url.replace("/0", "/1"),
             visibility_timeout=visibility_timeout,
             store_url=store.url,
-            track_started=track_started,
         )
 
 
@@ -647,15 +636,11 @@ def redelivery(request: pytest.FixtureRequest) -> RedeliveryOutcome:
     every message is redelivered while its body runs. Tasks share a few keys (task i uses key
     i % keys), so copies of one task id and other tasks of the same key both contend.
     Watched until every task stored SUCCESS (at most the size's window), then 4 s more for
-    late copies; then the workers are killed and everything is counted.
-
-    The workers do not store STARTED: Celery writes it for every delivery, copies included,
-    by reading the state and then writing it, and a copy whose read comes just before the
-    original stores SUCCESS overwrites it (2 runs in 5 here left one task STARTED, every body
-    having run once). That is Celery's race, not the lock's; see the README's limits."""
+    late copies; then the workers are killed and everything is counted. The workers track
+    STARTED (``task_track_started``), which LockedTask stores only once the lock is held."""
     size = request.param
     tasks, key_count, window = REDELIVERY_SIZES[size]
-    servers_cm = chaos_servers(visibility_timeout=REDELIVERY_VISIBILITY, track_started=False)
+    servers_cm = chaos_servers(visibility_timeout=REDELIVERY_VISIBILITY)
     with servers_cm as servers, worker_group(servers) as group:
         queue = unique("q")
         start_workers(group, [queue, queue])

@@ -259,13 +259,15 @@ class LockedTask(Task):  # type: ignore[misc]
             log.warning("task %s[%s]: cannot store STARTED (%s)", self.name, task_id, exc)
 
     def _drop_copy(self, task_id: str, why: str) -> NoReturn:
+        # Usually a broker redelivery; also a message sent again on purpose under the same id
+        # (see lock_finished_ttl), hence the wording.
         log.warning(
-            "task %s[%s]: dropped a redelivered copy: the execution it repeats finished (%s)",
+            "task %s[%s]: not run: this task id already ran to the end (%s)",
             self.name,
             task_id,
             why,
         )
-        raise Ignore(f"redelivered copy of a finished execution ({why})")
+        raise Ignore(f"task id already ran to the end ({why})")
 
     def _hard_time_limit(self, request: Any, options: LockOptions) -> Optional[float]:
         limits = request.timelimit

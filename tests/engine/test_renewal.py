@@ -13,6 +13,12 @@ from tests.engine.conftest import FakeClock, stored_token
 from tests.support import CountingConnection, wait_until
 
 
+def hand_driven(client: redis.Redis, clock: FakeClock) -> tuple[Renewer, RedisLocker]:
+    """A renewer that ticks only when the test calls ``run_once()``, and a locker using it."""
+    renewer = Renewer(clock=clock, autostart=False)
+    return renewer, RedisLocker(client, prefix="t", renewer=renewer)
+
+
 def test_renewal_keeps_a_one_second_lease_alive_for_five_seconds(
     locker: RedisLocker, redis_client: redis.Redis
 ) -> None:
@@ -31,8 +37,7 @@ def test_renewal_keeps_a_one_second_lease_alive_for_five_seconds(
 def test_renewing_a_thousand_leases_costs_one_round_trip_per_tick(
     counting_client: redis.Redis, clock: FakeClock
 ) -> None:
-    renewer = Renewer(clock=clock, autostart=False)
-    locker = RedisLocker(counting_client, prefix="t", renewer=renewer)
+    renewer, locker = hand_driven(counting_client, clock)
     leases = [locker.try_acquire(f"job-{i}", ttl=3.0) for i in range(1000)]
     assert all(isinstance(lease, Lease) for lease in leases)
     clock.advance(1.0)
@@ -48,8 +53,7 @@ def test_renewing_a_thousand_leases_costs_one_round_trip_per_tick(
 def test_no_round_trip_before_a_lease_is_due(
     counting_client: redis.Redis, clock: FakeClock
 ) -> None:
-    renewer = Renewer(clock=clock, autostart=False)
-    locker = RedisLocker(counting_client, prefix="t", renewer=renewer)
+    renewer, locker = hand_driven(counting_client, clock)
     locker.try_acquire("job", ttl=3.0)
     CountingConnection.reset()
     clock.advance(0.4)  # well before ttl/3
@@ -58,8 +62,7 @@ def test_no_round_trip_before_a_lease_is_due(
 
 
 def test_renewal_replaces_the_ttl(redis_client: redis.Redis, clock: FakeClock) -> None:
-    renewer = Renewer(clock=clock, autostart=False)
-    locker = RedisLocker(redis_client, prefix="t", renewer=renewer)
+    renewer, locker = hand_driven(redis_client, clock)
     lease = locker.try_acquire("job", ttl=2.0)
     assert isinstance(lease, Lease)
     redis_client.pexpire(lease.key, 50_000)  # pretend something stretched it
@@ -71,8 +74,7 @@ def test_renewal_replaces_the_ttl(redis_client: redis.Redis, clock: FakeClock) -
 def test_deleted_key_marks_the_lease_lost_within_one_tick(
     redis_client: redis.Redis, clock: FakeClock
 ) -> None:
-    renewer = Renewer(clock=clock, autostart=False)
-    locker = RedisLocker(redis_client, prefix="t", renewer=renewer)
+    renewer, locker = hand_driven(redis_client, clock)
     lost: list[Lease] = []
     lease = locker.try_acquire("job", ttl=3.0, on_lost=lost.append)
     assert isinstance(lease, Lease)
@@ -87,8 +89,7 @@ def test_deleted_key_marks_the_lease_lost_within_one_tick(
 def test_overwritten_key_marks_the_lease_lost_and_is_left_alone(
     redis_client: redis.Redis, clock: FakeClock
 ) -> None:
-    renewer = Renewer(clock=clock, autostart=False)
-    locker = RedisLocker(redis_client, prefix="t", renewer=renewer)
+    renewer, locker = hand_driven(redis_client, clock)
     lease = locker.try_acquire("job", ttl=3.0)
     assert isinstance(lease, Lease)
     redis_client.set(lease.key, "e" * 32 + "||1|2|other-host|other-task", px=700)
@@ -109,8 +110,7 @@ def test_loss_is_detected_by_the_renewer_thread(
 
 
 def test_a_foreign_token_cannot_renew(redis_client: redis.Redis, clock: FakeClock) -> None:
-    renewer = Renewer(clock=clock, autostart=False)
-    locker = RedisLocker(redis_client, prefix="t", renewer=renewer)
+    _, locker = hand_driven(redis_client, clock)
     lease = locker.try_acquire("job", ttl=3.0, renew=False)
     assert isinstance(lease, Lease)
     impostor = Lease(
@@ -128,8 +128,7 @@ def test_a_foreign_token_cannot_renew(redis_client: redis.Redis, clock: FakeCloc
 
 
 def test_renewal_stops_at_the_maximum_lifetime(redis_client: redis.Redis, clock: FakeClock) -> None:
-    renewer = Renewer(clock=clock, autostart=False)
-    locker = RedisLocker(redis_client, prefix="t", renewer=renewer)
+    renewer, locker = hand_driven(redis_client, clock)
     lease = locker.try_acquire("job", ttl=3.0, max_lifetime=2.5)
     assert isinstance(lease, Lease)
     clock.advance(1.0)
@@ -144,8 +143,7 @@ def test_renewal_stops_at_the_maximum_lifetime(redis_client: redis.Redis, clock:
 
 
 def test_released_lease_is_no_longer_renewed(redis_client: redis.Redis, clock: FakeClock) -> None:
-    renewer = Renewer(clock=clock, autostart=False)
-    locker = RedisLocker(redis_client, prefix="t", renewer=renewer)
+    renewer, locker = hand_driven(redis_client, clock)
     lease = locker.try_acquire("job", ttl=3.0)
     assert isinstance(lease, Lease)
     lease.release()
@@ -155,8 +153,7 @@ def test_released_lease_is_no_longer_renewed(redis_client: redis.Redis, clock: F
 def test_unreachable_server_marks_lost_only_after_the_ttl_has_passed(clock: FakeClock) -> None:
     with RedisServer.running() as server:
         client = server.client(socket_timeout=0.5, socket_connect_timeout=0.5)
-        renewer = Renewer(clock=clock, autostart=False)
-        locker = RedisLocker(client, prefix="t", renewer=renewer)
+        renewer, locker = hand_driven(client, clock)
         lease = locker.try_acquire("job", ttl=3.0)
         assert isinstance(lease, Lease)
         server.stop()
@@ -189,8 +186,7 @@ def test_renewer_thread_survives_an_outage_and_resumes() -> None:
 def test_leases_with_different_ttls_in_one_tick_each_get_their_own(
     counting_client: redis.Redis, clock: FakeClock
 ) -> None:
-    renewer = Renewer(clock=clock, autostart=False)
-    locker = RedisLocker(counting_client, prefix="t", renewer=renewer)
+    renewer, locker = hand_driven(counting_client, clock)
     ttls = [3.0, 3.0, 9.0, 3.0, 6.0, 3.0]
     leases = [locker.try_acquire(f"job-{i}", ttl=ttl) for i, ttl in enumerate(ttls)]
     assert all(isinstance(lease, Lease) for lease in leases)
@@ -209,8 +205,7 @@ def test_leases_with_different_ttls_in_one_tick_each_get_their_own(
 def test_a_foreign_key_in_a_renewal_batch_loses_only_that_lease(
     redis_client: redis.Redis, clock: FakeClock
 ) -> None:
-    renewer = Renewer(clock=clock, autostart=False)
-    locker = RedisLocker(redis_client, prefix="t", renewer=renewer)
+    renewer, locker = hand_driven(redis_client, clock)
     leases = [locker.try_acquire(f"job-{i}", ttl=3.0) for i in range(5)]
     assert all(isinstance(lease, Lease) for lease in leases)
     taken = leases[2]
@@ -241,8 +236,7 @@ def test_a_lease_taken_after_an_idle_tick_does_not_wake_the_renewer(
 ) -> None:
     # A worker takes short locks one after another: between two tasks the renewer often ticks
     # with nothing held. Waking its thread again for each next lock would cost every task.
-    renewer = Renewer(clock=clock, autostart=False)
-    locker = RedisLocker(redis_client, prefix="t", renewer=renewer)
+    renewer, locker = hand_driven(redis_client, clock)
     first = locker.try_acquire("job-1", 30)
     assert isinstance(first, Lease) and renewer.wakeups == 1
     first.release()
@@ -259,8 +253,7 @@ def test_a_lease_taken_after_an_idle_tick_does_not_wake_the_renewer(
 def test_a_lease_due_before_the_planned_tick_still_wakes_the_renewer(
     redis_client: redis.Redis, clock: FakeClock
 ) -> None:
-    renewer = Renewer(clock=clock, autostart=False)
-    locker = RedisLocker(redis_client, prefix="t", renewer=renewer)
+    renewer, locker = hand_driven(redis_client, clock)
     locker.try_acquire("slow", 30).release()  # type: ignore[union-attr]
     renewer.run_once()  # idle: the next look is 10 s away
     assert isinstance(locker.try_acquire("fast", 0.3), Lease)  # due in 0.1 s

@@ -120,8 +120,10 @@ class Renewer:
             batch_locker: object = None
             for lease in leases:
                 if lease.deadline is not None and now >= lease.deadline:
-                    log.info("renewal of %s stopped: its maximum lifetime has passed", lease.key)
+                    # Its key expires now (renewal capped its TTL at the deadline): a body
+                    # still running must learn that it no longer holds the lock.
                     self.discard(lease)
+                    lease.mark_lost("its maximum lifetime has passed; renewal stopped")
                     continue
                 due = lease.renew_due
                 if due > horizon:

@@ -139,7 +139,6 @@ def test_renewal_stops_at_the_maximum_lifetime(redis_client: redis.Redis, clock:
     clock.advance(1.0)
     renewer.run_once()
     assert renewer.leases() == []
-    assert not lease.lost.is_set()
 
 
 def test_released_lease_is_no_longer_renewed(redis_client: redis.Redis, clock: FakeClock) -> None:
@@ -258,3 +257,17 @@ def test_a_lease_due_before_the_planned_tick_still_wakes_the_renewer(
     renewer.run_once()  # idle: the next look is 10 s away
     assert isinstance(locker.try_acquire("fast", 0.3), Lease)  # due in 0.1 s
     assert renewer.wakeups == 2
+
+
+def test_a_lease_past_its_maximum_lifetime_is_marked_lost(
+    redis_client: redis.Redis, clock: FakeClock
+) -> None:
+    renewer, locker = hand_driven(redis_client, clock)
+    lost: list[Lease] = []
+    lease = locker.try_acquire("job", ttl=3.0, max_lifetime=2.0, on_lost=lost.append)
+    assert isinstance(lease, Lease)
+    clock.advance(2.5)
+    renewer.run_once()
+    assert lost == [lease]
+    assert lease.lost.is_set()
+    assert not lease.held

@@ -375,9 +375,10 @@ class RedisLocker:
             if not reply:
                 log_release.warning("released %s but it was no longer ours", lease.key)
             return bool(reply)
-        # A compare-and-delete is safe to send again. After NOSCRIPT (the script was not run)
-        # the answer is exact; after a broken connection the first one may have run, and
-        # "no longer ours" would then be our own release: reported as unknown.
+        # A compare-and-delete is safe to send again, and its answer is Redis's own: the lock
+        # is no longer held under our token. After a broken connection the first send may
+        # have run (then "not ours" is our own release), or never reached the server (a
+        # restart that lost the key): either way nobody holds it as us, so the answer stands.
         try:
             owned = self.send_release(lease, report=False, remember_for=remember_for)
         except LockError as exc:
@@ -385,10 +386,14 @@ class RedisLocker:
                 "could not release %s (%s); it frees itself within its TTL", lease.key, exc
             )
             return None
-        if owned or isinstance(reply, NoScriptError):
-            return owned
-        log_release.info("release of %s: connection lost before its reply (%s)", lease.key, reply)
-        return None
+        if not owned and not isinstance(reply, NoScriptError):
+            log_release.info(
+                "release of %s: the connection broke before its reply (%s); the lock is no "
+                "longer held under this owner's token",
+                lease.key,
+                reply,
+            )
+        return owned
 
     def _claim_release(self, lease: Lease) -> bool:
         if lease.pid != os.getpid():  # inherited from the parent: never touched here

@@ -163,3 +163,17 @@ def test_a_release_sent_without_waiting_can_remember_its_owner(redis_client: red
     assert settler.flush(5)
     record = locker.finished("job", "t-9")
     assert record is not None and record.task_id == "t-9"
+
+
+def test_a_deferred_release_after_the_server_lost_its_keys_reports_not_ours(
+    redis_server: RedisServer,
+) -> None:
+    client = redis_server.client(socket_timeout=5, socket_connect_timeout=2)
+    locker = RedisLocker(client, prefix="t", renewer=Renewer(autostart=False))
+    lease = locker.try_acquire("job", 30, renew=False)
+    assert isinstance(lease, Lease)
+    redis_server.restart()  # keeps nothing: the lock is gone, the kept connection is dead
+    outcomes: list[Optional[bool]] = []
+    locker.release_soon(lease, outcomes.append)
+    wait_until(lambda: outcomes, timeout=5)
+    assert outcomes == [False]  # Redis answered: not ours. Not "could not release" (None)

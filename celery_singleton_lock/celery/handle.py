@@ -18,7 +18,7 @@ class LockHandle:
         locked: False when the task runs without a lock (``lock_on_backend_error="run"``).
     """
 
-    __slots__ = ("_lease", "body_entered", "key", "locked", "reentrant")
+    __slots__ = ("_lease", "key", "locked", "reentrant")
 
     def __init__(
         self,
@@ -32,8 +32,6 @@ class LockHandle:
         self._lease = lease
         self.reentrant = reentrant
         self.locked = locked
-        #: set when the traced body starts: only that call releases the lock
-        self.body_entered = False
 
     @property
     def lease(self) -> Optional[Lease]:

@@ -2,28 +2,31 @@
 
 from __future__ import annotations
 
-import functools
 import inspect
 import logging
 import os
 import socket
-import threading
 from typing import Any, Callable, NoReturn, Optional, Sequence
 
 from celery import Task, states
 from celery.app.task import Context
-from celery.exceptions import Ignore, Reject, Retry
+from celery.exceptions import Ignore
 
 from ..engine import Lease, LockHolder, Owner, RedisLocker
-from ..errors import AlreadyFinished, DuplicateTaskError, LockBackendUnavailable
+from ..errors import (
+    AlreadyFinished,
+    DuplicateTaskError,
+    LockBackendUnavailable,
+    LockConfigurationError,
+)
 from . import policies
 from .connection import locker_for
 from .handle import LockHandle
 from .options import TASK_OPTIONS, UNSET, LockOptions, resolve
-from .signals import lock_acquired, lock_lost, lock_released
+from .scope import LockScope, closes_scope_on_error, open_scope, releases_after_body
+from .signals import lock_acquired, lock_lost
 
 log = logging.getLogger("celery_singleton_lock.acquire")
-log_release = logging.getLogger("celery_singleton_lock.release")
 
 _HOSTNAME = socket.gethostname()
 
@@ -34,47 +37,6 @@ _HOSTNAME = socket.gethostname()
 if not hasattr(Context, "lock"):
     Context.lock = None
 _ATTRIBUTES = (*TASK_OPTIONS, "lock_on", "lock_key")
-
-
-class _HeldHere(threading.local):
-    """Locks held by runs in this thread, by lock name: what makes nested runs reentrant."""
-
-    def __init__(self) -> None:
-        self.by_name: dict[str, LockHandle] = {}
-
-
-_held_here = _HeldHere()
-
-
-def _releasing_lock(call: Callable[..., Any]) -> Callable[..., Any]:
-    """Wrap a task's ``__call__`` so that the lock taken in ``before_start`` is released as
-    the body ends, however it ends."""
-
-    @functools.wraps(call)
-    def __call__(self: LockedTask, *args: Any, **kwargs: Any) -> Any:
-        request = self.request_stack.top
-        handle: Optional[LockHandle] = getattr(request, "lock", None)
-        owns = handle is not None and handle.lease is not None and not handle.body_entered
-        if owns:
-            handle.body_entered = True  # type: ignore[union-attr]  # nested calls leave it
-        finished = False
-        try:
-            result = call(self, *args, **kwargs)
-            finished = True
-            return result
-        except (Retry, Ignore, Reject):
-            raise  # not a finished execution: a retry, or a message meant to come back
-        except Exception:
-            finished = True  # a failure is an outcome too
-            raise
-        finally:
-            if owns:
-                # Without waiting for the reply, unless successors (callbacks, chain steps)
-                # or an eager caller come next: they must find the lock free.
-                self.release_lock(request, wait=self._successors_follow(request), finished=finished)
-
-    __call__.releases_lock = True  # type: ignore[attr-defined]
-    return __call__
 
 
 class LockedTask(Task):  # type: ignore[misc]
@@ -161,35 +123,46 @@ class LockedTask(Task):  # type: ignore[misc]
             cls.throws = (*tuple(cls.throws), DuplicateTaskError)
         if cls.track_started:  # resolved from the settings by bind(); see lock_track_started
             cls.lock_track_started, cls.track_started = True, False
-        cls.resolve_lock_options(app)
+        if cls.name:
+            cls._lock_options = cls._resolve_options(app, cls.name)
+            return
+        # ``app.register_task(Task())`` names the instance, not its class, before binding
+        for task in list(app._tasks.values()):
+            if type(task) is cls and task.name:
+                task.resolve_lock_options()
 
     @classmethod
-    def resolve_lock_options(cls, app: Any) -> Optional[LockOptions]:
-        """Validate and cache this task's lock options (at registration and worker start).
+    def _resolve_options(cls, app: Any, name: str) -> LockOptions:
+        run = inspect.getattr_static(cls, "run")
+        func = run.__func__ if isinstance(run, staticmethod) else run
+        return resolve(
+            task_name=name,
+            func=func,
+            skip_first=not isinstance(run, staticmethod),
+            attributes={attribute: getattr(cls, attribute) for attribute in _ATTRIBUTES},
+            conf=app.conf,
+            time_limit=cls.time_limit,
+        )
+
+    def resolve_lock_options(self) -> LockOptions:
+        """Validate this task's lock options under its registered name, and keep them (at
+        registration, and again at worker start for settings changed since).
 
         Raises:
             LockConfigurationError: naming the task and the bad option.
         """
-        if not cls.name:
-            return None
-        run = inspect.getattr_static(cls, "run")
-        func = run.__func__ if isinstance(run, staticmethod) else run
-        cls._lock_options = resolve(
-            task_name=cls.name,
-            func=func,
-            skip_first=not isinstance(run, staticmethod),
-            attributes={name: getattr(cls, name) for name in _ATTRIBUTES},
-            conf=app.conf,
-            time_limit=cls.time_limit,
-        )
-        return cls._lock_options
+        if not self.name:
+            raise LockConfigurationError(
+                f"task class {type(self).__qualname__} has no name: register it with "
+                "app.register_task() or @app.task, or give it a name attribute"
+            )
+        self._lock_options = options = type(self)._resolve_options(self.app, self.name)
+        return options
 
     @property
     def lock_options(self) -> LockOptions:
         """This task's resolved lock options."""
-        options = type(self)._lock_options or type(self).resolve_lock_options(self.app)
-        assert options is not None
-        return options
+        return self._lock_options or self.resolve_lock_options()
 
     @property
     def lock_locker(self) -> RedisLocker:
@@ -198,15 +171,35 @@ class LockedTask(Task):  # type: ignore[misc]
 
     # -- acquire: the hot path ---------------------------------------------------------------
 
+    @closes_scope_on_error
     def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
         options = self.lock_options
         request = self.request
         name = options.keyer.name(args, kwargs)
-        outer = _held_here.by_name.get(name)
+        outer = open_scope(name)
         if outer is not None:
             request.lock = outer.nested()
             return
+        acquired = self._acquire(task_id, name, options, request)
+        if acquired is None:
+            return  # running without the lock (lock_on_backend_error="run")
+        lease, is_copy = acquired
+        # From here the scope owns the lock: whatever raises below closes it.
+        request.lock = held = LockScope(self, task_id, name, lease)
+        if policies.already_ran(self, request, is_copy):
+            held.close()
+            self._drop_copy(task_id, "its outcome is stored")
+        if self.lock_track_started:
+            self._store_started(task_id, request)
+        if lock_acquired.receivers:
+            lock_acquired.send(sender=self, task_id=task_id, key=lease.key, fence=lease.fence)
 
+    def _acquire(
+        self, task_id: str, name: str, options: LockOptions, request: Any
+    ) -> Optional[tuple[Lease, bool]]:
+        """Take the lock, applying the duplicate policy if it is held: the lease and whether
+        this message is a copy of an earlier delivery; None to run without the lock. Ends the
+        execution (``Ignore``, retry, or an error) when the body must not run."""
         # A redelivered message of an acks_late task may repeat an execution that already
         # ran to the end: the acquire itself looks for that execution's finish record.
         unless_finished = bool(self.acks_late and task_id and options.finished_ttl)
@@ -228,7 +221,7 @@ class LockedTask(Task):  # type: ignore[misc]
             except LockBackendUnavailable as exc:
                 outcome = self._on_backend_unavailable(exc, name, options, request)
                 if outcome is None:
-                    return
+                    return None
             is_copy = policies.is_marked_copy(request)
             if not isinstance(outcome, Lease):
                 duplicate = policies.Duplicate(self, request, options, name, outcome)
@@ -236,16 +229,7 @@ class LockedTask(Task):  # type: ignore[misc]
                 outcome = policies.handle(duplicate, acquire)
         except AlreadyFinished:
             self._drop_copy(task_id, "its finish is recorded under the lock")
-        if policies.already_ran(self, request, is_copy):
-            outcome.release()
-            self._drop_copy(task_id, "its outcome is stored")
-        handle = LockHandle(outcome.key, outcome)
-        request.lock = handle
-        _held_here.by_name[name] = handle
-        if self.lock_track_started:
-            self._store_started(task_id, request)
-        if lock_acquired.receivers:
-            lock_acquired.send(sender=self, task_id=task_id, key=outcome.key, fence=outcome.fence)
+        return outcome, is_copy
 
     def _store_started(self, task_id: str, request: Any) -> None:
         """STARTED, as Celery's tracer stores it with ``track_started`` (see
@@ -319,63 +303,17 @@ class LockedTask(Task):  # type: ignore[misc]
     ) -> None:
         """Release the lock of ``request`` (default: the current one) if this run owns it.
 
-        Called after the body on every exit path; safe to call more than once. With
-        ``wait=False`` the release is sent without waiting for its reply (Redis frees the lock
-        as it arrives; the outcome is logged and signalled once the reply is read); renewal
-        stops at once either way. ``finished``: the body ran to an outcome; for an
-        ``acks_late`` task the release then records its task id for ``lock_finished_ttl``,
-        so that a redelivered copy of it takes nothing (see ``before_start``).
+        Called after the body on every exit path; safe to call more than once; never raises
+        (a release problem is logged and signalled). With ``wait=False`` the release is sent
+        without waiting for its reply (Redis frees the lock as it arrives; the outcome is
+        logged and signalled once the reply is read); renewal stops at once either way.
+        ``finished``: the body ran to an outcome; for an ``acks_late`` task the release then
+        records its task id for ``lock_finished_ttl``, so that a redelivered copy of it takes
+        nothing (see ``before_start``).
         """
-        request = self.request if request is None else request
-        handle: Optional[LockHandle] = getattr(request, "lock", None)
-        if handle is None or handle.lease is None or handle.lease.released:
-            return
-        lease = handle.lease
-        for name, held in list(_held_here.by_name.items()):
-            if held is handle:
-                del _held_here.by_name[name]
-        task_id = request.id
-
-        def released(owned: Optional[bool]) -> None:
-            if owned is None:
-                log_release.error(
-                    "task %s[%s]: could not release %s; it frees itself within %.1fs",
-                    self.name,
-                    task_id,
-                    lease.key,
-                    lease.ttl,
-                )
-                return
-            if not owned:
-                log_release.warning(
-                    "task %s[%s]: lock %s had expired or been taken over before its release",
-                    self.name,
-                    task_id,
-                    lease.key,
-                )
-            if lock_released.receivers:
-                lock_released.send(sender=self, task_id=task_id, key=lease.key, owned=owned)
-
-        remember_for = self.lock_options.finished_ttl if finished and self.acks_late else None
-        if not wait:
-            lease.locker.release_soon(lease, released, remember_for=remember_for)
-            return
-        try:
-            owned: Optional[bool] = lease.release(remember_for=remember_for)
-        except LockBackendUnavailable:
-            owned = None
-        released(owned)
-
-    @staticmethod
-    def _successors_follow(request: Any) -> bool:
-        """The request has successors Celery publishes after the body: release before them."""
-        return bool(
-            request.is_eager
-            or request.callbacks
-            or request.chain
-            or request.chord
-            or request.errbacks
-        )
+        held = getattr(self.request if request is None else request, "lock", None)
+        if isinstance(held, LockScope):
+            held.close(finished=finished, wait=wait)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return super().__call__(*args, **kwargs)
@@ -383,14 +321,18 @@ class LockedTask(Task):  # type: ignore[misc]
     # The worker calls __call__ (not ``run``) because it is overridden. Releasing as the body
     # ends stops renewal at once and frees the lock before Celery publishes callbacks and chain
     # steps (a same-key chain step cannot collide with it), on every exit path of the body.
-    __call__ = _releasing_lock(__call__)
+    __call__ = releases_after_body(__call__)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        # A subclass's own __call__ releases too, whether or not it calls super(); a
+        # subclass's own before_start that raises after super().before_start releases too.
         own_call = cls.__dict__.get("__call__")
         if own_call is not None and not getattr(own_call, "releases_lock", False):
-            # A subclass's own __call__ releases too, whether or not it calls super().
-            cls.__call__ = _releasing_lock(own_call)  # type: ignore[method-assign]
+            cls.__call__ = releases_after_body(own_call)  # type: ignore[method-assign]
+        own_before_start = cls.__dict__.get("before_start")
+        if own_before_start is not None and not getattr(own_before_start, "closes_scope", False):
+            cls.before_start = closes_scope_on_error(own_before_start)  # type: ignore[method-assign]
 
     def retry(self, *args: Any, throw: bool = True, **kwargs: Any) -> Any:
         """Celery's ``retry``; releases the lock first so the new attempt cannot collide with it."""

@@ -149,7 +149,7 @@ def _check_configuration_at_start(sender: Any = None, **_: Any) -> None:
         )
     choose_url(app.conf)  # raises on a lock URL that is not Redis
     for task in _locked_tasks(app):
-        type(task).resolve_lock_options(app)
+        task.resolve_lock_options()
 
 
 def _locked_tasks(app: Any) -> list[LockedTask]:

@@ -21,6 +21,20 @@ from celery_singleton_lock import LockedTask, LockLostError
 app = Celery("lockapp")
 
 
+class SyncAccount(LockedTask):
+    """A class-based task registered without a name (``app.register_task``)."""
+
+    lock_on = ("account",)
+
+    def run(self, account: str) -> dict[str, Any]:
+        handle = self.request.lock
+        return {"held": handle.held, "key_held": bool(store().exists(handle.key))}
+
+
+#: Registered by :func:`configure` (``register_task`` finalizes the app: settings first).
+sync_account: Any = None
+
+
 def configure(
     *,
     broker_url: str,
@@ -53,6 +67,8 @@ def configure(
         },
         **extra,
     )
+    global sync_account
+    sync_account = app.register_task(SyncAccount())
 
 
 if os.environ.get("CSL_BROKER_URL"):
@@ -226,6 +242,44 @@ def reports_its_state(self: LockedTask, key: str) -> str:
 @app.task(base=LockedTask)
 def takes_anything(value: Any) -> None:
     return None
+
+
+# -- one lock scope: every path after the acquire ends in a release --------------------------
+
+
+class FailsAfterItsLock(LockedTask):
+    """``before_start`` fails after the lock is taken whenever ``setup-fails:<key>`` exists
+    (as a subclass's own set-up, or a result backend storing STARTED, can fail)."""
+
+    def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
+        super().before_start(task_id, args, kwargs)
+        if store().exists(f"setup-fails:{args[0]}"):
+            raise RuntimeError("set-up failed after the lock was taken")
+
+
+@app.task(bind=True, base=FailsAfterItsLock, lock_on=("key",))
+def fails_after_its_lock(self: LockedTask, key: str) -> dict[str, Any]:
+    handle = self.request.lock
+    return {"reentrant": handle.reentrant, "key_held": bool(store().exists(handle.key))}
+
+
+@app.task(bind=True, base=LockedTask, lock_on=("key",))
+def corrupts_its_lock(self: LockedTask, key: str) -> str:
+    """Replaces its own lock key with a hash: the release then finds no lock of ours there."""
+    lock = self.request.lock.key
+    store().delete(lock)
+    store().hset(lock, "foreign", "data")
+    return "body done"
+
+
+@app.task(bind=True, base=LockedTask, lock_on=("key",), time_limit=1, lock_ttl=0.6)
+def outlives_its_time_limit(self: LockedTask, key: str) -> dict[str, Any]:
+    """Runs past its hard time limit on a pool that does not enforce it (threads)."""
+    handle = self.request.lock
+    deadline = time.monotonic() + 4
+    while not handle.lost and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return {"lost": handle.lost, "key_exists": bool(store().exists(handle.key))}
 
 
 class CallsRunItself(LockedTask):

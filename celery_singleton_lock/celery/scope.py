@@ -1,0 +1,195 @@
+"""The one lock scope of an execution: from the acquire in ``before_start`` to the release.
+
+After a successful acquire, a :class:`LockScope` owns the lock until it is closed, and every
+path closes it: the body's outcome (``LockedTask.__call__``), ``self.retry()``, and any
+exception raised after the acquire, by ``before_start`` itself or by a subclass's
+``before_start`` around it. Closing stops renewal, releases the lock (waiting for the reply or
+not), and takes the scope out of its thread's registry. It never raises: a release problem is
+logged and signalled, and the body's outcome stands.
+
+The registry of a thread maps lock names to the scopes open in it. A run that finds its own
+lock name there is nested inside a run of the same thread (e.g. ``.apply()`` from a body) and
+shares that run's lock (:meth:`LockHandle.nested`): it owns nothing and releases nothing.
+
+The scope is also the body's view of its lock: ``self.request.lock`` is the scope itself.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
+
+from celery.exceptions import Ignore, Reject, Retry
+from redis.exceptions import RedisError
+
+from ..engine import Lease
+from ..errors import LockBackendUnavailable, LockError
+from .handle import LockHandle
+from .signals import lock_released
+
+if TYPE_CHECKING:
+    from .task import LockedTask
+
+log = logging.getLogger("celery_singleton_lock.release")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _OpenScopes(threading.local):
+    def __init__(self) -> None:
+        self.by_name: dict[str, LockScope] = {}
+
+
+_open = _OpenScopes()
+
+
+def open_scope(name: str) -> Optional[LockScope]:
+    """The scope open in this thread for lock ``name``, if any."""
+    return _open.by_name.get(name)
+
+
+class LockScope(LockHandle):
+    """One execution's hold on its lock; see the module docstring.
+
+    Opening it registers it in the current thread; :meth:`close` ends it, once.
+    """
+
+    __slots__ = ("_body_started", "_closed", "name", "task", "task_id")
+
+    def __init__(self, task: LockedTask, task_id: str, name: str, lease: Lease) -> None:
+        super().__init__(lease.key, lease)
+        self.task = task
+        self.task_id = task_id
+        self.name = name
+        self._body_started = False
+        self._closed = False
+        _open.by_name[name] = self
+
+    @property
+    def lease(self) -> Lease:
+        """The engine lease this execution owns."""
+        lease = self._lease
+        assert lease is not None  # a scope is only ever opened with its lease
+        return lease
+
+    def start_body(self) -> bool:
+        """True for the first call only: the call that runs the body, and closes the scope
+        after it (a subclass ``__call__`` calling ``super().__call__`` nests a second one)."""
+        first = not self._body_started
+        self._body_started = True
+        return first
+
+    def close(self, *, finished: bool = False, wait: bool = True) -> None:
+        """Stop renewal and release the lock; later calls do nothing. Never raises.
+
+        Args:
+            finished: the body ran to an outcome. For an ``acks_late`` task the release then
+                records the task id for ``lock_finished_ttl`` (see ``LockedTask``).
+            wait: wait for Redis's reply. Otherwise the release is sent without waiting, and
+                its outcome is logged and signalled once the reply is read.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        if _open.by_name.get(self.name) is self:
+            del _open.by_name[self.name]
+        task = self.task
+        remember_for = task.lock_options.finished_ttl if finished and task.acks_late else None
+        lease = self.lease
+        try:
+            if not wait:
+                lease.locker.release_soon(lease, self._released, remember_for=remember_for)
+                return
+            owned: Optional[bool] = lease.release(remember_for=remember_for)
+        except LockBackendUnavailable:
+            owned = None
+        except (LockError, RedisError) as exc:
+            log.error(
+                "task %s[%s]: could not release %s (%s); it frees itself within %.1fs",
+                task.name,
+                self.task_id,
+                self.key,
+                exc,
+                lease.ttl,
+            )
+            return
+        self._released(owned)
+
+    def _released(self, owned: Optional[bool]) -> None:
+        """Log and signal the outcome of the release (``None``: it could not be sent)."""
+        task, lease = self.task, self.lease
+        if owned is None:
+            log.error(
+                "task %s[%s]: could not release %s; it frees itself within %.1fs",
+                task.name,
+                self.task_id,
+                self.key,
+                lease.ttl,
+            )
+            return
+        if not owned:
+            log.warning(
+                "task %s[%s]: lock %s had expired or been taken over before its release",
+                task.name,
+                self.task_id,
+                self.key,
+            )
+        if lock_released.receivers:
+            lock_released.send(sender=task, task_id=self.task_id, key=self.key, owned=owned)
+
+
+def closes_scope_on_error(before_start: F) -> F:
+    """Wrap a ``before_start`` so that an exception raised after the lock was taken (by the
+    rest of it, or by a subclass's code around ``super().before_start``) closes the scope."""
+
+    @functools.wraps(before_start)
+    def wrapper(self: LockedTask, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return before_start(self, *args, **kwargs)
+        except BaseException:
+            held = getattr(self.request, "lock", None)
+            if isinstance(held, LockScope):
+                held.close()
+            raise
+
+    wrapper.closes_scope = True  # type: ignore[attr-defined]
+    return wrapper  # type: ignore[return-value]
+
+
+def successors_follow(request: Any) -> bool:
+    """Celery publishes successors after the body (callbacks, chain steps, a chord, errbacks),
+    or the caller is eager: they must find the lock free."""
+    return bool(
+        request.is_eager or request.callbacks or request.chain or request.chord or request.errbacks
+    )
+
+
+def releases_after_body(call: F) -> F:
+    """Wrap a task's ``__call__`` so that the scope opened in ``before_start`` is closed as the
+    body ends, however it ends."""
+
+    @functools.wraps(call)
+    def __call__(self: LockedTask, *args: Any, **kwargs: Any) -> Any:
+        request = self.request_stack.top
+        held = getattr(request, "lock", None)
+        owns = isinstance(held, LockScope) and held.start_body()
+        finished = False
+        try:
+            result = call(self, *args, **kwargs)
+            finished = True
+            return result
+        except (Retry, Ignore, Reject):
+            raise  # a retry, or a message meant to come back
+        except Exception:
+            finished = True  # a failure is an outcome too
+            raise
+        finally:
+            if owns:
+                # Successors (callbacks, chain steps) and eager callers must find the lock
+                # free: wait for the release then; otherwise send it without waiting.
+                held.close(finished=finished, wait=successors_follow(request))  # type: ignore[union-attr]
+
+    __call__.releases_lock = True  # type: ignore[attr-defined]
+    return __call__  # type: ignore[return-value]

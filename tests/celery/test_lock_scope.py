@@ -1,0 +1,112 @@
+"""One lock scope: after a successful acquire, every path ends in one release, and the body's
+outcome is never replaced by a release problem."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_singleton_lock import LockConfigurationError, LockedTask
+from celery_singleton_lock.celery import lock_lost
+from celery_singleton_lock.engine import RedisLocker
+from tests.celery import lockapp
+from tests.celery.conftest import assert_released, lock_key_of
+
+
+def test_a_failure_in_before_start_after_the_acquire_releases_the_lock(
+    celery_app: Any, locker: RedisLocker, store: redis.Redis, unique_key: str
+) -> None:
+    store.set(f"setup-fails:{unique_key}", 1)
+    result = lockapp.fails_after_its_lock.apply(args=(unique_key,))
+    assert result.state == "FAILURE"
+    assert not store.exists(lock_key_of(lockapp.fails_after_its_lock, unique_key))
+
+
+def test_a_failure_in_before_start_after_the_acquire_stops_renewal(
+    celery_app: Any, locker: RedisLocker, store: redis.Redis, unique_key: str
+) -> None:
+    store.set(f"setup-fails:{unique_key}", 1)
+    lockapp.fails_after_its_lock.apply(args=(unique_key,))
+    key = lock_key_of(lockapp.fails_after_its_lock, unique_key)
+    assert key not in {lease.key for lease in locker.renewer.leases()}
+
+
+def test_after_a_failed_before_start_the_next_run_on_that_thread_takes_a_lock_of_its_own(
+    celery_app: Any, store: redis.Redis, unique_key: str
+) -> None:
+    store.set(f"setup-fails:{unique_key}", 1)
+    lockapp.fails_after_its_lock.apply(args=(unique_key,))
+    store.delete(f"setup-fails:{unique_key}")
+    outcome = lockapp.fails_after_its_lock.apply(args=(unique_key,)).get()
+    assert outcome == {"reentrant": False, "key_held": True}
+
+
+def test_a_release_error_does_not_replace_the_outcome_of_a_body_that_returned(
+    celery_app: Any, store: redis.Redis, unique_key: str
+) -> None:
+    result = lockapp.corrupts_its_lock.apply(args=(unique_key,))
+    assert result.state == "SUCCESS"
+    assert result.get() == "body done"
+
+
+def test_a_release_error_is_logged_naming_the_task(
+    celery_app: Any, store: redis.Redis, unique_key: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="celery_singleton_lock.release"):
+        lockapp.corrupts_its_lock.apply(args=(unique_key,))
+    messages = [r.getMessage() for r in caplog.records if r.name == "celery_singleton_lock.release"]
+    assert any(lockapp.corrupts_its_lock.name in message for message in messages), messages
+
+
+def test_a_lease_that_outlives_the_hard_time_limit_on_the_threads_pool_is_reported_lost(
+    worker: Any, unique_key: str
+) -> None:
+    assert lockapp.outlives_its_time_limit.delay(unique_key).get(timeout=15) == {
+        "lost": True,
+        "key_exists": False,
+    }
+
+
+def test_a_lease_that_outlives_the_hard_time_limit_sends_lock_lost(
+    worker: Any, unique_key: str
+) -> None:
+    seen: list[str] = []
+
+    def receiver(task_id: str = "", **_: Any) -> None:
+        seen.append(task_id)
+
+    lock_lost.connect(receiver, weak=False)
+    try:
+        result = lockapp.outlives_its_time_limit.delay(unique_key)
+        result.get(timeout=15)
+    finally:
+        lock_lost.disconnect(receiver)
+    assert seen == [result.id]
+
+
+def test_a_class_based_task_registered_without_a_name_runs_under_its_lock(
+    worker: Any, store: redis.Redis, unique_key: str
+) -> None:
+    assert lockapp.sync_account.name == "tests.celery.lockapp.SyncAccount"
+    assert lockapp.sync_account.delay(unique_key).get(timeout=10) == {
+        "held": True,
+        "key_held": True,
+    }
+    assert_released(store, lock_key_of(lockapp.sync_account, unique_key))
+
+
+def test_a_class_based_task_registered_without_a_name_is_validated_at_registration() -> None:
+    app = Celery("scope-registration", set_as_current=False)
+
+    class BadTtl(LockedTask):
+        lock_ttl = -1
+
+        def run(self, account: str) -> None:
+            return None
+
+    with pytest.raises(LockConfigurationError, match=r"BadTtl.*lock_ttl"):
+        app.register_task(BadTtl())

@@ -379,12 +379,20 @@ class _OneLineGroup(click.Group):
             return super().invoke(ctx)
 
 
+_NO_ARGS_IS_HELP: tuple[type[BaseException], ...] = tuple(
+    getattr(click.exceptions, name)
+    for name in ("NoArgsIsHelpError",)
+    if hasattr(click.exceptions, name)
+)
+
+
 @contextlib.contextmanager
 def _usage_in_one_line() -> Iterator[None]:
     try:
         yield
     except click.UsageError as exc:
-        if exc.ctx is None:
+        # no arguments at all: click (8.2+) shows the help, through a UsageError
+        if exc.ctx is None or isinstance(exc, _NO_ARGS_IS_HELP):
             raise
         raise click.UsageError(
             f"{exc.format_message()} (see {exc.ctx.command_path} --help)"

@@ -1,40 +1,322 @@
-"""``celery-singleton-lock``: inspect the locks held now (read-only).
+"""The ``celery-singleton-lock`` command: inspect the locks held now (read-only).
 
-The lock server is taken from ``--url``, else from the Celery app given with ``-A`` (the same
-choice a worker makes), else ``$SINGLETON_LOCK_URL``, else ``redis://localhost:6379/0``.
+The lock server is ``--url``, else the one the Celery app given with ``-A`` uses (the choice a
+worker makes), else ``$SINGLETON_LOCK_URL``, else ``redis://localhost:6379/0``.
+
+The work is done by plain functions taking a :class:`Target` (a locker and the server it talks
+to) so that other front ends (a ``celery`` sub-command) can reuse them; the click commands only
+parse, call and print. Every bad input is one ``Error: ...`` line on stderr. Exit status: 0 an
+answer, 1 the lock asked for by ``show`` is free, 2 an error.
 """
 
 from __future__ import annotations
 
+import contextlib
+import difflib
+import json
 import os
-import sys
 import time
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Optional, TypeVar
+from urllib.parse import parse_qs, urlsplit
 
 import click
+import redis
 
-from ..engine import LockHolder, RedisLocker, Renewer
-from ..errors import LockError
-from .connection import DEFAULT_URL, choose_url, make_client
+from ..engine import LockHolder, LockKeys, RedisLocker, Renewer
+from ..engine.keys import validate_prefix
+from ..errors import LockBackendUnavailable, LockConfigurationError, LockError
+from .connection import DEFAULT_URL, REDIS_SCHEMES, choose_url, make_client, redact
 from .options import lock_prefix
 
+T = TypeVar("T")
 
-def _locker(url: Optional[str], app_path: Optional[str], prefix: Optional[str]) -> RedisLocker:
-    options: Any = None
-    if app_path:
-        from celery.utils.imports import instantiate, symbol_by_name
+#: ``list`` looks for locks under other prefixes with at most this many SCAN calls...
+OTHER_PREFIX_SCANS = 100
+#: ... of this COUNT each (so it looks at no more than about 100,000 keys).
+OTHER_PREFIX_SCAN_COUNT = 1000
+#: ... and names at most this many of the prefixes it finds.
+OTHER_PREFIXES_SHOWN = 10
 
-        app = symbol_by_name(app_path)
-        app = instantiate(app) if isinstance(app, type) else getattr(app, "app", app)
-        url = url or choose_url(app.conf)[0]
-        prefix = prefix or lock_prefix(app.conf)
+EXIT_FREE = 1
+EXIT_ERROR = 2
+
+
+class CliError(click.ClickException):
+    """One ``Error: ...`` line on stderr, exit status 2."""
+
+    exit_code = EXIT_ERROR
+
+    def __init__(self, message: str) -> None:
+        # a message from Redis or from a user's module may span lines: keep it to one
+        super().__init__(" ".join(str(message).split()))
+
+
+# -- choosing the server ---------------------------------------------------------------------
+
+
+def _redacted(url: str) -> str:
+    """``url`` with its password hidden, even when it does not parse."""
+    try:
+        return redact(url)
+    except ValueError:
+        scheme, sep, rest = url.rpartition("://")
+        return f"{scheme}{sep}***@{rest.rsplit('@', 1)[1]}" if "@" in rest else url
+
+
+def check_url(url: str) -> str:
+    """``url`` if redis-py would connect where it says, else ``LockConfigurationError``.
+
+    redis-py rejects a non-Redis scheme only with a traceback-worthy ``ValueError`` and
+    silently ignores a database path that is not a number (querying db 0 instead).
+    """
+    shown = _redacted(url)
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # raises ValueError when it is not a number
+    except ValueError as exc:
+        raise LockConfigurationError(f"lock server URL {shown!r} is invalid: {exc}") from None
+    if parts.scheme not in REDIS_SCHEMES:
+        raise LockConfigurationError(
+            f"lock server URL {shown!r} is not a Redis URL; use redis://host:port/db, "
+            "rediss://host:port/db (TLS) or unix:///path/to/socket"
+        )
+    if parts.scheme == "unix" and not parts.path:
+        raise LockConfigurationError(f"lock server URL {shown!r} names no socket path")
+    databases = parse_qs(parts.query).get("db", [])
+    if parts.scheme != "unix" and parts.path.strip("/"):
+        databases.append(parts.path.strip("/"))
+    for db in databases:
+        if not db.isdigit():
+            raise LockConfigurationError(
+                f"lock server URL {shown!r}: database {db!r} is not a number"
+            )
+    return url
+
+
+def load_app(app_path: str) -> Any:
+    """The Celery app ``app_path`` names, found as ``celery -A`` finds it (the current
+    directory on ``sys.path``), with its configuration loaded.
+
+    Raises:
+        LockConfigurationError: one line saying why it could not be loaded.
+    """
+    from celery import Celery
+    from celery.app.utils import find_app
+    from celery.utils.imports import import_from_cwd
+
+    module_name, _, attribute = app_path.partition(":")
+    try:
+        # find_app would retry "module:attr" as a module name, and report that one missing
+        app = getattr(import_from_cwd(module_name), attribute) if attribute else find_app(app_path)
+        if isinstance(app, Celery):
+            app.conf.get("singleton_lock_prefix")  # a lazy config_from_object loads here
+    except LockError as exc:  # a task's lock options, validated as the module defines it
+        raise LockConfigurationError(f"cannot load app -A {app_path}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - the user's module may raise anything on import
+        raise LockConfigurationError(
+            f"cannot load app -A {app_path}: {type(exc).__name__}: {exc}"
+        ) from None
+    if not isinstance(app, Celery):
+        raise LockConfigurationError(
+            f"-A {app_path} is not a Celery app (it is {type(app).__name__}); "
+            "give module:attribute of the Celery() instance"
+        )
+    return app
+
+
+@dataclass
+class Target:
+    """A locker and the server it talks to, for the commands below."""
+
+    locker: RedisLocker
+    url: str
+    #: where ``url`` came from, for the user: "--url", "-A proj:app, its broker_url"...
+    source: str
+    app: Any = None
+
+    @property
+    def server(self) -> str:
+        """The server, password hidden, and where its URL came from."""
+        return f"{redact(self.url)} (from {self.source})"
+
+    def close(self) -> None:
+        self.locker.client.close()
+
+
+def open_target(
+    *,
+    url: Optional[str] = None,
+    app: Any = None,
+    app_label: str = "-A",
+    prefix: Optional[str] = None,
+) -> Target:
+    """The server and prefix to inspect: ``url``, else ``app``'s lock server, else
+    ``$SINGLETON_LOCK_URL``, else the default; ``prefix``, else ``app``'s, else the default.
+
+    Raises:
+        LockConfigurationError: a bad URL, prefix or app setting, said in one line.
+    """
+    options = None
+    if url:
+        source = "--url"
+    elif app is not None:
+        url, setting = choose_url(app.conf)
+        source = (
+            f"{app_label}, which names no Redis server: the default"
+            if setting == "default"
+            else f"{app_label}, its {setting}"
+        )
+    elif os.environ.get("SINGLETON_LOCK_URL"):
+        url, source = os.environ["SINGLETON_LOCK_URL"], "$SINGLETON_LOCK_URL"
+    else:
+        url, source = DEFAULT_URL, "default: no --url, -A or $SINGLETON_LOCK_URL"
+    if app is not None:
         options = app.conf.get("singleton_lock_redis_options")
-    url = url or os.environ.get("SINGLETON_LOCK_URL") or DEFAULT_URL
-    client = make_client(url, options)
-    return RedisLocker(client, prefix=prefix or "singleton-lock", renewer=Renewer(autostart=False))
+        prefix = prefix if prefix is not None else lock_prefix(app.conf)
+    prefix = validate_prefix(prefix if prefix is not None else "singleton-lock")
+    check_url(url)
+    try:
+        client = make_client(url, options)
+    except (ValueError, TypeError) as exc:  # what redis-py raises for a URL or option it refuses
+        raise LockConfigurationError(f"cannot connect to {_redacted(url)}: {exc}") from None
+    locker = RedisLocker(client, prefix=prefix, renewer=Renewer(autostart=False))
+    return Target(locker=locker, url=url, source=source, app=app)
 
 
-def _row(holder: LockHolder, now: float) -> str:
+# -- the commands' work ----------------------------------------------------------------------
+
+
+def _asking(target: Target, call: Callable[[], T]) -> T:
+    """``call()``, with server trouble said as one ``LockError`` naming the server."""
+    try:
+        return call()
+    except LockBackendUnavailable as exc:
+        raise LockBackendUnavailable(f"{exc}; server {target.server}") from None
+    except redis.exceptions.RedisError as exc:  # e.g. a server too old for SCAN TYPE
+        raise LockError(f"{type(exc).__name__}: {exc}; server {target.server}") from None
+
+
+@dataclass
+class Listing:
+    """What ``list`` found."""
+
+    holders: list[LockHolder]
+    #: stopped at the limit: there may be more
+    truncated: bool
+    #: only looked for when nothing is held under the prefix in use
+    other_prefixes: list[str]
+
+
+def list_locks(target: Target, limit: int) -> Listing:
+    """The locks held now under the target's prefix (SCAN, never KEYS), up to ``limit``; when
+    there are none, the other prefixes that hold lock-shaped keys."""
+
+    def collect() -> Listing:
+        holders: list[LockHolder] = []
+        for holder in target.locker.scan():
+            if len(holders) >= limit:
+                return Listing(holders, True, [])
+            holders.append(holder)
+        others = [] if holders else lock_shaped_prefixes(target.locker.client, target.locker.prefix)
+        return Listing(holders, False, others)
+
+    return _asking(target, collect)
+
+
+def _scan_strings(client: redis.Redis, match: str) -> Iterator[list[Any]]:
+    """Batches of string keys matching ``match``, from a bounded number of SCAN calls."""
+    cursor = 0
+    for _ in range(OTHER_PREFIX_SCANS):
+        cursor, keys = client.scan(
+            cursor, match=match, count=OTHER_PREFIX_SCAN_COUNT, _type="string"
+        )
+        if keys:
+            yield keys
+        if cursor == 0:
+            return
+
+
+def lock_shaped_prefixes(client: redis.Redis, exclude: str) -> list[str]:
+    """Prefixes other than ``exclude`` with lock-shaped keys: ``<prefix>:{<name>}`` strings
+    whose value has ``|`` right after the 32-character token (see ``engine/scripts.py``).
+
+    Bounded: at most ``OTHER_PREFIX_SCANS`` SCAN calls, never KEYS.
+    """
+    found: set[str] = set()
+    for batch in _scan_strings(client, "*:{*}"):
+        pipe = client.pipeline(transaction=False)
+        for key in batch:
+            pipe.getrange(key, 32, 32)
+        for key, mark in zip(batch, pipe.execute()):
+            text = key.decode("utf-8", "replace") if isinstance(key, bytes) else str(key)
+            prefix = text[: text.index(":{")]
+            if mark in (b"|", "|") and prefix != exclude:
+                found.add(prefix)
+        if len(found) >= OTHER_PREFIXES_SHOWN:
+            break
+    return sorted(found)[:OTHER_PREFIXES_SHOWN]
+
+
+def lock_name_from_key(target: Target, name: str) -> str:
+    """The lock name in ``name``: a lock name, or the full key under the target's prefix.
+
+    Raises:
+        LockConfigurationError: a full key under another prefix (says which --prefix to use).
+    """
+    prefix = target.locker.prefix
+    if name.startswith(f"{prefix}:{{") and name.endswith("}"):
+        return name[len(prefix) + 2 : -1]
+    if ":{" in name and name.endswith("}"):
+        other = name[: name.index(":{")]
+        raise LockConfigurationError(
+            f"key {name!r} is under prefix {other!r}, not {prefix!r}: add --prefix {other}"
+        )
+    return name
+
+
+def lock_name_of_call(
+    app: Any, task_name: str, args: Optional[list[Any]], kwargs: Optional[dict[str, Any]]
+) -> str:
+    """The lock name a call of ``task_name`` with ``args`` and ``kwargs`` takes: exactly what
+    the task computes, ``task.lock_options.keyer.name(args, kwargs)``.
+
+    Raises:
+        LockConfigurationError: the task is unknown or takes no lock.
+        LockKeyError: the arguments do not fit the task (said as the task would say it).
+    """
+    try:
+        tasks = app.tasks
+        if task_name not in tasks:
+            # tasks of the ``imports`` / ``include`` settings, as a worker would load them
+            app.loader.import_default_modules()
+    except LockError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the user's task modules may raise anything
+        raise LockConfigurationError(
+            f"cannot load the app's tasks: {type(exc).__name__}: {exc}"
+        ) from None
+    task = tasks.get(task_name)
+    if task is None:
+        locked = [name for name, t in tasks.items() if hasattr(t, "lock_options")]
+        close = difflib.get_close_matches(task_name, locked, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise LockConfigurationError(f"task {task_name!r} is not registered in the app{hint}")
+    if not hasattr(task, "lock_options"):
+        raise LockConfigurationError(
+            f"task {task_name!r} is not a LockedTask (base=LockedTask): it takes no lock"
+        )
+    return str(task.lock_options.keyer.name(args or [], kwargs or {}))
+
+
+def read_lock(target: Target, name: str) -> tuple[Optional[LockHolder], int]:
+    """The holder of lock ``name`` (None when free) and the last fence handed out for it."""
+    LockKeys.build(target.locker.prefix, name)  # a bad name is bad input, not server trouble
+    return _asking(target, lambda: (target.locker.read(name), target.locker.fence(name)))
+
+
+def holder_row(holder: LockHolder, now: float) -> str:
+    """One line describing ``holder``."""
     age = "-" if holder.acquired_at is None else f"{max(0.0, now - holder.acquired_at):.1f}s"
     ttl = "none" if holder.ttl is None else f"{holder.ttl:.1f}s"
     fence = "-" if holder.fence is None else str(holder.fence)
@@ -44,52 +326,216 @@ def _row(holder: LockHolder, now: float) -> str:
     )
 
 
-@click.group()
-@click.option("--url", help="Redis URL of the lock server.")
-@click.option("-A", "--app", "app_path", help="Celery app (module:attr) to take settings from.")
-@click.option("--prefix", help="Key prefix (default: the app's, else singleton-lock).")
+def _json_argument(option: str, text: str, kind: type) -> Any:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise LockConfigurationError(f"{option} is not valid JSON: {exc}") from None
+    if not isinstance(value, kind):
+        wanted = "a JSON list" if kind is list else "a JSON object"
+        raise LockConfigurationError(f"{option} must be {wanted}, got {text!r}")
+    return value
+
+
+# -- click: parse, call, print ----------------------------------------------------------------
+
+
+@dataclass
+class _Settings:
+    url: Optional[str]
+    app_path: Optional[str]
+    prefix: Optional[str]
+    app: Any = None
+
+    def load_app(self) -> Any:
+        if self.app is None and self.app_path:
+            self.app = load_app(self.app_path)
+        return self.app
+
+    def target(self) -> Target:
+        return open_target(
+            url=self.url, app=self.load_app(), app_label=f"-A {self.app_path}", prefix=self.prefix
+        )
+
+
+@contextlib.contextmanager
+def _one_line_errors() -> Iterator[None]:
+    try:
+        yield
+    except LockError as exc:
+        raise CliError(str(exc)) from None
+
+
+class _OneLineGroup(click.Group):
+    """Says a usage error (unknown option, bad --limit...) in one line, like every other error:
+    click would print the usage and a hint first."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        with _usage_in_one_line():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with _usage_in_one_line():
+            return super().invoke(ctx)
+
+
+_NO_ARGS_IS_HELP: tuple[type[BaseException], ...] = tuple(
+    getattr(click.exceptions, name)
+    for name in ("NoArgsIsHelpError",)
+    if hasattr(click.exceptions, name)
+)
+
+
+@contextlib.contextmanager
+def _usage_in_one_line() -> Iterator[None]:
+    try:
+        yield
+    except click.UsageError as exc:
+        # no arguments at all: click (8.2+) shows the help, through a UsageError
+        if exc.ctx is None or isinstance(exc, _NO_ARGS_IS_HELP):
+            raise
+        raise click.UsageError(
+            f"{exc.format_message()} (see {exc.ctx.command_path} --help)"
+        ) from None
+
+
+@click.group(cls=_OneLineGroup)
+@click.option(
+    "--url", metavar="URL", help="Redis URL of the lock server: redis://, rediss:// or unix://."
+)
+@click.option(
+    "-A",
+    "--app",
+    "app_path",
+    metavar="MODULE:ATTR",
+    help="Celery app to take the lock server and prefix from (found as celery -A finds it).",
+)
+@click.option(
+    "--prefix",
+    help="Key prefix of the locks (default: the app's, else singleton-lock).",
+)
 @click.pass_context
 def main(
     ctx: click.Context, url: Optional[str], app_path: Optional[str], prefix: Optional[str]
 ) -> None:
-    """Inspect celery-singleton-lock locks."""
-    ctx.obj = lambda: _locker(url, app_path, prefix)
+    """Inspect celery-singleton-lock locks (read-only).
+
+    The lock server is --url, else the one the Celery app given with -A uses (as its workers
+    choose it), else $SINGLETON_LOCK_URL, else redis://localhost:6379/0. Every command names
+    the server it queried on stderr.
+
+    Exit status: 0 an answer, 1 the lock asked for is free, 2 an error.
+    """
+    ctx.obj = _Settings(url, app_path, prefix)
 
 
 @main.command(name="list")
-@click.option("--limit", default=1000, show_default=True, help="Stop after this many locks.")
-@click.pass_context
-def list_locks(ctx: click.Context, limit: int) -> None:
-    """List the locks held now (SCAN, never KEYS)."""
-    locker: RedisLocker = ctx.obj()
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=1000,
+    show_default=True,
+    help="Stop after this many locks.",
+)
+@click.pass_obj
+def list_command(settings: _Settings, limit: int) -> None:
+    """List the locks held now (SCAN, never KEYS).
+
+    When none are held under the prefix in use, also names the other prefixes that hold
+    locks (a bounded SCAN).
+    """
+    with _one_line_errors():
+        target = settings.target()
+        try:
+            listing = list_locks(target, limit)
+        finally:
+            target.close()
     now = time.time()
-    shown = 0
-    try:
-        for holder in locker.scan():
-            if shown >= limit:
-                click.echo(f"... stopped after {limit} locks (--limit)")
-                break
-            click.echo(_row(holder, now))
-            shown += 1
-    except LockError as exc:
-        raise click.ClickException(str(exc)) from exc
-    click.echo(f"{shown} lock(s) held under prefix {locker.prefix!r}", err=True)
+    for holder in listing.holders:
+        click.echo(holder_row(holder, now))
+    summary = (
+        f"{len(listing.holders)} lock(s) held under prefix {target.locker.prefix!r} "
+        f"on {target.server}"
+    )
+    if listing.truncated:
+        summary += f"; stopped after {limit} (--limit), there may be more"
+    if listing.other_prefixes:
+        summary += (
+            "; found lock-shaped keys under prefixes: "
+            f"{', '.join(map(repr, listing.other_prefixes))} (use --prefix)"
+        )
+    click.echo(summary, err=True)
+
+
+NEEDS_APP = (
+    "show --task needs -A MODULE:ATTR: the lock name is a hash of the call's arguments bound "
+    "to the task's signature (and its lock_on / lock_key), which only the app knows; or "
+    "compute it in Python, app.tasks[TASKNAME].lock_options.keyer.name(args, kwargs), and "
+    "give it as NAME"
+)
 
 
 @main.command()
-@click.argument("name")
-@click.pass_context
-def show(ctx: click.Context, name: str) -> None:
-    """Show one lock by NAME (``<task>:<digest>``, or its full key)."""
-    locker: RedisLocker = ctx.obj()
-    if name.startswith(f"{locker.prefix}:{{") and name.endswith("}"):
-        name = name[len(locker.prefix) + 2 : -1]
-    try:
-        holder = locker.read(name)
-        fence = locker.fence(name)
-    except LockError as exc:
-        raise click.ClickException(str(exc)) from exc
+@click.argument("name", required=False)
+@click.option(
+    "--task",
+    "task_name",
+    metavar="TASKNAME",
+    help="Show the lock a call of this task takes (needs -A).",
+)
+@click.option(
+    "--args", "args_json", metavar="JSON", help="With --task: the positional arguments, a list."
+)
+@click.option(
+    "--kwargs",
+    "kwargs_json",
+    metavar="JSON",
+    help="With --task: the keyword arguments, an object.",
+)
+@click.pass_obj
+def show(
+    settings: _Settings,
+    name: Optional[str],
+    task_name: Optional[str],
+    args_json: Optional[str],
+    kwargs_json: Optional[str],
+) -> None:
+    """Show who holds one lock.
+
+    NAME is a lock name (TASKNAME:DIGEST, as list shows it between the braces) or its full
+    key (PREFIX:{TASKNAME:DIGEST}). Or, with -A, give --task and the call's --args and
+    --kwargs as JSON: the name is computed exactly as the task computes it, e.g.
+
+    \b
+      celery-singleton-lock -A proj.celery:app show --task proj.tasks.rebuild \\
+          --args '[42]' --kwargs '{"full": true}'
+
+    Exit status 1 when the lock is free.
+    """
+    with _one_line_errors():
+        if (name is None) == (task_name is None):
+            raise LockConfigurationError("give either a lock NAME or --task TASKNAME")
+        if task_name is None and (args_json is not None or kwargs_json is not None):
+            raise LockConfigurationError("--args and --kwargs go with --task TASKNAME")
+        if task_name is not None:
+            args = _json_argument("--args", args_json or "[]", list)
+            kwargs = _json_argument("--kwargs", kwargs_json or "{}", dict)
+            if not settings.app_path:
+                raise LockConfigurationError(NEEDS_APP)
+            name = lock_name_of_call(settings.load_app(), task_name, args, kwargs)
+        assert name is not None
+        target = settings.target()
+        try:
+            name = lock_name_from_key(target, name)
+            holder, fence = read_lock(target, name)
+        finally:
+            target.close()
+    click.echo(f"lock {name} under prefix {target.locker.prefix!r} on {target.server}", err=True)
     if holder is None:
-        click.echo(f"{locker.keys(name).lock}: free (last fence {fence})")
-        sys.exit(1)
-    click.echo(_row(holder, time.time()))
+        click.echo(f"{target.locker.keys(name).lock}: free (last fence {fence})")
+        raise SystemExit(EXIT_FREE)
+    click.echo(holder_row(holder, time.time()))
+
+
+if __name__ == "__main__":
+    main()

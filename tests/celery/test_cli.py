@@ -1,17 +1,72 @@
-"""The read-only inspection CLI, against a real Redis."""
+"""The read-only inspection CLI, run as the installed console script runs it (a subprocess
+without the current directory on ``sys.path``), against a real Redis.
+
+Every bad input must give exactly one ``Error: ...`` line on stderr, no traceback, and a
+non-zero exit; every answer names the server it came from on stderr.
+"""
 
 from __future__ import annotations
 
-import redis
-from click.testing import CliRunner
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any, Optional
 
-from celery_singleton_lock.celery.cli import main
+import pytest
+import redis
+
+from celery_singleton_lock.celery import lock_acquired
 from celery_singleton_lock.engine import Owner, RedisLocker, Renewer
 from celery_singleton_lock.testing import RedisServer
+from tests.celery import lockapp
+from tests.celery.conftest import lock_key_of
+
+REPO = Path(__file__).resolve().parents[2]
+
+#: What the ``celery-singleton-lock`` console script does, minus the installed package: the
+#: script's directory (here: the current one) is not on ``sys.path``, PYTHONPATH supplies
+#: this checkout.
+ENTRY = "import sys; del sys.path[0]; from celery_singleton_lock.celery.cli import main; main()"
 
 
-def _locker(server: RedisServer) -> RedisLocker:
-    return RedisLocker(server.client(), prefix="singleton-lock", renewer=Renewer(autostart=False))
+def run_cli(
+    *args: str, cwd: Optional[Path] = None, env: Optional[dict[str, str]] = None
+) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if k != "SINGLETON_LOCK_URL"}
+    environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), environ.get("PYTHONPATH")]))
+    environ.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-c", ENTRY, *args],
+        cwd=cwd or REPO,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def stderr_lines(result: subprocess.CompletedProcess[str]) -> list[str]:
+    return [line for line in result.stderr.splitlines() if line.strip()]
+
+
+def the_error(result: subprocess.CompletedProcess[str]) -> str:
+    """The one ``Error:`` line of a failed run (asserting there is nothing else)."""
+    assert result.returncode != 0, result
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = stderr_lines(result)
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("Error: "), result.stderr
+    return lines[0]
+
+
+def _locker(server: RedisServer, prefix: str = "singleton-lock") -> RedisLocker:
+    return RedisLocker(server.client(), prefix=prefix, renewer=Renewer(autostart=False))
+
+
+# -- answers ----------------------------------------------------------------------------------
 
 
 def test_list_shows_every_held_lock_with_its_holder(redis_server: RedisServer) -> None:
@@ -20,39 +75,243 @@ def test_list_shows_every_held_lock_with_its_holder(redis_server: RedisServer) -
     locker.try_acquire(
         "app.job:bb", 30, owner=Owner(task_id="t-2", host="w2", pid=22), fencing=True
     )
-    result = CliRunner().invoke(main, ["--url", redis_server.url, "list"])
-    assert result.exit_code == 0, result.output
-    assert "singleton-lock:{app.job:aa}  task=t-1  host=w1  pid=11" in result.output
-    assert "task=t-2" in result.output and "fence=1" in result.output
-    assert "2 lock(s) held" in result.output
+    result = run_cli("--url", redis_server.url, "list")
+    assert result.returncode == 0, result.stderr
+    assert "singleton-lock:{app.job:aa}  task=t-1  host=w1  pid=11" in result.stdout
+    assert "task=t-2" in result.stdout and "fence=1" in result.stdout
+    assert "2 lock(s) held" in result.stderr
 
 
-def test_show_of_a_free_lock_exits_non_zero(redis_server: RedisServer) -> None:
-    result = CliRunner().invoke(main, ["--url", redis_server.url, "show", "app.job:zz"])
-    assert result.exit_code == 1
-    assert "free" in result.output
+def test_list_names_the_server_it_queried(redis_server: RedisServer) -> None:
+    result = run_cli("--url", redis_server.url, "list")
+    assert result.returncode == 0, result.stderr
+    assert f"on {redis_server.url} (from --url)" in result.stderr
+
+
+def test_list_hides_the_password_of_the_server_it_names() -> None:
+    with RedisServer.running(password="s3cret-pw") as server:
+        result = run_cli("--url", server.url, "list")
+    assert result.returncode == 0, result.stderr
+    assert f"redis://:***@127.0.0.1:{server.port}/0" in result.stderr
+    assert "s3cret-pw" not in result.stderr + result.stdout
+
+
+def test_list_names_the_default_server_when_given_none() -> None:
+    # read-only, whatever (if anything) answers on the default address
+    result = run_cli("list")
+    assert "redis://localhost:6379/0" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_list_names_the_server_taken_from_the_environment(redis_server: RedisServer) -> None:
+    result = run_cli("list", env={"SINGLETON_LOCK_URL": redis_server.url})
+    assert result.returncode == 0, result.stderr
+    assert f"on {redis_server.url} (from $SINGLETON_LOCK_URL)" in result.stderr
+
+
+def test_list_under_the_wrong_prefix_names_the_prefixes_holding_locks(
+    redis_server: RedisServer,
+) -> None:
+    _locker(redis_server, prefix="singleton-lock").try_acquire("app.job:ee", 30)
+    _locker(redis_server, prefix="other/app").try_acquire("app.job:ff", 30)
+    redis_server.client().set("elsewhere:{not-a-lock}", "plain value")
+    result = run_cli("--url", redis_server.url, "--prefix", "mine", "list")
+    assert result.returncode == 0, result.stderr
+    assert "0 lock(s) held under prefix 'mine'" in result.stderr
+    assert (
+        "found lock-shaped keys under prefixes: 'other/app', 'singleton-lock' (use --prefix)"
+        in result.stderr
+    )
+    assert "elsewhere" not in result.stderr
+
+
+def test_show_of_a_free_lock_exits_1(redis_server: RedisServer) -> None:
+    result = run_cli("--url", redis_server.url, "show", "app.job:zz")
+    assert result.returncode == 1
+    assert "free" in result.stdout
 
 
 def test_show_accepts_the_full_key(redis_server: RedisServer) -> None:
     _locker(redis_server).try_acquire("app.job:cc", 30, owner=Owner(task_id="t-3"))
-    result = CliRunner().invoke(
-        main, ["--url", redis_server.url, "show", "singleton-lock:{app.job:cc}"]
-    )
-    assert result.exit_code == 0 and "task=t-3" in result.output
+    result = run_cli("--url", redis_server.url, "show", "singleton-lock:{app.job:cc}")
+    assert result.returncode == 0, result.stderr
+    assert "task=t-3" in result.stdout
 
 
-def test_an_unreachable_server_is_a_clear_error(redis_server: RedisServer) -> None:
-    url = redis_server.url
-    redis_server.stop()
-    result = CliRunner().invoke(main, ["--url", url, "list"])
-    assert result.exit_code != 0
-    assert "lock server unavailable" in result.output
+def test_show_names_the_server_it_queried(redis_server: RedisServer) -> None:
+    _locker(redis_server).try_acquire("app.job:gg", 30)
+    result = run_cli("--url", redis_server.url, "show", "app.job:gg")
+    assert result.returncode == 0, result.stderr
+    assert f"on {redis_server.url} (from --url)" in result.stderr
 
 
 def test_the_cli_only_reads(redis_server: RedisServer) -> None:
     client: redis.Redis = redis_server.client()
     _locker(redis_server).try_acquire("app.job:dd", 30)
     before = {k: client.pttl(k) for k in client.scan_iter()}
-    CliRunner().invoke(main, ["--url", redis_server.url, "list"])
+    run_cli("--url", redis_server.url, "list")
+    run_cli("--url", redis_server.url, "show", "app.job:dd")
     after = {k: client.pttl(k) for k in client.scan_iter()}
     assert before.keys() == after.keys()
+
+
+def test_an_app_module_in_the_current_directory_is_found(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    (tmp_path / "newapp.py").write_text(
+        textwrap.dedent(
+            f"""
+            from celery import Celery
+            app = Celery("newapp")
+            app.conf.singleton_lock_url = {redis_server.url!r}
+            app.conf.singleton_lock_prefix = "newapp-locks"
+            """
+        )
+    )
+    result = run_cli("-A", "newapp:app", "list", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f"0 lock(s) held under prefix 'newapp-locks' on {redis_server.url}" in result.stderr
+
+
+def test_help_text_is_plain() -> None:
+    for command in ([], ["list"], ["show"]):
+        result = run_cli(*command, "--help")
+        assert result.returncode == 0, result.stderr
+        assert "``" not in result.stdout, result.stdout
+
+
+# -- show --task: the lock name of a call ------------------------------------------------------
+
+
+def test_show_task_finds_the_lock_a_running_task_holds(
+    celery_app: Any, broker_server: RedisServer, lock_server: RedisServer, unique_key: str
+) -> None:
+    """The CLI runs while the task holds its lock (from the ``lock_acquired`` signal)."""
+    task = lockapp.long_running
+    seen: list[tuple[str, subprocess.CompletedProcess[str]]] = []
+
+    def run_the_cli(sender: Any = None, key: str = "", **_: Any) -> None:
+        if getattr(sender, "name", None) == task.name:
+            seen.append(
+                (
+                    key,
+                    run_cli(
+                        "-A",
+                        "tests.celery.lockapp:app",
+                        "show",
+                        "--task",
+                        task.name,
+                        "--args",
+                        json.dumps([unique_key]),
+                        "--kwargs",
+                        json.dumps({"seconds": 0}),
+                        env={
+                            "CSL_BROKER_URL": broker_server.url,
+                            "CSL_BACKEND_URL": broker_server.url.replace("/0", "/1"),
+                            "CSL_LOCK_URL": lock_server.url,
+                        },
+                    ),
+                )
+            )
+
+    lock_acquired.connect(run_the_cli, weak=False)
+    try:
+        outcome = task.apply(args=[unique_key], kwargs={"seconds": 0}, task_id=unique_key)
+    finally:
+        lock_acquired.disconnect(run_the_cli)
+    assert outcome.successful()
+    [(held_key, result)] = seen
+    assert held_key == lock_key_of(task, unique_key, seconds=0)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"{held_key}  task={unique_key}  "), result.stdout
+
+
+def test_show_task_without_an_app_says_how_to_name_the_lock(redis_server: RedisServer) -> None:
+    result = run_cli("--url", redis_server.url, "show", "--task", "proj.tasks.job", "--args", "[1]")
+    line = the_error(result)
+    assert "-A" in line and "lock_options.keyer.name(args, kwargs)" in line
+
+
+def test_show_task_with_args_that_are_not_json_is_one_error_line() -> None:
+    line = the_error(
+        run_cli("-A", "tests.celery.lockapp:app", "show", "--task", "x", "--args", "[1")
+    )
+    assert "--args" in line and "JSON" in line
+
+
+def test_show_task_of_an_unknown_task_is_one_error_line() -> None:
+    line = the_error(run_cli("-A", "tests.celery.lockapp:app", "show", "--task", "no.such.task"))
+    assert "no.such.task" in line and "not registered" in line
+
+
+def test_show_of_a_key_under_another_prefix_is_one_error_line(redis_server: RedisServer) -> None:
+    line = the_error(run_cli("--url", redis_server.url, "show", "other:{app.job:cc}"))
+    assert "--prefix other" in line
+
+
+# -- bad input: one line, no traceback -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("http://x", "not a Redis URL"),
+        ("notaurl", "not a Redis URL"),
+        ("redis://127.0.0.1/abc", "database 'abc' is not a number"),
+        ("redis://127.0.0.1:port/0", "port"),
+    ],
+    ids=["http-scheme", "no-scheme", "db-not-a-number", "port-not-a-number"],
+)
+def test_a_bad_url_is_one_error_line(url: str, says: str) -> None:
+    line = the_error(run_cli("--url", url, "list"))
+    assert says in line
+
+
+def test_a_missing_app_module_is_one_error_line() -> None:
+    line = the_error(run_cli("-A", "no_such_module_xyz:app", "list"))
+    assert "no_such_module_xyz" in line
+
+
+def test_a_missing_app_attribute_is_one_error_line() -> None:
+    line = the_error(run_cli("-A", "tests.celery.lockapp:no_such_app", "list"))
+    assert "no_such_app" in line
+
+
+def test_an_app_that_is_not_a_celery_app_is_one_error_line() -> None:
+    line = the_error(run_cli("-A", "os:path", "list"))
+    assert "not a Celery app" in line
+
+
+def test_an_app_module_that_raises_on_import_is_one_error_line(tmp_path: Path) -> None:
+    (tmp_path / "brokenapp.py").write_text("raise RuntimeError('half-written settings')\n")
+    line = the_error(run_cli("-A", "brokenapp:app", "list", cwd=tmp_path))
+    assert "RuntimeError: half-written settings" in line
+
+
+def test_a_bad_prefix_is_one_error_line(redis_server: RedisServer) -> None:
+    line = the_error(run_cli("--url", redis_server.url, "--prefix", "bad prefix{", "list"))
+    assert "prefix 'bad prefix{' is invalid" in line
+
+
+def test_an_unreachable_server_is_one_error_line(redis_server: RedisServer) -> None:
+    url = redis_server.url
+    redis_server.stop()
+    line = the_error(run_cli("--url", url, "list"))
+    assert "unavailable" in line and url in line
+
+
+def test_an_unreachable_server_is_one_error_line_for_show(redis_server: RedisServer) -> None:
+    url = redis_server.url
+    redis_server.stop()
+    line = the_error(run_cli("--url", url, "show", "app.job:aa"))
+    assert "unavailable" in line and url in line
+
+
+def test_a_limit_below_one_is_one_error_line(redis_server: RedisServer) -> None:
+    line = the_error(run_cli("--url", redis_server.url, "list", "--limit", "0"))
+    assert "--limit" in line
+
+
+def test_an_unknown_option_is_one_error_line() -> None:
+    line = the_error(run_cli("list", "--no-such-option"))
+    assert "--no-such-option" in line

@@ -20,13 +20,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, NoReturn, Optional
 
 from celery.exceptions import Ignore
-from celery.states import READY_STATES
-from kombu.exceptions import OperationalError
-from redis.exceptions import RedisError
 
 from ..engine import Lease, LockHolder
 from ..engine.locker import AcquireResult
 from ..errors import DuplicateTaskError, DuplicateTaskSkipped, LockBackendUnavailable, LockError
+from . import celery_api
+from .celery_api import BACKEND_ERRORS, ignores_result
 from .options import LockOptions
 from .signals import lock_duplicate
 
@@ -47,16 +46,10 @@ def backoff_delay(
     return float(rng() * min(cap, base * (2 ** min(attempt, 60))))
 
 
-def _header(request: Any, name: str) -> Any:
-    """A custom message header of ``request`` (Celery also mirrors them as attributes)."""
-    headers = getattr(request, "headers", None) or {}
-    return headers.get(name, getattr(request, name, None))
-
-
 def lock_retries(request: Any) -> int:
     """How many lock retries the execution behind ``request`` has had."""
     try:
-        return max(0, int(_header(request, RETRY_HEADER) or 0))
+        return max(0, int(celery_api.header(request, RETRY_HEADER) or 0))
     except (TypeError, ValueError):
         return 0
 
@@ -111,11 +104,8 @@ def skip(duplicate: Duplicate) -> NoReturn:
         and not ignores_result(task, request)
         and not (duplicate.is_copy and outcome_stored(task, request))
     ):
-        task.backend.mark_as_failure(
-            request.id,
-            DuplicateTaskSkipped(message, holder.key, holder.as_dict()),
-            request=request,
-            call_errbacks=False,
+        celery_api.store_failure_quietly(
+            task, request, DuplicateTaskSkipped(message, holder.key, holder.as_dict())
         )
     raise Ignore(message)
 
@@ -176,10 +166,7 @@ def retry(duplicate: Duplicate, cause: Optional[LockError] = None) -> NoReturn:
         # late RETRY then overwrites it and ``get()`` never returns. A copy stores nothing:
         # the state belongs to the execution it copies.
         _store_retry(task, request, reason)
-    signature = task.signature_from_request(
-        request, countdown=countdown, headers=headers, retries=request.retries
-    )
-    signature.apply_async()
+    celery_api.send_again(task, request, countdown=countdown, headers=headers)
     raise Ignore(f"lock retry {attempt + 1} sent: {reason}")
 
 
@@ -188,7 +175,7 @@ def _store_retry(task: Any, request: Any, reason: LockError) -> None:
     if ignores_result(task, request):
         return
     try:
-        task.backend.mark_as_retry(request.id, reason, request=request)
+        celery_api.store_retry(task, request, reason)
     except BACKEND_ERRORS as exc:  # the retry message matters more than the state
         log.warning("task %s[%s]: cannot store RETRY (%s)", task.name, request.id, exc)
 
@@ -227,22 +214,16 @@ def wait(duplicate: Duplicate, acquire: Callable[[], AcquireResult]) -> Lease:
     retry(duplicate)
 
 
-#: Reading or storing a result may fail with no backend configured, or with the backend down.
-BACKEND_ERRORS = (NotImplementedError, OSError, RedisError, OperationalError)
-
-
 def is_marked_copy(request: Any) -> bool:
     """The message may repeat an execution that already ran: the broker redelivered it
     (``acks_late``), or a copy re-sent it under the same task id."""
-    if _header(request, COPY_HEADER):
-        return True
-    return bool((getattr(request, "delivery_info", None) or {}).get("redelivered"))
+    return bool(celery_api.header(request, COPY_HEADER)) or celery_api.is_redelivered(request)
 
 
 def outcome_stored(task: Any, request: Any) -> bool:
     """True if an outcome is stored under this request's task id (one backend read)."""
     try:
-        return task.backend.get_task_meta(request.id).get("status") in READY_STATES
+        return celery_api.outcome_is_stored(task, request.id)
     except BACKEND_ERRORS as exc:  # run rather than lose the task
         log.warning("task %s[%s]: cannot read its state (%s)", task.name, request.id, exc)
         return False
@@ -260,17 +241,6 @@ def already_ran(task: Any, request: Any, is_copy: bool) -> bool:
     if is_copy or (task.acks_late and lock_retries(request)):
         return outcome_stored(task, request)
     return False
-
-
-def ignores_result(task: Any, request: Any) -> bool:
-    """True if no state is stored for this execution (``ignore_result``, or eager)."""
-    if request.is_eager:
-        return True
-    try:
-        from celery.app.task import get_actual_ignore_result
-    except ImportError:  # Celery < 5.5: the request can only add ignore_result
-        return bool(task.ignore_result or request.ignore_result)
-    return bool(get_actual_ignore_result(task, request))
 
 
 def handle(duplicate: Duplicate, acquire: Callable[[], AcquireResult]) -> Lease:

@@ -26,6 +26,7 @@ from redis.exceptions import RedisError
 
 from ..engine import Lease
 from ..errors import LockBackendUnavailable, LockError
+from . import celery_api
 from .handle import LockHandle
 from .signals import lock_released
 
@@ -158,21 +159,13 @@ def closes_scope_on_error(before_start: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def successors_follow(request: Any) -> bool:
-    """Celery publishes successors after the body (callbacks, chain steps, a chord, errbacks),
-    or the caller is eager: they must find the lock free."""
-    return bool(
-        request.is_eager or request.callbacks or request.chain or request.chord or request.errbacks
-    )
-
-
 def releases_after_body(call: F) -> F:
     """Wrap a task's ``__call__`` so that the scope opened in ``before_start`` is closed as the
     body ends, however it ends."""
 
     @functools.wraps(call)
     def __call__(self: LockedTask, *args: Any, **kwargs: Any) -> Any:
-        request = self.request_stack.top
+        request = celery_api.current_request(self)
         held = getattr(request, "lock", None)
         owns = isinstance(held, LockScope) and held.start_body()
         finished = False
@@ -189,7 +182,7 @@ def releases_after_body(call: F) -> F:
             if owns:
                 # Successors (callbacks, chain steps) and eager callers must find the lock
                 # free: wait for the release then; otherwise send it without waiting.
-                held.close(finished=finished, wait=successors_follow(request))  # type: ignore[union-attr]
+                held.close(finished=finished, wait=celery_api.successors_follow(request))  # type: ignore[union-attr]
 
     __call__.releases_lock = True  # type: ignore[attr-defined]
     return __call__  # type: ignore[return-value]

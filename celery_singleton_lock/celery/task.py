@@ -8,8 +8,7 @@ import os
 import socket
 from typing import Any, Callable, NoReturn, Optional, Sequence
 
-from celery import Task, states
-from celery.app.task import Context
+from celery import Task
 from celery.exceptions import Ignore
 
 from ..engine import Lease, LockHolder, Owner, RedisLocker
@@ -19,7 +18,7 @@ from ..errors import (
     LockBackendUnavailable,
     LockConfigurationError,
 )
-from . import policies
+from . import celery_api, policies
 from .connection import locker_for
 from .handle import LockHandle
 from .options import TASK_OPTIONS, UNSET, LockOptions, resolve
@@ -30,12 +29,7 @@ log = logging.getLogger("celery_singleton_lock.acquire")
 
 _HOSTNAME = socket.gethostname()
 
-# ``self.request.lock`` must be request state, not a message header: Celery turns every
-# request attribute that Context does not declare into a custom header when it copies a
-# request (``push_request``), and would then try to serialize the handle into messages.
-# Declaring it also gives direct calls ``self.request.lock is None``.
-if not hasattr(Context, "lock"):
-    Context.lock = None
+celery_api.declare_request_attribute("lock")  # self.request.lock: see there why
 _ATTRIBUTES = (*TASK_OPTIONS, "lock_on", "lock_key")
 
 
@@ -127,9 +121,8 @@ class LockedTask(Task):  # type: ignore[misc]
             cls._lock_options = cls._resolve_options(app, cls.name)
             return
         # ``app.register_task(Task())`` names the instance, not its class, before binding
-        for task in list(app._tasks.values()):
-            if type(task) is cls and task.name:
-                task.resolve_lock_options()
+        for task in celery_api.registered_instances(app, cls):
+            task.resolve_lock_options()
 
     @classmethod
     def _resolve_options(cls, app: Any, name: str) -> LockOptions:
@@ -234,12 +227,12 @@ class LockedTask(Task):  # type: ignore[misc]
     def _store_started(self, task_id: str, request: Any) -> None:
         """STARTED, as Celery's tracer stores it with ``track_started`` (see
         ``lock_track_started``); a backend failure costs the state, not the run."""
-        if policies.ignores_result(self, request):
+        if celery_api.ignores_result(self, request):
             return
         meta = {"pid": os.getpid(), "hostname": request.hostname or _HOSTNAME}
         try:
-            self.backend.store_result(task_id, meta, states.STARTED, request=request)
-        except policies.BACKEND_ERRORS as exc:
+            celery_api.store_started(self, task_id, request, meta)
+        except celery_api.BACKEND_ERRORS as exc:
             log.warning("task %s[%s]: cannot store STARTED (%s)", self.name, task_id, exc)
 
     def _drop_copy(self, task_id: str, why: str) -> NoReturn:
@@ -254,9 +247,7 @@ class LockedTask(Task):  # type: ignore[misc]
         raise Ignore(f"task id already ran to the end ({why})")
 
     def _hard_time_limit(self, request: Any, options: LockOptions) -> Optional[float]:
-        limits = request.timelimit
-        hard = limits[0] if limits and limits[0] else options.default_time_limit
-        return float(hard) if hard else None
+        return celery_api.hard_time_limit(request) or options.default_time_limit
 
     def _on_backend_unavailable(
         self, exc: LockBackendUnavailable, name: str, options: LockOptions, request: Any

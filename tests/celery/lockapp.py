@@ -247,6 +247,19 @@ def takes_anything(value: Any) -> None:
 # -- one lock scope: every path after the acquire ends in a release --------------------------
 
 
+@app.task(bind=True, base=LockedTask, lock_on=("key",))
+def reads_its_request(self: LockedTask, key: str) -> dict[str, Any]:
+    """What the Celery adapter reads from a running request."""
+    from celery_singleton_lock.celery import celery_api
+
+    return {
+        "header": celery_api.header(self.request, "csl_test_header"),
+        "hard_time_limit": celery_api.hard_time_limit(self.request),
+        "redelivered": celery_api.is_redelivered(self.request),
+        "is_current": celery_api.current_request(self) is self.request,
+    }
+
+
 class FailsAfterItsLock(LockedTask):
     """``before_start`` fails after the lock is taken whenever ``setup-fails:<key>`` exists
     (as a subclass's own set-up, or a result backend storing STARTED, can fail)."""

@@ -1,0 +1,125 @@
+"""Every Celery behaviour and internal the Celery layer relies on beyond its documented API.
+
+Each one is pinned by a test in ``tests/celery/test_celery_api.py`` that fails on a Celery
+release that changes it; the rest of the layer reaches them only through here. What the layer
+also relies on, pinned elsewhere:
+
+- the tracer calls an overridden ``Task.__call__`` instead of ``run``, and ``Ignore`` raised in
+  ``before_start`` ends the task IGNORED (``test_celery_api``);
+- ``delivery_info["redelivered"]`` on a message the Redis broker handed out again
+  (``test_real_workers``: the redelivery tests);
+- ``task_failure`` (``WorkerLostError``, ``TimeLimitExceeded``) and ``task_revoked`` sent in the
+  worker's main process when a child dies (``test_real_workers``: the prefork exit paths).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from celery import states
+from celery.app.task import Context
+
+# Reading or storing a state may fail with no result backend configured, or with it down.
+from kombu.exceptions import OperationalError
+from redis.exceptions import RedisError
+
+BACKEND_ERRORS: tuple[type[BaseException], ...] = (
+    NotImplementedError,
+    OSError,
+    RedisError,
+    OperationalError,
+)
+
+try:  # Celery >= 5.5: the request may override the task's ignore_result either way
+    from celery.app.task import get_actual_ignore_result as _actual_ignore_result
+except ImportError:  # pragma: no cover - older Celery: the request can only add it
+    _actual_ignore_result = None
+
+
+def declare_request_attribute(name: str) -> None:
+    """Make ``request.<name>`` request state rather than a message header.
+
+    Celery turns every request attribute that ``Context`` does not declare into a custom
+    header when it copies a request (``Task.push_request``), and would then serialize it into
+    the messages it sends (retries, chain steps). Declaring it also gives ``None`` to requests
+    that never set it (a direct call). No public hook exists for this.
+    """
+    if not hasattr(Context, name):
+        setattr(Context, name, None)
+
+
+def current_request(task: Any) -> Any:
+    """The request the task runs now, without building a default one (``Task.request`` does)."""
+    return task.request_stack.top
+
+
+def header(request: Any, name: str) -> Any:
+    """A custom message header of ``request`` (Celery also mirrors them as attributes)."""
+    headers = getattr(request, "headers", None) or {}
+    return headers.get(name, getattr(request, name, None))
+
+
+def is_redelivered(request: Any) -> bool:
+    """The broker handed this message out before (``acks_late``, visibility timeout)."""
+    return bool((getattr(request, "delivery_info", None) or {}).get("redelivered"))
+
+
+def successors_follow(request: Any) -> bool:
+    """Celery publishes successors after the body (callbacks, chain steps, a chord, errbacks),
+    or the caller is eager and runs them at once."""
+    return bool(
+        request.is_eager or request.callbacks or request.chain or request.chord or request.errbacks
+    )
+
+
+def hard_time_limit(request: Any) -> Optional[float]:
+    """The hard time limit the message carries, if any."""
+    limits = request.timelimit
+    return float(limits[0]) if limits and limits[0] else None
+
+
+def ignores_result(task: Any, request: Any) -> bool:
+    """True if no state is stored for this execution (``ignore_result``, or eager)."""
+    if request.is_eager:
+        return True
+    if _actual_ignore_result is None:  # pragma: no cover - older Celery
+        return bool(task.ignore_result or request.ignore_result)
+    return bool(_actual_ignore_result(task, request))
+
+
+def store_started(task: Any, task_id: str, request: Any, meta: dict[str, Any]) -> None:
+    """Store STARTED as the tracer does with ``track_started``."""
+    task.backend.store_result(task_id, meta, states.STARTED, request=request)
+
+
+def store_retry(task: Any, request: Any, reason: BaseException) -> None:
+    """Store RETRY with ``reason`` as its result, as ``Task.retry`` does."""
+    task.backend.mark_as_retry(request.id, reason, request=request)
+
+
+def store_failure_quietly(task: Any, request: Any, exc: BaseException) -> None:
+    """Store FAILURE with ``exc`` without calling errbacks (nor sending ``task_failure``)."""
+    task.backend.mark_as_failure(request.id, exc, request=request, call_errbacks=False)
+
+
+def outcome_is_stored(task: Any, task_id: str) -> bool:
+    """True if a ready state (SUCCESS, FAILURE, REVOKED...) is stored under ``task_id``."""
+    return task.backend.get_task_meta(task_id).get("status") in states.READY_STATES
+
+
+def send_again(task: Any, request: Any, *, countdown: float, headers: dict[str, Any]) -> None:
+    """Send the message of ``request`` again, same task id, after ``countdown`` seconds, with
+    ``headers``; Celery's own ``retries`` count is kept as it is."""
+    signature = task.signature_from_request(
+        request, countdown=countdown, headers=headers, retries=request.retries
+    )
+    signature.apply_async()
+
+
+def registered_instances(app: Any, cls: type) -> list[Any]:
+    """Tasks of exactly class ``cls`` registered with ``app``, without finalizing it.
+
+    ``app.register_task(Task())`` names the instance, not its class, before binding it.
+    """
+    tasks: list[Any] = list(app._tasks.values())
+    return [task for task in tasks if type(task) is cls and getattr(task, "name", None)]

@@ -1,0 +1,133 @@
+"""What the Celery layer relies on in Celery itself (``celery_api``): each test fails on a
+Celery release that changes it."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from celery import Celery, Task
+from celery.app.task import Context
+from celery.exceptions import Ignore
+
+from celery_singleton_lock.celery import celery_api
+from tests.celery import lockapp
+
+
+@pytest.fixture
+def eager_app() -> Celery:
+    return Celery("celery-api", set_as_current=False)
+
+
+def test_an_undeclared_request_attribute_becomes_a_message_header() -> None:
+    # why declare_request_attribute("lock") exists
+    assert Context({"id": "t", "csl_undeclared": 1}).headers == {"csl_undeclared": 1}
+
+
+def test_a_declared_request_attribute_stays_request_state() -> None:
+    celery_api.declare_request_attribute("lock")
+    assert Context({"id": "t", "lock": object()}).headers is None
+
+
+def test_a_request_that_never_set_a_declared_attribute_reads_none() -> None:
+    celery_api.declare_request_attribute("lock")
+    assert Context({"id": "t"}).lock is None
+
+
+def test_the_tracer_calls_an_overridden_call_instead_of_run(eager_app: Celery) -> None:
+    calls: list[str] = []
+
+    class Overrides(Task):  # type: ignore[misc]
+        def __call__(self, *args: Any, **kwargs: Any) -> Any:
+            calls.append("__call__")
+            return super().__call__(*args, **kwargs)
+
+    @eager_app.task(base=Overrides, shared=False)
+    def body() -> str:
+        return "ran"
+
+    assert body.apply().get() == "ran"
+    assert calls == ["__call__"]
+
+
+def test_ignore_raised_in_before_start_ends_the_task_ignored_without_its_body(
+    eager_app: Celery,
+) -> None:
+    ran: list[bool] = []
+
+    class Refuses(Task):  # type: ignore[misc]
+        def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
+            raise Ignore("refused")
+
+    @eager_app.task(base=Refuses, shared=False)
+    def body() -> None:
+        ran.append(True)
+
+    assert body.apply().state == "IGNORED"
+    assert ran == []
+
+
+def test_a_custom_header_reaches_the_running_request(worker: Any, unique_key: str) -> None:
+    result = lockapp.reads_its_request.apply_async((unique_key,), headers={"csl_test_header": 7})
+    assert result.get(timeout=10)["header"] == 7
+
+
+def test_the_hard_time_limit_of_the_message_reaches_the_request(
+    worker: Any, unique_key: str
+) -> None:
+    result = lockapp.reads_its_request.apply_async((unique_key,), time_limit=42)
+    assert result.get(timeout=10)["hard_time_limit"] == 42.0
+
+
+def test_a_first_delivery_is_not_redelivered(worker: Any, unique_key: str) -> None:
+    assert lockapp.reads_its_request.delay(unique_key).get(timeout=10)["redelivered"] is False
+
+
+def test_the_current_request_is_the_top_of_the_request_stack(worker: Any, unique_key: str) -> None:
+    assert lockapp.reads_its_request.delay(unique_key).get(timeout=10)["is_current"] is True
+
+
+def test_successors_follow_a_request_with_callbacks_or_a_chain() -> None:
+    assert celery_api.successors_follow(Context({"id": "t", "callbacks": [{"task": "x"}]}))
+    assert celery_api.successors_follow(Context({"id": "t", "chain": [{"task": "x"}]}))
+    assert not celery_api.successors_follow(Context({"id": "t"}))
+
+
+def test_stored_states_are_read_back_as_outcomes(celery_app: Any) -> None:
+    task = lockapp.reads_its_request
+    request = Context({"id": str(uuid.uuid4()), "task": task.name})
+    celery_api.store_started(task, request.id, request, {"pid": 1, "hostname": "h"})
+    assert not celery_api.outcome_is_stored(task, request.id)
+    celery_api.store_retry(task, request, ValueError("again"))
+    assert task.backend.get_task_meta(request.id)["status"] == "RETRY"
+    celery_api.store_failure_quietly(task, request, ValueError("skipped"))
+    assert celery_api.outcome_is_stored(task, request.id)
+
+
+def test_sending_again_keeps_the_task_id_and_adds_the_headers(worker: Any, unique_key: str) -> None:
+    task = lockapp.reads_its_request
+    task_id = str(uuid.uuid4())
+    request = Context(
+        {
+            "id": task_id,
+            "task": task.name,
+            "args": (unique_key,),
+            "kwargs": {},
+            "delivery_info": {"routing_key": "celery", "exchange": ""},
+            "headers": {},
+            "retries": 0,
+        }
+    )
+    celery_api.send_again(task, request, countdown=0, headers={"csl_test_header": "again"})
+    assert task.AsyncResult(task_id).get(timeout=10)["header"] == "again"
+
+
+def test_register_task_names_the_instance_not_its_class(eager_app: Celery) -> None:
+    class Unnamed(Task):  # type: ignore[misc]
+        def run(self) -> None:
+            return None
+
+    registered = eager_app.register_task(Unnamed())
+    assert Unnamed.name is None
+    assert celery_api.registered_instances(eager_app, Unnamed) == [registered]

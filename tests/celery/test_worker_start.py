@@ -13,6 +13,7 @@ Eviction: workers of ``tests.celery.lockapp`` against lock servers started with 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -25,8 +26,9 @@ from typing import Callable, Iterator
 
 import pytest
 
-from celery_singleton_lock.testing import RedisServer
-from tests.celery.workers import ROOT, unique
+from celery_singleton_lock.celery.startup import eviction_risk
+from celery_singleton_lock.testing import RedisServer, free_port
+from tests.celery.workers import ROOT, CeleryWorkerProcess, Servers, unique
 
 #: Seconds a refused worker may take to exit (it imports Celery and the app, nothing more).
 REFUSED_WITHIN = 45.0
@@ -217,3 +219,102 @@ def test_worker_refused_by_the_check_says_why_in_one_critical_line(
     assert "CRITICAL" in lines[0] and "worker not started" in lines[0]
     assert all(word in lines[0] for word in invalid.words)
     assert "Traceback" not in outcome.output
+
+
+# -- eviction ---------------------------------------------------------------------------------
+
+
+@dataclass
+class LockUrlServers(Servers):
+    """Servers whose workers reach the lock server through ``lock_url`` (an ACL user...)."""
+
+    lock_url: str = ""
+
+    def env(self, queue: str, **extra: str) -> dict[str, str]:
+        return super().env(queue, **{"CSL_LOCK_URL": self.lock_url or self.lock.url, **extra})
+
+
+def started_worker_log(broker: RedisServer, lock: RedisServer, lock_url: str = "") -> str:
+    """The log of a lockapp worker (solo pool) against ``lock``, once it is ready."""
+    servers = LockUrlServers(
+        broker_url=broker.url,
+        lock=lock,
+        backend_url=broker.url.replace("/0", "/1"),
+        lock_url=lock_url,
+    )
+    with CeleryWorkerProcess(servers, queue=unique("q"), pool="solo") as worker:
+        return worker.log()
+
+
+def lines_with(log: str, text: str) -> list[str]:
+    return [line for line in log.splitlines() if text in line]
+
+
+@pytest.mark.parametrize("policy", ["allkeys-lru", "allkeys-random"])
+def test_allkeys_policy_is_logged_as_an_error(broker: RedisServer, policy: str) -> None:
+    with RedisServer.running(extra_args=["--maxmemory-policy", policy]) as lock:
+        log = started_worker_log(broker, lock)
+    lines = lines_with(log, f"maxmemory-policy is {policy}")
+    assert len(lines) == 1 and "ERROR/MainProcess" in lines[0], log
+    assert "fence counter" in lines[0] and "noeviction" in lines[0]
+
+
+def test_volatile_policy_is_logged_as_a_warning(broker: RedisServer) -> None:
+    with RedisServer.running(extra_args=["--maxmemory-policy", "volatile-ttl"]) as lock:
+        log = started_worker_log(broker, lock)
+    lines = lines_with(log, "maxmemory-policy is volatile-ttl")
+    assert len(lines) == 1 and "WARNING/MainProcess" in lines[0], log
+
+
+def test_noeviction_policy_logs_nothing_about_eviction(broker: RedisServer) -> None:
+    with RedisServer.running(extra_args=["--maxmemory-policy", "noeviction"]) as lock:
+        log = started_worker_log(broker, lock)
+    assert lines_with(log, "maxmemory-policy") == [], log
+    assert lines_with(log, "singleton locks on"), log
+
+
+def test_user_without_config_permission_is_told_it_could_not_be_checked(
+    broker: RedisServer,
+) -> None:
+    with RedisServer.running(extra_args=["--maxmemory-policy", "allkeys-lru"]) as lock:
+        admin = lock.client()
+        admin.acl_setuser(
+            "locks", enabled=True, passwords=["+pw"], keys=["*"], channels=["*"],
+            commands=["+@all", "-config"],
+        )  # fmt: skip
+        admin.close()
+        log = started_worker_log(broker, lock, f"redis://locks:pw@127.0.0.1:{lock.port}/0")
+    lines = lines_with(log, "could not check the lock server's maxmemory-policy")
+    assert len(lines) == 1 and "WARNING/MainProcess" in lines[0], log
+    assert "NoPermissionError" in lines[0]
+
+
+def test_unreachable_lock_server_is_told_it_could_not_be_checked(broker: RedisServer) -> None:
+    with RedisServer.running() as lock:
+        log = started_worker_log(broker, lock, f"redis://127.0.0.1:{free_port()}/0")
+    lines = lines_with(log, "could not check the lock server's maxmemory-policy")
+    assert len(lines) == 1 and "ConnectionError" in lines[0], log
+
+
+# -- which policies are safe (pure function) --------------------------------------------------
+
+
+def test_noeviction_is_the_only_safe_policy() -> None:
+    assert eviction_risk("noeviction") is None
+
+
+@pytest.mark.parametrize("policy", ["volatile-lru", "volatile-lfu", "volatile-random"])
+def test_volatile_policies_warn_that_locks_not_fences_can_be_evicted(policy: str) -> None:
+    level, message = eviction_risk(policy) or (0, "")
+    assert level == logging.WARNING
+    assert "lock keys have one" in message and "fence counters have no TTL" in message
+
+
+@pytest.mark.parametrize("policy", ["allkeys-lru", "allkeys-lfu"])
+def test_allkeys_policies_say_fences_can_go_backwards(policy: str) -> None:
+    level, message = eviction_risk(policy) or (0, "")
+    assert level == logging.ERROR and "fences go backwards" in message
+
+
+def test_an_unknown_policy_is_a_warning() -> None:
+    assert (eviction_risk("lazy-evict") or (0, ""))[0] == logging.WARNING

@@ -4,7 +4,8 @@
   (``terminate=True``), sent in the worker's MAIN process: the child that held the lock is
   dead or being killed, so the main process frees the lock by owner (task id, node, pid)
   once that pid is gone.
-* ``worker_init``: validate every locked task's options (``worker_ready``: log the server).
+* ``worker_init``: a worker with an invalid lock configuration will not start;
+  ``worker_ready``: log the lock server and warn if it may evict locks (see :mod:`.startup`).
 * ``worker_process_shutdown`` / ``worker_shutdown``: release whatever this process holds.
 """
 
@@ -19,10 +20,10 @@ from typing import Any, Optional
 from celery import signals
 from celery.exceptions import TimeLimitExceeded, WorkerLostError
 
-from ..errors import LockConfigurationError, LockError
-from .connection import all_lockers, choose_url, locker_for, redact
-from .options import lock_prefix, unknown_settings
+from ..errors import LockError
+from .connection import all_lockers, locker_for
 from .signals import lock_released
+from .startup import install_configuration_check, report_lock_server
 from .task import LockedTask
 
 log = logging.getLogger("celery_singleton_lock.worker")
@@ -136,39 +137,22 @@ def reclaim_dead_holder(task: LockedTask, task_id: str, args: Any, kwargs: Any, 
         return False
 
 
-def _check_configuration_at_start(sender: Any = None, **_: Any) -> None:
+def _prepare_worker_start(sender: Any = None, **_: Any) -> None:
+    # worker_init: too early to stop the worker or to log (see .startup); it only adds the
+    # bootstep that checks the configuration once logging is set up.
     global _node_name
     app = getattr(sender, "app", None)
     if app is None:
         return
     _node_name = getattr(sender, "hostname", None) or _node_name
-    typos = unknown_settings(app.conf)
-    if typos:
-        raise LockConfigurationError(
-            f"unknown setting(s) {', '.join(typos)}; see celery_singleton_lock.celery.options"
-        )
-    choose_url(app.conf)  # raises on a lock URL that is not Redis
-    for task in _locked_tasks(app):
-        task.resolve_lock_options()
+    install_configuration_check(app)
 
 
-def _locked_tasks(app: Any) -> list[LockedTask]:
-    return [task for task in app.tasks.values() if isinstance(task, LockedTask) and task.name]
-
-
-def _log_lock_server(sender: Any = None, **_: Any) -> None:
+def _report_lock_server(sender: Any = None, **_: Any) -> None:
     # worker_ready, not worker_init: Celery sets up its logging in between.
     app = getattr(sender, "app", None)
-    if app is None:
-        return
-    url, source = choose_url(app.conf)
-    log.info(
-        "singleton locks on %s (from %s), prefix %r, %d locked task(s)",
-        redact(url),
-        source,
-        lock_prefix(app.conf),
-        len(_locked_tasks(app)),
-    )
+    if app is not None:
+        report_lock_server(app)
 
 
 def _release_everything_held(**_: Any) -> None:
@@ -184,7 +168,7 @@ def _release_everything_held(**_: Any) -> None:
 
 signals.task_failure.connect(_reclaim_after_child_death, weak=False)
 signals.task_revoked.connect(_reclaim_after_terminate, weak=False)
-signals.worker_init.connect(_check_configuration_at_start, weak=False)
-signals.worker_ready.connect(_log_lock_server, weak=False)
+signals.worker_init.connect(_prepare_worker_start, weak=False)
+signals.worker_ready.connect(_report_lock_server, weak=False)
 signals.worker_process_shutdown.connect(_release_everything_held, weak=False)
 signals.worker_shutdown.connect(_release_everything_held, weak=False)

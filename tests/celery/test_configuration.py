@@ -1,16 +1,19 @@
-"""Invalid configuration fails at task registration or worker start, naming the task."""
+"""Invalid configuration fails at task registration or worker start, naming the task.
+
+The worker-start check is called directly here; tests/celery/test_worker_start.py shows a
+real ``celery worker`` refusing to start on the same errors.
+"""
 
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 from typing import Any, Iterator
 
 import pytest
 from celery import Celery
 
 from celery_singleton_lock import LockConfigurationError, LockedTask
-from celery_singleton_lock.celery.worker import _check_configuration_at_start
+from celery_singleton_lock.celery.startup import check_configuration
 
 
 @pytest.fixture
@@ -98,13 +101,25 @@ def test_defaults_suit_balance_updates(app: Celery) -> None:
 def test_misspelt_setting_fails_at_worker_start(app: Celery) -> None:
     app.conf.singleton_lock_tll = 5
     with pytest.raises(LockConfigurationError, match="singleton_lock_tll"):
-        _check_configuration_at_start(sender=SimpleNamespace(app=app, hostname="w@h"))
+        check_configuration(app)
+
+
+def test_misspelt_setting_error_suggests_the_setting_meant(app: Celery) -> None:
+    app.conf.singleton_lock_on_duplicat = "retry"
+    with pytest.raises(LockConfigurationError, match=r"did you mean singleton_lock_on_duplicate\?"):
+        check_configuration(app)
+
+
+def test_valid_configuration_passes_the_worker_start_check(app: Celery) -> None:
+    register(app)
+    app.conf.singleton_lock_ttl = 5
+    check_configuration(app)
 
 
 def test_non_redis_lock_url_fails_at_worker_start(app: Celery) -> None:
     app.conf.singleton_lock_url = "amqp://guest@localhost//"
     with pytest.raises(LockConfigurationError, match="not a Redis URL"):
-        _check_configuration_at_start(sender=SimpleNamespace(app=app, hostname="w@h"))
+        check_configuration(app)
 
 
 def test_setting_changed_after_registration_is_checked_at_worker_start(app: Celery) -> None:
@@ -112,4 +127,4 @@ def test_setting_changed_after_registration_is_checked_at_worker_start(app: Cele
     app.conf.singleton_lock_on_duplicate = "drop"
     # every locked task of the app is checked (shared tasks of other modules included)
     with pytest.raises(LockConfigurationError, match=r"task \S+: on_duplicate='drop'"):
-        _check_configuration_at_start(sender=SimpleNamespace(app=app, hostname="w@h"))
+        check_configuration(app)

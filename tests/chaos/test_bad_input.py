@@ -5,7 +5,6 @@ leaves no lock key behind. Run-time cases go through ``apply()``, which runs the
 from __future__ import annotations
 
 import math
-from types import SimpleNamespace
 from typing import Any, Callable, Iterator
 
 import pytest
@@ -14,7 +13,7 @@ from celery import Celery
 
 from celery_singleton_lock import LockedTask, LockError
 from celery_singleton_lock.celery.connection import forget_locker
-from celery_singleton_lock.celery.worker import _check_configuration_at_start
+from celery_singleton_lock.celery.startup import check_configuration
 from celery_singleton_lock.testing import RedisServer, free_port
 
 TASK = "billing.apply_delta"
@@ -155,7 +154,7 @@ def test_key_prefix_with_odd_characters_fails_at_registration(app: Celery, prefi
 
 
 def _worker_start(app: Celery) -> Callable[[], None]:
-    return lambda: _check_configuration_at_start(sender=SimpleNamespace(app=app, hostname="w@h"))
+    return lambda: check_configuration(app)
 
 
 def test_misspelt_setting_fails_at_worker_start(app: Celery) -> None:

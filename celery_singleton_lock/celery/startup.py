@@ -1,0 +1,191 @@
+"""What a worker checks as it starts.
+
+* Configuration (:class:`ConfigurationCheck`): misspelt ``singleton_lock_*`` settings, a lock
+  URL that is not Redis, and every locked task's options resolved against the settings as they
+  are now (they may have changed since the task was registered). A worker with a bad
+  configuration does not start: it logs one CRITICAL line naming the setting or task and exits
+  with status 78 (``EX_CONFIG``) before its pool starts and before it says "ready".
+* Eviction (:func:`report_lock_server`, at ``worker_ready``): the lock server's
+  ``maxmemory-policy``. A server that may evict keys can drop a held lock (two executions run
+  at once) or, under ``allkeys-*``, a fence counter (fences go backwards).
+
+Why a bootstep and not a ``worker_init`` receiver: Celery's signal dispatch catches and logs
+whatever a receiver raises, and at ``worker_init`` logging is not set up yet, so the error
+vanished and the worker started anyway. Bootsteps are built after logging is set up and before
+anything starts, and an exception raised there is not caught: it ends the worker command.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+from typing import Any, Optional
+
+import redis
+from celery import bootsteps
+from celery.exceptions import WorkerTerminate
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from ..errors import LockConfigurationError
+from .connection import choose_url, make_client, redact
+from .options import KNOWN_SETTINGS, lock_prefix, unknown_settings
+from .task import LockedTask
+
+log = logging.getLogger("celery_singleton_lock.worker")
+
+#: Exit status of a worker refused for its configuration (sysexits.h ``EX_CONFIG``).
+EX_CONFIG = getattr(os, "EX_CONFIG", 78)
+
+#: Seconds the eviction check may wait for the lock server (it runs before "ready").
+POLICY_CHECK_TIMEOUT = 2.0
+
+
+def locked_tasks(app: Any) -> list[LockedTask]:
+    """The app's registered tasks that take a singleton lock."""
+    return [task for task in app.tasks.values() if isinstance(task, LockedTask) and task.name]
+
+
+def check_configuration(app: Any) -> None:
+    """Validate the app's lock settings and every locked task's options.
+
+    Raises:
+        LockConfigurationError: naming the setting or task and what to do.
+    """
+    typos = unknown_settings(app.conf)
+    if typos:
+        raise LockConfigurationError(
+            "unknown setting(s) "
+            + ", ".join(_with_suggestion(typo) for typo in typos)
+            + "; the settings are listed in celery_singleton_lock.celery.options"
+        )
+    choose_url(app.conf)  # raises on a lock URL that is not Redis
+    for task in locked_tasks(app):
+        task.resolve_lock_options()
+
+
+def _with_suggestion(typo: str) -> str:
+    close = difflib.get_close_matches(typo, sorted(KNOWN_SETTINGS), n=1)
+    return f"{typo} (did you mean {close[0]}?)" if close else typo
+
+
+class ConfigurationCheck(bootsteps.Step):  # type: ignore[misc]
+    """Worker bootstep that refuses to start a worker whose lock configuration is invalid."""
+
+    label = "singleton lock configuration"
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        try:
+            check_configuration(parent.app)
+        except LockConfigurationError as exc:
+            log.critical("celery-singleton-lock: worker not started: %s", exc)
+            # SystemExit: not caught by Celery on the way out of the worker's constructor
+            raise WorkerTerminate(EX_CONFIG) from exc
+
+
+def install_configuration_check(app: Any) -> None:
+    """Add :class:`ConfigurationCheck` to the app's worker blueprint.
+
+    Called from ``worker_init``, which Celery sends just before it builds the blueprint from
+    ``app.steps["worker"]``.
+    """
+    app.steps["worker"].add(ConfigurationCheck)
+
+
+# -- eviction -------------------------------------------------------------------------------
+
+
+def eviction_risk(policy: str) -> Optional[tuple[int, str]]:
+    """Log level and message for a lock server's ``maxmemory-policy``; None if it is safe.
+
+    Only ``noeviction`` keeps every key: when memory is full Redis refuses writes instead, so
+    an acquire fails loudly (``lock_on_backend_error``) rather than a held lock vanishing.
+    ``volatile-*`` evicts only keys with a TTL: lock keys and finished-task markers have one,
+    fence counters do not, so exclusion can break but fences stay monotonic (WARNING).
+    ``allkeys-*`` may evict anything, fence counters included (ERROR).
+    """
+    if policy == "noeviction":
+        return None
+    fix = "set maxmemory-policy noeviction on the lock server (or use a lock server of its own)"
+    if policy.startswith("volatile-"):
+        return logging.WARNING, (
+            f"lock server maxmemory-policy is {policy}: when memory is full it evicts keys "
+            "that have a TTL, and lock keys have one, so a held lock can vanish and a "
+            "duplicate run at the same time (finished-task markers too, so a redelivered "
+            "finished task can run again); fence counters have no TTL and are kept, so "
+            f"fences stay monotonic and a fenced store still refuses the older holder; {fix}"
+        )
+    if policy.startswith("allkeys-"):
+        return logging.ERROR, (
+            f"lock server maxmemory-policy is {policy}: when memory is full it evicts any "
+            "key: a held lock can vanish and a duplicate run at the same time, and a fence "
+            "counter can be evicted and restart at 1, so fences go backwards: a fenced store "
+            f"then refuses the new holder and keeps accepting the stale one; {fix}"
+        )
+    return logging.WARNING, (
+        f"lock server maxmemory-policy is {policy!r}, which this package does not know; "
+        f"if it evicts keys, held locks and fence counters can be lost; {fix}"
+    )
+
+
+def read_eviction_policy(url: str, options: Optional[dict[str, Any]]) -> str:
+    """The ``maxmemory-policy`` of the server at ``url`` (one ``CONFIG GET``, no retries).
+
+    Raises:
+        redis.RedisError: unreachable, refused (``NOPERM``, ``CONFIG`` renamed away) or no
+            such setting in the reply.
+    """
+    client = make_client(
+        url,
+        {
+            **(options or {}),
+            "socket_timeout": POLICY_CHECK_TIMEOUT,
+            "socket_connect_timeout": POLICY_CHECK_TIMEOUT,
+            "retry": Retry(NoBackoff(), 0),
+        },
+    )
+    try:
+        reply = client.config_get("maxmemory-policy")
+    finally:
+        client.close()
+    # str under RESP2; bytes under some protocol and decoding options
+    found = {_text(k): _text(v) for k, v in reply.items()} if isinstance(reply, dict) else {}
+    policy = found.get("maxmemory-policy")
+    if not policy:
+        raise redis.RedisError(f"CONFIG GET maxmemory-policy returned {reply!r}")
+    return policy
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def report_lock_server(app: Any) -> None:
+    """Log which server holds the locks, and whether it may evict them (``worker_ready``)."""
+    url, source = choose_url(app.conf)
+    tasks = locked_tasks(app)
+    log.info(
+        "singleton locks on %s (from %s), prefix %r, %d locked task(s)",
+        redact(url),
+        source,
+        lock_prefix(app.conf),
+        len(tasks),
+    )
+    if not tasks:
+        return  # an app that takes no locks need not reach (or have) a lock server
+    try:
+        policy = read_eviction_policy(url, app.conf.get("singleton_lock_redis_options"))
+    except redis.RedisError as exc:
+        log.warning(
+            "could not check the lock server's maxmemory-policy (%s: %s); make sure it is "
+            "noeviction: a server that evicts keys can drop a held lock",
+            type(exc).__name__,
+            exc,
+        )
+        return
+    risk = eviction_risk(policy)
+    if risk is not None:
+        level, message = risk
+        log.log(level, "%s", message)

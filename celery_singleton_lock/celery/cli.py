@@ -18,7 +18,6 @@ import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional, TypeVar
-from urllib.parse import parse_qs, urlsplit
 
 import click
 import redis
@@ -26,7 +25,7 @@ import redis
 from ..engine import LockHolder, LockKeys, RedisLocker, Renewer
 from ..engine.keys import validate_prefix
 from ..errors import LockBackendUnavailable, LockConfigurationError, LockError
-from .connection import DEFAULT_URL, REDIS_SCHEMES, choose_url, make_client, redact
+from .connection import DEFAULT_URL, check_url, choose_url, make_client, redact, redact_loosely
 from .options import lock_prefix
 
 T = TypeVar("T")
@@ -53,45 +52,6 @@ class CliError(click.ClickException):
 
 
 # -- choosing the server ---------------------------------------------------------------------
-
-
-def _redacted(url: str) -> str:
-    """``url`` with its password hidden, even when it does not parse."""
-    try:
-        return redact(url)
-    except ValueError:
-        scheme, sep, rest = url.rpartition("://")
-        return f"{scheme}{sep}***@{rest.rsplit('@', 1)[1]}" if "@" in rest else url
-
-
-def check_url(url: str) -> str:
-    """``url`` if redis-py would connect where it says, else ``LockConfigurationError``.
-
-    redis-py rejects a non-Redis scheme only with a traceback-worthy ``ValueError`` and
-    silently ignores a database path that is not a number (querying db 0 instead).
-    """
-    shown = _redacted(url)
-    try:
-        parts = urlsplit(url)
-        _ = parts.port  # raises ValueError when it is not a number
-    except ValueError as exc:
-        raise LockConfigurationError(f"lock server URL {shown!r} is invalid: {exc}") from None
-    if parts.scheme not in REDIS_SCHEMES:
-        raise LockConfigurationError(
-            f"lock server URL {shown!r} is not a Redis URL; use redis://host:port/db, "
-            "rediss://host:port/db (TLS) or unix:///path/to/socket"
-        )
-    if parts.scheme == "unix" and not parts.path:
-        raise LockConfigurationError(f"lock server URL {shown!r} names no socket path")
-    databases = parse_qs(parts.query).get("db", [])
-    if parts.scheme != "unix" and parts.path.strip("/"):
-        databases.append(parts.path.strip("/"))
-    for db in databases:
-        if not db.isdigit():
-            raise LockConfigurationError(
-                f"lock server URL {shown!r}: database {db!r} is not a number"
-            )
-    return url
 
 
 def load_app(app_path: str) -> Any:
@@ -179,7 +139,7 @@ def open_target(
     try:
         client = make_client(url, options)
     except (ValueError, TypeError) as exc:  # what redis-py raises for a URL or option it refuses
-        raise LockConfigurationError(f"cannot connect to {_redacted(url)}: {exc}") from None
+        raise LockConfigurationError(f"cannot connect to {redact_loosely(url)}: {exc}") from None
     locker = RedisLocker(client, prefix=prefix, renewer=Renewer(autostart=False))
     return Target(locker=locker, url=url, source=source, app=app)
 

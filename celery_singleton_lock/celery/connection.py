@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import weakref
 from typing import Any, Optional
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import redis
 from redis.backoff import ExponentialBackoff
@@ -44,12 +44,10 @@ def choose_url(conf: Any) -> tuple[str, str]:
     """The lock server URL and where it came from (the setting, broker, backend or default)."""
     explicit = conf.get("singleton_lock_url")
     if explicit:
-        if not _is_redis(explicit):
-            raise LockConfigurationError(
-                f"singleton_lock_url={redact(explicit)!r} is not a Redis URL; use "
-                "redis://, rediss:// (TLS) or unix://"
-            )
-        return explicit, "singleton_lock_url"
+        try:
+            return check_url(explicit), "singleton_lock_url"
+        except LockConfigurationError as exc:
+            raise LockConfigurationError(f"singleton_lock_url: {exc.message}") from None
     broker = _first_url(conf.get("broker_write_url") or conf.get("broker_url"))
     if _is_redis(broker):
         return broker, "broker_url"  # type: ignore[return-value]
@@ -67,6 +65,45 @@ def redact(url: str) -> str:
     netloc = parts.netloc.rsplit("@", 1)[1]
     user = parts.username or ""
     return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+
+
+def redact_loosely(url: str) -> str:
+    """``url`` with its password hidden, even when it does not parse."""
+    try:
+        return redact(url)
+    except ValueError:
+        scheme, sep, rest = url.rpartition("://")
+        return f"{scheme}{sep}***@{rest.rsplit('@', 1)[1]}" if "@" in rest else url
+
+
+def check_url(url: str) -> str:
+    """``url`` if redis-py would connect where it says, else ``LockConfigurationError``.
+
+    redis-py rejects a non-Redis scheme only with a traceback-worthy ``ValueError`` and
+    silently ignores a database path that is not a number (querying db 0 instead).
+    """
+    shown = redact_loosely(url)
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # raises ValueError when it is not a number
+    except ValueError as exc:
+        raise LockConfigurationError(f"lock server URL {shown!r} is invalid: {exc}") from None
+    if parts.scheme not in REDIS_SCHEMES:
+        raise LockConfigurationError(
+            f"lock server URL {shown!r} is not a Redis URL; use redis://host:port/db, "
+            "rediss://host:port/db (TLS) or unix:///path/to/socket"
+        )
+    if parts.scheme == "unix" and not parts.path:
+        raise LockConfigurationError(f"lock server URL {shown!r} names no socket path")
+    databases = parse_qs(parts.query).get("db", [])
+    if parts.scheme != "unix" and parts.path.strip("/"):
+        databases.append(parts.path.strip("/"))
+    for db in databases:
+        if not db.isdigit():
+            raise LockConfigurationError(
+                f"lock server URL {shown!r}: database {db!r} is not a number"
+            )
+    return url
 
 
 def make_client(url: str, options: Optional[dict[str, Any]] = None) -> redis.Redis:

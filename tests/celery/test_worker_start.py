@@ -143,6 +143,10 @@ INVALID = {
         before='app.conf.singleton_lock_url = "amqp://guest@localhost//"',
         words=("singleton_lock_url", "not a Redis URL"),
     ),
+    "lock URL whose database is not a number": Invalid(
+        before='app.conf.singleton_lock_url = "redis://127.0.0.1:6379/abc"',
+        words=("singleton_lock_url", "database 'abc' is not a number"),
+    ),
     # finalize(): the task is bound (its options validated) before the setting changes
     "option set after registration": Invalid(
         after="app.finalize()\napp.conf.singleton_lock_ttl = -1",

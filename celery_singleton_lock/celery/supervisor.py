@@ -194,6 +194,10 @@ def _start(sender: Any = None, **_: Any) -> None:
         if isinstance(task, LockedTask) and task.name
     ]
     if ttls:
+        # Created here, in the thread that forks replacement children, never in the
+        # supervisor thread: a fork while that thread held the lockers' lock would leave the
+        # child unable to create its own locker.
+        locker_for(app)
         _supervisor = ChildLockSupervisor(min(ttls) / 3)
         _supervisor.start()
         log.info(

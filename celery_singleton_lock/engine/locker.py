@@ -179,6 +179,7 @@ class RedisLocker:
         self._release = _Lua(client.register_script(scripts.RELEASE))
         self._renew = _Lua(client.register_script(scripts.RENEW))
         self._release_abandoned = _Lua(client.register_script(scripts.RELEASE_ABANDONED))
+        self._renew_by_owner = _Lua(client.register_script(scripts.RENEW_BY_OWNER))
         self._names: dict[str, _Named] = {}
         #: Acquire and release run here: connections kept checked out of the client's pool.
         self.connections = PinnedConnections(client, settler=settler or process_settler())
@@ -519,6 +520,24 @@ class RedisLocker:
         lost = self._script(self._renew, leases[0].key, *args)
         return [int(index) - 1 for index in lost]
 
+    def renew_by_owner(self, held: Sequence[tuple[str, Owner, float]]) -> list[int]:
+        """Renew, in one round trip, each lock ``name`` whose value names exactly ``owner``,
+        for ``ttl`` seconds; return the indices (into ``held``) of the locks NOT renewed.
+
+        ``held`` is ``(name, owner, ttl)`` per lock. For a supervisor keeping alive the locks
+        of its children without knowing their tokens (a child whose body holds the GIL cannot
+        renew its own lease). A lock that is gone (released, expired) or held by any other
+        owner is left untouched; none is ever created. Each TTL is replaced, never added to.
+        """
+        if not held:
+            return []
+        args: list[Any] = [len(held)]
+        args += (self._named(name)[1] for name, _, _ in held)
+        args += (owner_fields(owner.task_id, owner.host, owner.pid) for _, owner, _ in held)
+        args += (b"%d" % max(1, int(ttl * 1000)) for _, _, ttl in held)
+        lost = self._script(self._renew_by_owner, self.keys(held[0][0]).lock, *args)
+        return [int(index) - 1 for index in lost]
+
     # -- inspect ------------------------------------------------------------------------------
 
     def read(self, name: str) -> Optional[LockHolder]:
@@ -634,7 +653,13 @@ class RedisLocker:
         After one NOSCRIPT they are all gone (a restart, a failover, ``SCRIPT FLUSH``), and a
         release sent without waiting (:meth:`release_soon`) must find its script there.
         """
-        luas = (self._acquire, self._release, self._renew, self._release_abandoned)
+        luas = (
+            self._acquire,
+            self._release,
+            self._renew,
+            self._release_abandoned,
+            self._renew_by_owner,
+        )
         pipe = self.client.pipeline(transaction=False)
         for lua in luas:
             pipe.script_load(lua.script.script)

@@ -20,9 +20,10 @@ have this shape (no ``|`` after 32 characters) was not written by this package: 
 raises a ``NOTLOCK`` error instead of reporting it as a holder.
 
 The fence counter is a separate string key sharing the lock's hash tag, so every key ACQUIRE,
-RELEASE and RELEASE_ABANDONED touch lives in one Redis Cluster slot (RENEW takes all the due
-locks of a process at once, hence a single node or Sentinel). The counter never expires: a
-counter that reset would hand out fences lower than ones a store has already seen.
+RELEASE and RELEASE_ABANDONED touch lives in one Redis Cluster slot (RENEW and RENEW_BY_OWNER
+take all the due locks of a process at once, hence a single node or Sentinel). The counter
+never expires: a counter that reset would hand out fences lower than ones a store has already
+seen.
 
 All scripts are registered as redis-py ``Script`` objects and run with EVALSHA; on NOSCRIPT
 the script is loaded (``SCRIPT LOAD``) and the call sent again.
@@ -149,4 +150,33 @@ if acquired_end and string.sub(v, acquired_end + 1) == ARGV[1] then
   return 1
 end
 return 0
+"""
+
+RENEW_BY_OWNER = """
+-- For a supervisor keeping alive the locks of its children (it cannot know their tokens): a
+-- child whose body holds the GIL in one long C call cannot renew its own lease.
+-- KEYS[1..N]     lock keys
+-- ARGV[1..N]     '<pid>|<host>|<task_id>' of the owner of each key, in KEYS order, host
+--                escaped as in the lock value
+-- ARGV[N+1..2N]  ttl in ms of each key, in KEYS order
+-- Returns        the 1-based indices of the keys NOT renewed (gone, held by another owner,
+--                or not a lock: left untouched); empty when every key was renewed. A renewed
+--                key's TTL is REPLACED by its ttl, never added to; a key is never created.
+local n, lost, k = #KEYS, {}, 0
+for i = 1, n do
+  local v = redis.pcall('GET', KEYS[i])
+  local owned = false
+  if type(v) == 'string' and string.sub(v, 33, 33) == '|' then
+    local fence_end = string.find(v, '|', 34, true)
+    local acquired_end = fence_end and string.find(v, '|', fence_end + 1, true)
+    owned = acquired_end ~= nil and string.sub(v, acquired_end + 1) == ARGV[i]
+  end
+  if owned then
+    redis.call('PEXPIRE', KEYS[i], ARGV[n + i])
+  else
+    k = k + 1
+    lost[k] = i
+  end
+end
+return lost
 """

@@ -505,3 +505,27 @@ def _record_chaos_lock_lost(
 
 
 lock_lost.connect(_record_chaos_lock_lost, weak=False)
+
+
+# -- a body that holds the GIL (tests/celery/test_gil_starvation.py) -------------------------
+
+#: Never matches "a" * n + "b"; the regex engine backtracks for a time growing ~1.6x per "a",
+#: all in one C call that keeps the GIL.
+GIL_PATTERN = r"(a|aa)+$"
+
+
+@app.task(bind=True, base=LockedTask, lock_on=("key",), lock_ttl=1, on_duplicate="skip")
+def holds_the_gil(self: LockedTask, key: str, size: int = 0) -> dict[str, Any]:
+    """Records itself as :func:`body` does, holding the GIL for one regex match in between."""
+    import re
+
+    r = store()
+    if r.incr(f"gauge:{key}") > 1:
+        r.incr(f"overlaps:{key}")
+    r.rpush(f"runs:{key}", f"{self.request.id}|{os.getpid()}|{time.time()}")
+    started = time.monotonic()
+    try:
+        re.match(GIL_PATTERN, "a" * size + "b")
+    finally:
+        r.decr(f"gauge:{key}")
+    return {"held_gil_s": time.monotonic() - started}

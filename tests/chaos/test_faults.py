@@ -2,8 +2,8 @@
 
 1. kill -9 of whole workers (main process and pool) in the middle of fenced balance updates;
 2. the lock server SIGKILLed and restarted (AOF, ``appendfsync always``) mid-run;
-3. a pool child holding a fenced lock stalled (SIGSTOP) past its TTL while another worker
-   takes the key over;
+3. a worker holding a fenced lock stalled (SIGSTOP of its main process and pool) past its
+   TTL while another worker takes the key over;
 4. redelivery of acks_late tasks whose body outlives the broker's visibility timeout;
 5. two ``celery beat`` schedulers and two workers (``python -m examples.beat_singleton``).
 
@@ -554,8 +554,11 @@ def stall_round(
     other_q: str,
     n: int,
 ) -> dict[str, Any]:
-    """chaos_stall holds ``account`` (ttl 1 s) on one worker and is SIGSTOPped between its
-    claim-read and its write, for 2.5 TTLs and until another worker took the key and wrote."""
+    """chaos_stall holds ``account`` (ttl 1 s) on one worker, which is SIGSTOPped whole between
+    the claim-read and the write, for 2.5 TTLs and until another worker took the key and wrote.
+
+    The whole process group: the worker's main process renews its children's locks (see
+    celery_singleton_lock.celery.supervisor), so a stopped child alone keeps its lock."""
     account = f"{store.ns}-a{n}"
     go = store.key("go", str(n))
     task = lockapp.chaos_stall.name
@@ -566,7 +569,7 @@ def stall_round(
     )
     assert run.pid in stalled_worker.children()
     wait_until(lambda: store.account(account)[2] == run.fence, timeout=10)  # claimed
-    os.kill(run.pid, signal.SIGSTOP)
+    stalled_worker.kill_group(signal.SIGSTOP)
     stopped = time.monotonic()
     try:
         wait_until(lambda: locks.exists(name) == 0, timeout=STALL_TTL + 5, interval=0.02)
@@ -576,7 +579,7 @@ def stall_round(
         stalled_s = time.monotonic() - stopped
     finally:
         store.client.set(go, 1)
-        os.kill(run.pid, signal.SIGCONT)
+        stalled_worker.kill_group(signal.SIGCONT)
     first_outcome = first.get(timeout=30)
     wait_until(
         lambda: any(

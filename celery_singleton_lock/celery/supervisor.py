@@ -1,0 +1,218 @@
+"""Renewal of prefork children's locks from the worker's MAIN process.
+
+A pool child renews its own leases from a thread. A body that holds the GIL in one long C call
+(a large sort, ``json.loads`` of a big document, a regex over a large text, a C extension that
+keeps the GIL) stops that thread: the lock expires under a running body and a duplicate runs
+alongside it. The worker's main process runs no task body, so no child's GIL can stall it.
+There, a daemon thread ticks every third of the shortest ``lock_ttl`` of the app's locked
+tasks and renews the lock of every locked task running in a child, by owner: the lock value
+names ``<pid>|<host>|<task_id>`` (see :mod:`..engine.scripts`), which the main process knows
+from Celery's request (``worker_pid``, ``hostname``, ``id``) without the child's token. One
+round trip per tick renews the locks of all the children (script ``RENEW_BY_OWNER``).
+
+Bounds:
+
+* only a lock whose value names that very execution is extended: a released or expired lock
+  is never created again, a lock held by any other owner is never touched;
+* never past the task's hard time limit, counted from when the child accepted the task;
+* renewal stops as soon as the request leaves ``celery.worker.state.active_requests`` (the
+  child returned, died, or was killed at the hard time limit).
+
+The child's own renewer keeps running: a second source of renewal, and the one that learns
+that a lock was lost. Only the prefork pool gets this thread: threads, solo and gevent run
+bodies in the process that renews, and a body holding the GIL there stalls renewal with it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Optional
+
+from celery import signals
+from celery.worker import state
+
+from ..engine import Owner, RedisLocker
+from ..errors import LockError
+from .connection import locker_for
+from .task import _HOSTNAME, LockedTask
+
+log = logging.getLogger("celery_singleton_lock.renewal")
+
+#: Attempts at copying ``active_requests`` (a WeakSet the consumer thread changes meanwhile).
+SNAPSHOT_ATTEMPTS = 5
+
+
+@dataclass(frozen=True)
+class Watched:
+    """The lock one running request holds, or will hold once its child takes it."""
+
+    locker: RedisLocker
+    name: str
+    owner: Owner
+    ttl: float
+    #: wall-clock time past which the task's hard time limit has killed it (None: no limit)
+    deadline: Optional[float]
+
+
+class ChildLockSupervisor:
+    """Renews, from the main process, the locks of locked tasks running in pool children.
+
+    Args:
+        requests: returns the requests running in children now (default: Celery's
+            ``active_requests`` of this process).
+        interval: seconds between ticks.
+        clock: wall clock (seconds since the epoch), the clock of ``Request.time_start``.
+    """
+
+    def __init__(
+        self,
+        interval: float,
+        *,
+        requests: Optional[Callable[[], Iterable[Any]]] = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.interval = interval
+        self.clock = clock
+        self._requests = requests or _active_requests
+        #: by (task id, child pid); None when the request's task takes no lock we can name
+        self._watched: dict[tuple[str, int], Optional[Watched]] = {}
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        #: ticks run and round trips sent (one per lock server per tick), for tests
+        self.ticks = 0
+        self.round_trips = 0
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self._run, name="celery-singleton-lock-supervisor", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception:  # a dead thread would leave every child's lock to its TTL
+                log.exception("renewal of the pool children's locks failed; trying again")
+            self._stop.wait(self.interval)
+
+    def tick(self) -> int:
+        """Renew the lock of every locked request running in a child now; how many were
+        still held by their request (and renewed)."""
+        self.ticks += 1
+        now = self.clock()
+        batches: dict[RedisLocker, list[tuple[str, Owner, float]]] = defaultdict(list)
+        seen: dict[tuple[str, int], Optional[Watched]] = {}
+        for request in self._requests():
+            pid, task_id = getattr(request, "worker_pid", None), getattr(request, "id", None)
+            if not pid or not task_id:
+                continue  # not accepted by a child yet
+            ident = (task_id, pid)
+            watched = seen[ident] = (
+                self._watched[ident] if ident in self._watched else _watch(request, pid)
+            )
+            if watched is None:
+                continue
+            ttl = (
+                watched.ttl
+                if watched.deadline is None
+                else min(watched.ttl, watched.deadline - now)
+            )
+            if ttl > 0:
+                batches[watched.locker].append((watched.name, watched.owner, ttl))
+        self._watched = seen  # requests that left active_requests are forgotten here
+        renewed = 0
+        for locker, batch in batches.items():
+            self.round_trips += 1
+            try:
+                renewed += len(batch) - len(locker.renew_by_owner(batch))
+            except LockError as exc:
+                log.warning("could not renew the pool children's locks: %s", exc)
+        return renewed
+
+
+def _active_requests() -> list[Any]:
+    """A copy of ``active_requests``; empty if it kept changing while being copied."""
+    for _ in range(SNAPSHOT_ATTEMPTS):
+        try:
+            return list(state.active_requests)
+        except RuntimeError:  # "set changed size during iteration": copy it again
+            continue
+    return []
+
+
+def _watch(request: Any, pid: int) -> Optional[Watched]:
+    """What renewing ``request``'s lock needs (computed once: the name is fixed by the
+    arguments), or None for a task that is not a ``LockedTask``."""
+    task = getattr(request, "task", None)
+    if not isinstance(task, LockedTask):
+        return None
+    options = task.lock_options
+    try:
+        name = options.keyer.name(request.args, request.kwargs)
+    except LockError as exc:  # the child fails the same way in before_start, holding nothing
+        log.debug("task %s[%s]: no lock name (%s)", task.name, request.id, exc)
+        return None
+    hard = (request.time_limits or (None,))[0] or options.default_time_limit
+    started = request.time_start
+    return Watched(
+        locker=locker_for(task.app),
+        name=name,
+        owner=Owner(task_id=request.id, host=request.hostname or _HOSTNAME, pid=pid),
+        ttl=options.ttl,
+        deadline=float(started) + float(hard) if hard and started else None,
+    )
+
+
+def uses_children(consumer: Any) -> bool:
+    """True when the worker runs task bodies in prefork pool children."""
+    from celery.concurrency.prefork import TaskPool  # billiard: only imported in workers
+
+    return isinstance(getattr(consumer, "pool", None), TaskPool)
+
+
+_supervisor: Optional[ChildLockSupervisor] = None
+
+
+def _start(sender: Any = None, **_: Any) -> None:
+    global _supervisor
+    app = getattr(sender, "app", None)
+    if app is None or _supervisor is not None or not uses_children(sender):
+        return
+    ttls = [
+        task.lock_options.ttl
+        for task in app.tasks.values()
+        if isinstance(task, LockedTask) and task.name
+    ]
+    if ttls:
+        # Created here, in the thread that forks replacement children, never in the
+        # supervisor thread: a fork while that thread held the lockers' lock would leave the
+        # child unable to create its own locker.
+        locker_for(app)
+        _supervisor = ChildLockSupervisor(min(ttls) / 3)
+        _supervisor.start()
+        log.info(
+            "renewing the locks of pool children from the main process every %.2fs",
+            _supervisor.interval,
+        )
+
+
+def _stop(**_: Any) -> None:
+    global _supervisor
+    if _supervisor is not None:
+        _supervisor.stop()
+        _supervisor = None
+
+
+# worker_ready and worker_shutdown are sent in the worker's main process only.
+signals.worker_ready.connect(_start, weak=False)
+signals.worker_shutdown.connect(_stop, weak=False)

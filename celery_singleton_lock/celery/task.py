@@ -10,6 +10,7 @@ import socket
 import threading
 from typing import Any, Callable, NoReturn, Optional, Sequence
 
+from celery import VERSION as CELERY_VERSION
 from celery import Task, states
 from celery.app.task import Context
 from celery.exceptions import Ignore, Reject, Retry
@@ -44,6 +45,17 @@ class _HeldHere(threading.local):
 
 
 _held_here = _HeldHere()
+
+
+def _push_request_copying_the_current(task: Task, *args: Any, **kwargs: Any) -> None:
+    """``Task.push_request`` as Celery 5.5 made it, for Celery 5.3 and 5.4.
+
+    An overridden ``__call__`` (``LockedTask`` has one) ends in ``Task.__call__``, which pushes
+    a new request for the body. Before 5.5 that request started empty, so outside the
+    optimized worker path (eager runs, ``start_worker``) the body saw ``self.request.id`` and
+    ``self.request.lock`` as None. From 5.5 it starts as a copy of the current request.
+    """
+    task.request_stack.push(Context(*args, **{**task.request.__dict__, **kwargs}))
 
 
 def _releasing_lock(call: Callable[..., Any]) -> Callable[..., Any]:
@@ -391,6 +403,9 @@ class LockedTask(Task):  # type: ignore[misc]
         if own_call is not None and not getattr(own_call, "releases_lock", False):
             # A subclass's own __call__ releases too, whether or not it calls super().
             cls.__call__ = _releasing_lock(own_call)  # type: ignore[method-assign]
+
+    if tuple(CELERY_VERSION[:2]) < (5, 5):
+        push_request = _push_request_copying_the_current
 
     def retry(self, *args: Any, throw: bool = True, **kwargs: Any) -> Any:
         """Celery's ``retry``; releases the lock first so the new attempt cannot collide with it."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from celery import states
+from celery import VERSION, states
 from celery.app.task import Context
 
 # Reading or storing a state may fail with no result backend configured, or with it down.
@@ -46,6 +46,18 @@ def declare_request_attribute(name: str) -> None:
     """
     if not hasattr(Context, name):
         setattr(Context, name, None)
+
+
+#: Celery >= 5.5 starts the request that ``Task.__call__`` pushes for the body as a copy of the
+#: current one. Before, it started empty: outside the worker's optimized path (eager runs,
+#: ``start_worker``) a task with its own ``__call__`` (``LockedTask``) saw no ``request.id``
+#: and no ``request.lock`` in its body.
+PUSH_REQUEST_COPIES = tuple(VERSION[:2]) >= (5, 5)
+
+
+def push_request_copying_the_current(task: Any, *args: Any, **kwargs: Any) -> None:
+    """``Task.push_request`` as Celery 5.5 made it, for the releases before."""
+    task.request_stack.push(Context(*args, **{**task.request.__dict__, **kwargs}))
 
 
 def current_request(task: Any) -> Any:

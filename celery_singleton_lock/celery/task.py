@@ -107,6 +107,9 @@ class LockedTask(Task):  # type: ignore[misc]
 
     _lock_options: Optional[LockOptions] = None
 
+    if not celery_api.PUSH_REQUEST_COPIES:  # Celery < 5.5: see there
+        push_request = celery_api.push_request_copying_the_current
+
     # -- configuration -----------------------------------------------------------------------
 
     @classmethod

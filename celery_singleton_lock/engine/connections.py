@@ -23,6 +23,8 @@ renewer or the application of one.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import os
 import threading
@@ -53,6 +55,23 @@ class _Pinned:
         self.pending: Optional[ReplyHandler] = None
 
 
+def _connection_getter(pool: Any) -> Callable[[], Any]:
+    """``pool.get_connection`` as a call without arguments, on every redis-py version.
+
+    redis-py before 5.3 requires a command name (which its pools ignore); 5.3 made it optional
+    and deprecated passing it. Decided once per pool from the signature, not at each checkout.
+    """
+    get_connection = pool.get_connection
+    try:
+        parameter = inspect.signature(get_connection).parameters.get("command_name")
+    except (TypeError, ValueError):  # no signature to read: assume the current form
+        parameter = None
+    if parameter is None or parameter.default is not inspect.Parameter.empty:
+        return get_connection  # type: ignore[no-any-return]
+    # The command these connections mostly carry; redis-py's own pools do not look at it.
+    return functools.partial(get_connection, "EVALSHA")
+
+
 def _deliver(handler: ReplyHandler, reply: Any) -> None:
     try:
         handler(reply)
@@ -70,6 +89,7 @@ class PinnedConnections:
 
     def __init__(self, client: redis.Redis, *, settler: Optional[ReplySettler] = None) -> None:
         self._pool = client.connection_pool
+        self._get_connection = _connection_getter(self._pool)
         self._settler = settler
         #: False for a BlockingConnectionPool: connections go back to the pool after each use.
         self.keeps_connections = not isinstance(self._pool, redis.BlockingConnectionPool)
@@ -89,7 +109,7 @@ class PinnedConnections:
         try:
             return self._idle.pop()  # the most recently used: its socket is warm
         except IndexError:
-            pinned = _Pinned(self._pool.get_connection())
+            pinned = _Pinned(self._get_connection())
             with self._all_lock:
                 self._all.append(pinned)
             return pinned

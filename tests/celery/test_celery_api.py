@@ -131,3 +131,22 @@ def test_register_task_names_the_instance_not_its_class(eager_app: Celery) -> No
     registered = eager_app.register_task(Unnamed())
     assert Unnamed.name is None
     assert celery_api.registered_instances(eager_app, Unnamed) == [registered]
+
+
+def test_the_request_pushed_for_a_body_starts_as_a_copy_of_the_current_one(
+    eager_app: Celery,
+) -> None:
+    # LockedTask.push_request restores this on Celery < 5.5 (celery_api.PUSH_REQUEST_COPIES)
+    from celery_singleton_lock import LockedTask
+
+    @eager_app.task(base=LockedTask, bind=True, shared=False)
+    def body(self: Any) -> None:
+        return None
+
+    body.push_request(id="outer", lock="the lock")
+    try:
+        body.push_request(args=(), kwargs={})
+        assert (body.request.id, body.request.lock) == ("outer", "the lock")
+    finally:
+        body.pop_request()
+        body.pop_request()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import warnings
 from typing import Any, Iterator
 
 import pytest
@@ -112,4 +113,23 @@ def test_a_capped_pool_gets_its_connection_back_after_every_command(
     connections.send("ECHO", "sent", on_reply=replies.append)
     assert replies == [b"sent"]  # answered at once: nothing may stay checked out
     assert client.echo("the application's") == b"the application's"  # would time out
+    pool.disconnect()
+
+
+class PoolRequiringACommandName(redis.ConnectionPool):
+    """A real pool with the ``get_connection`` signature of redis-py before 5.3, where the
+    command name is a required argument (5.3 made it optional and deprecated it)."""
+
+    def get_connection(self, command_name: str, *keys: Any, **options: Any) -> Any:
+        with warnings.catch_warnings():  # redis-py >= 5.3 warns that the name is unused
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return super().get_connection(command_name, *keys, **options)
+
+
+def test_a_pool_that_requires_a_command_name_hands_out_connections(
+    redis_server: RedisServer,
+) -> None:
+    pool = PoolRequiringACommandName(host="127.0.0.1", port=redis_server.port)
+    connections = PinnedConnections(redis.Redis(connection_pool=pool))
+    assert connections.call("ECHO", "checked out") == b"checked out"
     pool.disconnect()

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# The version matrix: the tests that depend on Celery, kombu and redis-py, run on each corner
+# in a virtualenv of its own.
+#   ci/matrix.sh [oldest] [newest]     (no argument: both; `./dev matrix` runs this)
+#   oldest  .venv-oldest: every dependency at its declared floor, pinned in
+#           ci/constraints-oldest.txt (ci/check_floors.py keeps it equal to pyproject.toml)
+#   newest  .venv-newest: the latest release of everything (upgraded on every run)
+# Each corner runs the engine and unit tests, every tests/celery module (eager runs and the
+# in-process worker included) except test_real_workers.py, and of that module the scenarios
+# on real `celery worker` processes listed in REAL_WORKERS below. Prints one summary line per
+# corner; exits non-zero if any corner failed. (run_corner runs in an `||` list, where bash
+# ignores `set -e`: every step in it checks its own status.)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY="${PYTHON:-python3}"
+PIP=(-m pip install -q --disable-pip-version-check)
+
+# Real `celery worker` processes, Redis broker: lease renewal on the prefork pool, time limits,
+# revoke(terminate=True), a killed pool child, kill -9 of the whole worker. Left out: the other
+# pools (the in-process worker covers threads), the contention runs (slow), RabbitMQ, and the
+# redelivery scenarios, whose premise (a message handed out again within seconds) needs kombu
+# 5.7's `unacked_restore_interval`: older kombu sweeps unacked messages every 10 s.
+REAL_WORKERS="(prefork or time_limit or revoke or sigkill or kill_9) and not rabbitmq"
+
+install() {
+  local corner="$1" venv=".venv-$1"
+  if [ ! -x "$venv/bin/python" ]; then
+    "$PY" -m venv "$venv" || return 1
+  fi
+  case "$corner" in
+    oldest)
+      "$PY" ci/check_floors.py || return 1
+      local stamp="$venv/.installed"
+      if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] \
+        || [ ci/constraints-oldest.txt -nt "$stamp" ]; then
+        "$venv/bin/python" "${PIP[@]}" -c ci/constraints-oldest.txt -e ".[test]" || return 1
+        touch "$stamp"
+      fi
+      "$venv/bin/python" ci/check_floors.py --installed || return 1
+      ;;
+    newest)
+      "$venv/bin/python" "${PIP[@]}" --upgrade --upgrade-strategy eager -e ".[test]" || return 1
+      ;;
+    *)
+      echo "unknown corner: $corner (oldest | newest)" >&2
+      return 2
+      ;;
+  esac
+}
+
+versions() {
+  "$1/bin/python" - <<'EOF'
+from importlib.metadata import version
+print(", ".join(f"{n} {version(n)}" for n in ("celery", "kombu", "redis", "pytest")))
+EOF
+}
+
+# The "N passed ..." line pytest ends with, or what went wrong.
+outcome() {
+  grep -E '(passed|failed|error|no tests ran).* in [0-9.]+s' "$1" | tail -1 | tr -d '=' | sed 's/^ *//;s/ *$//'
+}
+
+run_corner() {
+  local corner="$1" venv=".venv-$1" log status=0 started
+  install "$corner" || { SUMMARY+=("$corner: could not be installed"); return 1; }
+  log="$(mktemp)"
+  started=$SECONDS
+  echo "== $corner: $(versions "$venv")"
+  "$venv/bin/python" -m pytest -p no:cacheprovider -q tests/engine tests/unit tests/celery \
+    --ignore=tests/celery/test_real_workers.py | tee "$log" || status=1
+  local first
+  first="$(outcome "$log")"
+  "$venv/bin/python" -m pytest -p no:cacheprovider -q tests/celery/test_real_workers.py \
+    -k "$REAL_WORKERS" | tee "$log" || status=1
+  SUMMARY+=("$corner ($(versions "$venv")): [$first] + real workers [$(outcome "$log")]; $((SECONDS - started)) s")
+  rm -f "$log"
+  return "$status"
+}
+
+corners=("$@")
+[ ${#corners[@]} -gt 0 ] || corners=(oldest newest)
+SUMMARY=()
+failed=0
+for corner in "${corners[@]}"; do
+  run_corner "$corner" || failed=1
+done
+echo
+printf '%s\n' "${SUMMARY[@]}"
+exit "$failed"

@@ -49,6 +49,7 @@ from ._common import (
     RoundTripCounter,
     Target,
     counting_connection_class,
+    fill_defaults,
     median,
     quartiles,
     redis_target,
@@ -100,13 +101,7 @@ class PooledLocker(RedisLocker):
 
     def _script(self, lua: Any, key: str, *args: Any, pinned: bool = False) -> Any:
         keys, argv = _split(args)
-        try:
-            return lua.script(keys=keys, args=argv)
-        except redis.exceptions.RedisError as exc:
-            error = self._translate(exc, key)
-            if error is exc:
-                raise
-            raise error from exc
+        return self._call(lua.script, key, keys, argv)  # errors mapped as the locker maps them
 
 
 class WaitedLocker(RedisLocker):
@@ -161,13 +156,7 @@ class ScriptCallLocker(RedisLocker):
 
     def _script(self, lua: Any, key: str, *args: Any, pinned: bool = False) -> Any:
         keys, argv = _split(args)
-        try:
-            return lua.script(keys=keys, args=argv, client=self._kept_client if pinned else None)
-        except redis.exceptions.RedisError as exc:
-            error = self._translate(exc, key)
-            if error is exc:
-                raise
-            raise error from exc
+        return self._call(lua.script, key, keys, argv, self._kept_client if pinned else None)
 
 
 class UncachedLocker(RedisLocker):
@@ -737,12 +726,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     )
     args = parser.parse_args(list(argv))
     defaults = {"rounds": (2, 5), "cycles": (200, 1000), "budget": (60.0, 300.0)}
-    for name, (quick, full) in defaults.items():
-        if getattr(args, name) is None:
-            setattr(args, name, quick if args.quick else full)
-    for name in ("rounds", "cycles", "warmup"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1")
+    fill_defaults(parser, args, defaults, ("rounds", "cycles", "warmup"))
     if args.only:
         keys = {key.strip() for key in args.only.split(",")} | {"plain"}
         unknown = keys - {spec.key for spec in SPECS}

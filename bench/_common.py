@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import statistics
@@ -153,3 +154,19 @@ def median(values: Sequence[float]) -> float:
 
 def verdict(met: bool) -> str:
     return "MET" if met else "NOT MET"
+
+
+def fill_defaults(
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    defaults: dict[str, tuple[Any, Any]],
+    positive: Sequence[str],
+) -> None:
+    """Set each option of ``defaults`` left out to its ``(--quick, full)`` value; the options
+    named in ``positive`` must be at least 1."""
+    for name, (quick, full) in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
+    for name in positive:
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1")

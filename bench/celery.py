@@ -37,6 +37,7 @@ from celery_singleton_lock.celery.connection import forget_locker
 from ._common import (
     RoundTripCounter,
     counting_connection_class,
+    fill_defaults,
     median,
     quartiles,
     redis_target,
@@ -690,12 +691,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     )
     args = parser.parse_args(list(argv))
     defaults = {"rounds": (2, 5), "tasks": (500, 2000), "budget": (55.0, 170.0)}
-    for name, (quick, full) in defaults.items():
-        if getattr(args, name) is None:
-            setattr(args, name, quick if args.quick else full)
-    for name in ("rounds", "tasks", "warmup"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1")
+    fill_defaults(parser, args, defaults, ("rounds", "tasks", "warmup"))
     return args
 
 

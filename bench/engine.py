@@ -26,6 +26,7 @@ from ._common import (
     RoundTripCounter,
     command_usec,
     counting_client,
+    fill_defaults,
     median,
     quartiles,
     redis_target,
@@ -414,12 +415,7 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--ttl", type=float, default=30.0, help="lock TTL in seconds (default 30)")
     args = parser.parse_args(list(argv))
     defaults = {"rounds": (25, 45), "cycles": (200, 300), "ticks": (5, 7)}
-    for name, (quick, full) in defaults.items():
-        if getattr(args, name) is None:
-            setattr(args, name, quick if args.quick else full)
-    for name in ("rounds", "cycles", "leases", "ticks"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1")
+    fill_defaults(parser, args, defaults, ("rounds", "cycles", "leases", "ticks"))
     if not args.ttl >= 1:
         parser.error("--ttl must be at least 1 second")
     return args

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import os
 import platform
 import random
 import secrets
@@ -35,14 +34,9 @@ import redis
 from celery import Celery, signals
 from celery.contrib.testing.worker import start_worker
 
-from celery_singleton_lock import arguments as _arguments
-from celery_singleton_lock.arguments import ArgumentKeyer
 from celery_singleton_lock.celery import LockedTask
-from celery_singleton_lock.celery.connection import make_client
-from celery_singleton_lock.engine import Lease, RedisLocker
-from celery_singleton_lock.engine.keys import LockKeys
-from celery_singleton_lock.engine.settler import process_settler
-from celery_singleton_lock.errors import LockBackendUnavailable
+from celery_singleton_lock.celery.lock_server import make_client
+from celery_singleton_lock.engine import RedisLocker
 from celery_singleton_lock.testing import RedisServer
 
 from ._common import (
@@ -88,100 +82,12 @@ MIN_DRAIN_TIMEOUT = 60.0
 # -- bench-only variants of the engine ----------------------------------------------------------
 
 
-def _split(args: Tuple[Any, ...]) -> Tuple[Tuple[Any, ...], Tuple[Any, ...]]:
-    """KEYS and ARGV of ``(numkeys, *keys, *argv)``, as ``RedisLocker._script`` gets them."""
-    numkeys = int(args[0])
-    return args[1 : 1 + numkeys], args[1 + numkeys :]
-
-
 class PooledLocker(RedisLocker):
-    """(b) Scripts through redis-py's public ``Script.__call__`` on the client: one pool
-    checkout per command, no kept connection. ``release_soon`` is unchanged: a reply can only
-    stay unread on a connection kept out of the pool, so the deferred release keeps its own."""
+    """(b) Acquire and release through the client itself: one pool checkout per command,
+    no kept connection (everything through redis-py's public API)."""
 
-    def _script(self, lua: Any, key: str, *args: Any, pinned: bool = False) -> Any:
-        keys, argv = _split(args)
-        return self._call(lua.script, key, keys, argv)  # errors mapped as the locker maps them
-
-
-class WaitedLocker(RedisLocker):
-    """(c) ``release_soon`` waits for the release's reply, as ``LockScope.close(wait=True)``
-    does: no unread reply, so the settler thread never runs."""
-
-    def release_soon(
-        self,
-        lease: Lease,
-        on_done: Optional[Callable[[Optional[bool]], None]] = None,
-        *,
-        remember_for: Optional[float] = None,
-    ) -> bool:
-        if not self._claim_release(lease):
-            return False
-        owned: Optional[bool]
-        try:
-            owned = self.send_release(lease, remember_for=remember_for)
-        except LockBackendUnavailable:
-            owned = None
-        if on_done is not None:
-            on_done(owned)
-        return True
-
-
-class PublicLocker(PooledLocker, WaitedLocker):
-    """(d) = (b) + (c): acquire and a waited release, both through redis-py ``Script``
-    objects on the client; no kept connection, no settler."""
-
-
-class _KeptClient:
-    """What ``Script.__call__`` needs of a client, on the locker's kept connections."""
-
-    def __init__(self, locker: RedisLocker) -> None:
-        self.connections = locker.connections
-        self.client = locker.client
-
-    def evalsha(self, sha: str, numkeys: int, *args: Any) -> Any:
-        return self.connections.call("EVALSHA", sha, numkeys, *args)
-
-    def script_load(self, script: Any) -> Any:
-        return self.client.script_load(script)
-
-
-class ScriptCallLocker(RedisLocker):
-    """(s) Kept connections and deferred release as is, but scripts run through redis-py's
-    ``Script.__call__`` (its pipeline check, its own SHA) instead of the locker's bypass."""
-
-    def __init__(self, client: redis.Redis, **kwargs: Any) -> None:
-        super().__init__(client, **kwargs)
-        self._kept_client = _KeptClient(self)
-
-    def _script(self, lua: Any, key: str, *args: Any, pinned: bool = False) -> Any:
-        keys, argv = _split(args)
-        return self._call(lua.script, key, keys, argv, self._kept_client if pinned else None)
-
-
-class UncachedLocker(RedisLocker):
-    """(e, engine side) No lock-name cache (keys built and encoded on every call) and no
-    cached pid (the lease asks ``os.getpid()``, as it would without ``current_pid``)."""
-
-    def _named(self, name: str) -> Any:
-        keys = LockKeys.build(self.prefix, name)
-        encode = self._encode
-        return (keys, encode(keys.lock), encode(keys.fence), encode(keys.channel))
-
-    def try_acquire(self, name: str, ttl: float, **kwargs: Any) -> Any:
-        result = super().try_acquire(name, ttl, **kwargs)
-        if isinstance(result, Lease):
-            result.pid = os.getpid()
-        return result
-
-
-class UncachedKeyer(ArgumentKeyer):
-    """(e, argument side) No digest cache of mapping keys: emptied before every name, so
-    each parameter name is hashed again (it is put back after, for the other contenders)."""
-
-    def name(self, args: Optional[Sequence[Any]], kwargs: Optional[Any]) -> str:
-        _arguments._str_key_digests.clear()
-        return super().name(args, kwargs)
+    def _run(self, script: Any, key: str, keys: Any, args: Any, *, pinned: bool = False) -> Any:
+        return super()._run(script, key, keys, args, pinned=False)
 
 
 def build_variant(
@@ -190,22 +96,12 @@ def build_variant(
     app: Celery,
     name: str,
     setup: Setup,
-    *,
-    uncached_keyer: bool = False,
 ) -> Any:
     """A LockedTask whose locker is a ``locker_class`` with a counting client of its own,
     made as the plugin makes its locker (``make_client`` + the app's prefix)."""
     options = {"connection_class": counting_connection_class(setup.url, counter)}
     locker = locker_class(make_client(setup.url, options), prefix=f"{setup.prefix}-lock")
     attributes: Dict[str, Any] = {"lock_locker": locker, "bench_locker": locker}
-    if uncached_keyer:
-
-        def _resolve_options(cls: Any, app: Any, task_name: str) -> Any:
-            resolved = super(base, cls)._resolve_options(app, task_name)
-            resolved.keyer.__class__ = UncachedKeyer
-            return resolved
-
-        attributes["_resolve_options"] = classmethod(_resolve_options)
     base = type(f"Bench{locker_class.__name__}Task", (LockedTask,), attributes)
     return app.task(name=name, base=base)(noop)
 
@@ -215,7 +111,6 @@ class Spec:
     key: str
     label: str
     locker: Optional[type] = None  # a LockedTask variant with this locker class
-    uncached_keyer: bool = False
     build: Optional[Callable[[Celery, str, Setup], Any]] = None
 
 
@@ -224,26 +119,16 @@ SPECS = [
     Spec("floor", "(f) floor: SET NX PX + DEL", build=build_floor),
     Spec("locked", "(a) LockedTask as is", build=build_locked),
     Spec("locked2", "(a') LockedTask as is, A/A", locker=RedisLocker),
-    Spec("pooled", "(b) acquire via Script+pool", locker=PooledLocker),
-    Spec("waited", "(c) waited release", locker=WaitedLocker),
-    Spec("public", "(d) b+c: public API only", locker=PublicLocker),
-    Spec("scriptcall", "(s) Script.__call__, kept", locker=ScriptCallLocker),
-    Spec("nocache", "(e) no pid/name/digest cache", locker=UncachedLocker, uncached_keyer=True),
+    Spec("pooled", "(b) no kept connections", locker=PooledLocker),
     Spec("once", "celery-once QueueOnce", build=build_once),
     Spec("singleton", "celery-singleton Singleton", build=build_singleton),
 ]
-LOCKED_KEYS = ("locked", "locked2", "pooled", "waited", "public", "scriptcall", "nocache")
+LOCKED_KEYS = ("locked", "locked2", "pooled")
 
 #: (label, with the piece, without it): the piece's worth is the throughput it adds.
 PIECES = [
     ("A/A: the same code twice (resolution)", "locked", "locked2"),
-    ("kept connections, acquire only (a vs b)", "locked", "pooled"),
-    ("kept connections, waited release (c vs d)", "waited", "public"),
-    ("deferred release + settler (a vs c)", "locked", "waited"),
-    ("deferred release, pooled acquire (b vs d)", "pooled", "public"),
-    ("Script.__call__ bypass, sha rewrite (a vs s)", "locked", "scriptcall"),
-    ("pid + name + digest caches (a vs e)", "locked", "nocache"),
-    ("all connection pieces together (a vs d)", "locked", "public"),
+    ("kept connections, acquire and release (a vs b)", "locked", "pooled"),
 ]
 
 
@@ -265,23 +150,9 @@ def contenders(keys: Optional[Sequence[str]] = None) -> List[Contender]:
         if spec.build is not None:
             contender.build = spec.build
         else:
-            contender.build = partial(
-                _build_spec, spec.locker, contender.counter, uncached_keyer=spec.uncached_keyer
-            )
+            contender.build = partial(build_variant, spec.locker, contender.counter)
         entries.append(contender)
     return entries
-
-
-def _build_spec(
-    locker: type,
-    counter: RoundTripCounter,
-    app: Celery,
-    name: str,
-    setup: Setup,
-    *,
-    uncached_keyer: bool,
-) -> Any:
-    return build_variant(locker, counter, app, name, setup, uncached_keyer=uncached_keyer)
 
 
 @dataclass
@@ -415,7 +286,6 @@ def run_round(
     recorder = Recorder(index_of, total, [c.counter for c in usable])
     gc.collect()
     drain(app, recorder, max(MIN_DRAIN_TIMEOUT, total / 100))
-    process_settler().flush(5.0)  # the replies of the last deferred releases
     if recorder.failed:
         name, error = recorder.failed[0]
         raise BenchError(f"{len(recorder.failed)} tasks failed, first {name}: {error}")
@@ -483,7 +353,6 @@ def warm_up(app: Celery, usable: List[Contender], servers: Servers, cycles: int)
     # competitors dropped mid-way left some messages: count what is queued
     recorder = Recorder(index_of, total, [c.counter for c in live])
     drain(app, recorder, MIN_DRAIN_TIMEOUT)
-    process_settler().flush(5.0)
     failed = dict(reversed(recorder.failed))
     for contender in live:
         error = failed.get(contender.task.name)
@@ -653,14 +522,14 @@ def print_verdicts(run: Run) -> None:
     by_key = {c.key: c for c in run.entries}
     lines = []
     if by_key["floor"].available:
-        for key in ("locked", "public"):
+        for key in ("locked", "pooled"):
             of_floor = [r.worker_us["floor"] / r.worker_us[key] for r in rounds]
             lines.append(
                 f"{by_key[key].label}: {_med_iqr(of_floor, '.3f')}x the floor's tasks/s "
                 f"(>= {MIN_RATIO_TO_FLOOR}) {verdict(median(of_floor) >= MIN_RATIO_TO_FLOOR)}"
             )
     others = [k for k in ("once", "singleton") if by_key[k].available]
-    for key in ("locked", "public"):
+    for key in ("locked", "pooled"):
         if not others:
             lines.append("end to end: n/a (neither celery-once nor celery-singleton usable)")
             break

@@ -76,14 +76,6 @@ def is_redelivered(request: Any) -> bool:
     return bool((getattr(request, "delivery_info", None) or {}).get("redelivered"))
 
 
-def successors_follow(request: Any) -> bool:
-    """Celery publishes successors after the body (callbacks, chain steps, a chord, errbacks),
-    or the caller is eager and runs them at once."""
-    return bool(
-        request.is_eager or request.callbacks or request.chain or request.chord or request.errbacks
-    )
-
-
 def hard_time_limit(request: Any) -> Optional[float]:
     """The hard time limit the message carries, if any."""
     limits = request.timelimit

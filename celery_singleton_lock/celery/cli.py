@@ -3,7 +3,7 @@
 The lock server is ``--url``, else the one the Celery app given with ``-A`` uses (the choice a
 worker makes), else ``$SINGLETON_LOCK_URL``, else ``redis://localhost:6379/0``.
 
-The work is done by plain functions taking a :class:`Target` (a locker and the server it talks
+The work is done by plain functions taking a :class:`Target` (an inspector and the server it talks
 to) so that other front ends (a ``celery`` sub-command) can reuse them; the click commands only
 parse, call and print. Every bad input is one ``Error: ...`` line on stderr. Exit status: 0 an
 answer, 1 the lock asked for by ``show`` is free, 2 an error.
@@ -22,10 +22,10 @@ from typing import Any, Callable, Iterator, Optional, TypeVar
 import click
 import redis
 
-from ..engine import LockHolder, LockKeys, RedisLocker, Renewer
+from ..engine import LockHolder, LockInspector, LockKeys
 from ..engine.keys import validate_prefix
 from ..errors import LockBackendUnavailable, LockConfigurationError, LockError
-from .connection import DEFAULT_URL, check_url, choose_url, make_client, redact, redact_loosely
+from .lock_server import DEFAULT_URL, check_url, choose_url, make_client, redact, redact_loosely
 from .options import lock_prefix
 
 T = TypeVar("T")
@@ -87,9 +87,9 @@ def load_app(app_path: str) -> Any:
 
 @dataclass
 class Target:
-    """A locker and the server it talks to, for the commands below."""
+    """An inspector and the server it reads, for the commands below."""
 
-    locker: RedisLocker
+    inspector: LockInspector
     url: str
     #: where ``url`` came from, for the user: "--url", "-A proj:app, its broker_url"...
     source: str
@@ -101,7 +101,7 @@ class Target:
         return f"{redact(self.url)} (from {self.source})"
 
     def close(self) -> None:
-        self.locker.client.close()
+        self.inspector.client.close()
 
 
 def open_target(
@@ -140,8 +140,7 @@ def open_target(
         client = make_client(url, options)
     except (ValueError, TypeError) as exc:  # what redis-py raises for a URL or option it refuses
         raise LockConfigurationError(f"cannot connect to {redact_loosely(url)}: {exc}") from None
-    locker = RedisLocker(client, prefix=prefix, renewer=Renewer(autostart=False))
-    return Target(locker=locker, url=url, source=source, app=app)
+    return Target(inspector=LockInspector(client, prefix=prefix), url=url, source=source, app=app)
 
 
 # -- the commands' work ----------------------------------------------------------------------
@@ -174,11 +173,12 @@ def list_locks(target: Target, limit: int) -> Listing:
 
     def collect() -> Listing:
         holders: list[LockHolder] = []
-        for holder in target.locker.scan():
+        for holder in target.inspector.scan():
             if len(holders) >= limit:
                 return Listing(holders, True, [])
             holders.append(holder)
-        others = [] if holders else lock_shaped_prefixes(target.locker.client, target.locker.prefix)
+        inspector = target.inspector
+        others = [] if holders else lock_shaped_prefixes(inspector.client, inspector.prefix)
         return Listing(holders, False, others)
 
     return _asking(target, collect)
@@ -224,7 +224,7 @@ def lock_name_from_key(target: Target, name: str) -> str:
     Raises:
         LockConfigurationError: a full key under another prefix (says which --prefix to use).
     """
-    prefix = target.locker.prefix
+    prefix = target.inspector.prefix
     if name.startswith(f"{prefix}:{{") and name.endswith("}"):
         return name[len(prefix) + 2 : -1]
     if ":{" in name and name.endswith("}"):
@@ -271,8 +271,8 @@ def lock_name_of_call(
 
 def read_lock(target: Target, name: str) -> tuple[Optional[LockHolder], int]:
     """The holder of lock ``name`` (None when free) and the last fence handed out for it."""
-    LockKeys.build(target.locker.prefix, name)  # a bad name is bad input, not server trouble
-    return _asking(target, lambda: (target.locker.read(name), target.locker.fence(name)))
+    LockKeys.build(target.inspector.prefix, name)  # a bad name is bad input, not server trouble
+    return _asking(target, lambda: (target.inspector.read(name), target.inspector.fence(name)))
 
 
 def holder_row(holder: LockHolder, now: float) -> str:
@@ -414,7 +414,7 @@ def list_command(settings: _Settings, limit: int) -> None:
     for holder in listing.holders:
         click.echo(holder_row(holder, now))
     summary = (
-        f"{len(listing.holders)} lock(s) held under prefix {target.locker.prefix!r} "
+        f"{len(listing.holders)} lock(s) held under prefix {target.inspector.prefix!r} "
         f"on {target.server}"
     )
     if listing.truncated:
@@ -490,9 +490,10 @@ def show(
             holder, fence = read_lock(target, name)
         finally:
             target.close()
-    click.echo(f"lock {name} under prefix {target.locker.prefix!r} on {target.server}", err=True)
+    click.echo(f"lock {name} under prefix {target.inspector.prefix!r} on {target.server}", err=True)
     if holder is None:
-        click.echo(f"{target.locker.keys(name).lock}: free (last fence {fence})")
+        key = LockKeys.build(target.inspector.prefix, name).lock
+        click.echo(f"{key}: free (last fence {fence})")
         raise SystemExit(EXIT_FREE)
     click.echo(holder_row(holder, time.time()))
 

@@ -23,6 +23,7 @@ from celery.exceptions import Ignore
 
 from ..engine import Lease, LockHolder
 from ..engine.locker import AcquireResult
+from ..engine.waiting import subscribe_releases, wait_for_release
 from ..errors import DuplicateTaskError, DuplicateTaskSkipped, LockBackendUnavailable, LockError
 from . import celery_api
 from .celery_api import BACKEND_ERRORS, ignores_result
@@ -190,7 +191,7 @@ def wait(duplicate: Duplicate, acquire: Callable[[], AcquireResult]) -> Lease:
     locker = duplicate.task.lock_locker
     deadline = time.monotonic() + duplicate.options.wait_timeout
     duplicate.announce("wait")
-    pubsub = locker.subscribe_releases(duplicate.name)
+    pubsub = subscribe_releases(locker.client, locker.keys(duplicate.name).channel)
     try:
         while True:
             outcome = acquire()
@@ -201,7 +202,7 @@ def wait(duplicate: Duplicate, acquire: Callable[[], AcquireResult]) -> Lease:
             if remaining <= 0:
                 break
             holder_ttl = outcome.ttl if outcome.ttl is not None else remaining
-            locker.wait_for_release(pubsub, min(remaining, holder_ttl + 0.01))
+            wait_for_release(pubsub, min(remaining, holder_ttl + 0.01))
     except LockBackendUnavailable as exc:
         retry(duplicate, exc)
     finally:

@@ -82,14 +82,12 @@ class LockScope(LockHandle):
         self._body_started = True
         return first
 
-    def close(self, *, finished: bool = False, wait: bool = True) -> None:
+    def close(self, *, finished: bool = False) -> None:
         """Stop renewal and release the lock; later calls do nothing. Never raises.
 
         Args:
             finished: the body ran to an outcome. For an ``acks_late`` task the release then
                 records the task id for ``lock_finished_ttl`` (see ``LockedTask``).
-            wait: wait for Redis's reply. Otherwise the release is sent without waiting, and
-                its outcome is logged and signalled once the reply is read.
         """
         if self._closed:
             return
@@ -100,9 +98,6 @@ class LockScope(LockHandle):
         remember_for = task.lock_options.finished_ttl if finished and task.acks_late else None
         lease = self.lease
         try:
-            if not wait:
-                lease.locker.release_soon(lease, self._released, remember_for=remember_for)
-                return
             owned: Optional[bool] = lease.release(remember_for=remember_for)
         except LockBackendUnavailable:
             owned = None
@@ -180,9 +175,8 @@ def releases_after_body(call: F) -> F:
             raise
         finally:
             if owns:
-                # Successors (callbacks, chain steps) and eager callers must find the lock
-                # free: wait for the release then; otherwise send it without waiting.
-                held.close(finished=finished, wait=celery_api.successors_follow(request))  # type: ignore[union-attr]
+                # before Celery publishes successors (callbacks, chain steps): they find it free
+                held.close(finished=finished)  # type: ignore[union-attr]
 
     __call__.releases_lock = True  # type: ignore[attr-defined]
     return __call__  # type: ignore[return-value]

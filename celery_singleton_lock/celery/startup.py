@@ -29,7 +29,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ..errors import LockConfigurationError
-from .connection import choose_url, make_client, redact
+from .lock_server import choose_url, make_client, redact
 from .options import KNOWN_SETTINGS, lock_prefix, unknown_settings
 from .task import LockedTask
 

@@ -37,7 +37,7 @@ from celery.worker import state
 
 from ..engine import Owner, RedisLocker
 from ..errors import LockError
-from .connection import locker_for
+from .lock_server import locker_for
 from .task import _HOSTNAME, LockedTask
 
 log = logging.getLogger("celery_singleton_lock.renewal")

@@ -19,8 +19,8 @@ from ..errors import (
     LockConfigurationError,
 )
 from . import celery_api, policies
-from .connection import locker_for
 from .handle import LockHandle
+from .lock_server import locker_for
 from .options import TASK_OPTIONS, UNSET, LockOptions, resolve
 from .scope import LockScope, closes_scope_on_error, open_scope, releases_after_body
 from .signals import lock_acquired, lock_lost
@@ -292,22 +292,18 @@ class LockedTask(Task):  # type: ignore[misc]
 
     # -- release -----------------------------------------------------------------------------
 
-    def release_lock(
-        self, request: Any = None, *, wait: bool = True, finished: bool = False
-    ) -> None:
+    def release_lock(self, request: Any = None, *, finished: bool = False) -> None:
         """Release the lock of ``request`` (default: the current one) if this run owns it.
 
         Called after the body on every exit path; safe to call more than once; never raises
-        (a release problem is logged and signalled). With ``wait=False`` the release is sent
-        without waiting for its reply (Redis frees the lock as it arrives; the outcome is
-        logged and signalled once the reply is read); renewal stops at once either way.
-        ``finished``: the body ran to an outcome; for an ``acks_late`` task the release then
-        records its task id for ``lock_finished_ttl``, so that a redelivered copy of it takes
-        nothing (see ``before_start``).
+        (a release problem is logged and signalled). ``finished``: the body ran to an
+        outcome; for an ``acks_late`` task the release then records its task id for
+        ``lock_finished_ttl``, so that a redelivered copy of it takes nothing (see
+        ``before_start``).
         """
         held = getattr(self.request if request is None else request, "lock", None)
         if isinstance(held, LockScope):
-            held.close(finished=finished, wait=wait)
+            held.close(finished=finished)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return super().__call__(*args, **kwargs)

@@ -21,7 +21,7 @@ from celery import signals
 from celery.exceptions import TimeLimitExceeded, WorkerLostError
 
 from ..errors import LockError
-from .connection import all_lockers, locker_for
+from .lock_server import all_lockers, locker_for
 from .signals import lock_released
 from .startup import install_configuration_check, report_lock_server
 from .task import LockedTask
@@ -98,7 +98,7 @@ def reclaim_dead_holder(task: LockedTask, task_id: str, args: Any, kwargs: Any, 
         locker = locker_for(task.app)
         deadline = time.monotonic() + RECLAIM_WAIT
         while True:
-            holder = locker.read(name)
+            holder = locker.inspect.read(name)
             if holder is None or holder.task_id != task_id or holder.host != node:
                 return False
             if holder.pid is not None and pid_is_gone(holder.pid):

@@ -3,22 +3,21 @@
 Imports nothing from Celery; the Celery layer (:mod:`celery_singleton_lock.celery`) uses it.
 """
 
+from .inspect import LockInspector
 from .keys import LockKeys
 from .lease import Lease, LockHolder, Owner
 from .locker import AcquireResult, RedisLocker, new_token
 from .renewer import Renewer, process_renewer
-from .settler import ReplySettler, process_settler
 
 __all__ = [
     "AcquireResult",
     "Lease",
     "LockHolder",
+    "LockInspector",
     "LockKeys",
     "Owner",
     "RedisLocker",
     "Renewer",
-    "ReplySettler",
     "new_token",
     "process_renewer",
-    "process_settler",
 ]

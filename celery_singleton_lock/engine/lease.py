@@ -8,6 +8,7 @@ import socket
 import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional
+from urllib.parse import unquote
 
 from .keys import LockKeys
 from .scripts import TOKEN_LENGTH
@@ -17,29 +18,22 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("celery_singleton_lock.renewal")
 
-_hostname: Optional[str] = None
-_pid = os.getpid()
+
+def as_text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return "" if value is None else str(value)
 
 
-def _after_fork_in_child() -> None:
-    global _pid
-    _pid = os.getpid()
+def as_int(value: Any) -> Optional[int]:
+    text = as_text(value)
+    return int(text) if text.lstrip("-").isdigit() else None
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def current_pid() -> int:
-    """``os.getpid()`` without the system call: kept up to date by an after-fork hook."""
-    return _pid
-
-
-def hostname() -> str:
-    """``socket.gethostname()``, looked up once per process (it costs a system call)."""
-    global _hostname
-    if _hostname is None:
-        _hostname = socket.gethostname()
-    return _hostname
+def _escape_host(host: str) -> str:
+    if "|" in host or "%" in host:
+        return host.replace("%", "%25").replace("|", "%7C")
+    return host
 
 
 @dataclass(frozen=True)
@@ -47,8 +41,13 @@ class Owner:
     """Metadata stored with a lock so that inspecting it needs no other key."""
 
     task_id: str = ""
-    host: str = field(default_factory=hostname)
+    host: str = field(default_factory=socket.gethostname)
     pid: int = field(default_factory=os.getpid)
+
+    @property
+    def fields(self) -> str:
+        """``'<pid>|<host>|<task_id>'``: the owner part of a lock value, as scripts store it."""
+        return f"{self.pid}|{_escape_host(self.host)}|{self.task_id}"
 
 
 @dataclass(frozen=True)
@@ -62,6 +61,34 @@ class LockHolder:
     acquired_at: Optional[float]  # seconds since the epoch, holder's clock
     fence: Optional[int]
     ttl: Optional[float]  # seconds left; None when the key has no TTL
+
+    @classmethod
+    def parse(cls, key: str, fields: Any, pttl: Any) -> Optional[LockHolder]:
+        """The holder described by ``'fence|acquired_at|pid|host|task_id'`` (a lock value
+        without its token) with ``pttl`` ms left; None if it is not that shape."""
+        parts = as_text(fields).split("|", 4)
+        if len(parts) != 5:
+            return None
+        fence, acquired_at, pid, host, task_id = parts
+        acquired_ms = as_int(acquired_at)
+        ttl_ms = as_int(pttl)
+        return cls(
+            key=key,
+            task_id=task_id,
+            host=unquote(host) if "%" in host else host,
+            pid=as_int(pid),
+            acquired_at=None if acquired_ms is None else acquired_ms / 1000.0,
+            fence=as_int(fence),
+            ttl=None if ttl_ms is None or ttl_ms < 0 else ttl_ms / 1000.0,
+        )
+
+    @classmethod
+    def from_value(cls, key: str, value: Any, pttl: Any) -> Optional[LockHolder]:
+        """The holder of a whole stored lock value; None if it is not a lock value."""
+        text = as_text(value)
+        if len(text) <= TOKEN_LENGTH or text[TOKEN_LENGTH] != "|":
+            return None
+        return cls.parse(key, text[TOKEN_LENGTH + 1 :], pttl)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -128,16 +155,12 @@ class Lease:
     ``on_lost`` callbacks fire, once, from the renewer thread) when Redis says the lock is no
     longer ours, or when Redis could not be reached for longer than the TTL.
 
-    ``ttl`` (and ``keys``, ``token``) are fixed when the lease is created. ``wire_keys`` is
-    the lock key and release channel encoded as the locker's client sends them (the locker
-    passes the ones it has cached; they are encoded from ``keys`` when omitted).
+    ``ttl`` (and ``keys``, ``token``) are fixed when the lease is created.
     """
 
     __slots__ = (
         "_lost_callbacks",
         "_third",
-        "_wire_channel",
-        "_wire_key",
         "confirmed_at",
         "deadline",
         "fence",
@@ -165,7 +188,6 @@ class Lease:
         fence: Optional[int],
         confirmed_at: float,
         deadline: Optional[float],
-        wire_keys: Optional[tuple[bytes, bytes]] = None,
     ) -> None:
         if len(token) != TOKEN_LENGTH:
             # Renewal sends tokens back to back at a fixed width; a shorter or longer one
@@ -174,9 +196,6 @@ class Lease:
         self.locker = locker
         self.keys = keys
         self.key = keys.lock
-        if wire_keys is None:
-            wire_keys = locker.wire_keys(keys)
-        self._wire_key, self._wire_channel = wire_keys
         self.token = token
         self.ttl = ttl
         #: ``ttl`` in whole milliseconds (at least 1), as sent to Redis.
@@ -190,9 +209,8 @@ class Lease:
         #: renewer-clock time after which renewal stops (max lifetime), or None.
         self.deadline = deadline
         self.renew_due = confirmed_at + self._third
-        #: the process that holds the lease (the cached pid: a stale one could only make a
-        #: lease look inherited, i.e. never touched, never the other way round).
-        self.pid = _pid
+        #: the process that holds the lease: a forked child never touches it
+        self.pid = os.getpid()
         self.lost = LostFlag()
         self.released = False
         self._lost_callbacks: Optional[list[LostCallback]] = None

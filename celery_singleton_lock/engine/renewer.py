@@ -13,23 +13,22 @@ Failure handling: a refusal from Redis marks the lease lost at once; an unreacha
 marks it lost only once its TTL has certainly run out (``confirmed_at + ttl``), and the
 renewer keeps trying until then.
 
-Fork safety: a forked child starts with an empty renewer of its own; the parent's leases are
-never renewed (nor released, see ``Lease.inherited``) from the child.
+Fork safety: a forked child starts with an empty renewer of its own (:mod:`.process`); the
+parent's leases are never renewed (nor released, see ``Lease.inherited``) from the child.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 import time
-import weakref
 from operator import attrgetter
 from typing import Callable, Optional
 
 from ..errors import LockBackendUnavailable
 from .lease import Lease
+from .process import reset_in_forked_children
 
 log = logging.getLogger("celery_singleton_lock.renewal")
 
@@ -39,8 +38,6 @@ Clock = Callable[[], float]
 RETRY_AFTER_ERROR = 0.2
 
 _lease_ttl = attrgetter("ttl")
-
-_instances: weakref.WeakSet[Renewer] = weakref.WeakSet()
 
 
 class Renewer:
@@ -60,10 +57,12 @@ class Renewer:
         #: times adding a lease had to wake the thread, for tests and benchmarks.
         self.wakeups = 0
         self._reset()
-        _instances.add(self)
+        reset_in_forked_children(self)
+
+    def after_fork_in_child(self) -> None:
+        self._reset()
 
     def _reset(self) -> None:
-        self._pid = os.getpid()
         self._leases: dict[int, Lease] = {}
         self._lock = threading.Lock()
         self._wakeup = threading.Condition(self._lock)
@@ -190,8 +189,6 @@ class Renewer:
                 log.exception("renewer tick failed; retrying")
                 failed = True
             with self._lock:
-                if os.getpid() != self._pid:
-                    return
                 # Read under the lock: a lease added since run_once returned lowered it.
                 wake_at = self._wake_at
                 delay = None if wake_at == math.inf else max(0.0, wake_at - self.clock())
@@ -199,13 +196,6 @@ class Renewer:
                     delay = RETRY_AFTER_ERROR if delay is None else min(delay, RETRY_AFTER_ERROR)
                 self._wakeup.wait(timeout=delay)
 
-
-def _reset_after_fork() -> None:
-    for renewer in list(_instances):
-        renewer._reset()
-
-
-os.register_at_fork(after_in_child=_reset_after_fork)
 
 _process_renewer: Optional[Renewer] = None
 _process_renewer_lock = threading.Lock()

@@ -14,7 +14,7 @@ import pytest
 import redis
 from celery.contrib.testing.worker import start_worker
 
-from celery_singleton_lock.celery.connection import forget_locker, locker_for
+from celery_singleton_lock.celery.lock_server import forget_locker, locker_for
 from celery_singleton_lock.engine import RedisLocker
 from celery_singleton_lock.testing import RedisServer
 from tests.celery import lockapp

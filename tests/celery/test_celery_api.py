@@ -88,12 +88,6 @@ def test_the_current_request_is_the_top_of_the_request_stack(worker: Any, unique
     assert lockapp.reads_its_request.delay(unique_key).get(timeout=10)["is_current"] is True
 
 
-def test_successors_follow_a_request_with_callbacks_or_a_chain() -> None:
-    assert celery_api.successors_follow(Context({"id": "t", "callbacks": [{"task": "x"}]}))
-    assert celery_api.successors_follow(Context({"id": "t", "chain": [{"task": "x"}]}))
-    assert not celery_api.successors_follow(Context({"id": "t"}))
-
-
 def test_stored_states_are_read_back_as_outcomes(celery_app: Any) -> None:
     task = lockapp.reads_its_request
     request = Context({"id": str(uuid.uuid4()), "task": task.name})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from celery_singleton_lock.celery.connection import choose_url, redact
+from celery_singleton_lock.celery.lock_server import choose_url, redact
 
 
 def test_explicit_url_wins() -> None:

@@ -167,16 +167,16 @@ def test_same_key_chain_steps_do_not_collide(
     unique_key: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # A step with successors releases before Celery publishes the next step, so the next
-    # same-key step finds the lock free (it would be skipped otherwise). A slow release
-    # script makes a release that did not come first lose that race for certain.
-    send_release = locker.send_release
+    # A step releases before Celery publishes the next step, so the next same-key step finds
+    # the lock free (it would be skipped otherwise). A slow release makes a release that did
+    # not come first lose that race for certain.
+    release = locker.release
 
     def slow_release(lease: Lease, **options: Any) -> bool:
         time.sleep(0.3)
-        return send_release(lease, **options)
+        return release(lease, **options)
 
-    monkeypatch.setattr(locker, "send_release", slow_release)
+    monkeypatch.setattr(locker, "release", slow_release)
     steps = chain(*(lockapp.hold_skip.si(unique_key, 0.01) for _ in range(3)))
     steps.apply_async().get(timeout=20)
     assert store.llen(f"runs:{unique_key}") == 3

@@ -13,7 +13,7 @@ import redis
 from celery import Celery
 
 from celery_singleton_lock import LockedTask
-from celery_singleton_lock.celery.connection import forget_locker
+from celery_singleton_lock.celery.lock_server import forget_locker
 from celery_singleton_lock.testing import find_redis_server, free_port
 
 
@@ -131,7 +131,7 @@ def test_a_rediss_lock_url_takes_and_releases_real_locks(tls_redis: str) -> None
     task = app.task(name="tls.job", base=LockedTask, shared=False, lock_fencing=True)(job)
     try:
         assert task.apply(args=(7,)).get() == 7
-        assert task.lock_locker.fence(task.lock_options.keyer.name((7,), {})) == 1
-        assert list(task.lock_locker.scan()) == []  # released
+        assert task.lock_locker.inspect.fence(task.lock_options.keyer.name((7,), {})) == 1
+        assert list(task.lock_locker.inspect.scan()) == []  # released
     finally:
         forget_locker(app)

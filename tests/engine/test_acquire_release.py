@@ -10,6 +10,8 @@ import redis
 
 from celery_singleton_lock import AlreadyFinished
 from celery_singleton_lock.engine import Lease, LockHolder, Owner, RedisLocker, Renewer, scripts
+from celery_singleton_lock.engine.waiting import subscribe_releases, wait_for_release
+from celery_singleton_lock.testing import RedisServer
 from tests.engine.conftest import stored_fields, stored_token
 from tests.support import CountingConnection, wait_until
 
@@ -116,19 +118,19 @@ def test_release_after_expiry_leaves_the_new_owners_lock_intact(
 def test_release_publishes_a_notification(locker: RedisLocker) -> None:
     lease = locker.try_acquire("job", ttl=5)
     assert isinstance(lease, Lease)
-    pubsub = locker.subscribe_releases("job")
+    pubsub = subscribe_releases(locker.client, locker.keys("job").channel)
     try:
         lease.release()
-        assert locker.wait_for_release(pubsub, timeout=2.0)
+        assert wait_for_release(pubsub, timeout=2.0)
     finally:
         pubsub.close()
 
 
 def test_waiting_for_release_times_out_while_the_lock_is_held(locker: RedisLocker) -> None:
     locker.try_acquire("job", ttl=5)
-    pubsub = locker.subscribe_releases("job")
+    pubsub = subscribe_releases(locker.client, locker.keys("job").channel)
     try:
-        assert locker.wait_for_release(pubsub, timeout=0.2) is False
+        assert wait_for_release(pubsub, timeout=0.2) is False
     finally:
         pubsub.close()
 
@@ -176,12 +178,12 @@ def test_separators_in_host_and_task_id_survive_the_round_trip(locker: RedisLock
     holder = locker.try_acquire("job", ttl=5)
     assert isinstance(holder, LockHolder)
     assert (holder.task_id, holder.host, holder.pid) == ("a|b|%7C", "node|1%25x", 5)
-    read = locker.read("job")
+    read = locker.inspect.read("job")
     assert read is not None and (read.task_id, read.host, read.pid) == ("a|b|%7C", "node|1%25x", 5)
     assert not locker.release_abandoned("job", task_id="a|b|%7C", host="node|1%x", pid=5)
     assert not locker.release_abandoned("job", task_id="a|b|", host="node|1%25x", pid=5)
     assert locker.release_abandoned("job", task_id="a|b|%7C", host="node|1%25x", pid=5)
-    assert locker.read("job") is None
+    assert locker.inspect.read("job") is None
 
 
 def test_a_lease_token_must_have_the_fixed_width(locker: RedisLocker) -> None:
@@ -219,9 +221,9 @@ def test_scripts_are_loaded_again_after_a_script_flush(counting_client: redis.Re
     CountingConnection.reset()
     lease = locker.try_acquire("job", ttl=5, fencing=True)
     assert isinstance(lease, Lease) and lease.fence == 1
-    # NOSCRIPT, then every script of the locker loaded in one pipeline, then again
-    assert CountingConnection.sent == ["EVALSHA", "PIPELINE", "EVALSHA"]
-    assert locker.renew_many([lease], now=renewer.clock()) == [True]
+    # NOSCRIPT, then redis-py's Script loads it (SCRIPT LOAD) and sends it again
+    assert CountingConnection.sent == ["EVALSHA", "SCRIPT", "EVALSHA"]
+    assert locker.renew_batch([lease], now=renewer.clock()) == []
     assert lease.release()
     CountingConnection.reset()
     assert isinstance(locker.try_acquire("job", ttl=5), Lease)
@@ -232,7 +234,7 @@ def test_a_release_that_remembers_records_the_owner_for_that_long(locker: RedisL
     lease = locker.try_acquire("job", ttl=5, owner=Owner(task_id="t-1", host="w1", pid=42))
     assert isinstance(lease, Lease)
     assert lease.release(remember_for=60)
-    record = locker.finished("job", "t-1")
+    record = locker.inspect.finished("job", "t-1")
     assert record is not None
     assert (record.task_id, record.host, record.pid) == ("t-1", "w1", 42)
     assert record.ttl is not None and 5 < record.ttl <= 60
@@ -241,7 +243,7 @@ def test_a_release_that_remembers_records_the_owner_for_that_long(locker: RedisL
 def test_a_plain_release_remembers_nothing(locker: RedisLocker) -> None:
     lease = locker.try_acquire("job", ttl=30, owner=Owner(task_id="t-1"))
     assert isinstance(lease, Lease) and lease.release()
-    assert locker.finished("job", "t-1") is None
+    assert locker.inspect.finished("job", "t-1") is None
 
 
 def test_a_release_of_a_lock_no_longer_ours_remembers_nothing(
@@ -253,7 +255,7 @@ def test_a_release_of_a_lock_no_longer_ours_remembers_nothing(
     second = locker.try_acquire("job", ttl=30, owner=Owner(task_id="second"))
     assert isinstance(second, Lease)
     assert first.release(remember_for=60) is False
-    assert locker.finished("job", "first") is None
+    assert locker.inspect.finished("job", "first") is None
     assert redis_client.exists(second.key)
 
 
@@ -296,6 +298,27 @@ def test_the_finish_record_expires_after_its_time(locker: RedisLocker) -> None:
     owner = Owner(task_id="t-1")
     lease = locker.try_acquire("job", ttl=30, owner=owner)
     assert isinstance(lease, Lease) and lease.release(remember_for=0.2)
-    wait_until(lambda: locker.finished("job", "t-1") is None, timeout=5)
+    wait_until(lambda: locker.inspect.finished("job", "t-1") is None, timeout=5)
     again = locker.try_acquire("job", ttl=30, owner=owner, unless_finished=True)
     assert isinstance(again, Lease)
+
+
+def test_a_release_after_a_script_flush_loads_the_script_and_releases(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    lease = locker.try_acquire("job", 30)
+    assert isinstance(lease, Lease)
+    redis_client.script_flush()  # e.g. a failover to a replica that never saw the scripts
+    assert lease.release() is True
+    assert not redis_client.exists(lease.key)
+
+
+def test_a_release_after_the_server_lost_its_keys_reports_not_ours(
+    redis_server: RedisServer,
+) -> None:
+    client = redis_server.client(socket_timeout=5, socket_connect_timeout=2)
+    locker = RedisLocker(client, prefix="t", renewer=Renewer(autostart=False))
+    lease = locker.try_acquire("job", 30, renew=False)
+    assert isinstance(lease, Lease)
+    redis_server.restart()  # keeps nothing: the lock is gone, the kept connection is dead
+    assert lease.release() is False  # Redis answered: not ours (not "could not release")

@@ -25,7 +25,7 @@ def test_fences_strictly_increase_across_a_thousand_acquisitions_with_expiries(
         else:
             lease.release()
     assert all(b > a for a, b in zip(fences, fences[1:]))  # type: ignore[operator]
-    assert locker.fence("account-1") == fences[-1]
+    assert locker.inspect.fence("account-1") == fences[-1]
 
 
 def test_fences_are_per_lock_name(locker: RedisLocker) -> None:
@@ -50,14 +50,14 @@ def test_without_fencing_no_counter_is_written(
 
 def test_read_reports_the_holder(locker: RedisLocker) -> None:
     locker.try_acquire("a", ttl=5, fencing=True, owner=Owner(task_id="t1", host="h", pid=3))
-    holder = locker.read("a")
+    holder = locker.inspect.read("a")
     assert isinstance(holder, LockHolder)
     assert (holder.task_id, holder.host, holder.pid, holder.fence) == ("t1", "h", 3, 1)
     assert holder.ttl is not None and 0 < holder.ttl <= 5
 
 
 def test_read_of_a_free_lock_is_none(locker: RedisLocker) -> None:
-    assert locker.read("nobody") is None
+    assert locker.inspect.read("nobody") is None
 
 
 def test_scan_lists_every_lock_under_the_prefix_and_nothing_else(
@@ -68,7 +68,7 @@ def test_scan_lists_every_lock_under_the_prefix_and_nothing_else(
     redis_client.set("unrelated", "x")
     other = RedisLocker(redis_client, prefix="other", renewer=locker.renewer)
     other.try_acquire("job-x", ttl=30, renew=False)
-    keys = sorted(holder.key for holder in locker.scan(count=100))
+    keys = sorted(holder.key for holder in locker.inspect.scan(count=100))
     assert keys == sorted(locker.keys(f"job-{i}").lock for i in range(1203))
 
 
@@ -78,4 +78,4 @@ def test_release_abandoned_needs_the_exact_execution(locker: RedisLocker) -> Non
     assert not locker.release_abandoned("a", task_id="t2", host="node", pid=99999)
     assert not locker.release_abandoned("a", task_id="t1", host="node", pid=1)
     assert locker.release_abandoned("a", task_id="t1", host="node", pid=99999)
-    assert locker.read("a") is None
+    assert locker.inspect.read("a") is None

@@ -40,7 +40,7 @@ def test_a_release_that_timed_out_can_be_sent_again_and_the_lock_ends_free() -> 
         # never came): the second one then finds the lock gone. Either way it ends free.
         assert lease.release() in (True, False)
         assert lease.released
-        assert locker.read("job") is None
+        assert locker.inspect.read("job") is None
 
 
 @pytest.mark.parametrize("fencing", [False, True])
@@ -57,6 +57,6 @@ def test_a_key_not_written_by_us_gives_a_clear_error(
     with pytest.raises(LockNotOwnedError, match="not a lock written by this package"):
         locker.try_acquire("job", ttl=5, fencing=fencing)
     with pytest.raises(LockNotOwnedError, match="not a lock written by this package"):
-        locker.read("job")
-    assert list(locker.scan()) == []
+        locker.inspect.read("job")
+    assert list(locker.inspect.scan()) == []
     assert client.type("t:{job}") == kind.encode()  # left as it was

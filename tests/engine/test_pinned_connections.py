@@ -1,5 +1,5 @@
 """The locker's own connections: kept out of the pool, one per thread at a time, never left
-holding a stale reply, and never kept when the pool is capped."""
+holding a stale reply, never kept when the pool is capped, and usable by redis-py's Script."""
 
 from __future__ import annotations
 
@@ -13,8 +13,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from celery_singleton_lock.engine import ReplySettler
-from celery_singleton_lock.engine.connections import PinnedConnections
+from celery_singleton_lock.engine.pinned import PinnedConnections
 from celery_singleton_lock.testing import RedisServer
 
 
@@ -78,27 +77,6 @@ def test_threads_reuse_connections_instead_of_opening_one_per_command(
     assert 1 <= len(connections) <= 4
 
 
-def test_send_returns_without_waiting_for_the_reply(redis_client: redis.Redis) -> None:
-    settler = ReplySettler(interval=3600)
-    connections = PinnedConnections(redis_client, settler=settler)
-    replies: list[Any] = []
-    connections.send("BLPOP", "queue", "0", on_reply=replies.append)  # blocks at the server
-    assert replies == []
-    redis_client.lpush("queue", "x")
-    assert settler.flush(5)
-    assert replies == [[b"queue", b"x"]]
-
-
-def test_an_error_reply_of_a_sent_command_goes_to_its_handler(redis_client: redis.Redis) -> None:
-    settler = ReplySettler(interval=3600)
-    connections = PinnedConnections(redis_client, settler=settler)
-    replies: list[Any] = []
-    connections.send("NOSUCHCOMMAND", on_reply=replies.append)
-    assert settler.flush(5)
-    assert len(replies) == 1 and isinstance(replies[0], redis.exceptions.ResponseError)
-    assert connections.call("ECHO", "still fine") == b"still fine"
-
-
 def test_a_capped_pool_gets_its_connection_back_after_every_command(
     redis_server: RedisServer,
 ) -> None:
@@ -109,9 +87,6 @@ def test_a_capped_pool_gets_its_connection_back_after_every_command(
     connections = PinnedConnections(client)
     assert not connections.keeps_connections
     assert connections.call("ECHO", "ours") == b"ours"
-    replies: list[Any] = []
-    connections.send("ECHO", "sent", on_reply=replies.append)
-    assert replies == [b"sent"]  # answered at once: nothing may stay checked out
     assert client.echo("the application's") == b"the application's"  # would time out
     pool.disconnect()
 
@@ -133,3 +108,11 @@ def test_a_pool_that_requires_a_command_name_hands_out_connections(
     connections = PinnedConnections(redis.Redis(connection_pool=pool))
     assert connections.call("ECHO", "checked out") == b"checked out"
     pool.disconnect()
+
+
+def test_a_script_runs_on_them_through_redis_pys_script_object(redis_client: redis.Redis) -> None:
+    connections = PinnedConnections(redis_client)
+    script = redis_client.register_script("return ARGV[1]")
+    redis_client.script_flush()  # the first call meets NOSCRIPT: Script loads it here
+    assert script(args=["pinned"], client=connections) == b"pinned"
+    assert script(args=["again"], client=connections) == b"again"

@@ -123,7 +123,7 @@ def test_a_foreign_token_cannot_renew(redis_client: redis.Redis, clock: FakeCloc
         confirmed_at=clock(),
         deadline=None,
     )
-    assert locker.renew_many([impostor], now=clock()) == [False]
+    assert locker.renew_batch([impostor], now=clock()) == [0]
     assert redis_client.pttl(lease.key) <= 3000
 
 

@@ -1,0 +1,90 @@
+"""Reading locks: who holds one, every lock under a prefix, fences, finish records.
+
+For the CLI, the dead-child reclaim and tests; it never writes. Each read is one (pipelined)
+round trip through the client.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Optional
+
+import redis
+
+from ..errors import LockBackendUnavailable
+from . import server_errors
+from .keys import LockKeys, validate_prefix
+from .lease import LockHolder, as_int, as_text
+
+
+class LockInspector:
+    """Reads the locks under ``prefix`` on ``client``'s server."""
+
+    def __init__(self, client: redis.Redis, *, prefix: str = "singleton-lock") -> None:
+        self.client = client
+        self.prefix = validate_prefix(prefix)
+
+    def read(self, name: str) -> Optional[LockHolder]:
+        """The holder of lock ``name``, or None when it is free.
+
+        Raises:
+            LockNotOwnedError: the lock's key holds data this package did not write.
+        """
+        return next(
+            iter(self._read_many([LockKeys.build(self.prefix, name).lock], strict=True)), None
+        )
+
+    def fence(self, name: str) -> int:
+        """The last fence handed out for ``name`` (0 if none yet)."""
+        key = LockKeys.build(self.prefix, name).fence
+        return as_int(server_errors.call(lambda: self.client.get(key), key)) or 0
+
+    def finished(self, name: str, task_id: str) -> Optional[LockHolder]:
+        """The record that ``task_id`` ran to the end under lock ``name`` (its ``ttl`` is the
+        record's remaining life), or None if there is none."""
+        keys = LockKeys.build(self.prefix, name)
+        value, pttl = self._get_with_pttl([keys.finished(task_id)])
+        return None if value is None else LockHolder.parse(keys.lock, value, pttl)
+
+    def scan(self, count: int = 500) -> Iterator[LockHolder]:
+        """Every lock under this prefix, via ``SCAN`` (never ``KEYS``) plus pipelined reads.
+
+        The pattern ``prefix:{*}`` only matches lock keys (a fence counter key ends in
+        ``}:fence``); string keys there that are not lock values are skipped.
+        """
+        pattern = f"{self.prefix}:{{*}}"
+        batch: list[str] = []
+        try:
+            for raw in self.client.scan_iter(match=pattern, count=count, _type="string"):
+                batch.append(as_text(raw))
+                if len(batch) >= count:
+                    yield from self._read_many(batch, strict=False)
+                    batch = []
+        except server_errors.BACKEND_ERRORS as exc:
+            raise LockBackendUnavailable(f"lock server unavailable during SCAN: {exc}") from exc
+        if batch:
+            yield from self._read_many(batch, strict=False)
+
+    def _get_with_pttl(self, keys: list[str]) -> list[Any]:
+        """GET and PTTL of every key, in one pipelined round trip, as one flat list."""
+
+        def fetch() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            for key in keys:
+                pipe.get(key)
+                pipe.pttl(key)
+            return pipe.execute()
+
+        return server_errors.call(fetch, keys[0])
+
+    def _read_many(self, lock_keys: list[str], *, strict: bool) -> list[LockHolder]:
+        replies = self._get_with_pttl(lock_keys)
+        holders = []
+        for key, value, pttl in zip(lock_keys, replies[0::2], replies[1::2]):
+            if value is None:
+                continue
+            holder = LockHolder.from_value(key, value, pttl)
+            if holder is not None:
+                holders.append(holder)
+            elif strict:
+                raise server_errors.not_a_lock(key)
+        return holders

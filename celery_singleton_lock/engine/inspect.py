@@ -1,4 +1,4 @@
-"""Reading locks: who holds one, every lock under a prefix, fences, finish records.
+"""Reading locks: who holds one, every lock under a prefix, fences.
 
 For the CLI, the dead-child reclaim and tests; it never writes. Each read is one (pipelined)
 round trip through the client.
@@ -37,13 +37,6 @@ class LockInspector:
         """The last fence handed out for ``name`` (0 if none yet)."""
         key = LockKeys.build(self.prefix, name).fence
         return as_int(server_errors.call(lambda: self.client.get(key), key)) or 0
-
-    def finished(self, name: str, task_id: str) -> Optional[LockHolder]:
-        """The record that ``task_id`` ran to the end under lock ``name`` (its ``ttl`` is the
-        record's remaining life), or None if there is none."""
-        keys = LockKeys.build(self.prefix, name)
-        value, pttl = self._get_with_pttl([keys.finished(task_id)])
-        return None if value is None else LockHolder.parse(keys.lock, value, pttl)
 
     def scan(self, count: int = 500) -> Iterator[LockHolder]:
         """Every lock under this prefix, via ``SCAN`` (never ``KEYS``) plus pipelined reads.

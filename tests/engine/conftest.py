@@ -1,11 +1,11 @@
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterator, Optional
 
 import pytest
 import redis
 
-from celery_singleton_lock.engine import RedisLocker, Renewer
+from celery_singleton_lock.engine import LockHolder, RedisLocker, Renewer
 from celery_singleton_lock.testing import RedisServer
 from tests.support import CountingConnection
 
@@ -65,3 +65,12 @@ def stored_fields(client: redis.Redis, key: str) -> dict[str, bytes]:
         "host": host,
         "task_id": task_id,
     }
+
+
+def finish_record(locker: RedisLocker, name: str, task_id: str) -> Optional[LockHolder]:
+    """The record that ``task_id`` ran to the end under lock ``name`` (its ``ttl`` is the
+    record's remaining life), or None: written by a release with ``remember_for``."""
+    keys = locker.keys(name)
+    record = keys.finished(task_id)
+    value = locker.client.get(record)
+    return None if value is None else LockHolder.parse(keys.lock, value, locker.client.pttl(record))

@@ -12,7 +12,7 @@ from celery_singleton_lock import AlreadyFinished
 from celery_singleton_lock.engine import Lease, LockHolder, Owner, RedisLocker, Renewer, scripts
 from celery_singleton_lock.engine.waiting import subscribe_releases, wait_for_release
 from celery_singleton_lock.testing import RedisServer
-from tests.engine.conftest import stored_fields, stored_token
+from tests.engine.conftest import finish_record, stored_fields, stored_token
 from tests.support import CountingConnection, wait_until
 
 
@@ -234,7 +234,7 @@ def test_a_release_that_remembers_records_the_owner_for_that_long(locker: RedisL
     lease = locker.try_acquire("job", ttl=5, owner=Owner(task_id="t-1", host="w1", pid=42))
     assert isinstance(lease, Lease)
     assert lease.release(remember_for=60)
-    record = locker.inspect.finished("job", "t-1")
+    record = finish_record(locker, "job", "t-1")
     assert record is not None
     assert (record.task_id, record.host, record.pid) == ("t-1", "w1", 42)
     assert record.ttl is not None and 5 < record.ttl <= 60
@@ -243,7 +243,7 @@ def test_a_release_that_remembers_records_the_owner_for_that_long(locker: RedisL
 def test_a_plain_release_remembers_nothing(locker: RedisLocker) -> None:
     lease = locker.try_acquire("job", ttl=30, owner=Owner(task_id="t-1"))
     assert isinstance(lease, Lease) and lease.release()
-    assert locker.inspect.finished("job", "t-1") is None
+    assert finish_record(locker, "job", "t-1") is None
 
 
 def test_a_release_of_a_lock_no_longer_ours_remembers_nothing(
@@ -255,7 +255,7 @@ def test_a_release_of_a_lock_no_longer_ours_remembers_nothing(
     second = locker.try_acquire("job", ttl=30, owner=Owner(task_id="second"))
     assert isinstance(second, Lease)
     assert first.release(remember_for=60) is False
-    assert locker.inspect.finished("job", "first") is None
+    assert finish_record(locker, "job", "first") is None
     assert redis_client.exists(second.key)
 
 
@@ -298,7 +298,7 @@ def test_the_finish_record_expires_after_its_time(locker: RedisLocker) -> None:
     owner = Owner(task_id="t-1")
     lease = locker.try_acquire("job", ttl=30, owner=owner)
     assert isinstance(lease, Lease) and lease.release(remember_for=0.2)
-    wait_until(lambda: locker.inspect.finished("job", "t-1") is None, timeout=5)
+    wait_until(lambda: finish_record(locker, "job", "t-1") is None, timeout=5)
     again = locker.try_acquire("job", ttl=30, owner=owner, unless_finished=True)
     assert isinstance(again, Lease)
 

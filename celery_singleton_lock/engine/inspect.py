@@ -57,20 +57,15 @@ class LockInspector:
         if batch:
             yield from self._read_many(batch, strict=False)
 
-    def _get_with_pttl(self, keys: list[str]) -> list[Any]:
-        """GET and PTTL of every key, in one pipelined round trip, as one flat list."""
-
+    def _read_many(self, lock_keys: list[str], *, strict: bool) -> list[LockHolder]:
         def fetch() -> list[Any]:
             pipe = self.client.pipeline(transaction=False)
-            for key in keys:
+            for key in lock_keys:
                 pipe.get(key)
                 pipe.pttl(key)
             return pipe.execute()
 
-        return server_errors.call(fetch, keys[0])
-
-    def _read_many(self, lock_keys: list[str], *, strict: bool) -> list[LockHolder]:
-        replies = self._get_with_pttl(lock_keys)
+        replies = server_errors.call(fetch, lock_keys[0])
         holders = []
         for key, value, pttl in zip(lock_keys, replies[0::2], replies[1::2]):
             if value is None:

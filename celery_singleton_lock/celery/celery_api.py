@@ -14,14 +14,18 @@ also relies on, pinned elsewhere:
 
 from __future__ import annotations
 
+import logging
+import threading
 from typing import Any, Optional
 
 from celery import VERSION, states
 from celery.app.task import Context
+from kombu.exceptions import KombuError, OperationalError
+from redis.exceptions import RedisError
+
+log = logging.getLogger("celery_singleton_lock.worker")
 
 # Reading or storing a state may fail with no result backend configured, or with it down.
-from kombu.exceptions import OperationalError
-from redis.exceptions import RedisError
 
 BACKEND_ERRORS: tuple[type[BaseException], ...] = (
     NotImplementedError,
@@ -127,3 +131,56 @@ def registered_instances(app: Any, cls: type) -> list[Any]:
     """
     tasks: list[Any] = list(app._tasks.values())
     return [task for task in tasks if type(task) is cls and getattr(task, "name", None)]
+
+
+# -- what an operator sees ---------------------------------------------------------------------
+
+#: Events are best effort: a monitor's feed must never fail or stall a task.
+EVENT_ERRORS: tuple[type[BaseException], ...] = (OSError, KombuError, RedisError)
+
+
+def send_event(task: Any, type_: str, *, task_id: str, hostname: str, **fields: Any) -> None:
+    """Send a Celery event as ``Task.send_event`` does (even with task events off), from any
+    thread: ``celery events`` and Flower show it. Not sent in eager mode (no worker)."""
+    if task.app.conf.task_always_eager or task.request.is_eager:
+        return
+    try:
+        with task.app.events.default_dispatcher(hostname=hostname) as dispatcher:
+            dispatcher.send(type_, uuid=task_id, retry=False, **fields)
+    except EVENT_ERRORS as exc:
+        log.debug("event %s of task %s not sent: %s", type_, task_id, exc)
+
+
+class _OwnIgnores(threading.local):
+    task_id: Optional[str] = None
+
+
+_own_ignore = _OwnIgnores()
+
+
+def logged_already(task_id: str) -> None:
+    """The ``Ignore`` this thread raises next, for ``task_id``, ends a decision already logged
+    at its own level (a skip, a lock retry, a dropped copy): Celery's INFO line
+    "Task <name>[<id>] ignored" that follows would only repeat it."""
+    _own_ignore.task_id = task_id
+
+
+class _DropRepeatedIgnores(logging.Filter):
+    """Drops the tracer's "ignored" line of a decision :func:`logged_already` announced."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        context = record.args
+        if (
+            _own_ignore.task_id is not None
+            and isinstance(context, dict)
+            and context.get("description") == "ignored"
+            and context.get("id") == _own_ignore.task_id
+        ):
+            _own_ignore.task_id = None
+            return False
+        return True
+
+
+# The tracer logs through this logger (celery/app/trace.py: ``logger = get_logger(__name__)``).
+TRACE_LOGGER = "celery.app.trace"
+logging.getLogger(TRACE_LOGGER).addFilter(_DropRepeatedIgnores())

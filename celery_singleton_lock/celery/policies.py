@@ -82,6 +82,17 @@ class Duplicate:
         return f"{self.task.name}[{self.request.id}]"
 
     def announce(self, action: str) -> None:
+        """Signal ``lock_duplicate`` and send the ``task-lock-duplicate`` event."""
+        request = self.request
+        celery_api.send_event(
+            self.task,
+            "task-lock-duplicate",
+            task_id=request.id,
+            hostname=request.hostname or "",
+            key=self.holder.key,
+            holder=self.holder.task_id,
+            action=action,
+        )
         if lock_duplicate.receivers:
             lock_duplicate.send(
                 sender=self.task,
@@ -108,6 +119,7 @@ def skip(duplicate: Duplicate) -> NoReturn:
         celery_api.store_failure_quietly(
             task, request, DuplicateTaskSkipped(message, holder.key, holder.as_dict())
         )
+    celery_api.logged_already(request.id)
     raise Ignore(message)
 
 
@@ -168,6 +180,7 @@ def retry(duplicate: Duplicate, cause: Optional[LockError] = None) -> NoReturn:
         # the state belongs to the execution it copies.
         _store_retry(task, request, reason)
     celery_api.send_again(task, request, countdown=countdown, headers=headers)
+    celery_api.logged_already(request.id)
     raise Ignore(f"lock retry {attempt + 1} sent: {reason}")
 
 

@@ -132,6 +132,13 @@ class LockScope(LockHandle):
                 self.task_id,
                 self.key,
             )
+            celery_api.send_event(
+                task,
+                "task-lock-released-late",
+                task_id=self.task_id,
+                hostname=lease.owner.host,
+                key=self.key,
+            )
         if lock_released.receivers:
             lock_released.send(sender=task, task_id=self.task_id, key=self.key, owned=owned)
 

@@ -6,6 +6,7 @@ import inspect
 import logging
 import os
 import socket
+import threading
 from typing import Any, Callable, NoReturn, Optional, Sequence
 
 from celery import Task
@@ -247,6 +248,7 @@ class LockedTask(Task):  # type: ignore[misc]
             task_id,
             why,
         )
+        celery_api.logged_already(task_id)
         raise Ignore(f"task id already ran to the end ({why})")
 
     def _hard_time_limit(self, request: Any, options: LockOptions) -> Optional[float]:
@@ -287,6 +289,14 @@ class LockedTask(Task):  # type: ignore[misc]
             lease.owner.task_id,
             lease.key,
         )
+        # not from this thread: a slow broker must never delay the renewal of other leases
+        threading.Thread(
+            target=celery_api.send_event,
+            args=(self, "task-lock-lost"),
+            kwargs={"task_id": lease.owner.task_id, "hostname": lease.owner.host, "key": lease.key},
+            name="celery-singleton-lock-event",
+            daemon=True,
+        ).start()
         if lock_lost.receivers:
             lock_lost.send(sender=self, task_id=lease.owner.task_id, key=lease.key)
 

@@ -3,6 +3,7 @@ Celery release that changes it."""
 
 from __future__ import annotations
 
+import logging
 import uuid
 from typing import Any
 
@@ -144,3 +145,37 @@ def test_the_request_pushed_for_a_body_starts_as_a_copy_of_the_current_one(
     finally:
         body.pop_request()
         body.pop_request()
+
+
+def test_the_tracer_logs_an_ignore_as_ignored_with_the_task_id_in_its_context(
+    eager_app: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    # what celery_api's filter recognises to drop a decision's repeated "ignored" line
+    @eager_app.task(bind=True, shared=False)
+    def body(self: Any) -> None:
+        raise Ignore("decided")
+
+    with caplog.at_level(logging.INFO, logger=celery_api.TRACE_LOGGER):
+        result = body.apply()
+    (record,) = [r for r in caplog.records if r.name == celery_api.TRACE_LOGGER]
+    assert isinstance(record.args, dict)
+    assert (record.args["description"], record.args["id"]) == ("ignored", result.id)
+
+
+def test_a_decision_logged_already_drops_only_its_own_ignored_line(
+    eager_app: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    @eager_app.task(bind=True, shared=False)
+    def announced(self: Any) -> None:
+        celery_api.logged_already(self.request.id)
+        raise Ignore("decided and logged")
+
+    @eager_app.task(bind=True, shared=False)
+    def silent(self: Any) -> None:
+        raise Ignore("not logged by us")
+
+    with caplog.at_level(logging.INFO, logger=celery_api.TRACE_LOGGER):
+        announced.apply()
+        kept = silent.apply()
+    ids = [r.args["id"] for r in caplog.records if isinstance(r.args, dict)]
+    assert ids == [kept.id]

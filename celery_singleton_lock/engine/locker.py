@@ -213,8 +213,8 @@ class RedisLocker:
         except LockError:
             lease.released = False
             raise
-        if not released:
-            log_release.warning("released %s but it was no longer ours", lease.key)
+        if not released:  # the caller reports it (the Celery layer, naming the task)
+            log_release.debug("released %s but it was no longer ours", lease.key)
         return bool(released)
 
     def release_abandoned(self, name: str, *, task_id: str, host: str, pid: int) -> bool:

@@ -450,3 +450,30 @@ def test_an_app_celery_cannot_load_is_reported_by_celery_without_a_traceback(
     result = no_traceback(celery("locks", "list", app=app))
     assert result.returncode != 0
     assert "Unable to load celery application" in result.stderr and says in result.stderr
+
+
+# -- celery's own options apply ---------------------------------------------------------------
+
+
+def test_the_broker_given_with_celery_b_is_the_lock_server(
+    celery: Celery, servers: Servers, tmp_path: Path
+) -> None:
+    """``celery -b URL`` reaches the app only through ``$CELERY_BROKER_URL``, which Celery's
+    settings read in their ``broker_url`` property (``conf.get`` does not)."""
+    (tmp_path / "bareapp.py").write_text("from celery import Celery\napp = Celery('bareapp')\n")
+    broker = servers.lock.url.replace("/0", "/3")
+    result = no_traceback(celery("-b", broker, "locks", "list", app="bareapp:app", cwd=tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert f"on {broker} (from app 'bareapp', its broker_url)" in result.stderr
+
+
+def test_the_lock_server_follows_celery_broker_url_in_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from celery import Celery as CeleryApp
+
+    from celery_singleton_lock.celery.lock_server import choose_url
+
+    monkeypatch.setenv("CELERY_BROKER_URL", "redis://from-env:6379/4")
+    app = CeleryApp("envapp", broker="amqp://configured//")
+    assert choose_url(app.conf) == ("redis://from-env:6379/4", "broker_url")

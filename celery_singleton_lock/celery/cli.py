@@ -599,8 +599,9 @@ def show(
     --kwargs as JSON: the name is computed exactly as the task computes it, e.g.
 
     \b
-      celery-singleton-lock -A proj.celery:app show --task proj.tasks.rebuild \\
+      celery -A proj locks show --task proj.tasks.rebuild \\
           --args '[42]' --kwargs '{"full": true}'
+      celery-singleton-lock -A proj.celery:app show --task proj.tasks.rebuild ...
 
     Exit status 1 when the lock is free.
     """

@@ -1,12 +1,13 @@
-"""The ``celery-singleton-lock`` command: inspect the locks held now (read-only).
+"""The ``celery-singleton-lock`` command: list and show the locks held now, release one.
 
 The lock server is ``--url``, else the one the Celery app given with ``-A`` uses (the choice a
 worker makes), else ``$SINGLETON_LOCK_URL``, else ``redis://localhost:6379/0``.
 
 The work is done by plain functions taking a :class:`Target` (an inspector and the server it talks
-to) so that other front ends (a ``celery`` sub-command) can reuse them; the click commands only
-parse, call and print. Every bad input is one ``Error: ...`` line on stderr. Exit status: 0 an
-answer, 1 the lock asked for by ``show`` is free, 2 an error.
+to); the click commands only parse, call and print, and ``celery locks``
+(:mod:`.command`) runs the very same command objects with the app Celery loaded. Every bad input
+is one ``Error: ...`` line on stderr. Exit status: 0 done (an answer, a release), 1 nothing to
+do (the lock is free, or changed hands before ``release``), 2 an error or a refused release.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any, Callable, Iterator, Optional, TypeVar
 import click
 import redis
 
-from ..engine import LockHolder, LockInspector, LockKeys
+from ..engine import LockHolder, LockInspector, LockKeys, RedisLocker
 from ..engine.keys import validate_prefix
 from ..errors import LockBackendUnavailable, LockConfigurationError, LockError
 from .lock_server import DEFAULT_URL, check_url, choose_url, make_client, redact, redact_loosely
@@ -37,8 +38,15 @@ OTHER_PREFIX_SCAN_COUNT = 1000
 #: ... and names at most this many of the prefixes it finds.
 OTHER_PREFIXES_SHOWN = 10
 
+#: Seconds ``release`` waits, by default, for the holder's worker node to answer a ping.
+PING_TIMEOUT = 2.0
+
 EXIT_FREE = 1
 EXIT_ERROR = 2
+
+
+class ReleaseRefused(LockError):
+    """``release`` will not release a lock whose holder may still be running."""
 
 
 class CliError(click.ClickException):
@@ -286,6 +294,108 @@ def holder_row(holder: LockHolder, now: float) -> str:
     )
 
 
+def holder_json(holder: LockHolder, prefix: str) -> dict[str, Any]:
+    """``holder`` as ``list --json`` prints it (``name`` is the lock name inside the key)."""
+    name = holder.key[len(prefix) + 2 : -1] if holder.key.startswith(f"{prefix}:{{") else ""
+    return {
+        "key": holder.key,
+        "name": name,
+        "task_id": holder.task_id,
+        "host": holder.host,
+        "pid": holder.pid,
+        "acquired_at": holder.acquired_at,
+        "ttl": holder.ttl,
+        "fence": holder.fence,
+    }
+
+
+def describe_holder(holder: LockHolder) -> str:
+    """``task T on node N, pid P``: who holds a lock, for a sentence."""
+    where = "node" if is_worker_node(holder.host) else "host"
+    return f"task {holder.task_id or '-'} on {where} {holder.host or '-'}, pid {holder.pid or '-'}"
+
+
+def is_worker_node(host: str) -> bool:
+    """True if ``host`` is a Celery worker node name (``name@hostname``): a worker stores its
+    node name as the holder's host, a process outside a worker its plain host name."""
+    name, at, hostname = host.partition("@")
+    return bool(name and at and hostname)
+
+
+def node_is_alive(app: Any, node: str, timeout: float) -> bool:
+    """True if the worker node ``node`` answers a control ping within ``timeout`` seconds.
+
+    Raises:
+        LockBackendUnavailable: the broker could not be asked (bounded by kombu's retries).
+    """
+    try:
+        replies = app.control.ping(destination=[node], timeout=timeout, limit=1)
+    except Exception as exc:  # noqa: BLE001 - a broker transport may raise anything: a refused
+        # connection, an unknown scheme, a missing transport module
+        raise LockBackendUnavailable(
+            f"cannot ask worker node {node!r} whether it is alive: {type(exc).__name__}: {exc}; "
+            "use --force to release without asking"
+        ) from None
+    return any(node in reply for reply in replies or [])
+
+
+@dataclass
+class Released:
+    """What ``release`` did."""
+
+    #: the holder read before releasing; None when the lock was free
+    holder: Optional[LockHolder]
+    released: bool
+    #: when not released although held: who holds it now (None when it is free now)
+    now: Optional[LockHolder] = None
+
+
+def release_lock(
+    target: Target, name: str, *, is_alive: Optional[Callable[[str], bool]]
+) -> Released:
+    """Release lock ``name`` if its holder is gone: owner-checked, never a blind ``DEL``.
+
+    Reads the holder, asks ``is_alive(node)`` about the holder's worker node (None: do not
+    ask, ``--force``), then releases with the engine's ``release_abandoned``: the key is
+    deleted only if it still names that task, node and pid, and the release is published as
+    any release is (waiters wake up). A lock that changed hands in between is left alone.
+
+    Raises:
+        ReleaseRefused: the holder's node answered, or it is no worker node that can be asked.
+        LockNotOwnedError: the key holds data this package did not write.
+    """
+    LockKeys.build(target.inspector.prefix, name)  # a bad name is bad input, not server trouble
+    holder = _asking(target, lambda: target.inspector.read(name))
+    if holder is None:
+        return Released(None, False)
+    if holder.pid is None:
+        raise ReleaseRefused(
+            f"lock {holder.key}: its value names no pid, so no owner check can match it; "
+            "it was not written by this package's release of a worker"
+        )
+    if is_alive is not None:
+        if not is_worker_node(holder.host):
+            raise ReleaseRefused(
+                f"lock {holder.key} is held by {describe_holder(holder)}, which is not a Celery "
+                "worker node (the lock was taken outside a worker): it cannot be asked whether "
+                "it is alive; use --force to release anyway"
+            )
+        if is_alive(holder.host):
+            raise ReleaseRefused(
+                f"lock {holder.key} is held by {describe_holder(holder)} (alive: answered "
+                "ping); use --force to release anyway"
+            )
+    inspector = target.inspector
+    locker = RedisLocker(inspector.client, prefix=inspector.prefix)
+    task_id, host, pid = holder.task_id, holder.host, holder.pid
+    released = _asking(
+        target, lambda: locker.release_abandoned(name, task_id=task_id, host=host, pid=pid)
+    )
+    if released:
+        return Released(holder, True)
+    return Released(holder, False, _asking(target, lambda: inspector.read(name)))
+
+
 def _json_argument(option: str, text: str, kind: type) -> Any:
     try:
         value = json.loads(text)
@@ -301,20 +411,31 @@ def _json_argument(option: str, text: str, kind: type) -> Any:
 
 
 @dataclass
-class _Settings:
+class Settings:
+    """What the group's options (or ``celery``'s) chose, for the sub-commands: ``ctx.obj``."""
+
     url: Optional[str]
     app_path: Optional[str]
     prefix: Optional[str]
     app: Any = None
+    #: how the app is named to the user; ``-A <app_path>`` by default
+    app_label: Optional[str] = None
 
     def load_app(self) -> Any:
         if self.app is None and self.app_path:
             self.app = load_app(self.app_path)
         return self.app
 
+    @property
+    def has_app(self) -> bool:
+        return self.app is not None or bool(self.app_path)
+
     def target(self) -> Target:
         return open_target(
-            url=self.url, app=self.load_app(), app_label=f"-A {self.app_path}", prefix=self.prefix
+            url=self.url,
+            app=self.load_app(),
+            app_label=self.app_label or f"-A {self.app_path}",
+            prefix=self.prefix,
         )
 
 
@@ -378,15 +499,15 @@ def _usage_in_one_line() -> Iterator[None]:
 def main(
     ctx: click.Context, url: Optional[str], app_path: Optional[str], prefix: Optional[str]
 ) -> None:
-    """Inspect celery-singleton-lock locks (read-only).
+    """Inspect celery-singleton-lock locks, release an abandoned one.
 
-    The lock server is --url, else the one the Celery app given with -A uses (as its workers
-    choose it), else $SINGLETON_LOCK_URL, else redis://localhost:6379/0. Every command names
-    the server it queried on stderr.
+    The same commands as celery -A PROJ locks. The lock server is --url, else the one the
+    Celery app given with -A uses (as its workers choose it), else $SINGLETON_LOCK_URL, else
+    redis://localhost:6379/0. Every command names the server it queried on stderr.
 
-    Exit status: 0 an answer, 1 the lock asked for is free, 2 an error.
+    Exit status: 0 done, 1 nothing to do (the lock is free), 2 an error or a refused release.
     """
-    ctx.obj = _Settings(url, app_path, prefix)
+    ctx.obj = Settings(url, app_path, prefix)
 
 
 @main.command(name="list")
@@ -397,8 +518,15 @@ def main(
     show_default=True,
     help="Stop after this many locks.",
 )
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print one JSON document: the list of holders (key, name, task_id, host, pid, "
+    "acquired_at, ttl, fence).",
+)
 @click.pass_obj
-def list_command(settings: _Settings, limit: int) -> None:
+def list_command(settings: Settings, limit: int, as_json: bool) -> None:
     """List the locks held now (SCAN, never KEYS).
 
     When none are held under the prefix in use, also names the other prefixes that hold
@@ -410,9 +538,13 @@ def list_command(settings: _Settings, limit: int) -> None:
             listing = list_locks(target, limit)
         finally:
             target.close()
-    now = time.time()
-    for holder in listing.holders:
-        click.echo(holder_row(holder, now))
+    if as_json:
+        prefix = target.inspector.prefix
+        click.echo(json.dumps([holder_json(holder, prefix) for holder in listing.holders]))
+    else:
+        now = time.time()
+        for holder in listing.holders:
+            click.echo(holder_row(holder, now))
     summary = (
         f"{len(listing.holders)} lock(s) held under prefix {target.inspector.prefix!r} "
         f"on {target.server}"
@@ -454,7 +586,7 @@ NEEDS_APP = (
 )
 @click.pass_obj
 def show(
-    settings: _Settings,
+    settings: Settings,
     name: Optional[str],
     task_name: Optional[str],
     args_json: Optional[str],
@@ -467,8 +599,9 @@ def show(
     --kwargs as JSON: the name is computed exactly as the task computes it, e.g.
 
     \b
-      celery-singleton-lock -A proj.celery:app show --task proj.tasks.rebuild \\
+      celery -A proj locks show --task proj.tasks.rebuild \\
           --args '[42]' --kwargs '{"full": true}'
+      celery-singleton-lock -A proj.celery:app show --task proj.tasks.rebuild ...
 
     Exit status 1 when the lock is free.
     """
@@ -480,7 +613,7 @@ def show(
         if task_name is not None:
             args = _json_argument("--args", args_json or "[]", list)
             kwargs = _json_argument("--kwargs", kwargs_json or "{}", dict)
-            if not settings.app_path:
+            if not settings.has_app:
                 raise LockConfigurationError(NEEDS_APP)
             name = lock_name_of_call(settings.load_app(), task_name, args, kwargs)
         assert name is not None
@@ -496,6 +629,69 @@ def show(
         click.echo(f"{key}: free (last fence {fence})")
         raise SystemExit(EXIT_FREE)
     click.echo(holder_row(holder, time.time()))
+
+
+@main.command()
+@click.argument("name")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Release without asking the holder's worker node (the owner check still applies).",
+)
+@click.option(
+    "--ping-timeout",
+    type=click.FloatRange(min=0.1, max=60),
+    default=PING_TIMEOUT,
+    show_default=True,
+    help="Seconds to wait for the holder's worker node to answer a ping.",
+)
+@click.pass_obj
+def release(settings: Settings, name: str, force: bool, ping_timeout: float) -> None:
+    """Release a lock whose holder is gone.
+
+    NAME is a lock name or its full key, as list shows them. Safe by default: reads the
+    holder (task id, worker node, pid), refuses while that node answers a ping, and deletes
+    the key only if it still names that holder (a lock taken again in the meantime is left
+    alone). --force skips the ping, never the owner check.
+
+    Exit status 0 released, 1 nothing released (free, or it changed hands), 2 refused or an
+    error.
+    """
+    with _one_line_errors():
+        if not force and not settings.has_app:
+            raise LockConfigurationError(
+                "release needs -A MODULE:ATTR to ask the holder's worker node whether it is "
+                "alive (through the app's broker); or give --force to release without asking"
+            )
+        app = settings.load_app()
+
+        def answers_ping(node: str) -> bool:
+            return node_is_alive(app, node, ping_timeout)
+
+        target = settings.target()
+        try:
+            name = lock_name_from_key(target, name)
+            outcome = release_lock(target, name, is_alive=None if force else answers_ping)
+        finally:
+            target.close()
+    key = LockKeys.build(target.inspector.prefix, name).lock
+    click.echo(f"lock {name} under prefix {target.inspector.prefix!r} on {target.server}", err=True)
+    if outcome.holder is None:
+        click.echo(f"{key}: free, nothing to release")
+        raise SystemExit(EXIT_FREE)
+    if not outcome.released:
+        now = "free now" if outcome.now is None else f"held by {describe_holder(outcome.now)}"
+        click.echo(
+            f"{key}: not released, it changed hands since it was read "
+            f"(was {describe_holder(outcome.holder)}; {now})"
+        )
+        raise SystemExit(EXIT_FREE)
+    how = (
+        "--force: its node was not asked"
+        if force
+        else f"its node did not answer a ping within {ping_timeout:g}s"
+    )
+    click.echo(f"{key}: released (held by {describe_holder(outcome.holder)}; {how})")
 
 
 if __name__ == "__main__":

@@ -40,6 +40,13 @@ def _is_redis(url: Optional[str]) -> bool:
     return bool(url) and urlsplit(url).scheme in REDIS_SCHEMES
 
 
+def _setting(conf: Any, name: str) -> Any:
+    # A Celery app's settings read $CELERY_BROKER_URL, $CELERY_BROKER_WRITE_URL and
+    # $CELERY_RESULT_BACKEND (what `celery -b` and `--result-backend` set) in their properties
+    # of those names; conf.get() sees only what the app configured.
+    return getattr(conf, name, None) or conf.get(name)
+
+
 def choose_url(conf: Any) -> tuple[str, str]:
     """The lock server URL and where it came from (the setting, broker, backend or default)."""
     explicit = conf.get("singleton_lock_url")
@@ -48,10 +55,10 @@ def choose_url(conf: Any) -> tuple[str, str]:
             return check_url(explicit), "singleton_lock_url"
         except LockConfigurationError as exc:
             raise LockConfigurationError(f"singleton_lock_url: {exc.message}") from None
-    broker = _first_url(conf.get("broker_write_url") or conf.get("broker_url"))
+    broker = _first_url(_setting(conf, "broker_write_url") or _setting(conf, "broker_url"))
     if _is_redis(broker):
         return broker, "broker_url"  # type: ignore[return-value]
-    backend = _first_url(conf.get("result_backend"))
+    backend = _first_url(_setting(conf, "result_backend"))
     if _is_redis(backend):
         return backend, "result_backend"  # type: ignore[return-value]
     return DEFAULT_URL, "default"

@@ -1,5 +1,6 @@
-"""The read-only inspection CLI, run as the installed console script runs it (a subprocess
-without the current directory on ``sys.path``), against a real Redis.
+"""The ``celery-singleton-lock`` command, run as the installed console script runs it (a
+subprocess without the current directory on ``sys.path``), against a real Redis. The same
+commands under ``celery -A proj locks`` are tests/celery/test_celery_locks.py's.
 
 Every bad input must give exactly one ``Error: ...`` line on stderr, no traceback, and a
 non-zero exit; every answer names the server it came from on stderr.
@@ -145,7 +146,7 @@ def test_show_names_the_server_it_queried(redis_server: RedisServer) -> None:
     assert f"on {redis_server.url} (from --url)" in result.stderr
 
 
-def test_the_cli_only_reads(redis_server: RedisServer) -> None:
+def test_list_and_show_only_read(redis_server: RedisServer) -> None:
     client: redis.Redis = redis_server.client()
     _locker(redis_server).try_acquire("app.job:dd", 30)
     before = {k: client.pttl(k) for k in client.scan_iter()}
@@ -174,10 +175,30 @@ def test_an_app_module_in_the_current_directory_is_found(
 
 
 def test_help_text_is_plain() -> None:
-    for command in ([], ["list"], ["show"]):
+    for command in ([], ["list"], ["show"], ["release"]):
         result = run_cli(*command, "--help")
         assert result.returncode == 0, result.stderr
         assert "``" not in result.stdout, result.stdout
+
+
+# -- release ----------------------------------------------------------------------------------
+
+
+def test_release_without_an_app_to_ask_the_node_is_one_error_line(
+    redis_server: RedisServer,
+) -> None:
+    _locker(redis_server).try_acquire("app.job:rr", 30, owner=Owner(task_id="t-r", host="w@h"))
+    line = the_error(run_cli("--url", redis_server.url, "release", "app.job:rr"))
+    assert "-A" in line and "--force" in line
+    assert redis_server.client().exists("singleton-lock:{app.job:rr}") == 1
+
+
+def test_forced_release_needs_no_app(redis_server: RedisServer) -> None:
+    _locker(redis_server).try_acquire("app.job:rs", 30, owner=Owner(task_id="t-s", host="w@h"))
+    result = run_cli("--url", redis_server.url, "release", "--force", "app.job:rs")
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    assert redis_server.client().exists("singleton-lock:{app.job:rs}") == 0
 
 
 # -- show --task: the lock name of a call ------------------------------------------------------

@@ -1,0 +1,479 @@
+"""``celery -A tests.celery.lockapp locks ...``: the lock commands as a Celery sub-command, run as
+real ``celery`` subprocesses against real Redis servers, with real locks held (by the engine,
+or by a task running on a real ``celery worker``).
+
+Celery finds the sub-command through the ``celery.commands`` entry points of the installed
+distributions. The tests do not reinstall this checkout: they put a distribution declaring
+exactly the entry points of pyproject.toml's ``celery.commands`` table on ``PYTHONPATH``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+import pytest
+import redis
+
+from celery_singleton_lock.celery.cli import open_target, release_lock
+from celery_singleton_lock.engine import LockKeys, Owner, RedisLocker, Renewer
+from tests.celery import lockapp
+from tests.celery.workers import Servers, client_app, close_client, lock_key, unique, worker_group
+from tests.support import wait_until
+
+try:
+    import tomllib
+except ImportError:  # Python < 3.11
+    tomllib = pytest.importorskip("tomli")
+
+from celery_singleton_lock.testing import RedisServer
+
+REPO = Path(__file__).resolve().parents[2]
+APP = "tests.celery.lockapp"
+
+CeleryRun = subprocess.CompletedProcess[str]
+
+
+# -- running `celery ... locks` -----------------------------------------------------------------
+
+
+def declared_celery_commands() -> dict[str, str]:
+    """pyproject.toml's ``[project.entry-points."celery.commands"]`` table."""
+    with open(REPO / "pyproject.toml", "rb") as f:
+        project = tomllib.load(f)["project"]
+    return dict(project["entry-points"]["celery.commands"])
+
+
+@pytest.fixture(scope="module")
+def entry_points_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory holding a distribution whose only content is those entry points."""
+    root = tmp_path_factory.mktemp("entry-points")
+    info = root / "csl_celery_commands-0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: csl-celery-commands\nVersion: 0\n")
+    lines = [f"{name} = {target}" for name, target in declared_celery_commands().items()]
+    (info / "entry_points.txt").write_text("[celery.commands]\n" + "\n".join(lines) + "\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[Servers]:
+    """Broker and lock servers of this module only (results: broker db 1)."""
+    with RedisServer.running() as broker, RedisServer.running() as lock:
+        yield Servers(broker_url=broker.url, lock=lock, backend_url=broker.url.replace("/0", "/1"))
+
+
+Celery = Callable[..., CeleryRun]
+
+
+@pytest.fixture(scope="module")
+def celery(entry_points_dir: Path, servers: Servers) -> Celery:
+    """``celery(*args, app=APP, cwd=REPO, **CSL_settings)``: run ``celery -A app *args`` with
+    lockapp configured for this module's servers, or the ``CSL_*`` variables given."""
+
+    def run(*args: str, app: Optional[str] = APP, cwd: Path = REPO, **settings: str) -> CeleryRun:
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("CSL_", "CELERY_")) and k != "SINGLETON_LOCK_URL"
+        }
+        env.update(
+            PYTHONPATH=os.pathsep.join(
+                filter(None, [str(entry_points_dir), str(REPO), env.get("PYTHONPATH")])
+            ),
+            CSL_BROKER_URL=servers.broker_url,
+            CSL_BACKEND_URL=servers.backend_url,
+            CSL_LOCK_URL=servers.lock.url,
+        )
+        env.update(settings)
+        command = [sys.executable, "-m", "celery", *(["-A", app] if app else []), *args]
+        return subprocess.run(
+            command, cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+        )
+
+    return run
+
+
+def no_traceback(result: CeleryRun) -> CeleryRun:
+    assert "Traceback" not in result.stderr + result.stdout, result.stderr
+    return result
+
+
+def the_error(result: CeleryRun) -> str:
+    """The one ``Error:`` line of a failed run (asserting there is nothing else on stderr)."""
+    no_traceback(result)
+    assert result.returncode == 2, result
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("Error: ")]
+    assert len(errors) == 1, result.stderr
+    # the line naming the server may come first (release, show): nothing else
+    assert all(line in errors or line.startswith("lock ") for line in lines), result.stderr
+    return errors[0]
+
+
+@pytest.fixture(scope="module")
+def lock_store(servers: Servers) -> Iterator[redis.Redis]:
+    client = servers.lock.client(socket_timeout=5)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def locker(lock_store: redis.Redis) -> RedisLocker:
+    return RedisLocker(lock_store, renewer=Renewer(autostart=False))
+
+
+@pytest.fixture
+def name() -> str:
+    return f"app.job:{unique('n')}"
+
+
+def held_by(locker: RedisLocker, name: str, **owner: Any) -> str:
+    """Take lock ``name`` for ``owner`` (not renewed: nothing in this process must touch it)."""
+    locker.try_acquire(name, 60, owner=Owner(**owner), renew=False)
+    return locker.keys(name).lock
+
+
+# -- the sub-command is Celery's ------------------------------------------------------------
+
+
+def test_celery_lists_locks_among_its_commands(celery: Celery) -> None:
+    result = no_traceback(celery("--help", app=None))
+    assert result.returncode == 0, result.stderr
+    assert "locks" in result.stdout
+
+
+def test_the_lock_server_is_the_one_the_app_loaded_by_celery_uses(
+    celery: Celery, servers: Servers
+) -> None:
+    result = no_traceback(celery("locks", "list"))
+    assert result.returncode == 0, result.stderr
+    assert f"on {servers.lock.url} (from app 'lockapp', its singleton_lock_url)" in result.stderr
+
+
+# -- list and show ----------------------------------------------------------------------------
+
+
+def test_list_json_is_one_document_of_holders(
+    celery: Celery, locker: RedisLocker, name: str
+) -> None:
+    key = held_by(locker, name, task_id="t-json", host="w1@box", pid=42)
+    result = no_traceback(celery("locks", "list", "--json"))
+    assert result.returncode == 0, result.stderr
+    holders = {holder["key"]: holder for holder in json.loads(result.stdout)}
+    holder = holders[key]
+    assert list(holder) == [
+        "key",
+        "name",
+        "task_id",
+        "host",
+        "pid",
+        "acquired_at",
+        "ttl",
+        "fence",
+    ]
+    assert (holder["name"], holder["task_id"], holder["host"], holder["pid"]) == (
+        name,
+        "t-json",
+        "w1@box",
+        42,
+    )
+
+
+def test_show_names_the_holder(celery: Celery, locker: RedisLocker, name: str) -> None:
+    key = held_by(locker, name, task_id="t-show", host="w1@box", pid=7)
+    result = no_traceback(celery("locks", "show", name))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"{key}  task=t-show  host=w1@box  pid=7  ")
+
+
+def test_show_task_computes_the_name_with_the_app_celery_loaded(
+    celery: Celery, locker: RedisLocker
+) -> None:
+    account = unique("acct")
+    lock_name = lockapp.fenced.lock_options.keyer.name([account], {})
+    key = held_by(locker, lock_name, task_id="t-task", host="w1@box", pid=8)
+    result = no_traceback(
+        celery("locks", "show", "--task", lockapp.fenced.name, "--args", json.dumps([account]))
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"{key}  task=t-task  ")
+
+
+def test_list_under_the_wrong_prefix_names_the_prefixes_holding_locks(
+    celery: Celery, locker: RedisLocker, name: str
+) -> None:
+    held_by(locker, name, task_id="t-p")
+    result = no_traceback(celery("locks", "--prefix", "mine", "list"))
+    assert result.returncode == 0, result.stderr
+    assert "0 lock(s) held under prefix 'mine'" in result.stderr
+    assert "'singleton-lock'" in result.stderr and "(use --prefix)" in result.stderr
+
+
+# -- release: the holder is gone, or not --------------------------------------------------------
+
+
+def test_release_of_a_free_lock_exits_1_saying_so(celery: Celery, name: str) -> None:
+    result = no_traceback(celery("locks", "release", name))
+    assert result.returncode == 1
+    assert result.stdout.strip() == f"singleton-lock:{{{name}}}: free, nothing to release"
+
+
+def test_release_frees_a_lock_whose_node_does_not_answer(
+    celery: Celery, locker: RedisLocker, lock_store: redis.Redis, name: str
+) -> None:
+    key = held_by(locker, name, task_id="t-gone", host="gone@nowhere", pid=9)
+    result = no_traceback(celery("locks", "release", name, "--ping-timeout", "0.5"))
+    assert result.returncode == 0, result.stderr
+    assert "released (held by task t-gone on node gone@nowhere, pid 9" in result.stdout
+    assert lock_store.exists(key) == 0
+
+
+def test_release_refuses_a_lock_taken_outside_a_worker(
+    celery: Celery, locker: RedisLocker, lock_store: redis.Redis, name: str
+) -> None:
+    key = held_by(locker, name, task_id="t-plain", host="plainhost", pid=10)
+    line = the_error(celery("locks", "release", name))
+    assert "not a Celery worker node" in line and "--force" in line
+    assert lock_store.exists(key) == 1
+
+
+def test_forced_release_frees_a_lock_taken_outside_a_worker(
+    celery: Celery, locker: RedisLocker, lock_store: redis.Redis, name: str
+) -> None:
+    key = held_by(locker, name, task_id="t-plain", host="plainhost", pid=10)
+    result = no_traceback(celery("locks", "release", "--force", name))
+    assert result.returncode == 0, result.stderr
+    assert lock_store.exists(key) == 0
+
+
+@dataclass
+class HeldByAWorker:
+    """What ``release`` did to locks held by tasks running on a real worker node: one while
+    the node answers pings (without, then with ``--force``), one after the node was killed."""
+
+    node: str
+    task_id: str
+    key: str
+    refused: CeleryRun
+    held_after_refusal: int
+    forced: CeleryRun
+    held_after_force: int
+    published: list[str]
+    #: the second lock, released without --force once its node was killed
+    orphan_key: str
+    orphaned: CeleryRun
+    orphan_held_after: int
+
+
+def published_on(pubsub: Any, count: int = 20) -> list[str]:
+    """The first message published on ``pubsub``'s channel, within ``count`` short waits."""
+    for _ in range(count):
+        message = pubsub.get_message(timeout=0.1)
+        if message and message["type"] == "message":
+            return [message["data"].decode()]
+    return []
+
+
+@pytest.fixture(scope="module")
+def held_by_a_worker(celery: Celery, servers: Servers, lock_store: redis.Redis) -> HeldByAWorker:
+    """Two ``long_running`` tasks hold their locks on a real prefork worker; ``release`` runs
+    on the first without and with ``--force`` while the worker answers pings, and on the
+    second after the worker was killed (SIGKILL: the lock stays until its TTL)."""
+    task = lockapp.long_running
+    key, orphan = unique("k"), unique("k")
+    lock, orphan_lock = (lock_key(task, k, seconds=60) for k in (key, orphan))
+    client = client_app(servers)
+    try:
+        with worker_group(servers) as workers:
+            [worker] = workers.start(1, pool="prefork", concurrency=2)
+            sent = [
+                client.send_task(task.name, args=(k,), kwargs={"seconds": 60}, queue=worker.queue)
+                for k in (key, orphan)
+            ]
+            wait_until(lambda: lock_store.exists(lock, orphan_lock) == 2, timeout=30)
+            refused = celery("locks", "release", lock)
+            held_after_refusal = int(lock_store.exists(lock))
+            channel = LockKeys.build("singleton-lock", lock[len("singleton-lock:{") : -1]).channel
+            pubsub = lock_store.pubsub()
+            pubsub.subscribe(channel)
+            try:
+                wait_until(lambda: pubsub.get_message(timeout=0.1), timeout=5)  # subscribed
+                forced = celery("locks", "release", "--force", lock)
+                held_after_force = int(lock_store.exists(lock))
+                published = published_on(pubsub)
+            finally:
+                pubsub.close()
+            worker.kill_group()
+            worker.wait_exit(10)
+            orphaned = celery("locks", "release", "--ping-timeout", "1", orphan_lock)
+            return HeldByAWorker(
+                node=worker.name,
+                task_id=sent[0].id,
+                key=lock,
+                refused=refused,
+                held_after_refusal=held_after_refusal,
+                forced=forced,
+                held_after_force=held_after_force,
+                published=published,
+                orphan_key=orphan_lock,
+                orphaned=orphaned,
+                orphan_held_after=int(lock_store.exists(orphan_lock)),
+            )
+    finally:
+        close_client(client)
+
+
+def test_release_refuses_while_the_holders_node_answers_ping(
+    held_by_a_worker: HeldByAWorker,
+) -> None:
+    line = the_error(held_by_a_worker.refused)
+    assert line.startswith(
+        f"Error: lock {held_by_a_worker.key} is held by task {held_by_a_worker.task_id} "
+        f"on node {held_by_a_worker.node}, pid "
+    ), line
+    assert line.endswith(" (alive: answered ping); use --force to release anyway"), line
+
+
+def test_a_refused_release_leaves_the_lock_held(held_by_a_worker: HeldByAWorker) -> None:
+    assert held_by_a_worker.held_after_refusal == 1
+
+
+def test_forced_release_frees_a_lock_whose_node_answers(held_by_a_worker: HeldByAWorker) -> None:
+    forced = no_traceback(held_by_a_worker.forced)
+    assert forced.returncode == 0, forced.stderr
+    assert held_by_a_worker.held_after_force == 0
+
+
+def test_forced_release_publishes_the_release(held_by_a_worker: HeldByAWorker) -> None:
+    assert held_by_a_worker.published == [held_by_a_worker.key]
+
+
+def test_release_frees_the_lock_of_a_killed_worker_without_force(
+    held_by_a_worker: HeldByAWorker,
+) -> None:
+    orphaned = no_traceback(held_by_a_worker.orphaned)
+    assert orphaned.returncode == 0, orphaned.stderr
+    assert f"on node {held_by_a_worker.node}" in orphaned.stdout
+    assert "did not answer a ping" in orphaned.stdout
+    assert held_by_a_worker.orphan_held_after == 0
+
+
+# -- release: owner-checked -------------------------------------------------------------------
+
+
+def test_release_leaves_a_lock_that_changed_hands_after_it_was_read(
+    locker: RedisLocker, lock_store: redis.Redis, servers: Servers, name: str
+) -> None:
+    """Between the read and the release, the holder's lock expires and another run takes it:
+    the release (the function the commands call, on a real server) must not delete it."""
+    held_by(locker, name, task_id="t-old", host="old@box", pid=1)
+    taker = RedisLocker(lock_store, renewer=Renewer(autostart=False))
+
+    def changes_hands(node: str) -> bool:
+        lock_store.delete(locker.keys(name).lock)  # as its TTL running out would
+        taker.try_acquire(name, 60, owner=Owner(task_id="t-new", host="new@box", pid=2))
+        return False  # "old@box" did not answer
+
+    target = open_target(url=servers.lock.url)
+    try:
+        outcome = release_lock(target, name, is_alive=changes_hands)
+    finally:
+        target.close()
+    assert outcome.released is False
+    assert outcome.now is not None and outcome.now.task_id == "t-new"
+    holder = locker.inspect.read(name)
+    assert holder is not None and holder.task_id == "t-new"
+
+
+# -- bad input: one line, no traceback -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("http://x", "not a Redis URL"),
+        ("redis://127.0.0.1/abc", "database 'abc' is not a number"),
+    ],
+    ids=["http-scheme", "db-not-a-number"],
+)
+@pytest.mark.parametrize("command", [["list"], ["show", "a:b"], ["release", "--force", "a:b"]])
+def test_a_bad_lock_url_is_one_error_line(
+    celery: Celery, command: list[str], url: str, says: str
+) -> None:
+    line = the_error(celery("locks", *command, CSL_LOCK_URL=url))
+    assert says in line
+
+
+@pytest.mark.parametrize("command", [["list"], ["show", "a:b"], ["release", "--force", "a:b"]])
+def test_an_unreachable_lock_server_is_one_error_line(celery: Celery, command: list[str]) -> None:
+    line = the_error(celery("locks", *command, CSL_LOCK_URL="redis://127.0.0.1:1/0"))
+    assert "unavailable" in line and "redis://127.0.0.1:1/0" in line
+
+
+def test_a_bad_prefix_is_one_error_line(celery: Celery) -> None:
+    line = the_error(celery("locks", "--prefix", "bad prefix{", "list"))
+    assert "prefix 'bad prefix{' is invalid" in line
+
+
+def test_an_unreachable_broker_is_one_error_line_for_release(
+    celery: Celery, locker: RedisLocker, name: str
+) -> None:
+    held_by(locker, name, task_id="t-b", host="w@box", pid=3)
+    line = the_error(celery("locks", "release", name, CSL_BROKER_URL="redis://127.0.0.1:1/0"))
+    assert "cannot ask worker node 'w@box' whether it is alive" in line and "--force" in line
+
+
+def test_show_task_of_an_unknown_task_is_one_error_line(celery: Celery) -> None:
+    line = the_error(celery("locks", "show", "--task", "no.such.task"))
+    assert "no.such.task" in line and "not registered" in line
+
+
+def test_an_unknown_option_is_one_error_line(celery: Celery) -> None:
+    line = the_error(celery("locks", "list", "--no-such-option"))
+    assert "--no-such-option" in line
+
+
+@pytest.mark.parametrize(
+    ("app", "says"),
+    [("no_such_module_xyz", "no_such_module_xyz"), (f"{APP}:no_such_app", "no_such_app")],
+    ids=["module", "attribute"],
+)
+def test_an_app_celery_cannot_load_is_reported_by_celery_without_a_traceback(
+    celery: Celery, app: str, says: str
+) -> None:
+    result = no_traceback(celery("locks", "list", app=app))
+    assert result.returncode != 0
+    assert "Unable to load celery application" in result.stderr and says in result.stderr
+
+
+# -- celery's own options apply ---------------------------------------------------------------
+
+
+def test_the_broker_given_with_celery_b_is_the_lock_server(
+    celery: Celery, servers: Servers, tmp_path: Path
+) -> None:
+    """``celery -b URL`` reaches the app only through ``$CELERY_BROKER_URL``, which Celery's
+    settings read in their ``broker_url`` property (``conf.get`` does not)."""
+    (tmp_path / "bareapp.py").write_text("from celery import Celery\napp = Celery('bareapp')\n")
+    broker = servers.lock.url.replace("/0", "/3")
+    result = no_traceback(celery("-b", broker, "locks", "list", app="bareapp:app", cwd=tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert f"on {broker} (from app 'bareapp', its broker_url)" in result.stderr
+
+
+def test_the_lock_server_follows_celery_broker_url_in_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from celery import Celery as CeleryApp
+
+    from celery_singleton_lock.celery.lock_server import choose_url
+
+    monkeypatch.setenv("CELERY_BROKER_URL", "redis://from-env:6379/4")
+    app = CeleryApp("envapp", broker="amqp://configured//")
+    assert choose_url(app.conf) == ("redis://from-env:6379/4", "broker_url")

@@ -35,7 +35,6 @@ import redis
 from celery import Celery, signals
 from celery.contrib.testing.worker import start_worker
 
-from celery_singleton_lock import arguments as _arguments
 from celery_singleton_lock.arguments import ArgumentKeyer
 from celery_singleton_lock.celery import LockedTask
 from celery_singleton_lock.celery.connection import make_client
@@ -175,13 +174,13 @@ class UncachedLocker(RedisLocker):
         return result
 
 
-class UncachedKeyer(ArgumentKeyer):
-    """(e, argument side) No digest cache of mapping keys: emptied before every name, so
-    each parameter name is hashed again (it is put back after, for the other contenders)."""
+class FStringKeyer(ArgumentKeyer):
+    """(n) The lock name as an f-string of the positional arguments: no binding, encoding or
+    hash, so (n) vs (a) is what the canonical lock name costs per task. Not a usable lock
+    name (``str()``-based, keyword arguments ignored); enough for the bench's ``noop(i)``."""
 
     def name(self, args: Optional[Sequence[Any]], kwargs: Optional[Any]) -> str:
-        _arguments._str_key_digests.clear()
-        return super().name(args, kwargs)
+        return f"{self.task_name}:{args}"
 
 
 def build_variant(
@@ -191,18 +190,19 @@ def build_variant(
     name: str,
     setup: Setup,
     *,
-    uncached_keyer: bool = False,
+    keyer_class: Optional[type] = None,
 ) -> Any:
     """A LockedTask whose locker is a ``locker_class`` with a counting client of its own,
-    made as the plugin makes its locker (``make_client`` + the app's prefix)."""
+    made as the plugin makes its locker (``make_client`` + the app's prefix); with
+    ``keyer_class``, its keyer is made one (an ``ArgumentKeyer`` subclass)."""
     options = {"connection_class": counting_connection_class(setup.url, counter)}
     locker = locker_class(make_client(setup.url, options), prefix=f"{setup.prefix}-lock")
     attributes: Dict[str, Any] = {"lock_locker": locker, "bench_locker": locker}
-    if uncached_keyer:
+    if keyer_class is not None:
 
         def _resolve_options(cls: Any, app: Any, task_name: str) -> Any:
             resolved = super(base, cls)._resolve_options(app, task_name)
-            resolved.keyer.__class__ = UncachedKeyer
+            resolved.keyer.__class__ = keyer_class
             return resolved
 
         attributes["_resolve_options"] = classmethod(_resolve_options)
@@ -215,7 +215,7 @@ class Spec:
     key: str
     label: str
     locker: Optional[type] = None  # a LockedTask variant with this locker class
-    uncached_keyer: bool = False
+    keyer: Optional[type] = None  # ... whose keyer is of this ArgumentKeyer subclass
     build: Optional[Callable[[Celery, str, Setup], Any]] = None
 
 
@@ -228,11 +228,21 @@ SPECS = [
     Spec("waited", "(c) waited release", locker=WaitedLocker),
     Spec("public", "(d) b+c: public API only", locker=PublicLocker),
     Spec("scriptcall", "(s) Script.__call__, kept", locker=ScriptCallLocker),
-    Spec("nocache", "(e) no pid/name/digest cache", locker=UncachedLocker, uncached_keyer=True),
+    Spec("nocache", "(e) no pid/name cache", locker=UncachedLocker),
+    Spec("fstring", "(n) lock name as an f-string", locker=RedisLocker, keyer=FStringKeyer),
     Spec("once", "celery-once QueueOnce", build=build_once),
     Spec("singleton", "celery-singleton Singleton", build=build_singleton),
 ]
-LOCKED_KEYS = ("locked", "locked2", "pooled", "waited", "public", "scriptcall", "nocache")
+LOCKED_KEYS = (
+    "locked",
+    "locked2",
+    "pooled",
+    "waited",
+    "public",
+    "scriptcall",
+    "nocache",
+    "fstring",
+)
 
 #: (label, with the piece, without it): the piece's worth is the throughput it adds.
 PIECES = [
@@ -242,7 +252,9 @@ PIECES = [
     ("deferred release + settler (a vs c)", "locked", "waited"),
     ("deferred release, pooled acquire (b vs d)", "pooled", "public"),
     ("Script.__call__ bypass, sha rewrite (a vs s)", "locked", "scriptcall"),
-    ("pid + name + digest caches (a vs e)", "locked", "nocache"),
+    ("pid + name caches (a vs e)", "locked", "nocache"),
+    # not a piece to keep or drop: what computing the lock name still costs
+    ("cost: the lock name, vs an f-string (n vs a)", "fstring", "locked"),
     ("all connection pieces together (a vs d)", "locked", "public"),
 ]
 
@@ -266,7 +278,7 @@ def contenders(keys: Optional[Sequence[str]] = None) -> List[Contender]:
             contender.build = spec.build
         else:
             contender.build = partial(
-                _build_spec, spec.locker, contender.counter, uncached_keyer=spec.uncached_keyer
+                _build_spec, spec.locker, contender.counter, keyer_class=spec.keyer
             )
         entries.append(contender)
     return entries
@@ -279,9 +291,9 @@ def _build_spec(
     name: str,
     setup: Setup,
     *,
-    uncached_keyer: bool,
+    keyer_class: Optional[type],
 ) -> Any:
-    return build_variant(locker, counter, app, name, setup, uncached_keyer=uncached_keyer)
+    return build_variant(locker, counter, app, name, setup, keyer_class=keyer_class)
 
 
 @dataclass
@@ -643,6 +655,8 @@ def print_pieces(run: Run) -> None:
         saved = [r.worker_us[without_key] - r.worker_us[with_key] for r in rounds]
         if label.startswith("A/A"):
             what = "(noise)"
+        elif label.startswith("cost:"):
+            what = "(cost)"
         else:
             what = "keep" if median(worth) >= MIN_WORTH_PERCENT else "drop"
         print(f"   {label:<46} {_med_iqr(worth, '+.2f'):>22} {_med_iqr(saved, '+.0f'):>18}  {what}")

@@ -34,6 +34,7 @@ import redis
 from celery import Celery, signals
 from celery.contrib.testing.worker import start_worker
 
+from celery_singleton_lock.arguments import ArgumentKeyer
 from celery_singleton_lock.celery import LockedTask
 from celery_singleton_lock.celery.lock_server import make_client
 from celery_singleton_lock.engine import RedisLocker
@@ -90,18 +91,38 @@ class PooledLocker(RedisLocker):
         return super()._run(script, key, keys, args, pinned=False)
 
 
+class FStringKeyer(ArgumentKeyer):
+    """(n) The lock name as an f-string of the positional arguments: no binding, encoding or
+    hash, so (n) vs (a) is what the canonical lock name costs per task. Not a usable lock
+    name (``str()``-based, keyword arguments ignored); enough for the bench's ``noop(i)``."""
+
+    def name(self, args: Optional[Sequence[Any]], kwargs: Optional[Any]) -> str:
+        return f"{self.task_name}:{args}"
+
+
 def build_variant(
     locker_class: type,
     counter: RoundTripCounter,
     app: Celery,
     name: str,
     setup: Setup,
+    *,
+    keyer_class: Optional[type] = None,
 ) -> Any:
     """A LockedTask whose locker is a ``locker_class`` with a counting client of its own,
-    made as the plugin makes its locker (``make_client`` + the app's prefix)."""
+    made as the plugin makes its locker (``make_client`` + the app's prefix); with
+    ``keyer_class``, its keyer is made one (an ``ArgumentKeyer`` subclass)."""
     options = {"connection_class": counting_connection_class(setup.url, counter)}
     locker = locker_class(make_client(setup.url, options), prefix=f"{setup.prefix}-lock")
     attributes: Dict[str, Any] = {"lock_locker": locker, "bench_locker": locker}
+    if keyer_class is not None:
+
+        def _resolve_options(cls: Any, app: Any, task_name: str) -> Any:
+            resolved = super(base, cls)._resolve_options(app, task_name)
+            resolved.keyer.__class__ = keyer_class
+            return resolved
+
+        attributes["_resolve_options"] = classmethod(_resolve_options)
     base = type(f"Bench{locker_class.__name__}Task", (LockedTask,), attributes)
     return app.task(name=name, base=base)(noop)
 
@@ -111,6 +132,7 @@ class Spec:
     key: str
     label: str
     locker: Optional[type] = None  # a LockedTask variant with this locker class
+    keyer: Optional[type] = None  # ... and this keyer class
     build: Optional[Callable[[Celery, str, Setup], Any]] = None
 
 
@@ -120,15 +142,17 @@ SPECS = [
     Spec("locked", "(a) LockedTask as is", build=build_locked),
     Spec("locked2", "(a') LockedTask as is, A/A", locker=RedisLocker),
     Spec("pooled", "(b) no kept connections", locker=PooledLocker),
+    Spec("fstring", "(n) lock name as an f-string", locker=RedisLocker, keyer=FStringKeyer),
     Spec("once", "celery-once QueueOnce", build=build_once),
     Spec("singleton", "celery-singleton Singleton", build=build_singleton),
 ]
-LOCKED_KEYS = ("locked", "locked2", "pooled")
+LOCKED_KEYS = ("locked", "locked2", "pooled", "fstring")
 
 #: (label, with the piece, without it): the piece's worth is the throughput it adds.
 PIECES = [
     ("A/A: the same code twice (resolution)", "locked", "locked2"),
     ("kept connections, acquire and release (a vs b)", "locked", "pooled"),
+    ("cost: the lock name, vs an f-string (n vs a)", "fstring", "locked"),
 ]
 
 
@@ -150,7 +174,9 @@ def contenders(keys: Optional[Sequence[str]] = None) -> List[Contender]:
         if spec.build is not None:
             contender.build = spec.build
         else:
-            contender.build = partial(build_variant, spec.locker, contender.counter)
+            contender.build = partial(
+                build_variant, spec.locker, contender.counter, keyer_class=spec.keyer
+            )
         entries.append(contender)
     return entries
 

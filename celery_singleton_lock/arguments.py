@@ -13,29 +13,54 @@ import enum
 import hashlib
 import inspect
 import uuid
+from collections.abc import Mapping
 from decimal import Decimal
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from .errors import LockConfigurationError, LockKeyError, UnsupportedArgumentError
 
 __all__ = ["ArgumentKeyer", "canonical_digest"]
 
 KeyCallable = Callable[..., Any]
-_Update = Callable[[bytes], None]
 
 _SUPPORTED = (
     "str, int, float, bool, None, list/tuple, dict, Decimal, UUID, date/datetime/time, Enum, bytes"
 )
 
 
-#: Digests of string mapping keys, which repeat on every call (parameter names above all):
-#: a new SHA-256 object per key was the largest cost of a small task's key.
-_str_key_digests: dict[str, bytes] = {}
-_STR_KEY_DIGESTS_SIZE = 4096
+class _NoEncoding(Exception):
+    """A value without a stable encoding, on its way up to ``canonical_digest``.
+
+    Each container it leaves adds its step (dict key, list index, ...) to ``steps``: paths
+    are only built for a call that fails, never for the ones that succeed.
+    """
+
+    def __init__(self, value: Any) -> None:
+        super().__init__()
+        self.value = value
+        self.steps: list[tuple[str, Any]] = []  # innermost first
+
+    def within(self, kind: str, step: Any) -> _NoEncoding:
+        self.steps.append((kind, step))
+        return self
+
+    def path(self) -> str:
+        """``payload['rows'][1].value``, as a reader would write it; the top-level key bare."""
+        text = ""
+        for kind, step in reversed(self.steps):
+            if kind == "item":
+                text = f"{text}[{step!r}]" if text else str(step)
+            elif kind == "index":
+                text = f"{text}[{step}]"
+            elif kind == "key":
+                text = f"{text} key {step!r}"
+            else:
+                text = f"{text}.value"
+        return text[:200]
 
 
-def _length_prefixed(tag: bytes, payload: bytes, update: _Update) -> None:
-    update(tag + str(len(payload)).encode() + b":" + payload)
+def _length_prefixed(tag: bytes, payload: bytes) -> bytes:
+    return b"%b%d:%b" % (tag, len(payload), payload)
 
 
 _DECIMAL_SPECIALS = {"n": "NaN", "N": "sNaN"}
@@ -61,88 +86,117 @@ def _decimal_text(value: Decimal) -> str:
     return f"{prefix}{significant}E{exponent + len(coefficient) - len(significant)}"
 
 
-def _encode(value: Any, path: str, update: _Update) -> None:
-    """Feed the canonical encoding of ``value`` to ``update``; ``path`` names it in errors.
+def _encode(value: Any, out: list[bytes]) -> None:
+    """Append the canonical encoding of ``value`` to ``out``.
 
-    Every encoding starts with a type tag and is length- or count-prefixed, so no two
-    different values share an encoding.
+    Every encoding starts with a type tag and is either length- or count-prefixed or ends
+    with a ``;`` its text cannot contain. So no encoding is a prefix of another, and a
+    sequence of encodings (a list's items, a task name and its arguments) is read back in
+    one way only: no two different values share bytes.
+
+    Raises:
+        _NoEncoding: ``value``, or a value inside it, has no stable encoding.
     """
+    # The checks run in order, so subclasses go first: bool and IntEnum are ints, a str
+    # Enum is a str, datetime is a date.
     if value is None:
-        update(b"N")
+        out.append(b"N")
     elif value is True:
-        update(b"T")
+        out.append(b"T")
     elif value is False:
-        update(b"F")
+        out.append(b"F")
     elif isinstance(value, enum.Enum):
         cls = type(value)
-        _length_prefixed(b"e", f"{cls.__module__}.{cls.__qualname__}".encode(), update)
-        _encode(value.value, f"{path}.value", update)
+        out.append(_length_prefixed(b"e", f"{cls.__module__}.{cls.__qualname__}".encode()))
+        try:
+            _encode(value.value, out)
+        except _NoEncoding as exc:
+            raise exc.within("value", None) from None
     elif isinstance(value, int):
-        # hex: str() of an int over 4300 digits raises ValueError (sys.int_max_str_digits)
-        _length_prefixed(b"i", format(int(value), "x").encode(), update)
+        # hex, and by value: str() of an int over 4300 digits raises ValueError
+        # (sys.int_max_str_digits), and a subclass's __int__/__str__ could lie.
+        out.append(b"i%x;" % value)
     elif isinstance(value, float):
-        _length_prefixed(b"f", repr(float(value)).encode(), update)
+        # the shortest text that reads back as the same float (-0.0, inf and nan included)
+        out.append(b"f%b;" % float.__repr__(value).encode())
     elif isinstance(value, str):
-        _length_prefixed(b"s", value.encode("utf-8", "surrogatepass"), update)
+        out.append(_length_prefixed(b"s", value.encode("utf-8", "surrogatepass")))
     elif isinstance(value, (bytes, bytearray, memoryview)):
-        _length_prefixed(b"b", bytes(value), update)
+        out.append(_length_prefixed(b"b", bytes(value)))
     elif isinstance(value, (list, tuple)):
-        update(b"l" + str(len(value)).encode() + b":")
+        out.append(b"l%d:" % len(value))
         for index, item in enumerate(value):
-            _encode(item, f"{path}[{index}]", update)
+            try:
+                _encode(item, out)
+            except _NoEncoding as exc:
+                raise exc.within("index", index) from None
     elif isinstance(value, Mapping):
-        pairs = []
-        for key, item in value.items():
-            key_digest = _str_key_digests.get(key) if type(key) is str else None
-            if key_digest is None:
-                key_hash = hashlib.sha256()
-                _encode(key, f"{path} key {key!r}"[:200], key_hash.update)
-                key_digest = key_hash.digest()
-                if type(key) is str and len(_str_key_digests) < _STR_KEY_DIGESTS_SIZE:
-                    _str_key_digests[key] = key_digest
-            pairs.append((key_digest, key, item))
-        pairs.sort(key=lambda pair: pair[0])
-        update(b"d" + str(len(pairs)).encode() + b":")
-        for key_digest, key, item in pairs:
-            update(key_digest)
-            _encode(item, f"{path}[{key!r}]"[:200] if path else str(key)[:200], update)
+        _encode_mapping(value, out)
     elif isinstance(value, Decimal):
-        _length_prefixed(b"D", _decimal_text(value).encode(), update)
+        out.append(_length_prefixed(b"D", _decimal_text(value).encode()))
     elif isinstance(value, uuid.UUID):
-        _length_prefixed(b"u", value.hex.encode(), update)
+        out.append(_length_prefixed(b"u", value.hex.encode()))
     elif isinstance(value, dt.datetime):
         if value.utcoffset() is None:
-            _length_prefixed(b"tn", value.isoformat().encode(), update)
+            out.append(_length_prefixed(b"tn", value.isoformat().encode()))
         else:  # equal instants in different zones are equal datetimes: key them equally
             utc = value.astimezone(dt.timezone.utc).replace(tzinfo=None)
-            _length_prefixed(b"tz", utc.isoformat().encode(), update)
+            out.append(_length_prefixed(b"tz", utc.isoformat().encode()))
     elif isinstance(value, dt.date):
-        _length_prefixed(b"dd", value.isoformat().encode(), update)
+        out.append(_length_prefixed(b"dd", value.isoformat().encode()))
     elif isinstance(value, dt.time):
-        _length_prefixed(b"tt", value.isoformat().encode(), update)
+        out.append(_length_prefixed(b"tt", value.isoformat().encode()))
     else:
-        raise UnsupportedArgumentError(
-            f"argument {path} has type {type(value).__module__}.{type(value).__qualname__}, "
-            f"which has no stable lock-key encoding (supported: {_SUPPORTED}). "
-            "Name the arguments that identify the work with lock_on=(...), or give "
-            "lock_key=callable returning a string"
-        )
+        raise _NoEncoding(value)
+
+
+def _encode_mapping(value: Mapping[Any, Any], out: list[bytes]) -> None:
+    """A mapping as its count, then its (key, value) encodings in sorted order.
+
+    Sorting the encodings makes insertion order irrelevant. Each pair is sorted as the
+    bytes of its key then its value: keys never tie with one another (no encoding is a
+    prefix of another), except distinct keys that encode alike (two NaNs), which the
+    value then orders.
+    """
+    pairs = []
+    for key, item in value.items():
+        pair: list[bytes] = []
+        try:
+            _encode(key, pair)
+        except _NoEncoding as exc:
+            raise exc.within("key", key) from None
+        try:
+            _encode(item, pair)
+        except _NoEncoding as exc:
+            raise exc.within("item", key) from None
+        pairs.append(b"".join(pair))
+    pairs.sort()
+    out.append(b"d%d:" % len(pairs))
+    out.extend(pairs)
 
 
 def canonical_digest(task_name: str, arguments: Mapping[str, Any], *, label: str = "") -> str:
-    """SHA-256 (hex) of ``task_name`` and ``arguments`` encoded canonically.
+    """SHA-256 (hex) of ``task_name`` and ``arguments`` encoded canonically, as one buffer.
 
     Raises:
         UnsupportedArgumentError: an argument's type has no stable encoding; the message
             names ``label`` (the task), the argument path and its type.
     """
-    digest = hashlib.sha256()
-    digest.update(task_name.encode("utf-8") + b"\0")
+    out: list[bytes] = []
     try:
-        _encode(dict(arguments), "", digest.update)
-    except UnsupportedArgumentError as exc:
-        raise UnsupportedArgumentError(f"task {label or task_name}: {exc.message}") from None
-    return digest.hexdigest()
+        _encode(task_name, out)
+        _encode_mapping(arguments, out)
+    except _NoEncoding as exc:
+        cls = type(exc.value)
+        raise UnsupportedArgumentError(
+            f"task {label or task_name}: argument {exc.path()} has type "
+            f"{cls.__module__}.{cls.__qualname__}, which has no stable lock-key encoding "
+            f"(supported: {_SUPPORTED}). Name the arguments that identify the work with "
+            "lock_on=(...), or give lock_key=callable returning a string"
+        ) from None
+    # One hash over one buffer: cheaper for these short inputs than feeding a hash object
+    # part by part, or copying one seeded with the task name (measured).
+    return hashlib.sha256(b"".join(out)).hexdigest()
 
 
 class ArgumentKeyer:

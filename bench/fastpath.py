@@ -538,6 +538,8 @@ def print_pieces(run: Run) -> None:
         saved = [r.worker_us[without_key] - r.worker_us[with_key] for r in rounds]
         if label.startswith("A/A"):
             what = "(noise)"
+        elif label.startswith("cost:"):
+            what = "(what it costs)"
         else:
             what = "keep" if median(worth) >= MIN_WORTH_PERCENT else "drop"
         print(f"   {label:<46} {_med_iqr(worth, '+.2f'):>22} {_med_iqr(saved, '+.0f'):>18}  {what}")

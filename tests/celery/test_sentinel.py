@@ -246,3 +246,8 @@ def test_no_lock_key_is_left_at_the_end(stream: Stream) -> None:
 def test_acquires_went_on_after_the_failover(stream: Stream) -> None:
     last = stream.failovers[-1]
     assert any(started > last.demoted_at for started, _, _ in stream.starts)
+
+
+def test_workers_check_the_eviction_policy_of_the_master_they_found(stream: Stream) -> None:
+    assert "singleton locks on sentinel://127.0.0.1:" in stream.logs
+    assert "could not check the lock server's maxmemory-policy" not in stream.logs

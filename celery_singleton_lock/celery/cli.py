@@ -26,7 +26,15 @@ import redis
 from ..engine import LockHolder, LockInspector, LockKeys, RedisLocker
 from ..engine.keys import validate_prefix
 from ..errors import LockBackendUnavailable, LockConfigurationError, LockError
-from .lock_server import DEFAULT_URL, check_url, choose_url, make_client, redact, redact_loosely
+from .lock_server import (
+    DEFAULT_URL,
+    check_url,
+    choose_url,
+    make_client,
+    redact,
+    redact_loosely,
+    transport_options,
+)
 from .options import lock_prefix
 
 T = TypeVar("T")
@@ -126,6 +134,7 @@ def open_target(
         LockConfigurationError: a bad URL, prefix or app setting, said in one line.
     """
     options = None
+    setting = "singleton_lock_url"  # whose transport options a Sentinel URL takes
     if url:
         source = "--url"
     elif app is not None:
@@ -143,9 +152,10 @@ def open_target(
         options = app.conf.get("singleton_lock_redis_options")
         prefix = prefix if prefix is not None else lock_prefix(app.conf)
     prefix = validate_prefix(prefix if prefix is not None else "singleton-lock")
-    check_url(url)
+    sentinel_options = transport_options(app.conf, setting) if app is not None else None
+    check_url(url, sentinel_options)
     try:
-        client = make_client(url, options)
+        client = make_client(url, options, sentinel_options)
     except (ValueError, TypeError) as exc:  # what redis-py raises for a URL or option it refuses
         raise LockConfigurationError(f"cannot connect to {redact_loosely(url)}: {exc}") from None
     return Target(inspector=LockInspector(client, prefix=prefix), url=url, source=source, app=app)

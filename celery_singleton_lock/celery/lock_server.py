@@ -1,13 +1,25 @@
-"""Which Redis holds an app's locks, and the one locker per app and process that talks to it."""
+"""Which Redis holds an app's locks, and the one locker per app and process that talks to it.
+
+The lock server is one Redis (``redis://``, ``rediss://``, ``unix://``) or the master of a
+Sentinel group (``sentinel://host:port;sentinel://host:port;...``, Celery's own form). A Sentinel
+URL names the sentinels only: the group's name (``master_name``) and the options of the
+sentinel connections (``sentinel_kwargs``, ``min_other_sentinels``) come from transport options
+shaped like Celery's ``broker_transport_options`` (:func:`transport_options`). The client is
+redis-py's own ``Sentinel(...).master_for(...)``: it asks the sentinels where the master is at
+each new connection and reconnects when a master it talks to turns out to be a replica
+(``READONLY``), so a worker follows a failover with no code of ours.
+"""
 
 from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import redis
+import redis.sentinel
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
@@ -16,7 +28,46 @@ from ..errors import LockConfigurationError
 from .options import lock_prefix
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
+SENTINEL_SCHEME = "sentinel"
+#: Port of a ``sentinel://host`` part that names none (kombu's default too).
+SENTINEL_PORT = 26379
 DEFAULT_URL = "redis://localhost:6379/0"
+
+#: redis-py's Sentinel manager (untyped in redis-py 4.x).
+_Sentinel: Any = redis.sentinel.Sentinel
+
+
+class SentinelMasterConnection(redis.sentinel.SentinelManagedConnection):
+    """redis-py's connection to a Sentinel group's master, that asks the sentinels again
+    whenever it reconnects.
+
+    redis-py's own class asks them only in ``connect()``. In recent redis-py (8.1; not 4.5) a
+    disconnected connection reconnects from ``send_packed_command`` through
+    ``connect_check_health()`` instead, to the address it had: a connection that the locker
+    keeps checked out (see ``engine/pinned.py``) and that was dropped because its master was
+    demoted (``READONLY``) went back to the demoted master at every retry and never reached
+    the new one.
+    """
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        if self._sock is None:
+            self.connect()  # type: ignore[no-untyped-call]
+        super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]
+
+
+class SentinelMasterSSLConnection(
+    SentinelMasterConnection, redis.sentinel.SentinelManagedSSLConnection
+):
+    """:class:`SentinelMasterConnection` over TLS (``singleton_lock_redis_options``
+    ``{"ssl": True, ...}``)."""
+
+
+#: Where the transport options of a lock URL come from, by where the URL came from.
+TRANSPORT_OPTIONS_SETTINGS = {
+    "singleton_lock_url": "singleton_lock_transport_options",
+    "broker_url": "broker_transport_options",
+    "result_backend": "result_backend_transport_options",
+}
 
 #: Client defaults: fail within seconds rather than hang a worker slot when Redis is down.
 #: Retrying a command is safe: acquire recognises its own token, release and renew are
@@ -28,16 +79,49 @@ CLIENT_DEFAULTS: dict[str, Any] = {
 }
 
 
-def _first_url(value: Any) -> Optional[str]:
+def is_sentinel(url: str) -> bool:
+    """True for Celery's Sentinel form, ``sentinel://host:port;sentinel://host:port;...``."""
+    return url.lstrip().lower().startswith(f"{SENTINEL_SCHEME}://")
+
+
+def _inherited_url(value: Any) -> Optional[str]:
+    """The lock server a broker or backend setting names: all its sentinels for a Sentinel
+    URL (a list of them is joined), else its first URL (the others are failover servers)."""
     if isinstance(value, (list, tuple)):
-        value = value[0] if value else None
-    if not isinstance(value, str) or not value:
+        if value and all(isinstance(part, str) and is_sentinel(part) for part in value):
+            value = ";".join(value)
+        else:
+            value = value[0] if value else None
+    if not isinstance(value, str) or not value.strip():
         return None
-    return value.split(";")[0].strip()
+    if is_sentinel(value):
+        return value.strip()
+    first = value.split(";")[0].strip()
+    return first if urlsplit(first).scheme in REDIS_SCHEMES else None
 
 
-def _is_redis(url: Optional[str]) -> bool:
-    return bool(url) and urlsplit(url).scheme in REDIS_SCHEMES
+def transport_options(conf: Any, source: str) -> dict[str, Any]:
+    """The transport options of the lock URL that came from ``source`` (see
+    :func:`choose_url`): ``singleton_lock_transport_options`` when set, else those of the
+    broker or result backend the URL was inherited from.
+
+    Raises:
+        LockConfigurationError: the options are not a dict.
+    """
+    setting = _options_setting(conf, source)
+    options = conf.get(setting)
+    if options is None:
+        return {}
+    if not isinstance(options, Mapping):
+        raise LockConfigurationError(f"{setting} must be a dict, got {options!r}")
+    return dict(options)
+
+
+def _options_setting(conf: Any, source: str) -> str:
+    """The setting that holds the transport options of a lock URL from ``source``."""
+    if conf.get("singleton_lock_transport_options") is not None:
+        return "singleton_lock_transport_options"
+    return TRANSPORT_OPTIONS_SETTINGS.get(source, "singleton_lock_transport_options")
 
 
 def _setting(conf: Any, name: str) -> Any:
@@ -48,24 +132,44 @@ def _setting(conf: Any, name: str) -> Any:
 
 
 def choose_url(conf: Any) -> tuple[str, str]:
-    """The lock server URL and where it came from (the setting, broker, backend or default)."""
+    """The lock server URL and where it came from (the setting, broker, backend or default).
+
+    Raises:
+        LockConfigurationError: ``singleton_lock_url`` is not a usable Redis or Sentinel URL,
+            or a Sentinel URL (given or inherited) has no ``master_name`` in its options.
+    """
     explicit = conf.get("singleton_lock_url")
-    if explicit:
-        try:
-            return check_url(explicit), "singleton_lock_url"
-        except LockConfigurationError as exc:
-            raise LockConfigurationError(f"singleton_lock_url: {exc.message}") from None
-    broker = _first_url(_setting(conf, "broker_write_url") or _setting(conf, "broker_url"))
-    if _is_redis(broker):
-        return broker, "broker_url"  # type: ignore[return-value]
-    backend = _first_url(_setting(conf, "result_backend"))
-    if _is_redis(backend):
-        return backend, "result_backend"  # type: ignore[return-value]
+    candidates = (
+        [("singleton_lock_url", explicit)]
+        if explicit
+        else [
+            (
+                "broker_url",
+                _inherited_url(_setting(conf, "broker_write_url") or _setting(conf, "broker_url")),
+            ),
+            ("result_backend", _inherited_url(_setting(conf, "result_backend"))),
+        ]
+    )
+    for source, url in candidates:
+        if not url:
+            continue
+        if source == "singleton_lock_url" or is_sentinel(url):
+            try:
+                check_url(
+                    url,
+                    transport_options(conf, source),
+                    options_setting=_options_setting(conf, source),
+                )
+            except LockConfigurationError as exc:
+                raise LockConfigurationError(f"{source}: {exc.message}") from None
+        return url, source
     return DEFAULT_URL, "default"
 
 
 def redact(url: str) -> str:
-    """``url`` with its password hidden, for logs."""
+    """``url`` with its password hidden, for logs (each part of a Sentinel URL)."""
+    if ";" in url and is_sentinel(url):
+        return ";".join(redact(part) for part in url.split(";"))
     parts = urlsplit(url)
     if parts.password is None:
         return url
@@ -83,12 +187,23 @@ def redact_loosely(url: str) -> str:
         return f"{scheme}{sep}***@{rest.rsplit('@', 1)[1]}" if "@" in rest else url
 
 
-def check_url(url: str) -> str:
+def check_url(
+    url: str,
+    transport_options: Optional[Mapping[str, Any]] = None,
+    *,
+    options_setting: str = "singleton_lock_transport_options",
+) -> str:
     """``url`` if redis-py would connect where it says, else ``LockConfigurationError``.
 
     redis-py rejects a non-Redis scheme only with a traceback-worthy ``ValueError`` and
-    silently ignores a database path that is not a number (querying db 0 instead).
+    silently ignores a database path that is not a number (querying db 0 instead). A Sentinel
+    URL must also have a ``master_name`` in ``transport_options`` (read from
+    ``options_setting``, named in the error).
     """
+    if is_sentinel(url):
+        parse_sentinel_url(url)
+        sentinel_options(url, transport_options, options_setting=options_setting)
+        return url
     shown = redact_loosely(url)
     try:
         parts = urlsplit(url)
@@ -113,14 +228,150 @@ def check_url(url: str) -> str:
     return url
 
 
-def make_client(url: str, options: Optional[dict[str, Any]] = None) -> redis.Redis:
-    """A redis-py client for ``url`` (TLS and ACL user/password come from the URL)."""
+@dataclass(frozen=True)
+class SentinelURL:
+    """What a ``sentinel://`` URL says: the sentinels, and the master's db and credentials
+    (from its first part, as Celery's result backend reads them)."""
+
+    sentinels: list[tuple[str, int]]
+    db: int = 0
+    username: Optional[str] = None
+    password: Optional[str] = None
+
+
+def parse_sentinel_url(url: str) -> SentinelURL:
+    """Parse ``sentinel://[[user]:password@]host[:port][/db];sentinel://host[:port];...``.
+
+    Raises:
+        LockConfigurationError: a part is not ``sentinel://host:port[/db]``.
+    """
+    sentinels: list[tuple[str, int]] = []
+    first: Any = None
+    for part in (chunk.strip() for chunk in url.split(";")):
+        if not part:
+            continue
+        shown = redact_loosely(part)
+        try:
+            parts = urlsplit(part)
+            port = parts.port or SENTINEL_PORT
+        except ValueError as exc:
+            raise LockConfigurationError(f"sentinel URL part {shown!r} is invalid: {exc}") from None
+        if parts.scheme != SENTINEL_SCHEME or not parts.hostname:
+            raise LockConfigurationError(
+                f"sentinel URL part {shown!r} is not sentinel://host:port; separate the "
+                "sentinels with ';', each as sentinel://host:port"
+            )
+        if parts.query:
+            raise LockConfigurationError(
+                f"sentinel URL part {shown!r} has a query string, which is not read; give "
+                "client options in singleton_lock_redis_options"
+            )
+        db = parts.path.strip("/")
+        if db and not db.isdigit():
+            raise LockConfigurationError(
+                f"sentinel URL part {shown!r}: database {db!r} is not a number"
+            )
+        sentinels.append((parts.hostname, port))
+        first = first or parts
+    if first is None:
+        raise LockConfigurationError(f"sentinel URL {redact_loosely(url)!r} names no sentinel")
+    return SentinelURL(
+        sentinels=sentinels,
+        db=int(first.path.strip("/") or 0),
+        username=first.username or None,
+        password=first.password,
+    )
+
+
+def sentinel_options(
+    url: str,
+    transport_options: Optional[Mapping[str, Any]],
+    *,
+    options_setting: str = "singleton_lock_transport_options",
+) -> dict[str, Any]:
+    """The Sentinel settings among ``transport_options``: ``master_name`` (required),
+    ``sentinel_kwargs`` and ``min_other_sentinels``.
+
+    Raises:
+        LockConfigurationError: no master name, or an option of the wrong type.
+    """
+    options = dict(transport_options or {})
+    master_name = options.get("master_name")
+    if not isinstance(master_name, str) or not master_name:
+        raise LockConfigurationError(
+            f"sentinel URL {redact(url)!r} needs the name of the master to follow: set "
+            f"{options_setting} = {{'master_name': 'mymaster'}}"
+            + (f" (got master_name={master_name!r})" if master_name is not None else "")
+        )
+    sentinel_kwargs = options.get("sentinel_kwargs") or {}
+    if not isinstance(sentinel_kwargs, Mapping):
+        raise LockConfigurationError(
+            f"{options_setting}: sentinel_kwargs must be a dict of redis.Redis arguments for "
+            f"the connections to the sentinels, got {sentinel_kwargs!r}"
+        )
+    min_others = options.get("min_other_sentinels", 0)
+    if isinstance(min_others, bool) or not isinstance(min_others, int) or min_others < 0:
+        raise LockConfigurationError(
+            f"{options_setting}: min_other_sentinels must be an integer >= 0, got {min_others!r}"
+        )
+    return {
+        "master_name": master_name,
+        "sentinel_kwargs": dict(sentinel_kwargs),
+        "min_other_sentinels": min_others,
+    }
+
+
+def make_client(
+    url: str,
+    options: Optional[dict[str, Any]] = None,
+    transport_options: Optional[Mapping[str, Any]] = None,
+) -> redis.Redis:
+    """A redis-py client for ``url`` (TLS and ACL user/password come from the URL).
+
+    For a Sentinel URL: redis-py's ``Sentinel(...).master_for(master_name)`` client, the
+    master name and sentinel options taken from ``transport_options``.
+
+    Raises:
+        LockConfigurationError: a Sentinel URL that does not parse or has no master name.
+    """
     settings = {
         **CLIENT_DEFAULTS,
         "retry": Retry(ExponentialBackoff(cap=0.2, base=0.02), 2),
         **(options or {}),
     }
-    return redis.Redis.from_url(url, **settings)
+    if not is_sentinel(url):
+        return redis.Redis.from_url(url, **settings)
+    where = parse_sentinel_url(url)
+    chosen = sentinel_options(url, transport_options)
+    credentials = {"username": where.username, "password": where.password}
+    # The sentinels get the client's timeouts unless told otherwise (redis-py's own default,
+    # which sentinel_kwargs={} would otherwise replace with none: a query could hang).
+    sentinel_kwargs = {key: value for key, value in settings.items() if key.startswith("socket_")}
+    sentinel_kwargs.update(chosen["sentinel_kwargs"])
+    if "connection_class" not in settings:
+        # redis-py picks its SSL class from "ssl" only when no class is given
+        tls = settings.pop("ssl", False)
+        settings["connection_class"] = (
+            SentinelMasterSSLConnection if tls else SentinelMasterConnection
+        )
+    sentinel = _Sentinel(
+        where.sentinels,
+        min_other_sentinels=chosen["min_other_sentinels"],
+        sentinel_kwargs=sentinel_kwargs,
+        db=where.db,
+        **{key: value for key, value in credentials.items() if value is not None},
+        **settings,
+    )
+    client: redis.Redis = sentinel.master_for(chosen["master_name"])
+    return client
+
+
+def close_client(client: redis.Redis) -> None:
+    """Close ``client``'s connections, and those to its sentinels if it has any."""
+    client.close()
+    manager = getattr(client.connection_pool, "sentinel_manager", None)
+    for sentinel in getattr(manager, "sentinels", ()):
+        sentinel.close()
 
 
 _lockers: weakref.WeakKeyDictionary[Any, RedisLocker] = weakref.WeakKeyDictionary()
@@ -135,9 +386,13 @@ def locker_for(app: Any) -> RedisLocker:
             locker = _lockers.get(app)
             if locker is None:
                 conf = app.conf
-                url, _source = choose_url(conf)
+                url, source = choose_url(conf)
                 prefix = lock_prefix(conf)
-                client = make_client(url, conf.get("singleton_lock_redis_options"))
+                client = make_client(
+                    url,
+                    conf.get("singleton_lock_redis_options"),
+                    transport_options(conf, source),
+                )
                 locker = RedisLocker(client, prefix=prefix)
                 _lockers[app] = locker
     return locker
@@ -148,7 +403,7 @@ def forget_locker(app: Any) -> None:
     with _lockers_lock:
         locker = _lockers.pop(app, None)
     if locker is not None:
-        locker.client.close()
+        close_client(locker.client)
 
 
 def all_lockers() -> list[RedisLocker]:

@@ -36,6 +36,9 @@ APP_SETTINGS: dict[str, Any] = {
     "singleton_lock_url": None,
     "singleton_lock_prefix": "singleton-lock",
     "singleton_lock_redis_options": None,
+    #: ``{"master_name": ..., "sentinel_kwargs": {...}, "min_other_sentinels": 0}`` for a
+    #: ``sentinel://`` lock URL, shaped like Celery's ``broker_transport_options``
+    "singleton_lock_transport_options": None,
 }
 
 KNOWN_SETTINGS = frozenset(APP_SETTINGS) | {setting for setting, _ in TASK_OPTIONS.values()}

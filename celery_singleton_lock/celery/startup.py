@@ -29,7 +29,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from ..errors import LockConfigurationError
-from .lock_server import choose_url, make_client, redact
+from .lock_server import choose_url, close_client, make_client, redact, transport_options
 from .options import KNOWN_SETTINGS, lock_prefix, unknown_settings
 from .task import LockedTask
 
@@ -130,8 +130,13 @@ def eviction_risk(policy: str) -> Optional[tuple[int, str]]:
     )
 
 
-def read_eviction_policy(url: str, options: Optional[dict[str, Any]]) -> str:
-    """The ``maxmemory-policy`` of the server at ``url`` (one ``CONFIG GET``, no retries).
+def read_eviction_policy(
+    url: str,
+    options: Optional[dict[str, Any]],
+    transport: Optional[dict[str, Any]] = None,
+) -> str:
+    """The ``maxmemory-policy`` of the server at ``url`` (one ``CONFIG GET``, no retries;
+    the master's, for a Sentinel URL with its ``transport`` options).
 
     Raises:
         redis.RedisError: unreachable, refused (``NOPERM``, ``CONFIG`` renamed away) or no
@@ -145,11 +150,12 @@ def read_eviction_policy(url: str, options: Optional[dict[str, Any]]) -> str:
             "socket_connect_timeout": POLICY_CHECK_TIMEOUT,
             "retry": Retry(NoBackoff(), 0),
         },
+        transport,
     )
     try:
         reply = client.config_get("maxmemory-policy")
     finally:
-        client.close()
+        close_client(client)
     # str under RESP2; bytes under some protocol and decoding options
     found = {_text(k): _text(v) for k, v in reply.items()} if isinstance(reply, dict) else {}
     policy = found.get("maxmemory-policy")
@@ -176,7 +182,11 @@ def report_lock_server(app: Any) -> None:
     if not tasks:
         return  # an app that takes no locks need not reach (or have) a lock server
     try:
-        policy = read_eviction_policy(url, app.conf.get("singleton_lock_redis_options"))
+        policy = read_eviction_policy(
+            url,
+            app.conf.get("singleton_lock_redis_options"),
+            transport_options(app.conf, source),
+        )
     except redis.RedisError as exc:
         log.warning(
             "could not check the lock server's maxmemory-policy (%s: %s); make sure it is "

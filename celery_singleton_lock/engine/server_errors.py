@@ -44,7 +44,8 @@ def translate(exc: redis.exceptions.RedisError, key: str) -> BaseException:
         text = str(exc)
         # A refusal inside a script reads "...@user_script: 16: -OOM command not allowed".
         words = {word.lstrip("-") for word in text.replace(":", " ").split()}
-        if words & {"OOM", "NOPERM", "NOAUTH", "WRONGPASS", "MISCONF", "READONLY"}:
+        # NOREPLICAS: min-replicas-to-write refused the write (too few replicas in sync)
+        if words & {"OOM", "NOPERM", "NOAUTH", "WRONGPASS", "MISCONF", "READONLY", "NOREPLICAS"}:
             return LockBackendUnavailable(f"lock server refused: {text}", key)
         if words & {"WRONGTYPE", "NOTLOCK"}:
             return not_a_lock(key, f" ({text})")

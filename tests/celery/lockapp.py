@@ -1,13 +1,16 @@
 """The Celery app the integration tests run, in-process or as real `celery worker` processes.
 
 Configured from the environment (CSL_BROKER_URL, CSL_BACKEND_URL, CSL_LOCK_URL,
-CSL_VISIBILITY_TIMEOUT) so that subprocess workers see the same servers as the test.
-Bodies record what they do in the lock Redis: ``gauge:<key>`` (bodies inside now),
-``overlaps:<key>`` (times a body found another inside), ``runs:<key>`` (one entry per run).
+CSL_VISIBILITY_TIMEOUT; CSL_LOCK_TRANSPORT_OPTIONS, JSON, for a sentinel:// lock URL) so that
+subprocess workers see the same servers as the test. Bodies record what they do in the lock
+Redis (or in CSL_RECORDS_URL when set, e.g. when the lock URL is a Sentinel group's):
+``gauge:<key>`` (bodies inside now), ``overlaps:<key>`` (times a body found another inside),
+``runs:<key>`` (one entry per run).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any, Optional
@@ -79,6 +82,9 @@ if os.environ.get("CSL_BROKER_URL"):
         visibility_timeout=float(os.environ["CSL_VISIBILITY_TIMEOUT"])
         if os.environ.get("CSL_VISIBILITY_TIMEOUT")
         else None,
+        singleton_lock_transport_options=json.loads(
+            os.environ.get("CSL_LOCK_TRANSPORT_OPTIONS") or "null"
+        ),
     )
 
 _store: Optional[redis.Redis] = None
@@ -89,7 +95,9 @@ def store() -> redis.Redis:
     """The Redis where bodies record what they do (the lock server, another key space)."""
     global _store, _store_pid
     if _store is None or _store_pid != os.getpid():
-        _store = redis.Redis.from_url(app.conf.singleton_lock_url)
+        _store = redis.Redis.from_url(
+            os.environ.get("CSL_RECORDS_URL") or app.conf.singleton_lock_url
+        )
         _store_pid = os.getpid()
     return _store
 

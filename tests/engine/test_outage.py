@@ -60,3 +60,11 @@ def test_a_key_not_written_by_us_gives_a_clear_error(
         locker.inspect.read("job")
     assert list(locker.inspect.scan()) == []
     assert client.type("t:{job}") == kind.encode()  # left as it was
+
+
+def test_a_write_refused_for_too_few_replicas_is_backend_unavailable() -> None:
+    # min-replicas-to-write with no replica in sync: Redis answers NOREPLICAS to every write
+    with RedisServer.running(extra_args=["--min-replicas-to-write", "1"]) as server:
+        locker = RedisLocker(server.client(), prefix="t", renewer=Renewer(autostart=False))
+        with pytest.raises(LockBackendUnavailable, match="NOREPLICAS"):
+            locker.try_acquire("job", ttl=5)

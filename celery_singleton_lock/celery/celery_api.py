@@ -20,6 +20,7 @@ from typing import Any, Optional
 
 from celery import VERSION, states
 from celery.app.task import Context
+from celery.canvas import group, signature
 from kombu.exceptions import KombuError, OperationalError
 from redis.exceptions import RedisError
 
@@ -113,6 +114,60 @@ def store_failure_quietly(task: Any, request: Any, exc: BaseException) -> None:
 def outcome_is_stored(task: Any, task_id: str) -> bool:
     """True if a ready state (SUCCESS, FAILURE, REVOKED...) is stored under ``task_id``."""
     return task.backend.get_task_meta(task_id).get("status") in states.READY_STATES
+
+
+def stored_outcome(task: Any, task_id: str) -> Optional[tuple[str, Any]]:
+    """The ready state stored under ``task_id`` and its result (the exception, rebuilt, for a
+    failure), or None while none is stored."""
+    meta = task.backend.get_task_meta(task_id)
+    status = meta.get("status")
+    if status not in states.READY_STATES:
+        return None
+    return str(status), meta.get("result")
+
+
+def dispatch_callbacks_and_chain(task: Any, request: Any, retval: Any) -> None:
+    """Send the link callbacks and the next chain step of ``request`` with ``retval``, as the
+    tracer does after a body returns (celery/app/trace.py; ``_dispatch_callbacks_and_chain``
+    since Celery 5.6, inline before): groups among several callbacks are sent on their own,
+    the other callbacks as one group; the chain's last entry is the next step."""
+    app = task.app
+    parent_id = request.id
+    root_id = request.root_id or request.id
+    priority = None
+    if app.conf.task_inherit_parent_priority:
+        priority = (request.delivery_info or {}).get("priority")
+    sent = {"parent_id": parent_id, "root_id": root_id, "priority": priority}
+    callbacks = request.callbacks or []
+    if len(callbacks) == 1:
+        signature(callbacks[0], app=app).apply_async((retval,), **sent)
+    elif callbacks:
+        signatures = [signature(callback, app=app) for callback in callbacks]
+        for each in signatures:
+            if isinstance(each, group):
+                each.apply_async((retval,), **sent)
+        others = [each for each in signatures if not isinstance(each, group)]
+        if others:
+            group(others, app=app).apply_async((retval,), **sent)
+    chain = request.chain
+    if chain:
+        signature(chain[-1], app=app).apply_async((retval,), chain=chain[:-1], **sent)
+
+
+def finish_as(task: Any, request: Any, state: str, result: Any) -> None:
+    """End the execution of ``request`` with an outcome it did not compute, as the tracer ends
+    one whose body returned ``result`` (SUCCESS) or raised it (any other ready state): the
+    callbacks and the next chain step are sent, the state is stored under its own id, a chord
+    member counts towards its chord (``on_chord_part_return``), errbacks are called once.
+    The caller then raises ``Ignore``: the tracer stores nothing more."""
+    store = not ignores_result(task, request)
+    if state == states.SUCCESS:
+        dispatch_callbacks_and_chain(task, request, result)
+        task.backend.mark_as_done(request.id, result, request=request, store_result=store)
+        return
+    task.backend.mark_as_failure(
+        request.id, result, request=request, store_result=store, call_errbacks=True
+    )
 
 
 def send_again(task: Any, request: Any, *, countdown: float, headers: dict[str, Any]) -> None:

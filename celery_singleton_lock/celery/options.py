@@ -14,7 +14,7 @@ from ..arguments import ArgumentKeyer
 from ..engine.keys import LockKeys, validate_prefix
 from ..errors import LockConfigurationError
 
-POLICIES = ("skip", "retry", "wait", "fail")
+POLICIES = ("skip", "retry", "wait", "fail", "join")
 BACKEND_ERROR_POLICIES = ("retry", "run")
 
 #: task attribute -> (app setting, built-in default). ``lock_on`` and ``lock_key`` are
@@ -99,6 +99,24 @@ def _choice(task: str, name: str, value: Any, allowed: tuple[str, ...]) -> str:
     return str(value)
 
 
+def _check_results_stored(
+    task: str, attributes: Mapping[str, Any], conf: Mapping[str, Any]
+) -> None:
+    """A ``join`` duplicate ends with the outcome its holder stored: the task's results must be
+    stored (``ignore_result`` is resolved from ``task_ignore_result`` by Celery's ``bind``)."""
+    if attributes.get("ignore_result"):
+        raise LockConfigurationError(
+            f"task {task}: on_duplicate='join' needs the task's results, but it has "
+            "ignore_result=True; set ignore_result=False or choose another on_duplicate"
+        )
+    if conf.get("result_backend") in (None, "", "disabled"):
+        raise LockConfigurationError(
+            f"task {task}: on_duplicate='join' needs a result backend to read the running "
+            "execution's outcome from; set the app's result_backend or choose another "
+            "on_duplicate"
+        )
+
+
 def lock_prefix(conf: Mapping[str, Any]) -> Any:
     """The configured key prefix (validated by the caller); the default when unset."""
     prefix = conf.get("singleton_lock_prefix")
@@ -167,6 +185,10 @@ def resolve(
     except LockConfigurationError as exc:
         raise LockConfigurationError(f"task {task_name}: {exc.message}") from None
 
+    on_duplicate = _choice(task_name, "on_duplicate", value["on_duplicate"], POLICIES)
+    if on_duplicate == "join":
+        _check_results_stored(task_name, attributes, conf)
+
     return LockOptions(
         task_name=task_name,
         keyer=ArgumentKeyer(
@@ -178,7 +200,7 @@ def resolve(
         ),
         prefix=prefix,
         ttl=ttl,
-        on_duplicate=_choice(task_name, "on_duplicate", value["on_duplicate"], POLICIES),
+        on_duplicate=on_duplicate,
         fencing=fencing,
         retry_backoff=backoff,
         retry_backoff_max=backoff_max,

@@ -1,4 +1,4 @@
-"""What a duplicate does when its lock is held: skip, retry, wait or fail.
+"""What a duplicate does when its lock is held: skip, retry, wait, fail or join.
 
 Each policy either returns a lease (``wait`` got the lock) or ends the execution by raising
 what Celery's tracer understands: ``Ignore`` after storing the state first (skip: the outcome,
@@ -34,6 +34,15 @@ log = logging.getLogger("celery_singleton_lock.duplicate")
 
 #: Message header counting lock retries; kept apart from Celery's own ``retries``.
 RETRY_HEADER = "singleton_lock_retries"
+
+#: Message header of a ``join`` duplicate's lock retry: the task id it was joining, whose
+#: outcome it takes if that execution ended while the retry was on its way.
+JOIN_HEADER = "singleton_lock_joins"
+
+#: Seconds a joiner that took the lock reads the holder's state for its outcome: the holder
+#: releases as its body ends, before the tracer stores the outcome (after the callbacks).
+OUTCOME_GRACE = 2.0
+OUTCOME_POLL = 0.05
 
 #: Message header marking a copy of an execution that was running under the same task id
 #: (a broker redelivery of an ``acks_late`` task): it must not run again once that finished.
@@ -134,7 +143,12 @@ def fail(duplicate: Duplicate) -> NoReturn:
     )
 
 
-def retry(duplicate: Duplicate, cause: Optional[LockError] = None) -> NoReturn:
+def retry(
+    duplicate: Duplicate,
+    cause: Optional[LockError] = None,
+    *,
+    extra_headers: Optional[dict[str, Any]] = None,
+) -> NoReturn:
     """Send the execution again after a jittered backoff; fail once the budget is spent."""
     task, request, options = duplicate.task, duplicate.request, duplicate.options
     attempt = lock_retries(request)
@@ -170,7 +184,11 @@ def retry(duplicate: Duplicate, cause: Optional[LockError] = None) -> NoReturn:
             countdown,
         )
         duplicate.announce("retry")
-    headers = {**(getattr(request, "headers", None) or {}), RETRY_HEADER: attempt + 1}
+    headers = {
+        **(getattr(request, "headers", None) or {}),
+        **(extra_headers or {}),
+        RETRY_HEADER: attempt + 1,
+    }
     if duplicate.is_copy:
         headers[COPY_HEADER] = 1
     else:
@@ -228,6 +246,110 @@ def wait(duplicate: Duplicate, acquire: Callable[[], AcquireResult]) -> Lease:
     retry(duplicate)
 
 
+def join(duplicate: Duplicate, acquire: Callable[[], AcquireResult]) -> Lease:
+    """End with the holder's outcome as this execution's own, without running the body.
+
+    Waits for the release as ``wait`` does (up to ``lock_wait_timeout``), then reads the
+    outcome the holder stored. A duplicate that takes the lock once the holder is gone reads
+    it for up to ``OUTCOME_GRACE`` (the holder releases before its outcome is stored) and
+    runs the body only if none comes: the holder died without one. Other joiners then follow
+    the one running. On timeout: a lock retry that remembers whom it joined (``JOIN_HEADER``).
+    Returns a lease only when this duplicate is the one that runs the body.
+    """
+    task = duplicate.task
+    earlier = str(celery_api.header(duplicate.request, JOIN_HEADER) or "")
+    if earlier and earlier != duplicate.holder.task_id:
+        _join_if_stored(duplicate, earlier, grace=0.0)
+    following = duplicate.holder.task_id
+    locker = task.lock_locker
+    deadline = time.monotonic() + duplicate.options.wait_timeout
+    duplicate.announce("join")
+    pubsub = subscribe_releases(locker.client, locker.keys(duplicate.name).channel)
+    try:
+        while True:
+            outcome = acquire()
+            if isinstance(outcome, Lease):
+                return _take_over(duplicate, following, outcome)
+            if outcome.task_id != following:
+                # the execution followed is gone; another holds the lock (maybe a joiner
+                # that took over): take the outcome if it is stored, else follow the new one
+                _join_if_stored(duplicate, following, grace=0.0)
+                following = outcome.task_id
+            duplicate.holder = outcome
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            holder_ttl = outcome.ttl if outcome.ttl is not None else remaining
+            wait_for_release(pubsub, min(remaining, holder_ttl + 0.01))
+    except LockBackendUnavailable as exc:
+        retry(duplicate, exc, extra_headers={JOIN_HEADER: following})
+    finally:
+        pubsub.close()
+    log.info(
+        "task %s: joined %s for %.1fs without an outcome; retrying later",
+        duplicate.label,
+        following,
+        duplicate.options.wait_timeout,
+    )
+    retry(duplicate, extra_headers={JOIN_HEADER: following})
+
+
+def _take_over(duplicate: Duplicate, following: str, lease: Lease) -> Lease:
+    """This joiner holds the lock the execution it followed released: join that one's
+    outcome if it comes within the grace, else return the lease to run the body."""
+    try:
+        _join_if_stored(duplicate, following, grace=OUTCOME_GRACE)
+    except BaseException:
+        lease.release()  # after the outcome is stored: joiners woken by it find it
+        raise
+    log.warning(
+        "task %s: %s ended without storing an outcome; running the body",
+        duplicate.label,
+        following or "the holder",
+    )
+    return lease
+
+
+def _join_if_stored(duplicate: Duplicate, task_id: str, *, grace: float) -> None:
+    _join_outcome(duplicate.task, duplicate.request, task_id, duplicate.holder.key, grace)
+
+
+def _join_outcome(task: Any, request: Any, task_id: str, key: str, grace: float) -> None:
+    """If ``task_id`` has a ready state (read for up to ``grace`` seconds), end with it as
+    the outcome of ``request`` (raises ``Ignore``); else return."""
+    if not task_id or task_id == request.id:
+        return
+    label = f"{task.name}[{request.id}]"
+    stored = None
+    for read in range(1 + int(grace / OUTCOME_POLL)):  # bounded: the grace, in polls
+        if read:
+            time.sleep(OUTCOME_POLL)
+        try:
+            stored = celery_api.stored_outcome(task, task_id)
+        except BACKEND_ERRORS as exc:
+            raise LockBackendUnavailable(
+                f"task {label}: cannot read the outcome of {task_id} to join it ({exc})", key
+            ) from exc
+        if stored is not None:
+            break
+    if stored is None:
+        return
+    state, result = stored
+    log.info("task %s: joined %s, which ended in %s", label, task_id, state)
+    celery_api.finish_as(task, request, state, result)
+    celery_api.logged_already(request.id)
+    raise Ignore(f"joined {task_id} ({state})")
+
+
+def rejoin(task: Any, request: Any) -> None:
+    """A ``join`` duplicate's lock retry that took the lock: if the execution it joined ended
+    with an outcome while the retry was on its way, end with that outcome (``Ignore``; the
+    caller's scope releases the lock after it is stored), else run the body."""
+    joined = str(celery_api.header(request, JOIN_HEADER) or "")
+    if joined and task.lock_options.on_duplicate == "join" and not request.is_eager:
+        _join_outcome(task, request, joined, request.lock.key, OUTCOME_GRACE)
+
+
 def is_marked_copy(request: Any) -> bool:
     """The message may repeat an execution that already ran: the broker redelivered it
     (``acks_late``), or a copy re-sent it under the same task id."""
@@ -258,16 +380,22 @@ def already_ran(task: Any, request: Any, is_copy: bool) -> bool:
 
 
 def handle(duplicate: Duplicate, acquire: Callable[[], AcquireResult]) -> Lease:
-    """Apply the task's ``on_duplicate`` policy; returns a lease only if ``wait`` got one."""
+    """Apply the task's ``on_duplicate`` policy; returns a lease only if ``wait`` got one, or
+    ``join`` found the holder gone without an outcome."""
     policy = duplicate.options.on_duplicate
-    if policy == "retry" and duplicate.request.is_eager:
-        policy = "wait"  # in eager mode, wait in place up to lock_wait_timeout, then fail
-    if policy == "fail" and duplicate.holder.task_id == duplicate.request.id:
-        policy = "skip"  # a failure stored under the running execution's id would clobber it
+    if policy in ("retry", "join") and duplicate.request.is_eager:
+        # in eager mode, wait in place up to lock_wait_timeout, then fail (no result is
+        # stored to join)
+        policy = "wait"
+    if policy in ("fail", "join") and duplicate.holder.task_id == duplicate.request.id:
+        # a state stored under the running execution's id would clobber it
+        policy = "skip"
     if policy == "skip":
         skip(duplicate)
     if policy == "retry":
         retry(duplicate)
     if policy == "fail":
         fail(duplicate)
+    if policy == "join":
+        return join(duplicate, acquire)
     return wait(duplicate, acquire)

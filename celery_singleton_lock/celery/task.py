@@ -31,7 +31,7 @@ log = logging.getLogger("celery_singleton_lock.acquire")
 _HOSTNAME = socket.gethostname()
 
 celery_api.declare_request_attribute("lock")  # self.request.lock: see there why
-_ATTRIBUTES = (*TASK_OPTIONS, "lock_on", "lock_key")
+_ATTRIBUTES = (*TASK_OPTIONS, "lock_on", "lock_key", "ignore_result")
 
 
 class LockedTask(Task):  # type: ignore[misc]
@@ -186,6 +186,7 @@ class LockedTask(Task):  # type: ignore[misc]
         if policies.already_ran(self, request, is_copy):
             held.close()
             self._drop_copy(task_id, "its outcome is stored")
+        policies.rejoin(self, request)  # a join's lock retry whose holder ended meanwhile
         if self.lock_track_started:
             self._store_started(task_id, request)
         if lock_acquired.receivers:

@@ -328,6 +328,47 @@ def own_call_super(self: LockedTask, key: str) -> bool:
     return self.request.lock is not None and self.request.lock.held
 
 
+# -- on_duplicate="join": duplicates end with the running execution's outcome ----------------
+# (tests/celery/test_join.py)
+
+# A join task needs a result backend when it is bound: configure() sets the real one; an app
+# imported unconfigured (the CLI's error tests) binds against this in-memory one.
+app.add_defaults({"result_backend": "cache+memory://"})
+
+#: a duplicate waits 1 s for the holder, then lock-retries (a worker slot is never held longer)
+join_value = keyed_task(
+    "join_value",
+    on_duplicate="join",
+    lock_wait_timeout=1,
+    lock_retry_backoff=0.1,
+    lock_retry_backoff_max=0.3,
+)
+#: the holder is killed -9 in its worker: its lock expires after 2 s with no outcome stored
+join_short_ttl = keyed_task("join_short_ttl", on_duplicate="join", lock_ttl=2, lock_wait_timeout=20)
+
+
+class AccountMissing(LookupError):
+    """What ``join_raises`` raises: a class of the test's own, rebuilt from the backend."""
+
+
+@app.task(bind=True, base=LockedTask, lock_on=("key",), on_duplicate="join", lock_wait_timeout=10)
+def join_raises(self: LockedTask, key: str, seconds: float = 0.0) -> None:
+    body(key, seconds, self.request.id)
+    raise AccountMissing(f"no account {key}")
+
+
+@app.task
+def collects(results: list[Any]) -> list[Any]:
+    """A chord callback: what the chord's members returned."""
+    return results
+
+
+@app.task
+def tags(value: Any, tag: str) -> list[Any]:
+    """A chain step or link callback: the value it was given, tagged."""
+    return [tag, value]
+
+
 # -- tasks for real worker processes --------------------------------------------------------
 # (tests/celery/test_real_workers.py starts `celery worker` subprocesses on these)
 

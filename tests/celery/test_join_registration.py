@@ -1,0 +1,62 @@
+"""``on_duplicate="join"`` needs the task's results stored: refused at registration otherwise."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import pytest
+from celery import Celery
+
+from celery_singleton_lock import LockConfigurationError, LockedTask
+
+
+def app_with(**conf: Any) -> Celery:
+    app = Celery("join-cfg", set_as_current=False, broker="memory://")
+    app.conf.update(singleton_lock_url="redis://127.0.0.1:1/0", **conf)  # never contacted
+    app.finalize()
+    return app
+
+
+@pytest.fixture
+def app() -> Iterator[Celery]:
+    app = app_with(result_backend="cache+memory://")
+    yield app
+    app.close()
+
+
+def register(app: Celery, **options: Any) -> Any:
+    def job(account_id: int) -> None:
+        return None
+
+    # shared=False: a shared task would be re-registered on every app finalized later
+    return app.task(name="billing.job", base=LockedTask, shared=False, **options)(job)
+
+
+def test_join_task_with_a_result_backend_registers(app: Celery) -> None:
+    assert register(app, on_duplicate="join").lock_options.on_duplicate == "join"
+
+
+def test_join_task_ignoring_its_results_fails_at_registration(app: Celery) -> None:
+    with pytest.raises(LockConfigurationError, match=r"billing\.job.*join.*ignore_result=True"):
+        register(app, on_duplicate="join", ignore_result=True)
+
+
+def test_join_task_of_an_app_ignoring_results_fails_at_registration() -> None:
+    app = app_with(result_backend="cache+memory://", task_ignore_result=True)
+    with pytest.raises(LockConfigurationError, match=r"billing\.job.*ignore_result=True"):
+        register(app, on_duplicate="join")
+    app.close()
+
+
+def test_join_task_of_an_app_without_a_result_backend_fails_at_registration() -> None:
+    app = app_with()
+    with pytest.raises(LockConfigurationError, match=r"billing\.job.*join.*result backend"):
+        register(app, on_duplicate="join")
+    app.close()
+
+
+def test_join_as_the_app_wide_policy_is_checked_too() -> None:
+    app = app_with(singleton_lock_on_duplicate="join")
+    with pytest.raises(LockConfigurationError, match=r"billing\.job.*result backend"):
+        register(app)
+    app.close()

@@ -1,0 +1,270 @@
+"""``on_duplicate="join"`` and what each policy does inside a chord, under real workers.
+
+A join duplicate does not run the body: it ends with the outcome of the execution holding the
+lock, stored under its own id, so ``get()``, chains and chords see it as if it had run. Each
+scenario starts its own ``celery worker`` processes (tests/celery/workers.py) on a queue of
+its own; a threads worker of 10 slots takes all 10 calls of a chord at once, so every
+duplicate meets the holder running.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections import Counter
+from typing import Any, Iterator
+
+import pytest
+import redis
+from celery import Celery, chain, chord, group
+from celery.exceptions import ChordError
+from celery.result import AsyncResult
+
+from celery_singleton_lock import DuplicateTaskSkipped
+from celery_singleton_lock.testing import RedisServer
+from tests.celery import lockapp
+from tests.celery.workers import (
+    Servers,
+    WorkerGroup,
+    client_app,
+    close_client,
+    lock_key,
+    unique,
+    worker_group,
+)
+from tests.support import wait_until
+
+CALLS = 10
+
+
+@pytest.fixture(scope="module")
+def servers() -> Iterator[Servers]:
+    with RedisServer.running() as broker, RedisServer.running() as lock:
+        yield Servers(broker_url=broker.url, lock=lock, backend_url=broker.url.replace("/0", "/1"))
+
+
+@pytest.fixture(scope="module")
+def store(servers: Servers) -> Iterator[redis.Redis]:
+    connection = servers.lock.client(socket_timeout=5)
+    yield connection
+    connection.close()
+
+
+@pytest.fixture(scope="module")
+def workers(servers: Servers) -> Iterator[WorkerGroup]:
+    with worker_group(servers) as group:
+        yield group
+
+
+@pytest.fixture(scope="module")
+def queue(workers: WorkerGroup) -> str:
+    """A threads worker with a slot for each of the chord's calls."""
+    (started,) = workers.start(1, pool="threads", concurrency=CALLS + 1)
+    return started.queue
+
+
+@pytest.fixture(scope="module")
+def client(servers: Servers, queue: str) -> Iterator[Celery]:
+    app = client_app(servers, queue)
+    yield app
+    close_client(app)
+
+
+def body_runs(store: redis.Redis, key: str) -> int:
+    return int(store.llen(f"runs:{key}"))
+
+
+def identical_calls(client: Celery, task: Any, key: str, seconds: float) -> group:
+    return group(client.signature(task.name, args=(key, seconds)) for _ in range(CALLS))
+
+
+def callback(client: Celery) -> Any:
+    return client.signature(lockapp.collects.name)
+
+
+# -- a chord of identical join calls ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def joined_chord(client: Celery, store: redis.Redis) -> tuple[str, list[Any]]:
+    key = unique("join-chord")
+    result = chord(identical_calls(client, lockapp.join_value, key, 3.0))(callback(client))
+    return key, result.get(timeout=60)
+
+
+def test_chord_of_identical_join_calls_gets_the_holders_result_for_every_call(
+    joined_chord: tuple[str, list[Any]],
+) -> None:
+    key, results = joined_chord
+    assert len(results) == CALLS
+    assert results == [results[0]] * CALLS
+    assert results[0]["key"] == key
+
+
+def test_chord_of_identical_join_calls_runs_the_body_once(
+    joined_chord: tuple[str, list[Any]], store: redis.Redis
+) -> None:
+    key, _ = joined_chord
+    assert body_runs(store, key) == 1
+
+
+def test_group_of_identical_join_calls_stores_success_under_every_id(
+    client: Celery, store: redis.Redis
+) -> None:
+    key = unique("join-group")
+    result = identical_calls(client, lockapp.join_value, key, 2.0).apply_async()
+    values = result.get(timeout=60)
+    assert values == [values[0]] * CALLS
+    assert [each.state for each in result.results] == ["SUCCESS"] * CALLS
+    assert body_runs(store, key) == 1
+
+
+def test_join_duplicate_in_a_chain_sends_the_next_step_with_the_joined_value(
+    client: Celery, store: redis.Redis
+) -> None:
+    key = unique("join-chain")
+    holder = client.send_task(lockapp.join_value.name, args=(key, 2.0))
+    wait_until(lambda: body_runs(store, key) == 1, timeout=15)
+    steps = chain(
+        client.signature(lockapp.join_value.name, args=(key, 2.0)),
+        client.signature(lockapp.tags.name, args=("next",)),
+    ).apply_async()
+    assert steps.get(timeout=30) == ["next", holder.get(timeout=30)]
+    assert body_runs(store, key) == 1
+
+
+def test_join_duplicate_sends_its_link_callback_with_the_joined_value(
+    client: Celery, store: redis.Redis
+) -> None:
+    key = unique("join-link")
+    holder = client.send_task(lockapp.join_value.name, args=(key, 2.0))
+    wait_until(lambda: body_runs(store, key) == 1, timeout=15)
+    link = client.signature(lockapp.tags.name, args=("linked",))
+    duplicate = client.send_task(lockapp.join_value.name, args=(key, 2.0), link=link)
+    duplicate.get(timeout=30)
+    (child,) = AsyncResult(duplicate.id, app=client).children or []
+    assert child.get(timeout=30) == ["linked", holder.get(timeout=30)]
+
+
+# -- the holder raises ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def joined_failure(client: Celery, store: redis.Redis) -> tuple[str, list[BaseException]]:
+    key = unique("join-raises")
+    result = identical_calls(client, lockapp.join_raises, key, 2.0).apply_async()
+    errors: list[BaseException] = []
+    for each in result.results:
+        with pytest.raises(Exception) as caught:
+            each.get(timeout=60, propagate=True)
+        errors.append(caught.value)
+    return key, errors
+
+
+def test_holder_raising_gives_every_joiner_the_same_exception_type(
+    joined_failure: tuple[str, list[BaseException]],
+) -> None:
+    _, errors = joined_failure
+    assert Counter(type(error).__name__ for error in errors) == {"AccountMissing": CALLS}
+
+
+def test_holder_raising_gives_every_joiner_the_same_message(
+    joined_failure: tuple[str, list[BaseException]],
+) -> None:
+    key, errors = joined_failure
+    assert {str(error) for error in errors} == {f"no account {key}"}
+
+
+def test_holder_raising_runs_the_body_once(
+    joined_failure: tuple[str, list[BaseException]], store: redis.Redis
+) -> None:
+    key, _ = joined_failure
+    assert body_runs(store, key) == 1
+
+
+# -- skip and retry inside a chord ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def skipped_chord(client: Celery) -> tuple[str, AsyncResult, BaseException]:
+    key = unique("skip-chord")
+    result = chord(identical_calls(client, lockapp.hold_skip, key, 2.0))(callback(client))
+    with pytest.raises(DuplicateTaskSkipped) as caught:  # get() raises a member's error first
+        result.get(timeout=60)
+    wait_until(lambda: result.state == "FAILURE", timeout=15)
+    return key, result, caught.value
+
+
+def test_chord_of_identical_skip_calls_fails_its_callback_with_chord_error(
+    skipped_chord: tuple[str, AsyncResult, BaseException],
+) -> None:
+    _, result, _ = skipped_chord
+    assert isinstance(result.result, ChordError)
+    assert "DuplicateTaskSkipped" in str(result.result)
+
+
+def test_chord_of_identical_skip_calls_stores_each_skip_as_a_failure(
+    skipped_chord: tuple[str, AsyncResult, BaseException], store: redis.Redis
+) -> None:
+    key, result, _ = skipped_chord
+    members = result.parent.results
+    assert Counter(each.state for each in members) == {"SUCCESS": 1, "FAILURE": CALLS - 1}
+    assert body_runs(store, key) == 1
+
+
+def test_chord_of_identical_retry_calls_completes_with_every_body_run(
+    client: Celery, store: redis.Redis
+) -> None:
+    key = unique("retry-chord")
+    result = chord(identical_calls(client, lockapp.hold_retry, key, 0.3))(callback(client))
+    assert len(result.get(timeout=90)) == CALLS
+    assert body_runs(store, key) == CALLS
+
+
+# -- the holder is killed -9 ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def holder_killed(
+    workers: WorkerGroup, servers: Servers, store: redis.Redis
+) -> tuple[str, list[Any], list[str]]:
+    """join_short_ttl (lock_ttl=2) runs 30 s on a prefork worker that is then killed -9 with
+    three joiners waiting on a threads worker: its lock expires with no outcome stored."""
+    (holder_worker,) = workers.start(1, pool="prefork", concurrency=1)
+    (joiners_worker,) = workers.start(1, pool="threads", concurrency=4)
+    key = unique("join-kill")
+    sender = client_app(servers)
+    try:
+        holder = sender.send_task(
+            lockapp.join_short_ttl.name, args=(key, 30.0), queue=holder_worker.queue
+        )
+        wait_until(lambda: body_runs(store, key) == 1, timeout=15)
+        joiners = [
+            sender.send_task(
+                lockapp.join_short_ttl.name, args=(key, 1.0), queue=joiners_worker.queue
+            )
+            for _ in range(3)
+        ]
+        name = lock_key(lockapp.join_short_ttl, key)
+        wait_until(lambda: store.exists(name) == 1, timeout=5)
+        holder_worker.kill_group(signal.SIGKILL)
+        values = [joiner.get(timeout=60) for joiner in joiners]
+        ran = [raw.decode().split("|")[0] for raw in store.lrange(f"runs:{key}", 0, -1)]
+        assert holder.id == ran[0]
+        return key, values, ran[1:]
+    finally:
+        close_client(sender)
+
+
+def test_holder_killed_one_joiner_runs_the_body(
+    holder_killed: tuple[str, list[Any], list[str]],
+) -> None:
+    _, _, ran_after_the_kill = holder_killed
+    assert len(ran_after_the_kill) == 1
+
+
+def test_holder_killed_the_other_joiners_get_the_result_of_the_one_that_ran(
+    holder_killed: tuple[str, list[Any], list[str]],
+) -> None:
+    key, values, _ = holder_killed
+    assert values == [values[0]] * 3
+    assert values[0]["key"] == key

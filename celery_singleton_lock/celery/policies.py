@@ -300,7 +300,11 @@ def _take_over(duplicate: Duplicate, following: str, lease: Lease) -> Lease:
     try:
         _join_if_stored(duplicate, following, grace=OUTCOME_GRACE)
     except BaseException:
-        lease.release()  # after the outcome is stored: joiners woken by it find it
+        # after the outcome is stored: the joiners its release wakes find it
+        try:
+            lease.release()
+        except LockError as exc:  # the lease expires by itself; the outcome matters more
+            log.warning("task %s: release of %s failed (%s)", duplicate.label, lease.key, exc)
         raise
     log.warning(
         "task %s: %s ended without storing an outcome; running the body",
@@ -346,8 +350,18 @@ def rejoin(task: Any, request: Any) -> None:
     with an outcome while the retry was on its way, end with that outcome (``Ignore``; the
     caller's scope releases the lock after it is stored), else run the body."""
     joined = str(celery_api.header(request, JOIN_HEADER) or "")
-    if joined and task.lock_options.on_duplicate == "join" and not request.is_eager:
-        _join_outcome(task, request, joined, request.lock.key, OUTCOME_GRACE)
+    if not joined or task.lock_options.on_duplicate != "join" or request.is_eager:
+        return
+    key = request.lock.key
+    try:
+        _join_outcome(task, request, joined, key, OUTCOME_GRACE)
+    except LockBackendUnavailable as exc:
+        # whether it ended is unknown: running could run the body twice; retry later
+        holder = LockHolder(
+            key=key, task_id=joined, host="", pid=None, acquired_at=None, fence=None, ttl=None
+        )
+        duplicate = Duplicate(task, request, task.lock_options, request.lock.name, holder)
+        retry(duplicate, exc, extra_headers={JOIN_HEADER: joined})
 
 
 def is_marked_copy(request: Any) -> bool:

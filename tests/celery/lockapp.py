@@ -332,26 +332,37 @@ def own_call_super(self: LockedTask, key: str) -> bool:
 # (tests/celery/test_join.py)
 
 # A join task needs a result backend when it is bound: configure() sets the real one; an app
-# imported unconfigured (the CLI's error tests) binds against this in-memory one.
+# imported unconfigured (the CLI's error tests) binds against this in-memory one. Not shared
+# (shared=False): other apps finalized in the tests' process have no result backend.
 app.add_defaults({"result_backend": "cache+memory://"})
 
 #: a duplicate waits 1 s for the holder, then lock-retries (a worker slot is never held longer)
 join_value = keyed_task(
     "join_value",
+    shared=False,
     on_duplicate="join",
     lock_wait_timeout=1,
     lock_retry_backoff=0.1,
     lock_retry_backoff_max=0.3,
 )
 #: the holder is killed -9 in its worker: its lock expires after 2 s with no outcome stored
-join_short_ttl = keyed_task("join_short_ttl", on_duplicate="join", lock_ttl=2, lock_wait_timeout=20)
+join_short_ttl = keyed_task(
+    "join_short_ttl", shared=False, on_duplicate="join", lock_ttl=2, lock_wait_timeout=20
+)
 
 
 class AccountMissing(LookupError):
     """What ``join_raises`` raises: a class of the test's own, rebuilt from the backend."""
 
 
-@app.task(bind=True, base=LockedTask, lock_on=("key",), on_duplicate="join", lock_wait_timeout=10)
+@app.task(
+    bind=True,
+    base=LockedTask,
+    shared=False,
+    lock_on=("key",),
+    on_duplicate="join",
+    lock_wait_timeout=10,
+)
 def join_raises(self: LockedTask, key: str, seconds: float = 0.0) -> None:
     body(key, seconds, self.request.id)
     raise AccountMissing(f"no account {key}")
@@ -367,6 +378,12 @@ def collects(results: list[Any]) -> list[Any]:
 def tags(value: Any, tag: str) -> list[Any]:
     """A chain step or link callback: the value it was given, tagged."""
     return [tag, value]
+
+
+@app.task
+def records_errback(task_id: str, key: str) -> None:
+    """A ``link_error`` errback: records the failed task's id in ``errbacks:<key>``."""
+    store().rpush(f"errbacks:{key}", task_id)
 
 
 # -- tasks for real worker processes --------------------------------------------------------

@@ -179,3 +179,59 @@ def test_a_decision_logged_already_drops_only_its_own_ignored_line(
         kept = silent.apply()
     ids = [r.args["id"] for r in caplog.records if isinstance(r.args, dict)]
     assert ids == [kept.id]
+
+
+# -- ending an execution with an outcome it did not compute (on_duplicate="join") ------------
+
+
+def a_request(task: Any, **fields: Any) -> Context:
+    return Context({"id": str(uuid.uuid4()), "task": task.name, "delivery_info": {}, **fields})
+
+
+def test_a_stored_outcome_is_read_back_with_its_state(celery_app: Any) -> None:
+    task = lockapp.reads_its_request
+    request = a_request(task)
+    celery_api.store_started(task, request.id, request, {"pid": 1, "hostname": "h"})
+    assert celery_api.stored_outcome(task, request.id) is None
+    task.backend.mark_as_done(request.id, {"n": 1}, request=request)
+    assert celery_api.stored_outcome(task, request.id) == ("SUCCESS", {"n": 1})
+
+
+def test_a_stored_failure_is_read_back_as_its_exception(celery_app: Any) -> None:
+    task = lockapp.reads_its_request
+    request = a_request(task)
+    celery_api.store_failure_quietly(task, request, lockapp.AccountMissing("no account 7"))
+    state, error = celery_api.stored_outcome(task, request.id) or ("", None)
+    assert state == "FAILURE"
+    assert type(error) is lockapp.AccountMissing and str(error) == "no account 7"
+
+
+def test_finishing_as_success_stores_the_value_under_the_requests_own_id(celery_app: Any) -> None:
+    task = lockapp.reads_its_request
+    request = a_request(task)
+    celery_api.finish_as(task, request, "SUCCESS", [1, "a"])
+    assert task.AsyncResult(request.id).get(timeout=5) == [1, "a"]
+
+
+def test_finishing_as_failure_stores_the_same_exception(celery_app: Any) -> None:
+    task = lockapp.reads_its_request
+    request = a_request(task)
+    celery_api.finish_as(task, request, "FAILURE", lockapp.AccountMissing("no account 8"))
+    with pytest.raises(lockapp.AccountMissing, match="no account 8"):
+        task.AsyncResult(request.id).get(timeout=5)
+
+
+def test_callbacks_and_the_next_chain_step_are_sent_as_the_tracer_sends_them(
+    worker: Any,
+) -> None:
+    task = lockapp.reads_its_request
+    linked, nxt, after = (str(uuid.uuid4()) for _ in range(3))
+    request = a_request(
+        task,
+        callbacks=[lockapp.tags.s("linked").set(task_id=linked)],
+        # the last entry is the next step; the rest travel with it
+        chain=[lockapp.tags.s("after").set(task_id=after), lockapp.tags.s("next").set(task_id=nxt)],
+    )
+    celery_api.dispatch_callbacks_and_chain(task, request, "value")
+    assert lockapp.tags.AsyncResult(linked).get(timeout=10) == ["linked", "value"]
+    assert lockapp.tags.AsyncResult(after).get(timeout=10) == ["after", ["next", "value"]]

@@ -77,6 +77,13 @@ def identical_calls(client: Celery, task: Any, key: str, seconds: float) -> grou
     return group(client.signature(task.name, args=(key, seconds)) for _ in range(CALLS))
 
 
+def running_holder(client: Celery, store: redis.Redis, task: Any, key: str) -> AsyncResult:
+    """A call of ``task`` on ``key`` whose 2 s body has started: it holds the lock."""
+    holder = client.send_task(task.name, args=(key, 2.0))
+    wait_until(lambda: body_runs(store, key) == 1, timeout=15)
+    return holder
+
+
 def callback(client: Celery) -> Any:
     return client.signature(lockapp.collects.name)
 
@@ -122,8 +129,7 @@ def test_join_duplicate_in_a_chain_sends_the_next_step_with_the_joined_value(
     client: Celery, store: redis.Redis
 ) -> None:
     key = unique("join-chain")
-    holder = client.send_task(lockapp.join_value.name, args=(key, 2.0))
-    wait_until(lambda: body_runs(store, key) == 1, timeout=15)
+    holder = running_holder(client, store, lockapp.join_value, key)
     steps = chain(
         client.signature(lockapp.join_value.name, args=(key, 2.0)),
         client.signature(lockapp.tags.name, args=("next",)),
@@ -136,8 +142,7 @@ def test_join_duplicate_sends_its_link_callback_with_the_joined_value(
     client: Celery, store: redis.Redis
 ) -> None:
     key = unique("join-link")
-    holder = client.send_task(lockapp.join_value.name, args=(key, 2.0))
-    wait_until(lambda: body_runs(store, key) == 1, timeout=15)
+    holder = running_holder(client, store, lockapp.join_value, key)
     link = client.signature(lockapp.tags.name, args=("linked",))
     duplicate = client.send_task(lockapp.join_value.name, args=(key, 2.0), link=link)
     duplicate.get(timeout=30)
@@ -179,6 +184,21 @@ def test_holder_raising_runs_the_body_once(
 ) -> None:
     key, _ = joined_failure
     assert body_runs(store, key) == 1
+
+
+def test_join_duplicate_of_a_failing_holder_calls_its_errback_once(
+    client: Celery, store: redis.Redis
+) -> None:
+    key = unique("join-errback")
+    holder = running_holder(client, store, lockapp.join_raises, key)
+    errback = client.signature(lockapp.records_errback.name, args=(key,))
+    duplicate = client.send_task(lockapp.join_raises.name, args=(key, 2.0), link_error=errback)
+    with pytest.raises(Exception, match=f"no account {key}"):
+        duplicate.get(timeout=30)
+    with pytest.raises(Exception, match=f"no account {key}"):
+        holder.get(timeout=30)
+    wait_until(lambda: store.llen(f"errbacks:{key}") >= 1, timeout=15)
+    assert [raw.decode() for raw in store.lrange(f"errbacks:{key}", 0, -1)] == [duplicate.id]
 
 
 # -- skip and retry inside a chord ------------------------------------------------------------

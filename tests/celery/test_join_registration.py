@@ -56,7 +56,7 @@ def test_join_task_of_an_app_without_a_result_backend_fails_at_registration() ->
 
 
 def test_join_as_the_app_wide_policy_is_checked_too() -> None:
-    app = app_with(singleton_lock_on_duplicate="join")
-    with pytest.raises(LockConfigurationError, match=r"billing\.job.*result backend"):
+    # other tests' shared tasks may be bound first when the app finalizes: any of them names it
+    with pytest.raises(LockConfigurationError, match=r"on_duplicate='join' needs a result backend"):
+        app = app_with(singleton_lock_on_duplicate="join")
         register(app)
-    app.close()

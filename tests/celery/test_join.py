@@ -10,6 +10,7 @@ duplicate meets the holder running.
 from __future__ import annotations
 
 import signal
+import time
 from collections import Counter
 from typing import Any, Iterator
 
@@ -267,10 +268,13 @@ def holder_killed(
         name = lock_key(lockapp.join_short_ttl, key)
         wait_until(lambda: store.exists(name) == 1, timeout=5)
         holder_worker.kill_group(signal.SIGKILL)
+        killed_at = time.time()
         values = [joiner.get(timeout=60) for joiner in joiners]
-        ran = [raw.decode().split("|")[0] for raw in store.lrange(f"runs:{key}", 0, -1)]
-        assert holder.id == ran[0]
-        return key, values, ran[1:]
+        ran = [raw.decode().split("|") for raw in store.lrange(f"runs:{key}", 0, -1)]
+        assert holder.id == ran[0][0]
+        after = ", ".join(f"{float(started) - killed_at:.2f}s" for _, _, started in ran[1:])
+        print(f"kill -9 of the holder (lock_ttl=2): bodies started {after} after the kill")
+        return key, values, [task_id for task_id, _, _ in ran[1:]]
     finally:
         close_client(sender)
 

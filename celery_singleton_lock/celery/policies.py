@@ -257,6 +257,8 @@ def join(duplicate: Duplicate, acquire: Callable[[], AcquireResult]) -> Lease:
     Returns a lease only when this duplicate is the one that runs the body.
     """
     task = duplicate.task
+    if duplicate.is_copy and outcome_stored(task, duplicate.request):
+        skip(duplicate)  # its own task id already ended: the copy must store nothing
     earlier = str(celery_api.header(duplicate.request, JOIN_HEADER) or "")
     if earlier and earlier != duplicate.holder.task_id:
         _join_if_stored(duplicate, earlier, grace=0.0)

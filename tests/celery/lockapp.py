@@ -381,8 +381,9 @@ def tags(value: Any, tag: str) -> list[Any]:
 
 
 @app.task
-def records_errback(task_id: str, key: str) -> None:
-    """A ``link_error`` errback: records the failed task's id in ``errbacks:<key>``."""
+def records_errback(task_id: str, *, key: str) -> None:
+    """A ``link_error`` errback: records the failed task's id in ``errbacks:<key>``. One
+    positional parameter: Celery < 5.4 calls one of more as ``(request, exc, traceback)``."""
     store().rpush(f"errbacks:{key}", task_id)
 
 

@@ -192,7 +192,7 @@ def test_join_duplicate_of_a_failing_holder_calls_its_errback_once(
 ) -> None:
     key = unique("join-errback")
     holder = running_holder(client, store, lockapp.join_raises, key)
-    errback = client.signature(lockapp.records_errback.name, args=(key,))
+    errback = client.signature(lockapp.records_errback.name, kwargs={"key": key})
     duplicate = client.send_task(lockapp.join_raises.name, args=(key, 2.0), link_error=errback)
     with pytest.raises(Exception, match=f"no account {key}"):
         duplicate.get(timeout=30)

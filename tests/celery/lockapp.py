@@ -368,6 +368,15 @@ def join_raises(self: LockedTask, key: str, seconds: float = 0.0) -> None:
     raise AccountMissing(f"no account {key}")
 
 
+@app.task(bind=True, base=LockedTask, lock_on=("key",), on_duplicate="skip", max_retries=1)
+def retries_in_two_seconds(self: LockedTask, key: str, retry_first: bool) -> dict[str, Any]:
+    """With ``retry_first``, its first attempt calls ``self.retry(countdown=2)``; otherwise (and
+    on the retry) the body runs 3 s."""
+    if retry_first and self.request.retries == 0:
+        raise self.retry(countdown=2)
+    return body(key, 3.0, self.request.id)
+
+
 @app.task
 def collects(results: list[Any]) -> list[Any]:
     """A chord callback: what the chord's members returned."""

@@ -241,6 +241,21 @@ def test_chord_of_identical_retry_calls_completes_with_every_body_run(
     assert body_runs(store, key) == CALLS
 
 
+def test_skip_tasks_own_retry_finding_a_newer_duplicate_holding_the_lock_ends_skipped(
+    client: Celery, store: redis.Redis
+) -> None:
+    key = unique("skip-own-retry")
+    task = lockapp.retries_in_two_seconds.name
+    retrying = client.send_task(task, args=(key, True))
+    wait_until(lambda: retrying.state == "RETRY", timeout=15)  # the lock is released
+    newer = client.send_task(task, args=(key, False))
+    wait_until(lambda: body_runs(store, key) == 1, timeout=15)
+    with pytest.raises(DuplicateTaskSkipped, match=newer.id):
+        retrying.get(timeout=30)
+    assert newer.get(timeout=30)["key"] == key
+    assert body_runs(store, key) == 1
+
+
 # -- the holder is killed -9 ------------------------------------------------------------------
 
 

@@ -6,7 +6,7 @@ Every signal is sent with ``sender`` = the task and these keyword arguments:
     The lock was taken before the body runs (not sent for reentrant runs).
 ``lock_duplicate``: ``task_id``, ``key``, ``holder`` (dict), ``action``
     The lock was held; ``action`` is what this execution does about it:
-    ``"skip"``, ``"retry"``, ``"wait"`` (about to block) or ``"fail"``.
+    ``"skip"``, ``"retry"``, ``"wait"`` (about to block), ``"join"`` or ``"fail"``.
 ``lock_lost``: ``task_id``, ``key``
     Renewal was refused (or Redis unreachable past the TTL) while the body ran. Sent from the
     renewer thread.

@@ -56,7 +56,9 @@ class LockedTask(Task):  # type: ignore[misc]
     #: ``"skip"`` ends it without running the body (``AsyncResult.get()`` raises
     #: ``DuplicateTaskSkipped`` naming the holder); ``"retry"`` sends it again after a
     #: jittered exponential backoff; ``"wait"`` blocks the worker slot until the release (up to
-    #: ``lock_wait_timeout``), then retries; ``"fail"`` raises ``DuplicateTaskError``.
+    #: ``lock_wait_timeout``), then retries; ``"fail"`` raises ``DuplicateTaskError``;
+    #: ``"join"`` waits as ``"wait"`` does, then ends with the holder's outcome as its own
+    #: (same return value or exception; needs stored results).
     on_duplicate: Any = UNSET
 
     #: Names of the parameters that identify the work, e.g. ``("account_id",)``. Default: all

@@ -29,6 +29,8 @@ TASK_OPTIONS: dict[str, tuple[str, Any]] = {
     "lock_wait_timeout": ("singleton_lock_wait_timeout", 30.0),
     "lock_on_backend_error": ("singleton_lock_on_backend_error", "retry"),
     "lock_finished_ttl": ("singleton_lock_finished_ttl", 3600.0),
+    "lock_min_replicas": ("singleton_lock_min_replicas", 0),
+    "lock_min_replicas_timeout": ("singleton_lock_min_replicas_timeout", 1.0),
 }
 
 #: App-wide settings with no task attribute.
@@ -74,6 +76,10 @@ class LockOptions:
     #: seconds an ``acks_late`` task's finish is remembered under its lock (see LockedTask);
     #: None: not at all
     finished_ttl: Optional[float] = 3600.0
+    #: replicas that must acknowledge the acquire (and its fence) before the body runs, and
+    #: how long to wait for them (seconds)
+    min_replicas: int = 0
+    min_replicas_timeout: float = 1.0
     #: the task's hard time limit when its message names none (task attribute, else the
     #: ``task_time_limit`` setting): renewal never outlives it
     default_time_limit: Optional[float] = None
@@ -162,6 +168,15 @@ def resolve(
         task_name, "lock_retry_backoff_max", value["lock_retry_backoff_max"], backoff, MAX_TTL
     )
     wait_timeout = _number(task_name, "lock_wait_timeout", value["lock_wait_timeout"], 0.0, 3600)
+    min_replicas = value["lock_min_replicas"]
+    if isinstance(min_replicas, bool) or not isinstance(min_replicas, int) or min_replicas < 0:
+        raise LockConfigurationError(
+            f"task {task_name}: lock_min_replicas must be an integer >= 0 (0: do not wait for "
+            f"replicas), got {min_replicas!r}"
+        )
+    replicas_timeout = _number(
+        task_name, "lock_min_replicas_timeout", value["lock_min_replicas_timeout"], 0.001, 60.0
+    )
     finished_ttl = value["lock_finished_ttl"]
     if finished_ttl is not None:
         finished_ttl = _number(task_name, "lock_finished_ttl", finished_ttl, MIN_TTL, 7 * MAX_TTL)
@@ -213,5 +228,7 @@ def resolve(
             BACKEND_ERROR_POLICIES,
         ),
         finished_ttl=finished_ttl,
+        min_replicas=min_replicas,
+        min_replicas_timeout=replicas_timeout,
         default_time_limit=time_limit or conf.get("task_time_limit") or None,
     )

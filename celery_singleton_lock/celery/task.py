@@ -101,6 +101,17 @@ class LockedTask(Task):  # type: ignore[misc]
     #: purpose, as a dead-letter replay does).
     lock_finished_ttl: Any = UNSET
 
+    #: Replicas that must acknowledge the acquire (and its fence increment) before the body
+    #: runs (default 0: do not wait). Redis replicates asynchronously: a lock written to a
+    #: primary that fails over before replicating it is lost. With ``n`` > 0 the acquire is
+    #: followed by ``WAIT n`` in the same round trip; fewer acknowledgements within
+    #: ``lock_min_replicas_timeout`` release the lock again and count as the lock server being
+    #: unavailable (``lock_on_backend_error``).
+    lock_min_replicas: Any = UNSET
+
+    #: Seconds to wait for ``lock_min_replicas`` acknowledgements (default 1).
+    lock_min_replicas_timeout: Any = UNSET
+
     #: Celery's ``track_started`` (task attribute or ``task_track_started``), taken over by
     #: the lock: STARTED is stored once the lock is held, not before ``before_start`` as the
     #: tracer does, so a duplicate that is skipped or retried never shows STARTED, and a
@@ -213,6 +224,8 @@ class LockedTask(Task):  # type: ignore[misc]
                 max_lifetime=self._hard_time_limit(request, options),
                 on_lost=self._on_lock_lost,
                 unless_finished=unless_finished,
+                min_replicas=options.min_replicas,
+                replica_timeout=options.min_replicas_timeout,
             )
 
         try:

@@ -12,12 +12,14 @@ from __future__ import annotations
 import logging
 import os
 import time
+from functools import partial
 from typing import Any, Callable, Optional, Sequence, Union
 
 import redis
 from redis.commands.core import Script
+from redis.exceptions import NoScriptError
 
-from ..errors import AlreadyFinished, LockError
+from ..errors import AlreadyFinished, LockBackendUnavailable, LockError
 from . import lease as _lease
 from . import scripts, server_errors
 from .inspect import LockInspector
@@ -97,6 +99,8 @@ class RedisLocker:
         max_lifetime: Optional[float] = None,
         on_lost: Optional[LostCallback] = None,
         unless_finished: bool = False,
+        min_replicas: int = 0,
+        replica_timeout: float = 1.0,
     ) -> AcquireResult:
         """Take the lock ``name`` for ``ttl`` seconds, in one round trip, without waiting.
 
@@ -112,6 +116,10 @@ class RedisLocker:
             unless_finished: take nothing if ``owner.task_id`` already ran to the end under
                 this lock (a release with ``remember_for`` recorded it), in the same round
                 trip.
+            min_replicas: hold the lock only once this many replicas acknowledged it (and its
+                fence), waiting up to ``replica_timeout`` seconds (``WAIT``, sent with the
+                acquire in the same round trip); otherwise it is released again and
+                ``LockBackendUnavailable`` raised.
 
         Raises:
             AlreadyFinished: with ``unless_finished``, that record exists.
@@ -130,7 +138,13 @@ class RedisLocker:
         renewer = self.renewer
         sent_at = renewer.clock()
         script_keys, args = self._acquire_call(keys, ttl, token, owner, fencing, unless_finished)
-        reply = self._run(self._acquire, keys.lock, script_keys, args, pinned=True)
+        acknowledged = None
+        if min_replicas:
+            reply, acknowledged = self._run_acknowledged(
+                self._acquire, keys.lock, script_keys, args, min_replicas, replica_timeout
+            )
+        else:
+            reply = self._run(self._acquire, keys.lock, script_keys, args, pinned=True)
         if type(reply) is not int:
             text = reply.decode("utf-8", "replace") if isinstance(reply, bytes) else str(reply)
             pttl, _, fields = text.partition("|")
@@ -155,6 +169,13 @@ class RedisLocker:
             confirmed_at=sent_at,
             deadline=None if max_lifetime is None else sent_at + max_lifetime,
         )
+        if acknowledged is not None and acknowledged < min_replicas:
+            self.release(lease)
+            raise LockBackendUnavailable(
+                f"lock {keys.lock} was written, but only {acknowledged} of {min_replicas} "
+                f"replica(s) acknowledged it within {replica_timeout}s; released it again",
+                keys.lock,
+            )
         if on_lost is not None:
             lease.on_lost(on_lost)
         if renew:
@@ -283,6 +304,33 @@ class RedisLocker:
         return [int(index) - 1 for index in lost]
 
     # -- plumbing -----------------------------------------------------------------------------
+
+    def _run_acknowledged(
+        self,
+        script: Script,
+        key: str,
+        keys: list[str],
+        args: list[Any],
+        replicas: int,
+        timeout: float,
+    ) -> tuple[Any, int]:
+        """``script``, then ``WAIT replicas timeout``, sent together on one kept connection
+        (``WAIT`` counts the replicas that acknowledged that connection's writes): the script's
+        reply and how many replicas acknowledged it."""
+        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        wait = ("WAIT", replicas, _ms(timeout))
+        for _ in range(2):
+            reply, acknowledged = server_errors.call(
+                partial(self.connections.call_many, command, wait), key
+            )
+            if isinstance(reply, NoScriptError):  # loaded as redis-py's Script would load it
+                script.sha = server_errors.call(lambda: self.client.script_load(script.script), key)
+                command = ("EVALSHA", script.sha, *command[2:])
+                continue
+            if isinstance(reply, redis.exceptions.RedisError):
+                raise server_errors.translate(reply, key)
+            return reply, int(acknowledged)
+        raise LockBackendUnavailable(f"script for {key} kept disappearing (NOSCRIPT)", key)
 
     def _run(
         self, script: Script, key: str, keys: list[str], args: list[Any], *, pinned: bool = False

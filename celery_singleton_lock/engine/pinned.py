@@ -70,13 +70,18 @@ class PinnedConnections:
         Connection errors are retried by the connection's own retry policy. An error reply
         raises redis-py's exception for it (e.g. ``NoScriptError``).
         """
+        return self.call_with(lambda connection: self._round_trip(connection, command))
+
+    def call_with(self, exchange: Callable[[Any], Any]) -> Any:
+        """``exchange(connection)`` on a kept connection, retried by its retry policy; the
+        connection is dropped if it stops in the middle (a reply may still be on its way)."""
         try:
             connection = self._idle.pop()  # the most recently used: its socket is warm
         except IndexError:
             connection = self._get_connection()
         try:
             return connection.retry.call_with_retry(
-                lambda: self._round_trip(connection, command),
+                lambda: exchange(connection),
                 lambda error: connection.disconnect(),
             )
         except ResponseError:
@@ -94,6 +99,25 @@ class PinnedConnections:
     def _round_trip(connection: Any, command: tuple[Any, ...]) -> Any:
         connection.send_command(*command)
         return connection.read_response()
+
+    def call_many(self, *commands: tuple[Any, ...]) -> list[Any]:
+        """Send ``commands`` together on ONE connection and return their replies in order;
+        an error reply is returned as its exception, not raised. For commands that must share
+        a connection (``WAIT`` counts the replicas that acknowledged that connection's writes).
+        """
+        replies: list[Any] = self.call_with(lambda conn: self._pipelined(conn, commands))
+        return replies
+
+    @staticmethod
+    def _pipelined(connection: Any, commands: tuple[tuple[Any, ...], ...]) -> list[Any]:
+        connection.send_packed_command(connection.pack_commands(commands))
+        replies = []
+        for _ in commands:
+            try:
+                replies.append(connection.read_response())
+            except ResponseError as exc:
+                replies.append(exc)
+        return replies
 
     # What a redis-py ``Script`` calls on its client, so scripts run here through ``Script``.
 

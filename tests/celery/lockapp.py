@@ -268,6 +268,18 @@ def reads_its_request(self: LockedTask, key: str) -> dict[str, Any]:
     }
 
 
+@app.task(
+    bind=True,
+    base=LockedTask,
+    lock_on=("key",),
+    lock_min_replicas=1,
+    lock_min_replicas_timeout=0.05,
+)
+def needs_a_replica(self: LockedTask, key: str) -> str:
+    """Holds its lock only once a replica has it: the test lock server has none."""
+    return "ran"
+
+
 class FailsAfterItsLock(LockedTask):
     """``before_start`` fails after the lock is taken whenever ``setup-fails:<key>`` exists
     (as a subclass's own set-up, or a result backend storing STARTED, can fail)."""

@@ -128,3 +128,15 @@ def test_setting_changed_after_registration_is_checked_at_worker_start(app: Cele
     # every locked task of the app is checked (shared tasks of other modules included)
     with pytest.raises(LockConfigurationError, match=r"task \S+: on_duplicate='drop'"):
         check_configuration(app)
+
+
+@pytest.mark.parametrize("replicas", [-1, 1.5, "1", True])
+def test_invalid_min_replicas_fails_at_registration(app: Celery, replicas: Any) -> None:
+    with pytest.raises(LockConfigurationError, match=r"billing\.job.*lock_min_replicas"):
+        register(app, lock_min_replicas=replicas)
+
+
+@pytest.mark.parametrize("timeout", [0, -1, 61, "1"])
+def test_invalid_min_replicas_timeout_fails_at_registration(app: Celery, timeout: Any) -> None:
+    with pytest.raises(LockConfigurationError, match=r"billing\.job.*lock_min_replicas_timeout"):
+        register(app, lock_min_replicas_timeout=timeout)

@@ -228,3 +228,13 @@ def test_a_locked_task_with_track_started_is_started_while_its_body_runs(
     assert lockapp.reports_its_state.lock_track_started
     assert not lockapp.reports_its_state.track_started  # the tracer's own store is off
     assert lockapp.reports_its_state.delay(unique_key).get(timeout=10) == "STARTED"
+
+
+def test_apply_with_too_few_replicas_fails_with_backend_unavailable_and_leaves_no_lock(
+    celery_app: Any, store: redis.Redis, unique_key: str
+) -> None:
+    result = lockapp.needs_a_replica.apply(args=(unique_key,))
+    assert result.state == "FAILURE"
+    assert type(result.result).__name__ == "LockBackendUnavailable"
+    assert "replica" in str(result.result)
+    assert not store.exists(lock_key_of(lockapp.needs_a_replica, unique_key))

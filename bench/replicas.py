@@ -14,7 +14,7 @@ import time
 from typing import List, Optional, Sequence
 
 from celery_singleton_lock.engine import RedisLocker, Renewer
-from celery_singleton_lock.testing import RedisServer
+from celery_singleton_lock.testing import primary_with_replica
 
 from ._common import median, quartiles
 
@@ -40,23 +40,14 @@ def _us_per_cycle(locker: RedisLocker, replicas: int, cycles: int, round_index: 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse(argv or [])
-    with RedisServer.running() as primary:
-        replica_of = ["--replicaof", "127.0.0.1", str(primary.port)]
-        with RedisServer.running(extra_args=replica_of) as replica:
-            probe = replica.client()
-            deadline = time.monotonic() + 20
-            while probe.info("replication").get("master_link_status") != "up":
-                if time.monotonic() > deadline:
-                    print("the replica never caught up")
-                    return 1
-                time.sleep(0.05)
-            locker = RedisLocker(primary.client(), prefix="bench", renewer=Renewer(autostart=False))
-            for replicas in (0, 1):  # warm-up: scripts loaded, connections open
-                _us_per_cycle(locker, replicas, 50, -1)
-            timings: dict[int, List[float]] = {0: [], 1: []}
-            for index in range(args.rounds):
-                for replicas in (0, 1) if index % 2 else (1, 0):
-                    timings[replicas].append(_us_per_cycle(locker, replicas, args.cycles, index))
+    with primary_with_replica() as (primary, _):
+        locker = RedisLocker(primary.client(), prefix="bench", renewer=Renewer(autostart=False))
+        for replicas in (0, 1):  # warm-up: scripts loaded, connections open
+            _us_per_cycle(locker, replicas, 50, -1)
+        timings: dict[int, List[float]] = {0: [], 1: []}
+        for index in range(args.rounds):
+            for replicas in (0, 1) if index % 2 else (1, 0):
+                timings[replicas].append(_us_per_cycle(locker, replicas, args.cycles, index))
     ratios = [waited / plain for plain, waited in zip(timings[0], timings[1])]
     low, high = quartiles(ratios)
     print(

@@ -183,6 +183,23 @@ class RedisServer:
 
 
 @contextlib.contextmanager
+def primary_with_replica(timeout: float = 20.0) -> Iterator[tuple[RedisServer, RedisServer]]:
+    """A throwaway primary and one replica of it (``--replicaof``), once the replica is in
+    sync (``master_link_status:up``, waited for up to ``timeout`` seconds)."""
+    with RedisServer.running() as primary:
+        replica_of = ["--replicaof", "127.0.0.1", str(primary.port)]
+        with RedisServer.running(extra_args=replica_of) as replica:
+            probe = replica.client()
+            deadline = time.monotonic() + timeout
+            while probe.info("replication").get("master_link_status") != "up":
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"replica on port {replica.port} never caught up")
+                time.sleep(0.05)
+            probe.close()
+            yield primary, replica
+
+
+@contextlib.contextmanager
 def hold_lock(task: Any, *args: Any, **kwargs: Any) -> Iterator[Lease]:
     """Hold the lock that ``task.delay(*args, **kwargs)`` would take, as if a run were in
     progress: a run of the same call meanwhile meets its duplicate policy (``skip``, ``retry``,

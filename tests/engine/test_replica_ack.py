@@ -3,7 +3,6 @@ checked with WAIT in the acquire's own round trip, on a real primary and replica
 
 from __future__ import annotations
 
-import time
 from typing import Iterator
 
 import pytest
@@ -11,21 +10,14 @@ import redis
 
 from celery_singleton_lock import LockBackendUnavailable
 from celery_singleton_lock.engine import Lease, RedisLocker, Renewer
-from celery_singleton_lock.testing import RedisServer
+from celery_singleton_lock.testing import RedisServer, primary_with_replica
 from tests.support import CountingConnection
 
 
 @pytest.fixture(scope="module")
 def primary_and_replica() -> Iterator[tuple[RedisServer, RedisServer]]:
-    with RedisServer.running() as primary:
-        replica_of = ["--replicaof", "127.0.0.1", str(primary.port)]
-        with RedisServer.running(extra_args=replica_of) as replica:
-            probe = replica.client()
-            deadline = time.monotonic() + 20
-            while probe.info("replication").get("master_link_status") != "up":
-                assert time.monotonic() < deadline, "the replica never caught up"
-                time.sleep(0.05)
-            yield primary, replica
+    with primary_with_replica() as servers:
+        yield servers
 
 
 def locker_on(server: RedisServer) -> RedisLocker:

@@ -13,11 +13,12 @@ is what keeps a fast new attempt's SUCCESS from being overwritten.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, NoReturn, Optional
+from typing import Any, Callable, Iterator, NoReturn, Optional
 
 from celery.exceptions import Ignore
 
@@ -212,6 +213,23 @@ def _store_retry(task: Any, request: Any, reason: LockError) -> None:
         log.warning("task %s[%s]: cannot store RETRY (%s)", task.name, request.id, exc)
 
 
+@contextlib.contextmanager
+def _release_notifications(
+    duplicate: Duplicate, extra_headers: Optional[dict[str, Any]] = None
+) -> Iterator[Any]:
+    """A subscription to the lock's releases, closed at the end. A lock server unreachable
+    now sends the duplicate on a lock retry, as the acquire's own outage does."""
+    locker = duplicate.task.lock_locker
+    try:
+        pubsub = subscribe_releases(locker.client, locker.keys(duplicate.name).channel)
+    except LockBackendUnavailable as exc:
+        retry(duplicate, exc, extra_headers=extra_headers)
+    try:
+        yield pubsub
+    finally:
+        pubsub.close()
+
+
 def wait(duplicate: Duplicate, acquire: Callable[[], AcquireResult]) -> Lease:
     """Block the worker slot until the lock is released or ``lock_wait_timeout`` passes.
 
@@ -219,25 +237,22 @@ def wait(duplicate: Duplicate, acquire: Callable[[], AcquireResult]) -> Lease:
     crashed holder publishes nothing). Subscribing happens before each re-check, so a release
     between the check and the wait is never missed. Falls back to ``retry`` on timeout.
     """
-    locker = duplicate.task.lock_locker
     deadline = time.monotonic() + duplicate.options.wait_timeout
     duplicate.announce("wait")
-    pubsub = subscribe_releases(locker.client, locker.keys(duplicate.name).channel)
-    try:
-        while True:
-            outcome = acquire()
-            if isinstance(outcome, Lease):
-                return outcome
-            duplicate.holder = outcome
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            holder_ttl = outcome.ttl if outcome.ttl is not None else remaining
-            wait_for_release(pubsub, min(remaining, holder_ttl + 0.01))
-    except LockBackendUnavailable as exc:
-        retry(duplicate, exc)
-    finally:
-        pubsub.close()
+    with _release_notifications(duplicate) as pubsub:
+        try:
+            while True:
+                outcome = acquire()
+                if isinstance(outcome, Lease):
+                    return outcome
+                duplicate.holder = outcome
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                holder_ttl = outcome.ttl if outcome.ttl is not None else remaining
+                wait_for_release(pubsub, min(remaining, holder_ttl + 0.01))
+        except LockBackendUnavailable as exc:
+            retry(duplicate, exc)
     log.info(
         "task %s: waited %.1fs for the lock; retrying later",
         duplicate.label,
@@ -263,30 +278,27 @@ def join(duplicate: Duplicate, acquire: Callable[[], AcquireResult]) -> Lease:
     if earlier and earlier != duplicate.holder.task_id:
         _join_if_stored(duplicate, earlier, grace=0.0)
     following = duplicate.holder.task_id
-    locker = task.lock_locker
     deadline = time.monotonic() + duplicate.options.wait_timeout
     duplicate.announce("join")
-    pubsub = subscribe_releases(locker.client, locker.keys(duplicate.name).channel)
-    try:
-        while True:
-            outcome = acquire()
-            if isinstance(outcome, Lease):
-                return _take_over(duplicate, following, outcome)
-            if outcome.task_id != following:
-                # the execution followed is gone; another holds the lock (maybe a joiner
-                # that took over): take the outcome if it is stored, else follow the new one
-                _join_if_stored(duplicate, following, grace=0.0)
-                following = outcome.task_id
-            duplicate.holder = outcome
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            holder_ttl = outcome.ttl if outcome.ttl is not None else remaining
-            wait_for_release(pubsub, min(remaining, holder_ttl + 0.01))
-    except LockBackendUnavailable as exc:
-        retry(duplicate, exc, extra_headers={JOIN_HEADER: following})
-    finally:
-        pubsub.close()
+    with _release_notifications(duplicate, {JOIN_HEADER: following}) as pubsub:
+        try:
+            while True:
+                outcome = acquire()
+                if isinstance(outcome, Lease):
+                    return _take_over(duplicate, following, outcome)
+                if outcome.task_id != following:
+                    # the execution followed is gone; another holds the lock (maybe a joiner
+                    # that took over): take the outcome if it is stored, else follow the new one
+                    _join_if_stored(duplicate, following, grace=0.0)
+                    following = outcome.task_id
+                duplicate.holder = outcome
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                holder_ttl = outcome.ttl if outcome.ttl is not None else remaining
+                wait_for_release(pubsub, min(remaining, holder_ttl + 0.01))
+        except LockBackendUnavailable as exc:
+            retry(duplicate, exc, extra_headers={JOIN_HEADER: following})
     log.info(
         "task %s: joined %s for %.1fs without an outcome; retrying later",
         duplicate.label,

@@ -73,6 +73,8 @@ class RedisLocker:
         self._renew: Script = client.register_script(scripts.RENEW)
         self._release_abandoned: Script = client.register_script(scripts.RELEASE_ABANDONED)
         self._renew_by_owner: Script = client.register_script(scripts.RENEW_BY_OWNER)
+        self._enqueue: Script = client.register_script(scripts.ENQUEUE)
+        self._clear_queued: Script = client.register_script(scripts.CLEAR_QUEUED)
         #: Acquire and release run here: connections kept checked out of the client's pool.
         self.connections = PinnedConnections(client)
 
@@ -97,6 +99,7 @@ class RedisLocker:
         max_lifetime: Optional[float] = None,
         on_lost: Optional[LostCallback] = None,
         unless_finished: bool = False,
+        take_queued: bool = False,
     ) -> AcquireResult:
         """Take the lock ``name`` for ``ttl`` seconds, in one round trip, without waiting.
 
@@ -112,6 +115,9 @@ class RedisLocker:
             unless_finished: take nothing if ``owner.task_id`` already ran to the end under
                 this lock (a release with ``remember_for`` recorded it), in the same round
                 trip.
+            take_queued: delete the lock's queued marker (see :meth:`enqueue`) if it holds
+                ``owner.task_id``, whatever the outcome, in the same round trip: this
+                message is no longer queued.
 
         Raises:
             AlreadyFinished: with ``unless_finished``, that record exists.
@@ -123,13 +129,15 @@ class RedisLocker:
         if max_lifetime is not None and not max_lifetime > 0:
             raise ValueError(f"max_lifetime must be positive or None, got {max_lifetime!r}")
         owner = owner or Owner()
-        if unless_finished and not owner.task_id:
-            raise ValueError("unless_finished needs an owner with a task_id")
+        if (unless_finished or take_queued) and not owner.task_id:
+            raise ValueError("unless_finished and take_queued need an owner with a task_id")
         keys = self.keys(name)
         token = new_token()
         renewer = self.renewer
         sent_at = renewer.clock()
-        script_keys, args = self._acquire_call(keys, ttl, token, owner, fencing, unless_finished)
+        script_keys, args = self._acquire_call(
+            keys, ttl, token, owner, fencing, unless_finished, take_queued
+        )
         reply = self._run(self._acquire, keys.lock, script_keys, args, pinned=True)
         if type(reply) is not int:
             text = reply.decode("utf-8", "replace") if isinstance(reply, bytes) else str(reply)
@@ -170,16 +178,66 @@ class RedisLocker:
         owner: Owner,
         fencing: bool,
         unless_finished: bool,
+        take_queued: bool = False,
     ) -> tuple[list[str], list[Any]]:
         """KEYS and ARGV of the acquire script (see its contract in :mod:`.scripts`)."""
         # The value with an empty fence; the script fills the fence in when fencing.
         value = f"{token}||{int(self.wall_clock() * 1000)}|{owner.fields}"
-        if not (fencing or unless_finished):
+        if not (fencing or unless_finished or take_queued):
             return [keys.lock], [_ms(ttl), value]
         script_keys = [keys.lock, keys.fence]
         if unless_finished:
             script_keys.append(keys.finished(owner.task_id))
-        return script_keys, [_ms(ttl), value, "1" if fencing else "0"]
+        args: list[Any] = [_ms(ttl), value, "1" if fencing else "0"]
+        if take_queued:
+            script_keys.append(keys.queued)
+            args.append(owner.task_id)
+        return script_keys, args
+
+    # -- queued markers (enqueue deduplication) -------------------------------------------------
+
+    def enqueue(
+        self, name: str, task_id: str, ttl: float, *, resend: bool = False
+    ) -> Optional[str]:
+        """Mark ``task_id`` as queued under the lock ``name``, unless another message is
+        queued or an execution is running there; in one round trip.
+
+        Returns None when the caller should publish ``task_id`` (the marker now holds it, for
+        ``ttl`` seconds), or the task id already queued or running under ``name`` (nothing
+        was written: publish nothing). ``resend``: the message is sent again under its own
+        id (a retry): never reported as a duplicate; the marker is written only if absent.
+        The acquire of ``task_id`` with ``take_queued`` deletes the marker.
+
+        Raises:
+            LockBackendUnavailable: the server could not be reached or refused the write.
+        """
+        if not task_id:
+            raise ValueError("enqueue needs a task id")
+        keys = self.keys(name)
+        reply = self._run(
+            self._enqueue,
+            keys.lock,
+            [keys.lock, keys.queued],
+            [task_id, _ms(ttl), "1" if resend else "0"],
+        )
+        return None if reply is None else _lease.as_text(reply)
+
+    def clear_queued(self, name: str, task_id: Optional[str] = None) -> bool:
+        """Delete the queued marker of the lock ``name``; with ``task_id``, only if it holds
+        exactly that id (compare-and-delete). True if a marker was deleted.
+
+        For a publish that failed, a revoked message, or a purged queue (otherwise the
+        marker expires after its TTL).
+        """
+        keys = self.keys(name)
+        args = [task_id] if task_id else []
+        return bool(self._run(self._clear_queued, keys.queued, [keys.queued], args))
+
+    def queued(self, name: str) -> Optional[str]:
+        """The task id queued under the lock ``name`` (its marker), or None."""
+        keys = self.keys(name)
+        value = server_errors.call(lambda: self.client.get(keys.queued), keys.queued)
+        return None if value is None else _lease.as_text(value)
 
     # -- release ------------------------------------------------------------------------------
 

@@ -149,6 +149,50 @@ hold_fail = keyed_task("hold_fail", on_duplicate="fail")
 short_ttl = keyed_task("short_ttl", lock_ttl=1, on_duplicate="skip")
 
 
+# -- enqueue deduplication ------------------------------------------------------------------
+
+#: seconds a gated body waits at most for its gate (tests open it with ``open_gate``)
+GATE_TIMEOUT = 15
+
+
+def open_gate(key: str, count: int = 1) -> None:
+    store().rpush(f"gate:{key}", *["open"] * count)
+
+
+def gated_body(key: str, task_id: Optional[str]) -> str:
+    """Records the run in ``runs:<key>`` then blocks until the test opens ``gate:<key>``."""
+    store().rpush(f"runs:{key}", str(task_id))
+    store().blpop([f"gate:{key}"], timeout=GATE_TIMEOUT)
+    return str(task_id)
+
+
+@app.task(bind=True, base=LockedTask, lock_on=("key",), dedupe_on_enqueue=True, lock_ttl=5)
+def dedupe_gated(self: LockedTask, key: str) -> str:
+    return gated_body(key, self.request.id)
+
+
+@app.task(
+    bind=True,
+    base=LockedTask,
+    lock_on=("key",),
+    dedupe_on_enqueue=True,
+    on_duplicate="retry",
+    lock_retry_backoff=0.05,
+    lock_retry_backoff_max=0.2,
+)
+def dedupe_lock_retry(self: LockedTask, key: str) -> str:
+    store().rpush(f"runs:{key}", str(self.request.id))
+    return str(self.request.id)
+
+
+@app.task(bind=True, base=LockedTask, lock_on=("key",), dedupe_on_enqueue=True, max_retries=3)
+def dedupe_retries_itself(self: LockedTask, key: str) -> int:
+    store().rpush(f"runs:{key}", str(self.request.id))
+    if self.request.retries < 1:
+        raise self.retry(countdown=0.1)
+    return int(self.request.retries)
+
+
 # -- exit paths ----------------------------------------------------------------------------
 
 

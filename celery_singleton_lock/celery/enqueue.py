@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 from celery.utils import uuid
@@ -63,6 +64,20 @@ def _utcnow() -> datetime.datetime:
     return datetime.datetime.now(datetime.timezone.utc)
 
 
+@dataclass(frozen=True)
+class Dedupe:
+    """How one ``apply_async`` call is deduplicated (see :meth:`LockedTask.enqueue_dedupe`)."""
+
+    #: seconds the queued marker lives if the message never reaches a worker (the message's
+    #: countdown is added)
+    queued_ttl: float
+    #: what the call returns when it is a duplicate: ``(existing task id, lock name)`` in
+    #: (it may raise instead); default: the existing task's ``AsyncResult``
+    on_duplicate: Optional[Callable[[str, str], Any]] = None
+    #: a running execution counts as a duplicate, not only a queued message
+    running_is_duplicate: bool = True
+
+
 def publish_once(
     task: LockedTask,
     args: Any,
@@ -70,23 +85,26 @@ def publish_once(
     task_id: Optional[str],
     options: Mapping[str, Any],
     publish: Callable[[str], Any],
+    dedupe: Dedupe,
 ) -> Any:
     """Publish the call through ``publish(task_id)`` unless its lock name is already queued
-    or running; return the ``AsyncResult`` of the published or the existing task.
+    or running; return the ``AsyncResult`` of the published task, or what
+    ``dedupe.on_duplicate`` makes of the existing one.
 
     Raises:
         LockError: the call's lock name cannot be built from its arguments.
         whatever ``publish`` raises, once the marker it wrote is removed again.
     """
-    lock_options = task.lock_options
-    name = lock_options.keyer.name(tuple(args or ()), dict(kwargs or {}))
+    name = task.lock_options.keyer.name(tuple(args or ()), dict(kwargs or {}))
     task_id = task_id or uuid()
     # Celery's retry and the lock retries send the running execution again under its id.
     resend = task_id == getattr(task.request, "id", None)
-    ttl = lock_options.queued_ttl + delay_of(options, _utcnow)
+    ttl = dedupe.queued_ttl + delay_of(options, _utcnow)
     locker = locker_for(task.app)
     try:
-        existing = locker.enqueue(name, task_id, ttl, resend=resend)
+        existing = locker.enqueue(
+            name, task_id, ttl, resend=resend, running=dedupe.running_is_duplicate
+        )
     except LockBackendUnavailable as exc:
         # The run-time lock still guards the body: publish rather than lose the call.
         log.warning(
@@ -103,6 +121,8 @@ def publish_once(
             name,
             existing,
         )
+        if dedupe.on_duplicate is not None:
+            return dedupe.on_duplicate(existing, name)
         return task.AsyncResult(existing)
     try:
         return publish(task_id)

@@ -197,15 +197,21 @@ class LockedTask(Task):  # type: ignore[misc]
                 args, kwargs, chosen_id, producer, link, link_error, shadow, **options
             )
 
-        if (
-            not self.lock_options.dedupe_on_enqueue
-            or self.app.conf.task_always_eager
-            or link
-            or link_error
-            or enqueue.in_canvas(options)
-        ):
+        dedupe = self.enqueue_dedupe(options)
+        if dedupe is None or link or link_error or enqueue.in_canvas(options):
             return publish(task_id)
-        return enqueue.publish_once(self, args, kwargs, task_id, options, publish)
+        return enqueue.publish_once(self, args, kwargs, task_id, options, publish, dedupe)
+
+    def enqueue_dedupe(self, options: dict[str, Any]) -> Optional[enqueue.Dedupe]:
+        """How ``apply_async`` with ``options`` deduplicates at enqueue; None: it does not.
+
+        A subclass may read (and pop) options of its own here, as ``compat.QueueOnce`` does
+        with celery-once's ``once``.
+        """
+        lock_options = self.lock_options
+        if not lock_options.dedupe_on_enqueue or self.app.conf.task_always_eager:
+            return None
+        return enqueue.Dedupe(queued_ttl=lock_options.queued_ttl)
 
     # -- acquire: the hot path ---------------------------------------------------------------
 

@@ -197,7 +197,7 @@ class RedisLocker:
     # -- queued markers (enqueue deduplication) -------------------------------------------------
 
     def enqueue(
-        self, name: str, task_id: str, ttl: float, *, resend: bool = False
+        self, name: str, task_id: str, ttl: float, *, resend: bool = False, running: bool = True
     ) -> Optional[str]:
         """Mark ``task_id`` as queued under the lock ``name``, unless another message is
         queued or an execution is running there; in one round trip.
@@ -206,6 +206,7 @@ class RedisLocker:
         ``ttl`` seconds), or the task id already queued or running under ``name`` (nothing
         was written: publish nothing). ``resend``: the message is sent again under its own
         id (a retry): never reported as a duplicate; the marker is written only if absent.
+        ``running=False``: only a queued message is a duplicate, not a running execution.
         The acquire of ``task_id`` with ``take_queued`` deletes the marker.
 
         Raises:
@@ -218,7 +219,7 @@ class RedisLocker:
             self._enqueue,
             keys.lock,
             [keys.lock, keys.queued],
-            [task_id, _ms(ttl), "1" if resend else "0"],
+            [task_id, _ms(ttl), "1" if resend else ("0" if running else "2")],
         )
         return None if reply is None else _lease.as_text(reply)
 
@@ -232,6 +233,12 @@ class RedisLocker:
         keys = self.keys(name)
         args = [task_id] if task_id else []
         return bool(self._run(self._clear_queued, keys.queued, [keys.queued], args))
+
+    def queued_for(self, name: str) -> Optional[float]:
+        """Seconds the queued marker of the lock ``name`` still lives; None without one."""
+        key = self.keys(name).queued
+        pttl = server_errors.call(lambda: self.client.pttl(key), key)
+        return None if pttl < 0 else pttl / 1000.0
 
     def queued(self, name: str) -> Optional[str]:
         """The task id queued under the lock ``name`` (its marker), or None."""

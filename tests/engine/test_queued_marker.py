@@ -120,3 +120,17 @@ def test_clear_queued_without_a_task_id_deletes_any_marker(locker: RedisLocker) 
     locker.enqueue("job", "t-1", ttl=60)
     assert locker.clear_queued("job")
     assert not locker.clear_queued("job")
+
+
+def test_with_running_false_only_a_queued_message_is_a_duplicate(locker: RedisLocker) -> None:
+    lease = locker.try_acquire("job", ttl=30, owner=Owner(task_id="holder"), renew=False)
+    assert isinstance(lease, Lease)
+    assert locker.enqueue("job", "t-1", ttl=60, running=False) is None
+    assert locker.enqueue("job", "t-2", ttl=60, running=False) == "t-1"
+
+
+def test_queued_for_is_the_markers_remaining_life(locker: RedisLocker) -> None:
+    assert locker.queued_for("job") is None
+    locker.enqueue("job", "t-1", ttl=60)
+    remaining = locker.queued_for("job")
+    assert remaining is not None and 0 < remaining <= 60

@@ -67,13 +67,29 @@ def test_a_duplicate_of_a_running_task_gets_the_running_tasks_result(
     assert second.get(timeout=20) == first.id
 
 
-def test_a_call_after_the_task_ended_is_published(worker: Any, unique_key: str) -> None:
-    lockapp.open_gate(unique_key, 2)
-    first = lockapp.dedupe_gated.delay(unique_key)
+def assert_a_call_after_the_end_is_published(task: Any, key: str) -> None:
+    """A call of gated ``task`` sent once the previous one ended is published and runs."""
+    lockapp.open_gate(key, 2)
+    first = task.delay(key)
     first.get(timeout=20)
-    second = lockapp.dedupe_gated.delay(unique_key)
+    second = task.delay(key)
     assert second.id != first.id
     assert second.get(timeout=20) == second.id
+
+
+def assert_a_queued_call_blocks_for(task: Any, key: str, seconds: float) -> None:
+    """A queued call of gated ``task`` (due in 1 s) blocks duplicates for ``seconds`` more."""
+    first = task.apply_async((key,), countdown=1)
+    try:
+        remaining = locker_for(task.app).queued_for(name_of(task, key))
+        assert remaining is not None and seconds < remaining <= seconds + 1
+    finally:
+        lockapp.open_gate(key)
+    first.get(timeout=20)
+
+
+def test_a_call_after_the_task_ended_is_published(worker: Any, unique_key: str) -> None:
+    assert_a_call_after_the_end_is_published(lockapp.dedupe_gated, unique_key)
 
 
 def test_countdown_calls_are_deduplicated_like_any_other(worker: Any, unique_key: str) -> None:

@@ -8,6 +8,7 @@ from typing import Any, Iterator
 import pytest
 import redis
 from celery import Celery, group
+from celery.beat import ScheduleEntry, Scheduler
 from celery.signals import before_task_publish
 from kombu.exceptions import OperationalError
 
@@ -226,3 +227,20 @@ def test_a_failed_publish_removes_its_marker_before_the_error_reaches_the_caller
             dedupe.delay(unique_key)
         seen.append(locker.queued(name))
     assert seen == [None, None]
+
+
+def test_beat_sends_through_apply_async_and_is_deduplicated(worker: Any, unique_key: str) -> None:
+    scheduler = Scheduler(lockapp.app, lazy=True)
+    entry = ScheduleEntry(
+        name=f"every-tick-{unique_key}",
+        task=lockapp.dedupe_gated.name,
+        schedule=60.0,
+        args=(unique_key,),
+        app=lockapp.app,
+    )
+    with published(lockapp.dedupe_gated) as ids:
+        results = [scheduler.apply_async(entry) for _ in range(3)]
+    lockapp.open_gate(unique_key)
+    assert len(ids) == 1
+    assert {result.id for result in results} == {ids[0]}
+    assert results[0].get(timeout=20) == ids[0]

@@ -31,6 +31,8 @@ TASK_OPTIONS: dict[str, tuple[str, Any]] = {
     "lock_finished_ttl": ("singleton_lock_finished_ttl", 3600.0),
     "lock_min_replicas": ("singleton_lock_min_replicas", 0),
     "lock_min_replicas_timeout": ("singleton_lock_min_replicas_timeout", 1.0),
+    "dedupe_on_enqueue": ("singleton_lock_dedupe_on_enqueue", False),
+    "lock_queued_ttl": ("singleton_lock_queued_ttl", 3600.0),
 }
 
 #: App-wide settings with no task attribute.
@@ -83,6 +85,10 @@ class LockOptions:
     #: the task's hard time limit when its message names none (task attribute, else the
     #: ``task_time_limit`` setting): renewal never outlives it
     default_time_limit: Optional[float] = None
+    #: ``apply_async()`` publishes nothing while the lock name is queued or running
+    dedupe_on_enqueue: bool = False
+    #: seconds a queued marker lives when its message never reaches a worker (purged, lost)
+    queued_ttl: float = 3600.0
 
 
 def _number(task: str, name: str, value: Any, low: float, high: float) -> float:
@@ -193,6 +199,12 @@ def resolve(
         raise LockConfigurationError(
             f"task {task_name}: lock_fencing must be True or False, got {fencing!r}"
         )
+    dedupe = value["dedupe_on_enqueue"]
+    if not isinstance(dedupe, bool):
+        raise LockConfigurationError(
+            f"task {task_name}: dedupe_on_enqueue must be True or False, got {dedupe!r}"
+        )
+    queued_ttl = _number(task_name, "lock_queued_ttl", value["lock_queued_ttl"], 1.0, 7 * MAX_TTL)
     prefix = lock_prefix(conf)
     try:
         validate_prefix(prefix)
@@ -231,4 +243,6 @@ def resolve(
         min_replicas=min_replicas,
         min_replicas_timeout=replicas_timeout,
         default_time_limit=time_limit or conf.get("task_time_limit") or None,
+        dedupe_on_enqueue=dedupe,
+        queued_ttl=queued_ttl,
     )

@@ -19,7 +19,7 @@ from ..errors import (
     LockBackendUnavailable,
     LockConfigurationError,
 )
-from . import celery_api, policies
+from . import celery_api, enqueue, policies
 from .handle import LockHandle
 from .lock_server import locker_for
 from .options import TASK_OPTIONS, UNSET, LockOptions, resolve
@@ -119,6 +119,15 @@ class LockedTask(Task):  # type: ignore[misc]
     #: (the tracer stores it by reading, then writing the state).
     lock_track_started: bool = False
 
+    #: Deduplicate at enqueue (default False): ``apply_async()`` / ``delay()`` of a call whose
+    #: lock name is already queued or running publishes nothing and returns the
+    #: ``AsyncResult`` of that task (see :mod:`.enqueue` for what is not deduplicated).
+    dedupe_on_enqueue: Any = UNSET
+
+    #: Seconds a queued marker lives if its message never reaches a worker (purged, lost),
+    #: on top of the message's countdown (default 3600).
+    lock_queued_ttl: Any = UNSET
+
     _lock_options: Optional[LockOptions] = None
 
     if not celery_api.PUSH_REQUEST_COPIES:  # Celery < 5.5: see there
@@ -179,6 +188,44 @@ class LockedTask(Task):  # type: ignore[misc]
         """The engine locker this task's app uses."""
         return locker_for(self.app)
 
+    # -- enqueue -----------------------------------------------------------------------------
+
+    def apply_async(
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        task_id: Optional[str] = None,
+        producer: Any = None,
+        link: Any = None,
+        link_error: Any = None,
+        shadow: Any = None,
+        **options: Any,
+    ) -> Any:
+        """Celery's ``apply_async``; with ``dedupe_on_enqueue``, a call whose lock name is
+        already queued or running publishes nothing and returns that task's ``AsyncResult``
+        (one round trip to the lock server first; see :mod:`.enqueue`)."""
+
+        def publish(chosen_id: Optional[str]) -> Any:
+            return super(LockedTask, self).apply_async(
+                args, kwargs, chosen_id, producer, link, link_error, shadow, **options
+            )
+
+        dedupe = self.enqueue_dedupe(options)
+        if dedupe is None or link or link_error or enqueue.in_canvas(options):
+            return publish(task_id)
+        return enqueue.publish_once(self, args, kwargs, task_id, options, publish, dedupe)
+
+    def enqueue_dedupe(self, options: dict[str, Any]) -> Optional[enqueue.Dedupe]:
+        """How ``apply_async`` with ``options`` deduplicates at enqueue; None: it does not.
+
+        A subclass may read (and pop) options of its own here, as ``compat.QueueOnce`` does
+        with celery-once's ``once``.
+        """
+        lock_options = self.lock_options
+        if not lock_options.dedupe_on_enqueue or self.app.conf.task_always_eager:
+            return None
+        return enqueue.Dedupe(queued_ttl=lock_options.queued_ttl)
+
     # -- acquire: the hot path ---------------------------------------------------------------
 
     @closes_scope_on_error
@@ -214,6 +261,8 @@ class LockedTask(Task):  # type: ignore[misc]
         # A redelivered message of an acks_late task may repeat an execution that already
         # ran to the end: the acquire itself looks for that execution's finish record.
         unless_finished = bool(self.acks_late and task_id and options.finished_ttl)
+        # This message is no longer queued: the acquire deletes its marker (enqueue dedupe).
+        take_queued = bool(options.dedupe_on_enqueue and task_id and not request.is_eager)
 
         def acquire() -> Any:
             return self.lock_locker.try_acquire(
@@ -226,6 +275,7 @@ class LockedTask(Task):  # type: ignore[misc]
                 unless_finished=unless_finished,
                 min_replicas=options.min_replicas,
                 replica_timeout=options.min_replicas_timeout,
+                take_queued=take_queued,
             )
 
         try:

@@ -4,6 +4,8 @@
   (``terminate=True``), sent in the worker's MAIN process: the child that held the lock is
   dead or being killed, so the main process frees the lock by owner (task id, node, pid)
   once that pid is gone.
+* ``task_revoked`` of a message discarded before it ran (revoked, expired): its queued marker
+  (``dedupe_on_enqueue``) is removed, by task id, so the next call is published.
 * ``worker_init``: a worker with an invalid lock configuration will not start;
   ``worker_ready``: log the lock server and warn if it may evict locks (see :mod:`.startup`).
 * ``worker_process_shutdown`` / ``worker_shutdown``: release whatever this process holds.
@@ -21,6 +23,7 @@ from celery import signals
 from celery.exceptions import TimeLimitExceeded, WorkerLostError
 
 from ..errors import LockError
+from . import enqueue
 from .lock_server import all_lockers, locker_for
 from .signals import lock_released
 from .startup import install_configuration_check, report_lock_server
@@ -56,6 +59,16 @@ def _reclaim_after_terminate(
     if terminated and isinstance(sender, LockedTask) and request is not None:
         node = getattr(request, "hostname", None) or _node_name
         _reclaim_in_background(sender, request.id, request.args, request.kwargs, node)
+
+
+def _forget_discarded_message(sender: Any = None, request: Any = None, **_: Any) -> None:
+    # Also after a terminate: a compare-and-delete by task id, so at worst it finds nothing.
+    if (
+        isinstance(sender, LockedTask)
+        and getattr(request, "id", None)
+        and sender.lock_options.dedupe_on_enqueue
+    ):
+        enqueue.forget_discarded(sender, request)
 
 
 def _reclaim_in_background(
@@ -168,6 +181,7 @@ def _release_everything_held(**_: Any) -> None:
 
 signals.task_failure.connect(_reclaim_after_child_death, weak=False)
 signals.task_revoked.connect(_reclaim_after_terminate, weak=False)
+signals.task_revoked.connect(_forget_discarded_message, weak=False)
 signals.worker_init.connect(_prepare_worker_start, weak=False)
 signals.worker_ready.connect(_report_lock_server, weak=False)
 signals.worker_process_shutdown.connect(_release_everything_held, weak=False)

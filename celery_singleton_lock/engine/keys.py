@@ -5,6 +5,9 @@ Layout, for prefix ``P`` and lock name ``N``::
     P:{N}            the lock (a string with a TTL, see :mod:`.scripts`)
     P:{N}:fence      its fence counter (a string that never expires)
     P:{N}:released   the channel its releases are published on
+    P:{N}:queued     the task id of the message queued under this name (opt-in enqueue
+                     deduplication): written by ENQUEUE with its own TTL, deleted by the
+                     acquire of that task id or by a compare-and-delete (see scripts.py)
     P:{N}:finished:<owner task id>
                      that owner ran to the end under this lock: written by a release that asks
                      for it ('fence|acquired_at|pid|host|task_id', with a TTL), and read by an
@@ -58,6 +61,11 @@ class LockKeys:
             )
         lock = f"{prefix}:{{{name}}}"
         return cls(lock=lock, fence=f"{lock}:fence", channel=f"{lock}:released")
+
+    @property
+    def queued(self) -> str:
+        """Key of the queued marker: the task id published under this name (see module doc)."""
+        return f"{self.lock}:queued"
 
     def finished(self, task_id: str) -> str:
         """Key recording that the owner running ``task_id`` ran to the end (see module doc)."""

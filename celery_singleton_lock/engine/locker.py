@@ -75,6 +75,8 @@ class RedisLocker:
         self._renew: Script = client.register_script(scripts.RENEW)
         self._release_abandoned: Script = client.register_script(scripts.RELEASE_ABANDONED)
         self._renew_by_owner: Script = client.register_script(scripts.RENEW_BY_OWNER)
+        self._enqueue: Script = client.register_script(scripts.ENQUEUE)
+        self._clear_queued: Script = client.register_script(scripts.CLEAR_QUEUED)
         #: Acquire and release run here: connections kept checked out of the client's pool.
         self.connections = PinnedConnections(client)
 
@@ -101,6 +103,7 @@ class RedisLocker:
         unless_finished: bool = False,
         min_replicas: int = 0,
         replica_timeout: float = 1.0,
+        take_queued: bool = False,
     ) -> AcquireResult:
         """Take the lock ``name`` for ``ttl`` seconds, in one round trip, without waiting.
 
@@ -120,6 +123,9 @@ class RedisLocker:
                 fence), waiting up to ``replica_timeout`` seconds (``WAIT``, sent with the
                 acquire in the same round trip); otherwise it is released again and
                 ``LockBackendUnavailable`` raised.
+            take_queued: delete the lock's queued marker (see :meth:`enqueue`) if it holds
+                ``owner.task_id``, whatever the outcome, in the same round trip: this
+                message is no longer queued.
 
         Raises:
             AlreadyFinished: with ``unless_finished``, that record exists.
@@ -131,13 +137,15 @@ class RedisLocker:
         if max_lifetime is not None and not max_lifetime > 0:
             raise ValueError(f"max_lifetime must be positive or None, got {max_lifetime!r}")
         owner = owner or Owner()
-        if unless_finished and not owner.task_id:
-            raise ValueError("unless_finished needs an owner with a task_id")
+        if (unless_finished or take_queued) and not owner.task_id:
+            raise ValueError("unless_finished and take_queued need an owner with a task_id")
         keys = self.keys(name)
         token = new_token()
         renewer = self.renewer
         sent_at = renewer.clock()
-        script_keys, args = self._acquire_call(keys, ttl, token, owner, fencing, unless_finished)
+        script_keys, args = self._acquire_call(
+            keys, ttl, token, owner, fencing, unless_finished, take_queued
+        )
         acknowledged = None
         if min_replicas:
             reply, acknowledged = self._run_acknowledged(
@@ -191,16 +199,73 @@ class RedisLocker:
         owner: Owner,
         fencing: bool,
         unless_finished: bool,
+        take_queued: bool = False,
     ) -> tuple[list[str], list[Any]]:
         """KEYS and ARGV of the acquire script (see its contract in :mod:`.scripts`)."""
         # The value with an empty fence; the script fills the fence in when fencing.
         value = f"{token}||{int(self.wall_clock() * 1000)}|{owner.fields}"
-        if not (fencing or unless_finished):
+        if not (fencing or unless_finished or take_queued):
             return [keys.lock], [_ms(ttl), value]
         script_keys = [keys.lock, keys.fence]
         if unless_finished:
             script_keys.append(keys.finished(owner.task_id))
-        return script_keys, [_ms(ttl), value, "1" if fencing else "0"]
+        args: list[Any] = [_ms(ttl), value, "1" if fencing else "0"]
+        if take_queued:
+            script_keys.append(keys.queued)
+            args.append(owner.task_id)
+        return script_keys, args
+
+    # -- queued markers (enqueue deduplication) -------------------------------------------------
+
+    def enqueue(
+        self, name: str, task_id: str, ttl: float, *, resend: bool = False, running: bool = True
+    ) -> Optional[str]:
+        """Mark ``task_id`` as queued under the lock ``name``, unless another message is
+        queued or an execution is running there; in one round trip.
+
+        Returns None when the caller should publish ``task_id`` (the marker now holds it, for
+        ``ttl`` seconds), or the task id already queued or running under ``name`` (nothing
+        was written: publish nothing). ``resend``: the message is sent again under its own
+        id (a retry): never reported as a duplicate; the marker is written only if absent.
+        ``running=False``: only a queued message is a duplicate, not a running execution.
+        The acquire of ``task_id`` with ``take_queued`` deletes the marker.
+
+        Raises:
+            LockBackendUnavailable: the server could not be reached or refused the write.
+        """
+        if not task_id:
+            raise ValueError("enqueue needs a task id")
+        keys = self.keys(name)
+        reply = self._run(
+            self._enqueue,
+            keys.lock,
+            [keys.lock, keys.queued],
+            [task_id, _ms(ttl), "1" if resend else ("0" if running else "2")],
+        )
+        return None if reply is None else _lease.as_text(reply)
+
+    def clear_queued(self, name: str, task_id: Optional[str] = None) -> bool:
+        """Delete the queued marker of the lock ``name``; with ``task_id``, only if it holds
+        exactly that id (compare-and-delete). True if a marker was deleted.
+
+        For a publish that failed, a revoked message, or a purged queue (otherwise the
+        marker expires after its TTL).
+        """
+        keys = self.keys(name)
+        args = [task_id] if task_id else []
+        return bool(self._run(self._clear_queued, keys.queued, [keys.queued], args))
+
+    def queued_for(self, name: str) -> Optional[float]:
+        """Seconds the queued marker of the lock ``name`` still lives; None without one."""
+        key = self.keys(name).queued
+        pttl = server_errors.call(lambda: self.client.pttl(key), key)
+        return None if pttl < 0 else pttl / 1000.0
+
+    def queued(self, name: str) -> Optional[str]:
+        """The task id queued under the lock ``name`` (its marker), or None."""
+        keys = self.keys(name)
+        value = server_errors.call(lambda: self.client.get(keys.queued), keys.queued)
+        return None if value is None else _lease.as_text(value)
 
     # -- release ------------------------------------------------------------------------------
 

@@ -20,8 +20,9 @@ have this shape (no ``|`` after 32 characters) was not written by this package: 
 raises a ``NOTLOCK`` error instead of reporting it as a holder.
 
 The fence counter is a separate string key sharing the lock's hash tag, so every key ACQUIRE,
-RELEASE and RELEASE_ABANDONED touch lives in one Redis Cluster slot (RENEW and RENEW_BY_OWNER
-take all the due locks of a process at once, hence a single node or Sentinel). The counter
+RELEASE, RELEASE_ABANDONED, ENQUEUE and CLEAR_QUEUED touch lives in one Redis Cluster slot
+(RENEW and RENEW_BY_OWNER take all the due locks of a process at once, hence a single node or
+Sentinel). The counter
 never expires: a counter that reset would hand out fences lower than ones a store has already
 seen.
 
@@ -40,9 +41,15 @@ ACQUIRE = """
 --          neither reads nor writes a counter.
 -- KEYS[3]  optional: the finish record of this owner (see RELEASE). When it exists, nothing
 --          is taken: this owner already ran to the end under this lock.
+-- KEYS[#KEYS] with ARGV[4] only: the lock's queued marker (see ENQUEUE); then KEYS[3] is the
+--          finish record only when there are 4 keys.
 -- ARGV[1]  ttl in ms
 -- ARGV[2]  the lock value with an empty fence: '<token>||<acquired_at>|<pid>|<host>|<task_id>'
 -- ARGV[3]  optional, with KEYS[2]: '0' to take the lock without handing out a fence
+-- ARGV[4]  optional, with KEYS[2] and ARGV[3]: the owner's task id. The queued marker is
+--          deleted if it holds exactly this id, WHATEVER the outcome below (acquired, held
+--          by someone else, finished): this message has reached a worker, so it is no longer
+--          queued (a lock retry it sends writes a marker again, see ENQUEUE).
 -- Returns  integer >= 0: acquired; the fence (>= 1), or 0 without fencing. Also returned
 --                   when the lock already holds this token: a resend after a lost reply is
 --                   not a duplicate.
@@ -58,7 +65,17 @@ if #KEYS == 1 then
   end
   v = redis.call('GET', KEYS[1])
 else
-  if KEYS[3] and redis.call('EXISTS', KEYS[3]) == 1 then
+  local finished = KEYS[3]
+  if ARGV[4] then
+    local queued = KEYS[#KEYS]
+    if #KEYS == 3 then
+      finished = nil
+    end
+    if redis.call('GET', queued) == ARGV[4] then
+      redis.call('DEL', queued)
+    end
+  end
+  if finished and redis.call('EXISTS', finished) == 1 then
     return -1
   end
   v = redis.call('GET', KEYS[1])
@@ -179,4 +196,65 @@ for i = 1, n do
   end
 end
 return lost
+"""
+
+ENQUEUE = """
+-- Before a message is published (opt-in ``dedupe_on_enqueue``): is this lock name already
+-- queued or running? One round trip; the caller publishes only on nil.
+-- KEYS[1]  lock key
+-- KEYS[2]  the lock's queued marker: a string holding the task id of the message queued
+--          under this name, with its own TTL. ACQUIRE given ARGV[4] deletes it.
+-- ARGV[1]  task id of the message about to be published (not empty)
+-- ARGV[2]  marker TTL in ms
+-- ARGV[3]  '0': a queued message or a running execution is a duplicate;
+--          '1': a re-send of an existing message under its own task id (Celery's retry, a
+--          lock retry): never reported as a duplicate, whatever is queued or running;
+--          '2': only a queued message is a duplicate (the lock is not read)
+-- Returns  nil: publish. The marker now holds ARGV[1] with TTL ARGV[2]: written when absent
+--               (SET NX), its TTL replaced when it already held ARGV[1] (a retry is not
+--               blocked by its own marker); left alone when it holds another id (ARGV[3]
+--               '1').
+--          string: the task id queued (the marker) or else running (the lock value's
+--               task_id, when not empty and not ARGV[1]; ARGV[3] '0' only) under this name:
+--               do not publish; nothing changed. A lock value without the lock shape is
+--               ignored here (the worker's ACQUIRE reports it).
+local q = redis.call('GET', KEYS[2])
+if q == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  return false
+end
+if q then
+  if ARGV[3] == '1' then
+    return false
+  end
+  return q
+end
+if ARGV[3] == '0' then
+  local v = redis.call('GET', KEYS[1])
+  if v and string.sub(v, 33, 33) == '|' then
+    -- '<token>|<fence>|<acquired_at>|<pid>|<host>|<task_id>': the task id follows the 5th '|'
+    local p = 33
+    for _ = 1, 4 do
+      p = p and string.find(v, '|', p + 1, true)
+    end
+    local holder = p and string.sub(v, p + 1)
+    if holder and holder ~= '' and holder ~= ARGV[1] then
+      return holder
+    end
+  end
+end
+redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2])
+return false
+"""
+
+CLEAR_QUEUED = """
+-- Remove a queued marker (see ENQUEUE): after a failed publish, a revoked message, or by hand.
+-- KEYS[1]  the lock's queued marker
+-- ARGV[1]  optional: a task id; then the marker is deleted only if it holds exactly that id
+--          (a compare-and-delete: a newer message's marker is never removed)
+-- Returns  1 deleted; 0 absent, or held by another task id: nothing changed.
+if ARGV[1] and redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return 0
+end
+return redis.call('DEL', KEYS[1])
 """

@@ -149,6 +149,85 @@ hold_fail = keyed_task("hold_fail", on_duplicate="fail")
 short_ttl = keyed_task("short_ttl", lock_ttl=1, on_duplicate="skip")
 
 
+# -- enqueue deduplication ------------------------------------------------------------------
+
+#: seconds a gated body waits at most for its gate (tests open it with ``open_gate``)
+GATE_TIMEOUT = 15
+
+
+def open_gate(key: str, count: int = 1) -> None:
+    store().rpush(f"gate:{key}", *["open"] * count)
+
+
+def gated_body(key: str, task_id: Optional[str]) -> str:
+    """Records the run in ``runs:<key>`` then blocks until the test opens ``gate:<key>``."""
+    store().rpush(f"runs:{key}", str(task_id))
+    store().blpop([f"gate:{key}"], timeout=GATE_TIMEOUT)
+    return str(task_id)
+
+
+@app.task(bind=True, base=LockedTask, lock_on=("key",), dedupe_on_enqueue=True, lock_ttl=5)
+def dedupe_gated(self: LockedTask, key: str) -> str:
+    return gated_body(key, self.request.id)
+
+
+@app.task(
+    bind=True,
+    base=LockedTask,
+    lock_on=("key",),
+    dedupe_on_enqueue=True,
+    on_duplicate="retry",
+    lock_retry_backoff=0.05,
+    lock_retry_backoff_max=0.2,
+)
+def dedupe_lock_retry(self: LockedTask, key: str) -> str:
+    store().rpush(f"runs:{key}", str(self.request.id))
+    return str(self.request.id)
+
+
+@app.task(bind=True, base=LockedTask, lock_on=("key",), dedupe_on_enqueue=True, max_retries=3)
+def dedupe_retries_itself(self: LockedTask, key: str) -> int:
+    store().rpush(f"runs:{key}", str(self.request.id))
+    if self.request.retries < 1:
+        raise self.retry(countdown=0.1)
+    return int(self.request.retries)
+
+
+# -- drop-in replacements (celery_singleton_lock.compat) ---------------------------------------
+
+from celery_singleton_lock.compat import QueueOnce, Singleton  # noqa: E402
+
+
+def compat_task(name: str, base: type, **options: Any) -> Any:
+    """A gated task ``name(key, other=0)`` (see :func:`gated_body`) on ``base``."""
+
+    def run(self: LockedTask, key: str, other: int = 0) -> str:
+        return gated_body(key, self.request.id)
+
+    run.__name__ = run.__qualname__ = name
+    return app.task(bind=True, base=base, name=f"{__name__}.{name}", **options)(run)
+
+
+once_on_key = compat_task("once_on_key", QueueOnce, once={"keys": ["key"]})
+once_graceful = compat_task("once_graceful", QueueOnce, once={"keys": ["key"], "graceful": True})
+once_all_args = compat_task("once_all_args", QueueOnce)
+once_per_task = compat_task("once_per_task", QueueOnce, once={"keys": []})
+once_timeout = compat_task("once_timeout", QueueOnce, once={"keys": ["key"], "timeout": 60})
+once_unlock_before_run = compat_task(
+    "once_unlock_before_run",
+    QueueOnce,
+    once={"keys": ["key"], "unlock_before_run": True},
+    lock_retry_backoff=0.05,
+    lock_retry_backoff_max=0.2,
+)
+singleton_on_key = compat_task("singleton_on_key", Singleton, unique_on=["key"])
+singleton_all_args = compat_task("singleton_all_args", Singleton)
+singleton_raises = compat_task(
+    "singleton_raises", Singleton, unique_on="key", raise_on_duplicate=True
+)
+singleton_expiry = compat_task("singleton_expiry", Singleton, unique_on="key", lock_expiry=60)
+
+
 # -- exit paths ----------------------------------------------------------------------------
 
 

@@ -8,6 +8,11 @@ shaped like Celery's ``broker_transport_options`` (:func:`transport_options`). T
 redis-py's own ``Sentinel(...).master_for(...)``: it asks the sentinels where the master is at
 each new connection and reconnects when a master it talks to turns out to be a replica
 (``READONLY``), so a worker follows a failover with no code of ours.
+
+A Redis Cluster is named by the URL of any of its nodes. Whether the server is one is asked
+once, when the client is made (``INFO cluster``), unless ``singleton_lock_cluster`` says so;
+the client is then redis-py's own ``RedisCluster``, which discovers the other nodes and follows
+MOVED, ASK and failovers.
 """
 
 from __future__ import annotations
@@ -21,10 +26,12 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 import redis
 import redis.sentinel
 from redis.backoff import ExponentialBackoff
+from redis.cluster import RedisCluster
 from redis.retry import Retry
 
 from ..engine import RedisLocker
-from ..errors import LockConfigurationError
+from ..engine.inspect import Client
+from ..errors import LockBackendUnavailable, LockConfigurationError
 from .options import lock_prefix
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
@@ -325,14 +332,20 @@ def make_client(
     url: str,
     options: Optional[dict[str, Any]] = None,
     transport_options: Optional[Mapping[str, Any]] = None,
-) -> redis.Redis:
+    *,
+    cluster: Optional[bool] = False,
+) -> Client:
     """A redis-py client for ``url`` (TLS and ACL user/password come from the URL).
 
     For a Sentinel URL: redis-py's ``Sentinel(...).master_for(master_name)`` client, the
-    master name and sentinel options taken from ``transport_options``.
+    master name and sentinel options taken from ``transport_options``. For a Redis Cluster
+    (``cluster`` True, or None and the server says ``cluster_enabled:1``): redis-py's
+    ``RedisCluster``, with the same timeouts and retry policy.
 
     Raises:
-        LockConfigurationError: a Sentinel URL that does not parse or has no master name.
+        LockConfigurationError: a Sentinel URL that does not parse or has no master name; a
+            cluster named by a ``unix://`` URL.
+        LockBackendUnavailable: ``cluster`` is None and the server could not be asked.
     """
     settings = {
         **CLIENT_DEFAULTS,
@@ -340,6 +353,17 @@ def make_client(
         **(options or {}),
     }
     if not is_sentinel(url):
+        if cluster is None:
+            cluster = is_cluster(url, settings)
+        if cluster:
+            if urlsplit(url).scheme == "unix":
+                raise LockConfigurationError(
+                    f"lock server {redact(url)} is a Redis Cluster, which redis-py reaches "
+                    "over TCP only: give the redis:// URL of one of its nodes"
+                )
+            # the cluster client takes the retry policy itself: its nodes' connections do not
+            # retry (a retry there could not follow a slot that moved)
+            return RedisCluster.from_url(url, **settings)
         return redis.Redis.from_url(url, **settings)
     where = parse_sentinel_url(url)
     chosen = sentinel_options(url, transport_options)
@@ -366,10 +390,44 @@ def make_client(
     return client
 
 
-def close_client(client: redis.Redis) -> None:
+def is_cluster(url: str, settings: Mapping[str, Any]) -> bool:
+    """True if the server at ``url`` is a node of a Redis Cluster (``INFO cluster``).
+
+    Raises:
+        LockBackendUnavailable: the server could not be reached or refused ``INFO``.
+    """
+    probe = redis.Redis.from_url(url, **settings)
+    try:
+        enabled = probe.info("cluster").get("cluster_enabled")
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+        raise LockBackendUnavailable(
+            f"could not ask the lock server {redact(url)} whether it is a Redis Cluster "
+            f"({type(exc).__name__}: {exc}); set singleton_lock_cluster = True or False "
+            "to say it and skip the question"
+        ) from exc
+    finally:
+        probe.close()
+    return str(enabled) == "1"
+
+
+def cluster_setting(conf: Any) -> Optional[bool]:
+    """``singleton_lock_cluster``: True, False, or None (ask the server).
+
+    Raises:
+        LockConfigurationError: anything else.
+    """
+    value = conf.get("singleton_lock_cluster")
+    if value is not None and not isinstance(value, bool):
+        raise LockConfigurationError(
+            f"singleton_lock_cluster must be True, False or None (ask the server), got {value!r}"
+        )
+    return value
+
+
+def close_client(client: Client) -> None:
     """Close ``client``'s connections, and those to its sentinels if it has any."""
     client.close()
-    manager = getattr(client.connection_pool, "sentinel_manager", None)
+    manager = getattr(getattr(client, "connection_pool", None), "sentinel_manager", None)
     for sentinel in getattr(manager, "sentinels", ()):
         sentinel.close()
 
@@ -392,6 +450,7 @@ def locker_for(app: Any) -> RedisLocker:
                     url,
                     conf.get("singleton_lock_redis_options"),
                     transport_options(conf, source),
+                    cluster=cluster_setting(conf),
                 )
                 locker = RedisLocker(client, prefix=prefix)
                 _lockers[app] = locker

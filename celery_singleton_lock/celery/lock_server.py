@@ -401,9 +401,9 @@ def is_cluster(url: str, settings: Mapping[str, Any]) -> bool:
         enabled = probe.info("cluster").get("cluster_enabled")
     except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
         raise LockBackendUnavailable(
-            f"could not ask the lock server {redact(url)} whether it is a Redis Cluster "
-            f"({type(exc).__name__}: {exc}); set singleton_lock_cluster = True or False "
-            "to say it and skip the question"
+            f"lock server {redact(url)} unavailable: could not ask it whether it is a Redis "
+            f"Cluster ({type(exc).__name__}: {exc}); set singleton_lock_cluster = True or "
+            "False to say it and skip the question"
         ) from exc
     finally:
         probe.close()
@@ -437,23 +437,32 @@ _lockers_lock = threading.Lock()
 
 
 def locker_for(app: Any) -> RedisLocker:
-    """The locker of ``app`` (created on first use; redis-py's pool is fork-safe)."""
+    """The locker of ``app`` (created on first use; redis-py's pool is fork-safe).
+
+    Raises:
+        LockBackendUnavailable: the server could not be asked whether it is a Redis Cluster
+            (``singleton_lock_cluster`` unset); nothing is kept, the next call asks again.
+    """
     locker = _lockers.get(app)
-    if locker is None:
-        with _lockers_lock:
-            locker = _lockers.get(app)
-            if locker is None:
-                conf = app.conf
-                url, source = choose_url(conf)
-                prefix = lock_prefix(conf)
-                client = make_client(
-                    url,
-                    conf.get("singleton_lock_redis_options"),
-                    transport_options(conf, source),
-                    cluster=cluster_setting(conf),
-                )
-                locker = RedisLocker(client, prefix=prefix)
-                _lockers[app] = locker
+    if locker is not None:
+        return locker
+    conf = app.conf
+    url, source = choose_url(conf)
+    prefix = lock_prefix(conf)
+    # Made outside the lock: asking whether the server is a cluster is a round trip, and a
+    # fork while another thread held the lock would leave the child unable to get a locker.
+    client = make_client(
+        url,
+        conf.get("singleton_lock_redis_options"),
+        transport_options(conf, source),
+        cluster=cluster_setting(conf),
+    )
+    with _lockers_lock:
+        locker = _lockers.get(app)
+        if locker is None:
+            locker = _lockers[app] = RedisLocker(client, prefix=prefix)
+            return locker
+    close_client(client)  # another thread made the locker meanwhile
     return locker
 
 

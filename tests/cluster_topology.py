@@ -67,8 +67,8 @@ class ClusterGroup:
         return f"redis://127.0.0.1:{self.servers[0].port}/0"
 
     def client(self) -> RedisCluster:
-        """A cluster client of redis-py, for the test's own reads."""
-        return RedisCluster(host="127.0.0.1", port=self.servers[0].port, socket_timeout=5)
+        """A cluster client of redis-py, for the test's own reads (from a live node)."""
+        return RedisCluster(host="127.0.0.1", port=self._ports()[0], socket_timeout=5)
 
     def node(self, port: int) -> redis.Redis:
         """A plain client of one node."""
@@ -81,7 +81,8 @@ class ClusterGroup:
         return [port for port in self._ports() if self._role(port) == "slave"]
 
     def _ports(self) -> list[int]:
-        return [server.port for server in self.servers]
+        """The ports of the nodes still running."""
+        return [server.port for server in self.servers if server.process is not None]
 
     def _role(self, port: int) -> str:
         client = self.node(port)
@@ -120,7 +121,7 @@ class ClusterGroup:
                     info = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
                 if info.get("cluster_state") != "ok":
                     return False
-                if int(info.get("cluster_known_nodes", 0)) != len(self.servers):
+                if int(info.get("cluster_known_nodes", 0)) < len(self._ports()):
                     return False
                 replication = client.info("replication")
                 if replication.get("role") == "slave" and (
@@ -142,6 +143,22 @@ class ClusterGroup:
             old_port = int(client.info("replication")["master_port"])
             asked = time.time()
             client.execute_command("CLUSTER", "FAILOVER")
+            wait_until(lambda: self._role(replica_port) == "master", timeout, 0.01)
+        finally:
+            client.close()
+        promoted = time.time()
+        wait_until(self._ready, timeout=timeout, interval=0.1)
+        return Failover(asked, promoted, old_port, replica_port)
+
+    def crash_primary(self, timeout: float = FAILOVER_TIMEOUT) -> Failover:
+        """SIGKILL the primary of the first replica; returns once the replica has been elected
+        in its place (after ``cluster-node-timeout``) and the cluster is ok again."""
+        replica_port = self.replica_ports()[0]
+        client = self.node(replica_port)
+        try:
+            old_port = int(client.info("replication")["master_port"])
+            asked = time.time()
+            next(server for server in self.servers if server.port == old_port).stop()
             wait_until(lambda: self._role(replica_port) == "master", timeout, 0.01)
         finally:
             client.close()

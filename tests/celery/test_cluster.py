@@ -6,10 +6,12 @@ results and the bodies' records are on a plain Redis server of their own. 2 pref
 run ``short_ttl_retry`` calls (``on_duplicate="retry"``, ``lock_ttl=1``) over tens of keys;
 every tenth body sleeps past the TTL, so it holds its lock only by renewal.
 
-Two streams: a steady one (never two bodies of one key at once, asserted), then one during
-which a replica is promoted with ``CLUSTER FAILOVER`` (the overlaps and the time to the next
-acquire are reported, not asserted away: replication is asynchronous). Reduced size by
-default; ``--full`` runs longer streams.
+Three streams: a steady one (never two bodies of one key at once, asserted), one during which
+a replica is promoted with ``CLUSTER FAILOVER`` (a manual failover: the replica catches up with
+its primary before it takes over), and one during which a primary is SIGKILLed and its replica
+elected after ``cluster-node-timeout`` (2 s here). For the last two the overlaps and the time to
+the next acquire are reported, not asserted away: replication is asynchronous. Reduced size
+by default; ``--full`` runs longer streams.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import pytest
 import redis
@@ -82,6 +84,7 @@ class Stream:
 class Run:
     steady: Stream
     failing_over: Stream
+    crashing: Stream
     lock_keys_left: list[str]
     logs: str
     failover_error: Optional[Exception]
@@ -106,15 +109,34 @@ def run(request: pytest.FixtureRequest) -> Iterator[Run]:
                 queue = started[0].queue
                 steady = send_stream(size, queue, client, records)
                 failovers: list[Failover] = []
+                crashes: list[Failover] = []
 
-                def fail_over() -> None:
-                    try:
-                        failovers.append(group.failover())
-                    except (redis.RedisError, AssertionError, RuntimeError) as exc:
-                        errors.append(exc)
+                def fail_over(
+                    how: Callable[[], Failover], into: list[Failover]
+                ) -> Callable[[], None]:
+                    def run() -> None:
+                        try:
+                            into.append(how())
+                        except (redis.RedisError, AssertionError, RuntimeError) as exc:
+                            errors.append(exc)
+
+                    return run
 
                 failing_over = send_stream(
-                    size, queue, client, records, during=fail_over, failovers=failovers
+                    size,
+                    queue,
+                    client,
+                    records,
+                    during=fail_over(group.failover, failovers),
+                    failovers=failovers,
+                )
+                crashing = send_stream(
+                    size,
+                    queue,
+                    client,
+                    records,
+                    during=fail_over(group.crash_primary, crashes),
+                    failovers=crashes,
                 )
                 cluster_client = group.client()
                 try:
@@ -124,6 +146,7 @@ def run(request: pytest.FixtureRequest) -> Iterator[Run]:
                 yield Run(
                     steady=steady,
                     failing_over=failing_over,
+                    crashing=crashing,
                     lock_keys_left=[key.decode() for key in left],
                     logs="\n".join(worker.log() for worker in started),
                     failover_error=errors[0] if errors else None,
@@ -173,32 +196,37 @@ def send_stream(
     )
 
 
-def figures_of(run: Run) -> dict[str, Any]:
-    """Both streams' counts; for the failover: seconds from CLUSTER FAILOVER to the replica
-    saying it is a primary, to the next body start, and the longest pause between two body
-    starts around it."""
-    stream = run.failing_over
+def failover_figures(stream: Stream) -> dict[str, Any]:
+    """Seconds from the failover's start to the replica saying it is a primary, to the next
+    body start; the longest pause between two body starts around it; overlapping runs."""
     failover = stream.failover
-    figures: dict[str, Any] = {
-        "calls_per_stream": len(run.steady.sent),
-        "steady_overlapping_runs": run.steady.overlaps,
-        "failover_overlapping_runs": stream.overlaps,
-        "states": dict(Counter([*run.steady.states.values(), *stream.states.values()])),
-        "leases_lost": run.logs.count(" lost: "),
-        "acquires_retried_on_backend_error": run.logs.count("; retrying later"),
-        "renewals_failed": run.logs.count("renewal of "),
-    }
+    figures: dict[str, Any] = {"overlapping_runs": stream.overlaps}
     if failover is not None:
         starts = [started for started, _, _ in stream.starts]
         after = [t for t in starts if t > failover.asked_at]
         window = [t for t in starts if failover.asked_at - 1 <= t <= failover.promoted_at + 5]
         gaps = [b - a for a, b in zip(window, window[1:])]
-        figures["failover"] = {
-            "promotion_s": round(failover.promoted_at - failover.asked_at, 2),
-            "next_acquire_s": round(after[0] - failover.asked_at, 2) if after else None,
-            "longest_pause_s": round(max(gaps), 2) if gaps else None,
-        }
+        figures.update(
+            promotion_s=round(failover.promoted_at - failover.asked_at, 2),
+            next_acquire_s=round(after[0] - failover.asked_at, 2) if after else None,
+            longest_pause_s=round(max(gaps), 2) if gaps else None,
+        )
     return figures
+
+
+def figures_of(run: Run) -> dict[str, Any]:
+    streams = (run.steady, run.failing_over, run.crashing)
+    return {
+        "calls_per_stream": len(run.steady.sent),
+        "keys_per_stream": len({key for _, _, key in run.steady.starts}),
+        "steady_overlapping_runs": run.steady.overlaps,
+        "manual_failover": failover_figures(run.failing_over),
+        "primary_killed": failover_figures(run.crashing),
+        "states": dict(Counter(state for s in streams for state in s.states.values())),
+        "leases_lost": run.logs.count(" lost: "),
+        "acquires_retried_on_backend_error": run.logs.count("; retrying later"),
+        "renewals_failed": run.logs.count("renewal of "),
+    }
 
 
 def test_no_two_bodies_of_one_key_ever_overlapped(run: Run, chaos_figures: Any) -> None:  # noqa: F811
@@ -218,6 +246,10 @@ def test_no_call_ended_in_failure(run: Run) -> None:
 
 def test_the_workers_found_the_cluster_from_one_node_url(run: Run) -> None:
     assert "whether it is a Redis Cluster" not in run.logs
+    assert "could not check the lock server's maxmemory-policy" not in run.logs
+
+
+def test_no_lock_key_is_left_at_the_end(run: Run) -> None:
     assert run.lock_keys_left == []
 
 
@@ -238,3 +270,22 @@ def test_acquires_went_on_after_the_failover(run: Run) -> None:
     failover = run.failing_over.failover
     assert failover is not None
     assert any(started > failover.promoted_at for started, _, _ in run.failing_over.starts)
+
+
+def test_the_primary_was_killed_mid_stream(run: Run) -> None:
+    assert run.failover_error is None
+    assert run.crashing.failover is not None
+
+
+def test_every_call_ran_its_body_across_a_primary_crash(run: Run) -> None:
+    assert run.crashing.never_ran() == []
+
+
+def test_no_call_ended_in_failure_across_a_primary_crash(run: Run) -> None:
+    assert run.crashing.not_succeeded() == {}
+
+
+def test_acquires_went_on_after_the_primary_crash(run: Run) -> None:
+    failover = run.crashing.failover
+    assert failover is not None
+    assert any(started > failover.promoted_at for started, _, _ in run.crashing.starts)

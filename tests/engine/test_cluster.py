@@ -12,12 +12,20 @@ from typing import Iterator
 
 import pytest
 import redis
+from celery import Celery
 from redis.cluster import RedisCluster
 
-from celery_singleton_lock.celery.lock_server import close_client, make_client
+from celery_singleton_lock.celery.lock_server import (
+    close_client,
+    forget_locker,
+    locker_for,
+    make_client,
+)
 from celery_singleton_lock.engine import Lease, LockHolder, RedisLocker, Renewer
 from celery_singleton_lock.engine.lease import Owner
-from celery_singleton_lock.testing import RedisServer
+from celery_singleton_lock.errors import LockBackendUnavailable, LockConfigurationError
+from celery_singleton_lock.testing import RedisServer, free_port
+from tests.celery.test_cli import run_cli
 from tests.cluster_topology import ClusterGroup
 from tests.engine.conftest import FakeClock
 from tests.support import CountingConnection
@@ -173,3 +181,39 @@ def test_renew_by_owner_on_a_cluster_names_the_locks_not_renewed(
     client.delete(locker.keys(names[2]).lock)
     held = [(name, owner, TTL) for name in names] + [(names[0], Owner(task_id="x"), TTL)]
     assert locker.renew_by_owner(held) == [2, 6]
+
+
+def test_the_celery_locks_command_lists_the_locks_of_every_primary(
+    cluster: ClusterGroup, client: RedisCluster
+) -> None:
+    locker = RedisLocker(client, renewer=Renewer(autostart=False))  # the default prefix
+    names = [fresh("app.job") for _ in range(9)]
+    for name in names:
+        locker.try_acquire(name, TTL, owner=Owner(task_id=name, host="w", pid=1))
+    result = run_cli("--url", cluster.url, "list")
+    assert result.returncode == 0, result.stderr
+    assert all(f"singleton-lock:{{{name}}}  task={name}" in result.stdout for name in names)
+
+
+def test_singleton_lock_cluster_false_gives_a_plain_client(cluster: ClusterGroup) -> None:
+    app = Celery(set_as_current=False)
+    app.conf.update(singleton_lock_url=cluster.url, singleton_lock_cluster=False)
+    try:
+        assert type(locker_for(app).client) is redis.Redis
+    finally:
+        forget_locker(app)
+
+
+def test_singleton_lock_cluster_must_be_a_boolean_or_none() -> None:
+    app = Celery(set_as_current=False)
+    app.conf.update(singleton_lock_url="redis://127.0.0.1:1/0", singleton_lock_cluster="yes")
+    with pytest.raises(LockConfigurationError, match="singleton_lock_cluster must be True"):
+        locker_for(app)
+
+
+def test_an_unreachable_server_is_asked_again_at_the_next_use() -> None:
+    app = Celery(set_as_current=False)
+    app.conf.update(singleton_lock_url=f"redis://127.0.0.1:{free_port()}/0")
+    for _ in range(2):
+        with pytest.raises(LockBackendUnavailable, match="whether it is a Redis Cluster"):
+            locker_for(app)

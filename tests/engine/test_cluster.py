@@ -23,6 +23,7 @@ from celery_singleton_lock.celery.lock_server import (
 )
 from celery_singleton_lock.engine import Lease, LockHolder, RedisLocker, Renewer
 from celery_singleton_lock.engine.lease import Owner
+from celery_singleton_lock.engine.waiting import subscribe_releases, wait_for_release
 from celery_singleton_lock.errors import LockBackendUnavailable, LockConfigurationError
 from celery_singleton_lock.testing import RedisServer, free_port
 from tests.celery.test_cli import run_cli
@@ -217,3 +218,13 @@ def test_an_unreachable_server_is_asked_again_at_the_next_use() -> None:
     for _ in range(2):
         with pytest.raises(LockBackendUnavailable, match="whether it is a Redis Cluster"):
             locker_for(app)
+
+
+def test_a_release_on_a_cluster_wakes_a_waiter(locker: RedisLocker, client: RedisCluster) -> None:
+    lease = take(locker, fresh("wait"))
+    pubsub = subscribe_releases(client, lease.keys.channel)
+    try:
+        locker.release(lease)
+        assert wait_for_release(pubsub, timeout=10) is True
+    finally:
+        pubsub.close()

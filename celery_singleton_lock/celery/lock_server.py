@@ -17,6 +17,7 @@ MOVED, ASK and failovers.
 
 from __future__ import annotations
 
+import logging
 import threading
 import weakref
 from dataclasses import dataclass
@@ -33,6 +34,8 @@ from ..engine import RedisLocker
 from ..engine.inspect import Client
 from ..errors import LockBackendUnavailable, LockConfigurationError
 from .options import lock_prefix
+
+log = logging.getLogger("celery_singleton_lock.worker")
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 SENTINEL_SCHEME = "sentinel"
@@ -393,12 +396,24 @@ def make_client(
 def is_cluster(url: str, settings: Mapping[str, Any]) -> bool:
     """True if the server at ``url`` is a node of a Redis Cluster (``INFO cluster``).
 
+    A server that refuses ``INFO`` (an ACL user without ``@dangerous``, a renamed command) is
+    taken for a single server, with a WARNING: a cluster must then be named by
+    ``singleton_lock_cluster = True``.
+
     Raises:
-        LockBackendUnavailable: the server could not be reached or refused ``INFO``.
+        LockBackendUnavailable: the server could not be reached.
     """
     probe = redis.Redis.from_url(url, **settings)
     try:
         enabled = probe.info("cluster").get("cluster_enabled")
+    except redis.exceptions.ResponseError as exc:
+        log.warning(
+            "lock server %s refused INFO (%s): taken for a single server; set "
+            "singleton_lock_cluster = True if it is a node of a Redis Cluster",
+            redact(url),
+            exc,
+        )
+        return False
     except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
         raise LockBackendUnavailable(
             f"lock server {redact(url)} unavailable: could not ask it whether it is a Redis "

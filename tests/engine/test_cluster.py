@@ -228,3 +228,15 @@ def test_a_release_on_a_cluster_wakes_a_waiter(locker: RedisLocker, client: Redi
         assert wait_for_release(pubsub, timeout=10) is True
     finally:
         pubsub.close()
+
+
+def test_a_server_that_refuses_info_is_taken_for_a_single_server(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with RedisServer(extra_args=["--rename-command", "INFO", ""]) as server:
+        client = make_client(server.url, {}, cluster=None)
+        try:
+            assert type(client) is redis.Redis
+        finally:
+            close_client(client)
+    assert "set singleton_lock_cluster = True if it is a node" in caplog.text

@@ -262,28 +262,26 @@ class RedisLocker:
         Each TTL is replaced (never extended past ``ttl`` from now), and capped at the lease's
         deadline so renewal never outlives its maximum lifetime. One script call whatever the
         number of leases: the keys, the first lease's TTL as the default, the tokens back to
-        back in one argument, then (index, TTL) pairs for the leases whose TTL differs.
+        back in one argument, then (index, TTL) pairs for the leases whose TTL differs. On a
+        cluster: one call per lease (its key, its TTL, its token), one round trip per node.
         """
         if not leases:
             return []
+        ttls = [
+            lease.ttl_ms if lease.deadline is None else _ms(min(lease.ttl, lease.deadline - now))
+            for lease in leases
+        ]
+        if self.cluster:
+            return self._run_each(
+                self._renew,
+                [([lease.key], [ttl_ms, lease.token]) for lease, ttl_ms in zip(leases, ttls)],
+            )
         default_ms = leases[0].ttl_ms
         args: list[Any] = [default_ms, "".join(lease.token for lease in leases)]
-        for index, lease in enumerate(leases):
-            ttl_ms = lease.ttl_ms
-            if lease.deadline is not None:
-                ttl_ms = _ms(min(lease.ttl, lease.deadline - now))
+        for index, ttl_ms in enumerate(ttls):
             if ttl_ms != default_ms:
                 args += (index + 1, ttl_ms)
         keys = [lease.key for lease in leases]
-        if self.cluster:  # one call per key (one slot each); args: its TTL, its token
-            ttls = {int(index): ttl for index, ttl in zip(args[2::2], args[3::2])}
-            return self._run_each(
-                self._renew,
-                [
-                    ([lease.key], [ttls.get(index + 1, default_ms), lease.token])
-                    for index, lease in enumerate(leases)
-                ],
-            )
         lost = self._run(self._renew, keys[0], keys, args)
         return [int(index) - 1 for index in lost]
 

@@ -4,21 +4,28 @@
 the contenders are measured side by side: each round runs every contender once (the order
 rotates from round to round) and the figures are medians over rounds, so that a noisy,
 shared machine slows every contender alike instead of skewing one of them.
+
+``python -m bench engine --cluster [--leases N]`` measures only the renewal, on a throwaway
+Redis Cluster of 3 primaries on loopback (or the cluster of ``$REDIS_CLUSTER_URL``): one
+cluster pipeline per tick, one round trip per primary.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
+import os
 import platform
 import secrets
 import sys
 import time
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
-from typing import Callable, List, Optional, Sequence
+from typing import Any, Callable, Iterator, List, Optional, Sequence
 
 import redis
+from redis.cluster import RedisCluster
 
 from celery_singleton_lock.engine import Lease, RedisLocker, Renewer
 
@@ -26,6 +33,7 @@ from ._common import (
     RoundTripCounter,
     command_usec,
     counting_client,
+    counting_connection_class,
     fill_defaults,
     median,
     quartiles,
@@ -299,19 +307,19 @@ def renew_tick(
     renewer: Renewer,
     clock: FakeClock,
     leases: Sequence[Lease],
-    plain: redis.Redis,
+    plain: Any,
     counter: RoundTripCounter,
     step: float,
 ) -> Tick:
     clock.advance(step)
     gc.collect()
-    usec_before = command_usec(plain, "evalsha")
+    usec_before = evalsha_usec(plain)
     counter.reset()
     cpu_start, wall_start = time.process_time(), time.perf_counter()
     renewer.run_once()
     wall, cpu = time.perf_counter() - wall_start, time.process_time() - cpu_start
     sent = list(counter.sent)
-    usec_after = command_usec(plain, "evalsha")
+    usec_after = evalsha_usec(plain)
     server_ms = None
     if usec_before is not None and usec_after is not None:
         server_ms = (usec_after - usec_before) / 1000.0
@@ -319,9 +327,22 @@ def renew_tick(
     return Tick(sent, renewed, wall * 1000.0, cpu * 1000.0, server_ms)
 
 
+def evalsha_usec(client: Any) -> Optional[int]:
+    """Server microseconds spent in EVALSHA so far: summed over the primaries of a cluster."""
+    if not isinstance(client, RedisCluster):
+        return command_usec(client, "evalsha")
+    total = 0
+    for node in client.get_primaries():
+        usec = command_usec(client.get_redis_connection(node), "evalsha")
+        if usec is None:
+            return None
+        total += usec
+    return total
+
+
 def bench_renewal(
-    plain: redis.Redis,
-    counted: redis.Redis,
+    plain: Any,
+    counted: Any,
     counter: RoundTripCounter,
     prefix: str,
     *,
@@ -349,7 +370,7 @@ def bench_renewal(
             renewer.discard(lease)
         keys = [lease.key for lease in held]
         for i in range(0, len(keys), 1000):
-            plain.delete(*keys[i : i + 1000])
+            plain.delete(*keys[i : i + 1000])  # a cluster client splits it by slot
     return Renewal(leases, ttl, acquire_s, warmup, measured)
 
 
@@ -413,6 +434,12 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     )
     parser.add_argument("--ticks", type=int, help="measured renewal ticks (default 7)")
     parser.add_argument("--ttl", type=float, default=30.0, help="lock TTL in seconds (default 30)")
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="renewal only, on a Redis Cluster: $REDIS_CLUSTER_URL (any node), else a "
+        "throwaway one of 3 primaries on loopback",
+    )
     args = parser.parse_args(list(argv))
     defaults = {"rounds": (25, 45), "cycles": (200, 300), "ticks": (5, 7)}
     fill_defaults(parser, args, defaults, ("rounds", "cycles", "leases", "ticks"))
@@ -421,8 +448,57 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
+@contextlib.contextmanager
+def cluster_url() -> Iterator[str]:
+    """``$REDIS_CLUSTER_URL`` if set, else a throwaway cluster of 3 primaries on loopback."""
+    url = os.environ.get("REDIS_CLUSTER_URL")
+    if url:
+        yield url
+        return
+    from tests.cluster_topology import ClusterGroup  # the test suite's own topology helper
+
+    with ClusterGroup.running() as group:
+        yield group.url
+
+
+def main_cluster(args: argparse.Namespace) -> int:
+    """Renewal of ``args.leases`` leases on a Redis Cluster: ms and round trips per tick."""
+    prefix = f"bench-{secrets.token_hex(4)}"
+    with cluster_url() as url:
+        counter = RoundTripCounter()
+        plain = RedisCluster.from_url(url)
+        counted = RedisCluster.from_url(
+            url, connection_class=counting_connection_class(url, counter)
+        )
+        try:
+            primaries = len(plain.get_primaries())
+            print(
+                f"engine benchmark on a Redis Cluster of {primaries} primaries "
+                f"(redis {server_version(plain.get_redis_connection(plain.get_primaries()[0]))}), "
+                f"python {platform.python_version()}, redis-py {_pkg_version('redis')}"
+            )
+            renewal = bench_renewal(
+                plain, counted, counter, prefix, leases=args.leases, ticks=args.ticks, ttl=args.ttl
+            )
+            print_renewal(renewal)
+        finally:
+            plain.close()
+            counted.close()
+    ticks = renewal.ticks
+    trips = max(len(t.sent) for t in ticks)
+    print(
+        f"verdicts: renewal {trips} round trip(s)/tick (<= {primaries} primaries) "
+        f"{verdict(trips <= primaries)}; renewal {median([t.wall_ms for t in ticks]):.1f} "
+        f"ms/tick for {renewal.leases} leases; every lease renewed every tick "
+        f"{verdict(all(t.renewed == renewal.leases for t in ticks))}"
+    )
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
+    if args.cluster:
+        return main_cluster(args)
     started = time.perf_counter()
     prefix = f"bench-{secrets.token_hex(4)}"  # never collides with another run or real keys
     with redis_target() as target:

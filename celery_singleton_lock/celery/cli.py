@@ -24,12 +24,14 @@ import click
 import redis
 
 from ..engine import LockHolder, LockInspector, LockKeys, RedisLocker
+from ..engine.inspect import Client
 from ..engine.keys import validate_prefix
 from ..errors import LockBackendUnavailable, LockConfigurationError, LockError
 from .lock_server import (
     DEFAULT_URL,
     check_url,
     choose_url,
+    cluster_setting,
     make_client,
     redact,
     redact_loosely,
@@ -155,7 +157,12 @@ def open_target(
     sentinel_options = transport_options(app.conf, setting) if app is not None else None
     check_url(url, sentinel_options)
     try:
-        client = make_client(url, options, sentinel_options)
+        client = make_client(
+            url,
+            options,
+            sentinel_options,
+            cluster=cluster_setting(app.conf) if app is not None else None,
+        )
     except (ValueError, TypeError) as exc:  # what redis-py raises for a URL or option it refuses
         raise LockConfigurationError(f"cannot connect to {redact_loosely(url)}: {exc}") from None
     return Target(inspector=LockInspector(client, prefix=prefix), url=url, source=source, app=app)
@@ -215,12 +222,15 @@ def _scan_strings(client: redis.Redis, match: str) -> Iterator[list[Any]]:
             return
 
 
-def lock_shaped_prefixes(client: redis.Redis, exclude: str) -> list[str]:
+def lock_shaped_prefixes(client: Client, exclude: str) -> list[str]:
     """Prefixes other than ``exclude`` with lock-shaped keys: ``<prefix>:{<name>}`` strings
     whose value has ``|`` right after the 32-character token (see ``engine/scripts.py``).
 
-    Bounded: at most ``OTHER_PREFIX_SCANS`` SCAN calls, never KEYS.
+    Bounded: at most ``OTHER_PREFIX_SCANS`` SCAN calls, never KEYS. None looked for on a
+    Redis Cluster (a bounded SCAN there is one cursor per primary; the hint is not worth it).
     """
+    if not isinstance(client, redis.Redis):
+        return []
     found: set[str] = set()
     for batch in _scan_strings(client, "*:{*}"):
         pipe = client.pipeline(transaction=False)

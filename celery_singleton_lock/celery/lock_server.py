@@ -8,10 +8,16 @@ shaped like Celery's ``broker_transport_options`` (:func:`transport_options`). T
 redis-py's own ``Sentinel(...).master_for(...)``: it asks the sentinels where the master is at
 each new connection and reconnects when a master it talks to turns out to be a replica
 (``READONLY``), so a worker follows a failover with no code of ours.
+
+A Redis Cluster is named by the URL of any of its nodes. Whether the server is one is asked
+once, when the client is made (``INFO cluster``), unless ``singleton_lock_cluster`` says so;
+the client is then redis-py's own ``RedisCluster``, which discovers the other nodes and follows
+MOVED, ASK and failovers.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import weakref
 from dataclasses import dataclass
@@ -21,11 +27,15 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 import redis
 import redis.sentinel
 from redis.backoff import ExponentialBackoff
+from redis.cluster import RedisCluster
 from redis.retry import Retry
 
 from ..engine import RedisLocker
-from ..errors import LockConfigurationError
+from ..engine.inspect import Client
+from ..errors import LockBackendUnavailable, LockConfigurationError
 from .options import lock_prefix
+
+log = logging.getLogger("celery_singleton_lock.worker")
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
 SENTINEL_SCHEME = "sentinel"
@@ -325,14 +335,20 @@ def make_client(
     url: str,
     options: Optional[dict[str, Any]] = None,
     transport_options: Optional[Mapping[str, Any]] = None,
-) -> redis.Redis:
+    *,
+    cluster: Optional[bool] = False,
+) -> Client:
     """A redis-py client for ``url`` (TLS and ACL user/password come from the URL).
 
     For a Sentinel URL: redis-py's ``Sentinel(...).master_for(master_name)`` client, the
-    master name and sentinel options taken from ``transport_options``.
+    master name and sentinel options taken from ``transport_options``. For a Redis Cluster
+    (``cluster`` True, or None and the server says ``cluster_enabled:1``): redis-py's
+    ``RedisCluster``, with the same timeouts and retry policy.
 
     Raises:
-        LockConfigurationError: a Sentinel URL that does not parse or has no master name.
+        LockConfigurationError: a Sentinel URL that does not parse or has no master name; a
+            cluster named by a ``unix://`` URL.
+        LockBackendUnavailable: ``cluster`` is None and the server could not be asked.
     """
     settings = {
         **CLIENT_DEFAULTS,
@@ -340,6 +356,17 @@ def make_client(
         **(options or {}),
     }
     if not is_sentinel(url):
+        if cluster is None:
+            cluster = is_cluster(url, settings)
+        if cluster:
+            if urlsplit(url).scheme == "unix":
+                raise LockConfigurationError(
+                    f"lock server {redact(url)} is a Redis Cluster, which redis-py reaches "
+                    "over TCP only: give the redis:// URL of one of its nodes"
+                )
+            # the cluster client takes the retry policy itself: its nodes' connections do not
+            # retry (a retry there could not follow a slot that moved)
+            return RedisCluster.from_url(url, **settings)
         return redis.Redis.from_url(url, **settings)
     where = parse_sentinel_url(url)
     chosen = sentinel_options(url, transport_options)
@@ -366,10 +393,56 @@ def make_client(
     return client
 
 
-def close_client(client: redis.Redis) -> None:
+def is_cluster(url: str, settings: Mapping[str, Any]) -> bool:
+    """True if the server at ``url`` is a node of a Redis Cluster (``INFO cluster``).
+
+    A server that refuses ``INFO`` (an ACL user without ``@dangerous``, a renamed command) is
+    taken for a single server, with a WARNING: a cluster must then be named by
+    ``singleton_lock_cluster = True``.
+
+    Raises:
+        LockBackendUnavailable: the server could not be reached.
+    """
+    probe = redis.Redis.from_url(url, **settings)
+    try:
+        enabled = probe.info("cluster").get("cluster_enabled")
+    except redis.exceptions.ResponseError as exc:
+        log.warning(
+            "lock server %s refused INFO (%s): taken for a single server; set "
+            "singleton_lock_cluster = True if it is a node of a Redis Cluster",
+            redact(url),
+            exc,
+        )
+        return False
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+        raise LockBackendUnavailable(
+            f"lock server {redact(url)} unavailable: could not ask it whether it is a Redis "
+            f"Cluster ({type(exc).__name__}: {exc}); set singleton_lock_cluster = True or "
+            "False to say it and skip the question"
+        ) from exc
+    finally:
+        probe.close()
+    return str(enabled) == "1"
+
+
+def cluster_setting(conf: Any) -> Optional[bool]:
+    """``singleton_lock_cluster``: True, False, or None (ask the server).
+
+    Raises:
+        LockConfigurationError: anything else.
+    """
+    value = conf.get("singleton_lock_cluster")
+    if value is not None and not isinstance(value, bool):
+        raise LockConfigurationError(
+            f"singleton_lock_cluster must be True, False or None (ask the server), got {value!r}"
+        )
+    return value
+
+
+def close_client(client: Client) -> None:
     """Close ``client``'s connections, and those to its sentinels if it has any."""
     client.close()
-    manager = getattr(client.connection_pool, "sentinel_manager", None)
+    manager = getattr(getattr(client, "connection_pool", None), "sentinel_manager", None)
     for sentinel in getattr(manager, "sentinels", ()):
         sentinel.close()
 
@@ -379,22 +452,32 @@ _lockers_lock = threading.Lock()
 
 
 def locker_for(app: Any) -> RedisLocker:
-    """The locker of ``app`` (created on first use; redis-py's pool is fork-safe)."""
+    """The locker of ``app`` (created on first use; redis-py's pool is fork-safe).
+
+    Raises:
+        LockBackendUnavailable: the server could not be asked whether it is a Redis Cluster
+            (``singleton_lock_cluster`` unset); nothing is kept, the next call asks again.
+    """
     locker = _lockers.get(app)
-    if locker is None:
-        with _lockers_lock:
-            locker = _lockers.get(app)
-            if locker is None:
-                conf = app.conf
-                url, source = choose_url(conf)
-                prefix = lock_prefix(conf)
-                client = make_client(
-                    url,
-                    conf.get("singleton_lock_redis_options"),
-                    transport_options(conf, source),
-                )
-                locker = RedisLocker(client, prefix=prefix)
-                _lockers[app] = locker
+    if locker is not None:
+        return locker
+    conf = app.conf
+    url, source = choose_url(conf)
+    prefix = lock_prefix(conf)
+    # Made outside the lock: asking whether the server is a cluster is a round trip, and a
+    # fork while another thread held the lock would leave the child unable to get a locker.
+    client = make_client(
+        url,
+        conf.get("singleton_lock_redis_options"),
+        transport_options(conf, source),
+        cluster=cluster_setting(conf),
+    )
+    with _lockers_lock:
+        locker = _lockers.get(app)
+        if locker is None:
+            locker = _lockers[app] = RedisLocker(client, prefix=prefix)
+            return locker
+    close_client(client)  # another thread made the locker meanwhile
     return locker
 
 

@@ -43,6 +43,9 @@ APP_SETTINGS: dict[str, Any] = {
     #: ``{"master_name": ..., "sentinel_kwargs": {...}, "min_other_sentinels": 0}`` for a
     #: ``sentinel://`` lock URL, shaped like Celery's ``broker_transport_options``
     "singleton_lock_transport_options": None,
+    #: True: the lock URL names a node of a Redis Cluster; False: a single server; None: ask
+    #: the server (``INFO cluster``) when the worker first connects
+    "singleton_lock_cluster": None,
 }
 
 KNOWN_SETTINGS = frozenset(APP_SETTINGS) | {setting for setting, _ in TASK_OPTIONS.values()}

@@ -197,7 +197,10 @@ def _start(sender: Any = None, **_: Any) -> None:
         # Created here, in the thread that forks replacement children, never in the
         # supervisor thread: a fork while that thread held the lockers' lock would leave the
         # child unable to create its own locker.
-        locker_for(app)
+        try:
+            locker_for(app)
+        except LockError as exc:  # made on the supervisor's first tick that reaches it
+            log.warning("lock server not reachable at worker start: %s", exc)
         _supervisor = ChildLockSupervisor(min(ttls) / 3)
         _supervisor.start()
         log.info(

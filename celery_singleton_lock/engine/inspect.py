@@ -6,20 +6,25 @@ round trip through the client.
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Union
 
 import redis
+from redis.cluster import RedisCluster
 
 from ..errors import LockBackendUnavailable
 from . import server_errors
 from .keys import LockKeys, validate_prefix
 from .lease import LockHolder, as_int, as_text
 
+#: What the engine talks to: one Redis (or a Sentinel group's master), or a Redis Cluster
+#: (whose ``scan_iter`` scans every primary and whose pipeline sends each node its keys).
+Client = Union[redis.Redis, RedisCluster]
+
 
 class LockInspector:
     """Reads the locks under ``prefix`` on ``client``'s server."""
 
-    def __init__(self, client: redis.Redis, *, prefix: str = "singleton-lock") -> None:
+    def __init__(self, client: Client, *, prefix: str = "singleton-lock") -> None:
         self.client = client
         self.prefix = validate_prefix(prefix)
 

@@ -4,6 +4,12 @@ Knows nothing of Celery. One round trip to acquire, one to release, one per tick
 every lease of the process (see :mod:`.renewer`). Each runs one script of :mod:`.scripts`
 through a redis-py ``Script`` object. Acquire and release run on connections the locker keeps
 checked out of its client's pool (:mod:`.pinned`); renewal runs through the client itself.
+
+On a Redis Cluster (a redis-py ``RedisCluster`` client) every script runs through the client,
+which sends it to the primary of its keys' slot (each lock's keys share one hash tag) and
+follows MOVED, ASK and failovers itself. Renewal cannot send the keys of many slots to one
+script there: it sends one single-key script call per lease in a cluster pipeline, which
+redis-py groups by node, so a tick is still one round trip per primary, not one per lease.
 Reading locks is :mod:`.inspect`'s job, waiting for a release :mod:`.waiting`'s.
 """
 
@@ -15,14 +21,14 @@ import time
 from functools import partial
 from typing import Any, Callable, Optional, Sequence, Union
 
-import redis
+from redis.cluster import RedisCluster
 from redis.commands.core import Script
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, RedisError
 
-from ..errors import AlreadyFinished, LockBackendUnavailable, LockError
+from ..errors import AlreadyFinished, LockBackendUnavailable, LockConfigurationError, LockError
 from . import lease as _lease
 from . import scripts, server_errors
-from .inspect import LockInspector
+from .inspect import Client, LockInspector
 from .keys import LockKeys, validate_prefix
 from .lease import Lease, LockHolder, LostCallback, Owner
 from .pinned import PinnedConnections
@@ -44,11 +50,12 @@ def _ms(seconds: float) -> int:
 
 
 class RedisLocker:
-    """Leases on one Redis server (or one primary behind Sentinel).
+    """Leases on one Redis server (or one primary behind Sentinel), or on a Redis Cluster.
 
     Args:
-        client: a redis-py client. Its connection pool, timeouts and retry policy are used
-            as they are; the engine adds none of its own.
+        client: a redis-py client (``redis.Redis``, or ``redis.cluster.RedisCluster`` for a
+            cluster). Its connections, timeouts and retry policy are used as they are; the
+            engine adds none of its own.
         prefix: namespace of every key this locker writes.
         renewer: renews the leases; defaults to the one renewer of this process.
         wall_clock: clock stored as ``acquired_at`` (seconds since the epoch).
@@ -59,7 +66,7 @@ class RedisLocker:
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: Client,
         *,
         prefix: str = "singleton-lock",
         renewer: Optional[Renewer] = None,
@@ -77,8 +84,12 @@ class RedisLocker:
         self._renew_by_owner: Script = client.register_script(scripts.RENEW_BY_OWNER)
         self._enqueue: Script = client.register_script(scripts.ENQUEUE)
         self._clear_queued: Script = client.register_script(scripts.CLEAR_QUEUED)
+        #: True for a Redis Cluster client: scripts run through it, renewal per node.
+        self.cluster = isinstance(client, RedisCluster)
         #: Acquire and release run here: connections kept checked out of the client's pool.
-        self.connections = PinnedConnections(client)
+        #: None on a cluster, which has a pool per node and routes each call by its key.
+        self.connections = None if isinstance(client, RedisCluster) else PinnedConnections(client)
+        self._pinned: Any = self.connections if self.connections is not None else client
 
     @property
     def renewer(self) -> Renewer:
@@ -336,16 +347,23 @@ class RedisLocker:
         Each TTL is replaced (never extended past ``ttl`` from now), and capped at the lease's
         deadline so renewal never outlives its maximum lifetime. One script call whatever the
         number of leases: the keys, the first lease's TTL as the default, the tokens back to
-        back in one argument, then (index, TTL) pairs for the leases whose TTL differs.
+        back in one argument, then (index, TTL) pairs for the leases whose TTL differs. On a
+        cluster: one call per lease (its key, its TTL, its token), one round trip per node.
         """
         if not leases:
             return []
+        ttls = [
+            lease.ttl_ms if lease.deadline is None else _ms(min(lease.ttl, lease.deadline - now))
+            for lease in leases
+        ]
+        if self.cluster:
+            return self._run_each(
+                self._renew,
+                [([lease.key], [ttl_ms, lease.token]) for lease, ttl_ms in zip(leases, ttls)],
+            )
         default_ms = leases[0].ttl_ms
         args: list[Any] = [default_ms, "".join(lease.token for lease in leases)]
-        for index, lease in enumerate(leases):
-            ttl_ms = lease.ttl_ms
-            if lease.deadline is not None:
-                ttl_ms = _ms(min(lease.ttl, lease.deadline - now))
+        for index, ttl_ms in enumerate(ttls):
             if ttl_ms != default_ms:
                 args += (index + 1, ttl_ms)
         keys = [lease.key for lease in leases]
@@ -364,6 +382,11 @@ class RedisLocker:
         if not held:
             return []
         keys = [self.keys(name).lock for name, _, _ in held]
+        if self.cluster:  # one call per key (one slot each)
+            return self._run_each(
+                self._renew_by_owner,
+                [([key], [owner.fields, _ms(ttl)]) for key, (_, owner, ttl) in zip(keys, held)],
+            )
         args = [owner.fields for _, owner, _ in held] + [_ms(ttl) for _, _, ttl in held]
         lost = self._run(self._renew_by_owner, keys[0], keys, args)
         return [int(index) - 1 for index in lost]
@@ -382,6 +405,12 @@ class RedisLocker:
         """``script``, then ``WAIT replicas timeout``, sent together on one kept connection
         (``WAIT`` counts the replicas that acknowledged that connection's writes): the script's
         reply and how many replicas acknowledged it."""
+        if self.connections is None:
+            raise LockConfigurationError(
+                f"min_replicas ({replicas}) is not supported on Redis Cluster: WAIT must follow "
+                "the acquire on one connection; set lock_min_replicas to 0 there",
+                key,
+            )
         command = ("EVALSHA", script.sha, len(keys), *keys, *args)
         wait = ("WAIT", replicas, _ms(timeout))
         for _ in range(2):
@@ -392,7 +421,7 @@ class RedisLocker:
                 script.sha = server_errors.call(lambda: self.client.script_load(script.script), key)
                 command = ("EVALSHA", script.sha, *command[2:])
                 continue
-            if isinstance(reply, redis.exceptions.RedisError):
+            if isinstance(reply, RedisError):
                 raise server_errors.translate(reply, key)
             return reply, int(acknowledged)
         raise LockBackendUnavailable(f"script for {key} kept disappearing (NOSCRIPT)", key)
@@ -402,5 +431,43 @@ class RedisLocker:
     ) -> Any:
         """Run ``script`` (EVALSHA, loading it on NOSCRIPT), on the kept connections when
         ``pinned``; redis-py's errors said as ``LockError`` about ``key``."""
-        client: Any = self.connections if pinned else self.client
+        client: Any = self._pinned if pinned else self.client
         return server_errors.call(lambda: script(keys=keys, args=args, client=client), key)
+
+    def _run_each(self, script: Script, calls: list[tuple[list[str], list[Any]]]) -> list[int]:
+        """Run ``script`` once per ``(keys, args)`` of ``calls`` in one cluster pipeline (one
+        round trip per node); return the indices of the calls whose reply names a key NOT
+        renewed (a non-empty list, as the renew scripts return for a lost key).
+
+        redis-py's cluster pipeline refuses ``evalsha()`` and does not load scripts: the
+        EVALSHA commands are sent as they are and, when a node does not know the script (a
+        promoted replica, a restarted node), it is loaded on every primary and the pipeline
+        sent once more (every renew script only replaces TTLs: sending it again is harmless).
+        Each command names the node of its key from the client's slot map: without it,
+        redis-py 8 asks a server for the keys of every EVALSHA in a pipeline (``COMMAND
+        GETKEYS``, one round trip each). A command sent to a node that lost the slot is
+        redirected (MOVED) by redis-py as any other.
+        """
+        client: Any = self.client
+
+        def send() -> list[Any]:
+            pipe = client.pipeline(transaction=False)
+            for keys, args in calls:
+                node = client.get_node_from_key(keys[0])
+                pipe.execute_command(
+                    "EVALSHA", script.sha, len(keys), *keys, *args, target_nodes=node
+                )
+            return pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]
+
+        def run() -> list[Any]:
+            replies = send()
+            if any(isinstance(reply, NoScriptError) for reply in replies):
+                script.sha = client.script_load(script.script)
+                replies = send()
+            for reply, (keys, _) in zip(replies, calls):
+                if isinstance(reply, Exception):
+                    raise server_errors.translate(reply, keys[0])
+            return replies
+
+        replies = server_errors.call(run, calls[0][0][0])
+        return [index for index, reply in enumerate(replies) if reply]

@@ -17,6 +17,11 @@ BACKEND_ERRORS: tuple[type[BaseException], ...] = (
     redis.exceptions.AuthenticationError,
     redis.exceptions.ReadOnlyError,
     redis.exceptions.BusyLoadingError,
+    # a Redis Cluster without a usable primary for a slot (CLUSTERDOWN, TRYAGAIN during a
+    # resharding, no node reachable): redis-py has already retried and refreshed its topology
+    redis.exceptions.ClusterError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.RedisClusterException,
     # redis-py turns these replies into classes of their own and drops the reply's first
     # word (OOM, NOPERM) from the message, so they must be recognised by class
     *(
@@ -36,7 +41,7 @@ def not_a_lock(key: str, detail: str = "") -> LockNotOwnedError:
     )
 
 
-def translate(exc: redis.exceptions.RedisError, key: str) -> BaseException:
+def translate(exc: Exception, key: str) -> BaseException:
     """The error to raise for ``exc`` about ``key``: a ``LockError``, or ``exc`` if unknown."""
     if isinstance(exc, BACKEND_ERRORS):
         return LockBackendUnavailable(f"lock server unavailable ({type(exc).__name__}: {exc})", key)
@@ -57,7 +62,8 @@ def call(fn: Callable[[], T], key: str) -> T:
     """``fn()``, one Redis call about ``key``, with redis-py's errors said as ``LockError``."""
     try:
         return fn()
-    except redis.exceptions.RedisError as exc:
+    # RedisClusterException (no node reachable, slot not covered) is not a RedisError
+    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
         error = translate(exc, key)
         if error is exc:
             raise

@@ -1,0 +1,242 @@
+"""A RedisLocker on redis-py's RedisCluster client, on a real 3-primary cluster on loopback.
+
+One cluster (tests/cluster_topology.py) for the module; each test takes its own lock names.
+The client is the one the Celery layer makes (``lock_server.make_client``), with a connection
+class that counts round trips (one per packed send: a pipeline to one node counts once).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Iterator
+
+import pytest
+import redis
+from celery import Celery
+from redis.cluster import RedisCluster
+
+from celery_singleton_lock.celery.lock_server import (
+    close_client,
+    forget_locker,
+    locker_for,
+    make_client,
+)
+from celery_singleton_lock.engine import Lease, LockHolder, RedisLocker, Renewer
+from celery_singleton_lock.engine.lease import Owner
+from celery_singleton_lock.engine.waiting import subscribe_releases, wait_for_release
+from celery_singleton_lock.errors import LockBackendUnavailable, LockConfigurationError
+from celery_singleton_lock.testing import RedisServer, free_port
+from tests.celery.test_cli import run_cli
+from tests.cluster_topology import ClusterGroup
+from tests.engine.conftest import FakeClock
+from tests.support import CountingConnection
+
+TTL = 60.0
+_names = itertools.count()
+
+
+def fresh(prefix: str) -> str:
+    """A lock name no other test of the module uses."""
+    return f"{prefix}-{next(_names)}"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[ClusterGroup]:
+    with ClusterGroup.running() as group:
+        yield group
+
+
+@pytest.fixture
+def client(cluster: ClusterGroup) -> Iterator[RedisCluster]:
+    made = make_client(cluster.url, {"connection_class": CountingConnection}, cluster=None)
+    assert isinstance(made, RedisCluster)
+    yield made
+    close_client(made)
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def locker(client: RedisCluster, clock: FakeClock) -> RedisLocker:
+    return RedisLocker(client, prefix="t", renewer=Renewer(clock=clock, autostart=False))
+
+
+def take(locker: RedisLocker, name: str, **kwargs: object) -> Lease:
+    lease = locker.try_acquire(name, TTL, **kwargs)  # type: ignore[arg-type]
+    assert isinstance(lease, Lease)
+    return lease
+
+
+def holding_node(cluster: ClusterGroup, key: str) -> int:
+    """The port of the primary that holds ``key``."""
+    for port in cluster.primary_ports():
+        node = cluster.node(port)
+        try:
+            if node.exists(key):
+                return port
+        except redis.exceptions.ResponseError:  # MOVED: not this node's slot
+            continue
+        finally:
+            node.close()
+    raise AssertionError(f"no primary holds {key}")
+
+
+def test_the_url_of_one_node_gives_a_cluster_client(cluster: ClusterGroup) -> None:
+    client = make_client(cluster.url, {}, cluster=None)
+    try:
+        assert isinstance(client, RedisCluster)
+    finally:
+        close_client(client)
+
+
+def test_the_url_of_a_single_server_gives_a_plain_client(redis_server: RedisServer) -> None:
+    client = make_client(redis_server.url, {}, cluster=None)
+    try:
+        assert type(client) is redis.Redis
+    finally:
+        close_client(client)
+
+
+def test_acquire_on_a_cluster_refuses_a_second_owner(locker: RedisLocker) -> None:
+    name = fresh("a")
+    take(locker, name)
+    assert isinstance(locker.try_acquire(name, TTL), LockHolder)
+
+
+def test_release_on_a_cluster_frees_the_lock(locker: RedisLocker) -> None:
+    name = fresh("r")
+    assert locker.release(take(locker, name)) is True
+    assert locker.inspect.read(name) is None
+    assert isinstance(locker.try_acquire(name, TTL), Lease)
+
+
+def test_fencing_on_a_cluster_counts_up_per_lock(locker: RedisLocker) -> None:
+    name = fresh("f")
+    first = take(locker, name, fencing=True)
+    locker.release(first)
+    second = take(locker, name, fencing=True)
+    assert (first.fence, second.fence) == (1, 2)
+    assert locker.inspect.fence(name) == 2
+
+
+def test_lock_keys_spread_over_every_primary(cluster: ClusterGroup, locker: RedisLocker) -> None:
+    leases = [take(locker, fresh("spread")) for _ in range(30)]
+    nodes = {holding_node(cluster, lease.key) for lease in leases}
+    assert nodes == set(cluster.primary_ports())
+
+
+def test_the_inspector_scans_the_locks_of_every_primary(locker: RedisLocker) -> None:
+    leases = [take(locker, fresh("scan")) for _ in range(40)]
+    found = {holder.key for holder in locker.inspect.scan(count=7)}
+    assert {lease.key for lease in leases} <= found
+
+
+def test_renewal_of_200_leases_takes_one_round_trip_per_primary(
+    cluster: ClusterGroup, client: RedisCluster, locker: RedisLocker, clock: FakeClock
+) -> None:
+    leases = [take(locker, fresh("many")) for _ in range(200)]
+    clock.advance(TTL / 2)
+    locker.renewer.run_once()  # the first tick also loads the script on every primary
+    for lease in leases:
+        client.pexpire(lease.key, 5000)  # the counted tick must replace these TTLs
+    clock.advance(TTL / 2)
+    CountingConnection.reset()
+    locker.renewer.run_once()
+    assert len(CountingConnection.sent) <= len(cluster.primary_ports())
+    assert min(client.pttl(lease.key) for lease in leases) > 5000
+
+
+def test_renewal_on_a_cluster_reports_a_deleted_key_lost(
+    client: RedisCluster, locker: RedisLocker, clock: FakeClock
+) -> None:
+    kept, gone = take(locker, fresh("kept")), take(locker, fresh("gone"))
+    client.delete(gone.key)
+    clock.advance(TTL / 2)
+    locker.renewer.run_once()
+    assert (kept.lost.is_set(), gone.lost.is_set()) == (False, True)
+
+
+def test_renewal_on_a_cluster_loads_scripts_a_node_forgot(
+    cluster: ClusterGroup, client: RedisCluster, locker: RedisLocker, clock: FakeClock
+) -> None:
+    leases = [take(locker, fresh("noscript")) for _ in range(12)]
+    for port in cluster.primary_ports():  # as after a failover to a replica, or a restart
+        node = cluster.node(port)
+        node.script_flush()
+        node.close()
+    clock.advance(TTL / 2)
+    locker.renewer.run_once()
+    assert [lease.lost.is_set() for lease in leases] == [False] * len(leases)
+
+
+def test_renew_by_owner_on_a_cluster_names_the_locks_not_renewed(
+    client: RedisCluster, locker: RedisLocker
+) -> None:
+    owner = Owner(task_id="t1", host="h", pid=7)
+    names = [fresh("owner") for _ in range(6)]
+    for name in names:
+        take(locker, name, owner=owner)
+    client.delete(locker.keys(names[2]).lock)
+    held = [(name, owner, TTL) for name in names] + [(names[0], Owner(task_id="x"), TTL)]
+    assert locker.renew_by_owner(held) == [2, 6]
+
+
+def test_the_celery_locks_command_lists_the_locks_of_every_primary(
+    cluster: ClusterGroup, client: RedisCluster
+) -> None:
+    locker = RedisLocker(client, renewer=Renewer(autostart=False))  # the default prefix
+    names = [fresh("app.job") for _ in range(9)]
+    for name in names:
+        locker.try_acquire(name, TTL, owner=Owner(task_id=name, host="w", pid=1))
+    result = run_cli("--url", cluster.url, "list")
+    assert result.returncode == 0, result.stderr
+    assert all(f"singleton-lock:{{{name}}}  task={name}" in result.stdout for name in names)
+
+
+def test_singleton_lock_cluster_false_gives_a_plain_client(cluster: ClusterGroup) -> None:
+    app = Celery(set_as_current=False)
+    app.conf.update(singleton_lock_url=cluster.url, singleton_lock_cluster=False)
+    try:
+        assert type(locker_for(app).client) is redis.Redis
+    finally:
+        forget_locker(app)
+
+
+def test_singleton_lock_cluster_must_be_a_boolean_or_none() -> None:
+    app = Celery(set_as_current=False)
+    app.conf.update(singleton_lock_url="redis://127.0.0.1:1/0", singleton_lock_cluster="yes")
+    with pytest.raises(LockConfigurationError, match="singleton_lock_cluster must be True"):
+        locker_for(app)
+
+
+def test_an_unreachable_server_is_asked_again_at_the_next_use() -> None:
+    app = Celery(set_as_current=False)
+    app.conf.update(singleton_lock_url=f"redis://127.0.0.1:{free_port()}/0")
+    for _ in range(2):
+        with pytest.raises(LockBackendUnavailable, match="whether it is a Redis Cluster"):
+            locker_for(app)
+
+
+def test_a_release_on_a_cluster_wakes_a_waiter(locker: RedisLocker, client: RedisCluster) -> None:
+    lease = take(locker, fresh("wait"))
+    pubsub = subscribe_releases(client, lease.keys.channel)
+    try:
+        locker.release(lease)
+        assert wait_for_release(pubsub, timeout=10) is True
+    finally:
+        pubsub.close()
+
+
+def test_a_server_that_refuses_info_is_taken_for_a_single_server(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with RedisServer(extra_args=["--rename-command", "INFO", ""]) as server:
+        client = make_client(server.url, {}, cluster=None)
+        try:
+            assert type(client) is redis.Redis
+        finally:
+            close_client(client)
+    assert "set singleton_lock_cluster = True if it is a node" in caplog.text

@@ -224,14 +224,15 @@ def hold_lock(task: Any, *args: Any, **kwargs: Any) -> Iterator[Lease]:
         LockBackendUnavailable: the lock server could not be reached.
     """
     # Imported here: the engine tests use RedisServer without loading the Celery layer.
+    from .celery import LockedTask
     from .celery.lock_server import locker_for
 
-    options = getattr(task, "lock_options", None)
-    if options is None:
+    if not isinstance(task, LockedTask):
         raise LockConfigurationError(
             f"hold_lock: {getattr(task, 'name', task)!r} is not a LockedTask, so no call of "
             "it takes a lock: declare it with @app.task(base=LockedTask, ...)"
         )
+    options = task.lock_options
     name = options.keyer.name(args, kwargs)
     outcome = locker_for(task.app).try_acquire(
         name, options.ttl, owner=Owner(task_id=HOLD_LOCK_TASK_ID), fencing=options.fencing

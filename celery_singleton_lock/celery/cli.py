@@ -38,6 +38,7 @@ from .lock_server import (
     transport_options,
 )
 from .options import lock_prefix
+from .task import LockedTask
 
 T = TypeVar("T")
 
@@ -286,11 +287,11 @@ def lock_name_of_call(
         ) from None
     task = tasks.get(task_name)
     if task is None:
-        locked = [name for name, t in tasks.items() if hasattr(t, "lock_options")]
+        locked = [name for name, t in tasks.items() if isinstance(t, LockedTask)]
         close = difflib.get_close_matches(task_name, locked, n=3)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise LockConfigurationError(f"task {task_name!r} is not registered in the app{hint}")
-    if not hasattr(task, "lock_options"):
+    if not isinstance(task, LockedTask):
         raise LockConfigurationError(
             f"task {task_name!r} is not a LockedTask (base=LockedTask): it takes no lock"
         )

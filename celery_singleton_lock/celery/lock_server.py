@@ -18,7 +18,6 @@ MOVED, ASK and failovers.
 from __future__ import annotations
 
 import logging
-import threading
 import weakref
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
@@ -32,8 +31,9 @@ from redis.retry import Retry
 
 from ..engine import RedisLocker
 from ..engine.inspect import Client
+from ..engine.process import ForkSafeLock
 from ..errors import LockBackendUnavailable, LockConfigurationError
-from .options import lock_prefix
+from .options import celery_setting, lock_prefix
 
 log = logging.getLogger("celery_singleton_lock.worker")
 
@@ -134,13 +134,6 @@ def _options_setting(conf: Any, source: str) -> str:
     return TRANSPORT_OPTIONS_SETTINGS.get(source, "singleton_lock_transport_options")
 
 
-def _setting(conf: Any, name: str) -> Any:
-    # A Celery app's settings read $CELERY_BROKER_URL, $CELERY_BROKER_WRITE_URL and
-    # $CELERY_RESULT_BACKEND (what `celery -b` and `--result-backend` set) in their properties
-    # of those names; conf.get() sees only what the app configured.
-    return getattr(conf, name, None) or conf.get(name)
-
-
 def choose_url(conf: Any) -> tuple[str, str]:
     """The lock server URL and where it came from (the setting, broker, backend or default).
 
@@ -155,9 +148,11 @@ def choose_url(conf: Any) -> tuple[str, str]:
         else [
             (
                 "broker_url",
-                _inherited_url(_setting(conf, "broker_write_url") or _setting(conf, "broker_url")),
+                _inherited_url(
+                    celery_setting(conf, "broker_write_url") or celery_setting(conf, "broker_url")
+                ),
             ),
-            ("result_backend", _inherited_url(_setting(conf, "result_backend"))),
+            ("result_backend", _inherited_url(celery_setting(conf, "result_backend"))),
         ]
     )
     for source, url in candidates:
@@ -448,7 +443,7 @@ def close_client(client: Client) -> None:
 
 
 _lockers: weakref.WeakKeyDictionary[Any, RedisLocker] = weakref.WeakKeyDictionary()
-_lockers_lock = threading.Lock()
+_lockers_lock = ForkSafeLock()
 
 
 def locker_for(app: Any) -> RedisLocker:

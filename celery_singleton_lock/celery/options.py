@@ -124,12 +124,20 @@ def _check_results_stored(
             f"task {task}: on_duplicate='join' needs the task's results, but it has "
             "ignore_result=True; set ignore_result=False or choose another on_duplicate"
         )
-    if conf.get("result_backend") in (None, "", "disabled"):
+    if celery_setting(conf, "result_backend") in (None, "", "disabled"):
         raise LockConfigurationError(
             f"task {task}: on_duplicate='join' needs a result backend to read the running "
             "execution's outcome from; set the app's result_backend or choose another "
             "on_duplicate"
         )
+
+
+def celery_setting(conf: Mapping[str, Any], name: str) -> Any:
+    """A Celery setting as Celery reads it: ``broker_url``, ``broker_write_url`` and
+    ``result_backend`` also come from ``$CELERY_BROKER_URL``, ``$CELERY_BROKER_WRITE_URL`` and
+    ``$CELERY_RESULT_BACKEND`` (what ``celery -b`` and ``--result-backend`` set), which their
+    properties read and ``conf.get()`` does not."""
+    return getattr(conf, name, None) or conf.get(name)
 
 
 def lock_prefix(conf: Mapping[str, Any]) -> Any:

@@ -363,8 +363,10 @@ def rejoin(task: Any, request: Any) -> None:
     """A ``join`` duplicate's lock retry that took the lock: if the execution it joined ended
     with an outcome while the retry was on its way, end with that outcome (``Ignore``; the
     caller's scope releases the lock after it is stored), else run the body."""
+    if task.lock_options.on_duplicate != "join" or request.is_eager:
+        return
     joined = str(celery_api.header(request, JOIN_HEADER) or "")
-    if not joined or task.lock_options.on_duplicate != "join" or request.is_eager:
+    if not joined:
         return
     key = request.lock.key
     try:

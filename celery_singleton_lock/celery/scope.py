@@ -3,8 +3,8 @@
 After a successful acquire, a :class:`LockScope` owns the lock until it is closed, and every
 path closes it: the body's outcome (``LockedTask.__call__``), ``self.retry()``, and any
 exception raised after the acquire, by ``before_start`` itself or by a subclass's
-``before_start`` around it. Closing stops renewal, releases the lock (waiting for the reply or
-not), and takes the scope out of its thread's registry. It never raises: a release problem is
+``before_start`` around it. Closing stops renewal, releases the lock (waiting for Redis's reply),
+and takes the scope out of its thread's registry. It never raises: a release problem is
 logged and signalled, and the body's outcome stands.
 
 The registry of a thread maps lock names to the scopes open in it. A run that finds its own
@@ -25,7 +25,7 @@ from celery.exceptions import Ignore, Reject, Retry
 from redis.exceptions import RedisError
 
 from ..engine import Lease
-from ..errors import LockBackendUnavailable, LockError
+from ..errors import LockError
 from . import celery_api
 from .handle import LockHandle
 from .signals import lock_released
@@ -98,9 +98,7 @@ class LockScope(LockHandle):
         remember_for = task.lock_options.finished_ttl if finished and task.acks_late else None
         lease = self.lease
         try:
-            owned: Optional[bool] = lease.release(remember_for=remember_for)
-        except LockBackendUnavailable:
-            owned = None
+            owned = lease.release(remember_for=remember_for)
         except (LockError, RedisError) as exc:
             log.error(
                 "task %s[%s]: could not release %s (%s); it frees itself within %.1fs",
@@ -113,18 +111,9 @@ class LockScope(LockHandle):
             return
         self._released(owned)
 
-    def _released(self, owned: Optional[bool]) -> None:
-        """Log and signal the outcome of the release (``None``: it could not be sent)."""
+    def _released(self, owned: bool) -> None:
+        """Log and signal the outcome of the release Redis answered."""
         task, lease = self.task, self.lease
-        if owned is None:
-            log.error(
-                "task %s[%s]: could not release %s; it frees itself within %.1fs",
-                task.name,
-                self.task_id,
-                self.key,
-                lease.ttl,
-            )
-            return
         if not owned:
             log.warning(
                 "task %s[%s]: lock %s had expired or been taken over before its release",

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from urllib.parse import unquote
 
 from .keys import LockKeys
+from .process import ForkSafeLock
 from .scripts import TOKEN_LENGTH
 
 if TYPE_CHECKING:
@@ -107,7 +108,7 @@ LostCallback = Callable[["Lease"], None]
 #: Guards the lost/released state of every lease. State changes are rare (loss, release,
 #: registering a callback), so one lock for all leases costs nothing in contention and saves
 #: allocating a lock per lease.
-_state_lock = threading.Lock()
+_state_lock = ForkSafeLock()
 
 
 class LostFlag:

@@ -10,8 +10,9 @@ reset in the child right after the fork, before the child runs any code of its o
 from __future__ import annotations
 
 import os
+import threading
 import weakref
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class ForkAware(Protocol):
@@ -33,3 +34,22 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class ForkSafeLock:
+    """A ``threading.Lock`` that a forked child gets anew: a lock some other thread of the
+    parent held at the fork would otherwise stay held in the child forever."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        reset_in_forked_children(self)
+
+    def after_fork_in_child(self) -> None:
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> ForkSafeLock:
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._lock.release()

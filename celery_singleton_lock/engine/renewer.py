@@ -28,7 +28,7 @@ from typing import Callable, Optional
 
 from ..errors import LockBackendUnavailable
 from .lease import Lease
-from .process import reset_in_forked_children
+from .process import ForkSafeLock, reset_in_forked_children
 
 log = logging.getLogger("celery_singleton_lock.renewal")
 
@@ -198,7 +198,7 @@ class Renewer:
 
 
 _process_renewer: Optional[Renewer] = None
-_process_renewer_lock = threading.Lock()
+_process_renewer_lock = ForkSafeLock()
 
 
 def process_renewer() -> Renewer:

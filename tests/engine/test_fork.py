@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
 
 import redis
@@ -57,3 +59,29 @@ def test_child_does_not_renew_inherited_leases_but_renews_its_own(
     assert _run_in_child(child) == 0
     assert stored_token(client, parent_lease.key) == parent_lease.token.encode()
     parent_lease.release()
+
+
+def test_a_lock_held_by_another_thread_at_the_fork_is_free_in_the_child() -> None:
+    from celery_singleton_lock.engine import lease as lease_module
+
+    held, release = threading.Event(), threading.Event()
+
+    def hold_it() -> None:
+        with lease_module._state_lock:
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold_it)
+    holder.start()
+    held.wait(5)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: a lock copied while held would hang here forever
+            signal.alarm(3)
+            with lease_module._state_lock:
+                os._exit(0)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        release.set()
+        holder.join(5)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -38,7 +38,7 @@ from celery.worker import state
 from ..engine import Owner, RedisLocker
 from ..errors import LockError
 from .lock_server import locker_for
-from .task import _HOSTNAME, LockedTask
+from .task import LockedTask, lock_owner
 
 log = logging.getLogger("celery_singleton_lock.renewal")
 
@@ -167,7 +167,7 @@ def _watch(request: Any, pid: int) -> Optional[Watched]:
     return Watched(
         locker=locker_for(task.app),
         name=name,
-        owner=Owner(task_id=request.id, host=request.hostname or _HOSTNAME, pid=pid),
+        owner=lock_owner(request.id, request, pid),
         ttl=options.ttl,
         deadline=float(started) + float(hard) if hard and started else None,
     )

@@ -30,6 +30,14 @@ log = logging.getLogger("celery_singleton_lock.acquire")
 
 _HOSTNAME = socket.gethostname()
 
+
+def lock_owner(task_id: str, request: Any, pid: int) -> Owner:
+    """The owner a lock of this execution names: task id, worker node (else this host) and
+    the pid running the body. The main process's renewal and its reclaim of a dead child's
+    lock match it byte for byte, so it is built here only."""
+    return Owner(task_id=task_id, host=request.hostname or _HOSTNAME, pid=pid)
+
+
 celery_api.declare_request_attribute("lock")  # self.request.lock: see there why
 _ATTRIBUTES = (*TASK_OPTIONS, "lock_on", "lock_key", "ignore_result")
 
@@ -268,7 +276,7 @@ class LockedTask(Task):  # type: ignore[misc]
             return self.lock_locker.try_acquire(
                 name,
                 options.ttl,
-                owner=Owner(task_id=task_id, host=request.hostname or _HOSTNAME, pid=os.getpid()),
+                owner=lock_owner(task_id, request, os.getpid()),
                 fencing=options.fencing,
                 max_lifetime=self._hard_time_limit(request, options),
                 on_lost=self._on_lock_lost,

@@ -715,5 +715,43 @@ def release(settings: Settings, name: str, force: bool, ping_timeout: float) -> 
     click.echo(f"{key}: released (held by {describe_holder(outcome.holder)}; {how})")
 
 
+def clear_queued_marker(target: Target, name: str) -> Optional[str]:
+    """Delete the enqueue marker of lock ``name`` (``dedupe_on_enqueue``) if it still names the
+    task id read first (compare-and-delete); that task id, or None when there was none."""
+    LockKeys.build(target.inspector.prefix, name)  # a bad name is bad input, not server trouble
+    inspector = target.inspector
+    locker = RedisLocker(inspector.client, prefix=inspector.prefix)
+    queued = _asking(target, lambda: locker.queued(name))
+    if queued is None or not _asking(target, lambda: locker.clear_queued(name, queued)):
+        return None
+    return queued
+
+
+@main.command(name="clear-queued")
+@click.argument("name")
+@click.pass_obj
+def clear_queued(settings: Settings, name: str) -> None:
+    """Delete the enqueue marker of a lock (dedupe_on_enqueue).
+
+    A call of a task with dedupe_on_enqueue leaves a marker naming its task id until a worker
+    takes the lock; while it is there, the same call is not published again. A message that
+    was purged or lost never reaches a worker, and its marker then blocks new calls until
+    lock_queued_ttl passes. This deletes it now, if it still names the task it named when
+    read. Exit status 0 cleared, 1 there was none.
+    """
+    with _one_line_errors():
+        target = settings.target()
+        try:
+            name = lock_name_from_key(target, name)
+            cleared = clear_queued_marker(target, name)
+        finally:
+            target.close()
+    click.echo(f"lock {name} under prefix {target.inspector.prefix!r} on {target.server}", err=True)
+    if cleared is None:
+        click.echo(f"{name}: no enqueue marker")
+        raise SystemExit(EXIT_FREE)
+    click.echo(f"{name}: enqueue marker of task {cleared} deleted; the next call is published")
+
+
 if __name__ == "__main__":
     main()

@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 import click
 
-from .cli import Settings, _OneLineGroup, list_command, release, show
+from .cli import Settings, _OneLineGroup, clear_queued, list_command, release, show
 
 
 def app_label(app: Any) -> str:
@@ -48,3 +48,4 @@ def locks(
 locks.add_command(list_command)
 locks.add_command(show)
 locks.add_command(release)
+locks.add_command(clear_queued)

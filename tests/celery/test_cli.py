@@ -336,3 +336,24 @@ def test_a_limit_below_one_is_one_error_line(redis_server: RedisServer) -> None:
 def test_an_unknown_option_is_one_error_line() -> None:
     line = the_error(run_cli("list", "--no-such-option"))
     assert "--no-such-option" in line
+
+
+# -- clear-queued -----------------------------------------------------------------------------
+
+
+def test_clear_queued_deletes_the_enqueue_marker_so_the_next_call_is_published(
+    redis_server: RedisServer,
+) -> None:
+    locker = _locker(redis_server)
+    assert locker.enqueue("app.job:aa", "lost-message", 3600) is None  # the marker is written
+    assert locker.enqueue("app.job:aa", "next-call", 3600) == "lost-message"  # it blocks
+    result = run_cli("--url", redis_server.url, "clear-queued", "app.job:aa")
+    assert result.returncode == 0, result.stderr
+    assert "lost-message" in result.stdout
+    assert locker.enqueue("app.job:aa", "next-call", 3600) is None
+
+
+def test_clear_queued_without_a_marker_exits_1(redis_server: RedisServer) -> None:
+    result = run_cli("--url", redis_server.url, "clear-queued", "app.job:none")
+    assert result.returncode == 1, result.stderr
+    assert "no enqueue marker" in result.stdout

@@ -188,6 +188,52 @@ def registered_instances(app: Any, cls: type) -> list[Any]:
     return [task for task in tasks if type(task) is cls and getattr(task, "name", None)]
 
 
+# -- the worker's main process: requests running in pool children -------------------------
+
+#: Attempts at copying ``active_requests`` (a WeakSet the consumer thread changes meanwhile).
+SNAPSHOT_ATTEMPTS = 5
+
+
+def running_requests() -> list[Any]:
+    """The worker's requests accepted and not yet ended (``celery.worker.state``), as a copy;
+    empty if the set kept changing while being copied."""
+    from celery.worker import state  # the worker's own module: only imported in workers
+
+    for _ in range(SNAPSHOT_ATTEMPTS):
+        try:
+            return list(state.active_requests)
+        except RuntimeError:  # "set changed size during iteration": copy it again
+            continue
+    return []
+
+
+def child_pid(request: Any) -> Optional[int]:
+    """The pid of the pool process that accepted ``request`` (a worker ``Request``); None
+    until one has."""
+    return getattr(request, "worker_pid", None) or None
+
+
+def accepted_hard_time_limit(request: Any) -> Optional[float]:
+    """The hard time limit of a worker ``Request`` (``time_limits``, not the task
+    ``Context``'s ``timelimit``)."""
+    limits = getattr(request, "time_limits", None) or (None,)
+    return float(limits[0]) if limits[0] else None
+
+
+def accepted_at(request: Any) -> Optional[float]:
+    """Wall-clock time the pool accepted a worker ``Request`` (its hard limit counts from
+    there); None until then."""
+    started = getattr(request, "time_start", None)
+    return float(started) if started else None
+
+
+def runs_bodies_in_children(consumer: Any) -> bool:
+    """True when the worker runs task bodies in prefork pool children."""
+    from celery.concurrency.prefork import TaskPool  # billiard: only imported in workers
+
+    return isinstance(getattr(consumer, "pool", None), TaskPool)
+
+
 # -- what an operator sees ---------------------------------------------------------------------
 
 #: Events are best effort: a monitor's feed must never fail or stall a task.

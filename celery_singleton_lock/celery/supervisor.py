@@ -33,17 +33,14 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional
 
 from celery import signals
-from celery.worker import state
 
 from ..engine import Owner, RedisLocker
 from ..errors import LockError
+from . import celery_api
 from .lock_server import locker_for
 from .task import LockedTask, lock_owner
 
 log = logging.getLogger("celery_singleton_lock.renewal")
-
-#: Attempts at copying ``active_requests`` (a WeakSet the consumer thread changes meanwhile).
-SNAPSHOT_ATTEMPTS = 5
 
 
 @dataclass(frozen=True)
@@ -77,7 +74,7 @@ class ChildLockSupervisor:
     ) -> None:
         self.interval = interval
         self.clock = clock
-        self._requests = requests or _active_requests
+        self._requests = requests or celery_api.running_requests
         #: by (task id, child pid); None when the request's task takes no lock we can name
         self._watched: dict[tuple[str, int], Optional[Watched]] = {}
         self._stop = threading.Event()
@@ -113,7 +110,7 @@ class ChildLockSupervisor:
         batches: dict[RedisLocker, list[tuple[str, Owner, float]]] = defaultdict(list)
         seen: dict[tuple[str, int], Optional[Watched]] = {}
         for request in self._requests():
-            pid, task_id = getattr(request, "worker_pid", None), getattr(request, "id", None)
+            pid, task_id = celery_api.child_pid(request), getattr(request, "id", None)
             if not pid or not task_id:
                 continue  # not accepted by a child yet
             ident = (task_id, pid)
@@ -140,16 +137,6 @@ class ChildLockSupervisor:
         return renewed
 
 
-def _active_requests() -> list[Any]:
-    """A copy of ``active_requests``; empty if it kept changing while being copied."""
-    for _ in range(SNAPSHOT_ATTEMPTS):
-        try:
-            return list(state.active_requests)
-        except RuntimeError:  # "set changed size during iteration": copy it again
-            continue
-    return []
-
-
 def _watch(request: Any, pid: int) -> Optional[Watched]:
     """What renewing ``request``'s lock needs (computed once: the name is fixed by the
     arguments), or None for a task that is not a ``LockedTask``."""
@@ -162,8 +149,8 @@ def _watch(request: Any, pid: int) -> Optional[Watched]:
     except LockError as exc:  # the child fails the same way in before_start, holding nothing
         log.debug("task %s[%s]: no lock name (%s)", task.name, request.id, exc)
         return None
-    hard = (request.time_limits or (None,))[0] or options.default_time_limit
-    started = request.time_start
+    hard = celery_api.accepted_hard_time_limit(request) or options.default_time_limit
+    started = celery_api.accepted_at(request)
     return Watched(
         locker=locker_for(task.app),
         name=name,
@@ -173,20 +160,13 @@ def _watch(request: Any, pid: int) -> Optional[Watched]:
     )
 
 
-def uses_children(consumer: Any) -> bool:
-    """True when the worker runs task bodies in prefork pool children."""
-    from celery.concurrency.prefork import TaskPool  # billiard: only imported in workers
-
-    return isinstance(getattr(consumer, "pool", None), TaskPool)
-
-
 _supervisor: Optional[ChildLockSupervisor] = None
 
 
 def _start(sender: Any = None, **_: Any) -> None:
     global _supervisor
     app = getattr(sender, "app", None)
-    if app is None or _supervisor is not None or not uses_children(sender):
+    if app is None or _supervisor is not None or not celery_api.runs_bodies_in_children(sender):
         return
     ttls = [
         task.lock_options.ttl

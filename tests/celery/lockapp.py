@@ -359,6 +359,27 @@ def needs_a_replica(self: LockedTask, key: str) -> str:
     return "ran"
 
 
+@app.task(bind=True, base=LockedTask, lock_on=("key",))
+def finds_its_worker_request(self: LockedTask, key: str) -> dict[str, Any]:
+    """What the worker's main process reads from this run's Request (celery_api)."""
+    from celery_singleton_lock.celery import celery_api
+
+    mine = [r for r in celery_api.running_requests() if r.id == self.request.id]
+    if not mine:
+        return {"found": False}
+    request = mine[0]
+    return {
+        "found": True,
+        "task_is_this": request.task is self,
+        "child_pid": celery_api.child_pid(request),
+        "pid": os.getpid(),
+        "hard_limit": celery_api.accepted_hard_time_limit(request),
+        "accepted_at": celery_api.accepted_at(request),
+        "args": list(request.args),
+        "hostname": request.hostname,
+    }
+
+
 class FailsAfterItsLock(LockedTask):
     """``before_start`` fails after the lock is taken whenever ``setup-fails:<key>`` exists
     (as a subclass's own set-up, or a result backend storing STARTED, can fail)."""

@@ -4,6 +4,7 @@ Celery release that changes it."""
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from typing import Any
 
@@ -235,3 +236,33 @@ def test_callbacks_and_the_next_chain_step_are_sent_as_the_tracer_sends_them(
     celery_api.dispatch_callbacks_and_chain(task, request, "value")
     assert lockapp.tags.AsyncResult(linked).get(timeout=10) == ["linked", "value"]
     assert lockapp.tags.AsyncResult(after).get(timeout=10) == ["after", ["next", "value"]]
+
+
+def test_a_running_request_is_among_the_workers_running_requests_with_what_renewal_reads(
+    worker: Any, unique_key: str
+) -> None:
+    # what the prefork main process reads to renew its children's locks (supervisor.py)
+    before = time.time()
+    seen = lockapp.finds_its_worker_request.apply_async((unique_key,), time_limit=42).get(
+        timeout=10
+    )
+    assert seen["found"] and seen["task_is_this"]
+    assert seen["child_pid"] == seen["pid"]  # threads pool: the worker itself accepted it
+    assert seen["hard_limit"] == 42.0
+    assert before - 1 <= seen["accepted_at"] <= time.time()
+    assert seen["args"] == [unique_key]
+    # the worker node name; a prefork child's task request carries the same one (the main
+    # process's renewal by owner depends on it: test_gil_starvation shows it on real workers)
+    assert "@" in seen["hostname"]
+
+
+def test_only_a_prefork_pool_runs_bodies_in_children() -> None:
+    from celery.concurrency.prefork import TaskPool
+    from celery.concurrency.thread import TaskPool as ThreadPool
+
+    class Consumer:
+        def __init__(self, pool: Any) -> None:
+            self.pool = pool
+
+    assert celery_api.runs_bodies_in_children(Consumer(TaskPool.__new__(TaskPool)))
+    assert not celery_api.runs_bodies_in_children(Consumer(ThreadPool.__new__(ThreadPool)))

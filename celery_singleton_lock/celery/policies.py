@@ -230,6 +230,18 @@ def _release_notifications(
         pubsub.close()
 
 
+def _waited_for(duplicate: Duplicate, holder: LockHolder, pubsub: Any, deadline: float) -> bool:
+    """Wait for ``holder`` to release (woken by its release, or at its TTL: a crashed holder
+    publishes nothing); False, without waiting, once ``deadline`` has passed."""
+    duplicate.holder = holder
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        return False
+    holder_ttl = holder.ttl if holder.ttl is not None else remaining
+    wait_for_release(pubsub, min(remaining, holder_ttl + 0.01))
+    return True
+
+
 def wait(duplicate: Duplicate, acquire: Callable[[], AcquireResult]) -> Lease:
     """Block the worker slot until the lock is released or ``lock_wait_timeout`` passes.
 
@@ -245,12 +257,8 @@ def wait(duplicate: Duplicate, acquire: Callable[[], AcquireResult]) -> Lease:
                 outcome = acquire()
                 if isinstance(outcome, Lease):
                     return outcome
-                duplicate.holder = outcome
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                if not _waited_for(duplicate, outcome, pubsub, deadline):
                     break
-                holder_ttl = outcome.ttl if outcome.ttl is not None else remaining
-                wait_for_release(pubsub, min(remaining, holder_ttl + 0.01))
         except LockBackendUnavailable as exc:
             retry(duplicate, exc)
     log.info(
@@ -291,12 +299,8 @@ def join(duplicate: Duplicate, acquire: Callable[[], AcquireResult]) -> Lease:
                     # that took over): take the outcome if it is stored, else follow the new one
                     _join_if_stored(duplicate, following, grace=0.0)
                     following = outcome.task_id
-                duplicate.holder = outcome
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                if not _waited_for(duplicate, outcome, pubsub, deadline):
                     break
-                holder_ttl = outcome.ttl if outcome.ttl is not None else remaining
-                wait_for_release(pubsub, min(remaining, holder_ttl + 0.01))
         except LockBackendUnavailable as exc:
             retry(duplicate, exc, extra_headers={JOIN_HEADER: following})
     log.info(

@@ -29,7 +29,7 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from .engine.lease import Lease, Owner
+from .engine.lease import Lease, LockHolder, Owner
 from .errors import DuplicateTaskError, LockConfigurationError, LockLostError
 
 __all__ = ["HOLD_LOCK_TASK_ID", "RedisServer", "find_redis_server", "free_port", "hold_lock"]
@@ -237,7 +237,7 @@ def hold_lock(task: Any, *args: Any, **kwargs: Any) -> Iterator[Lease]:
     outcome = locker_for(task.app).try_acquire(
         name, options.ttl, owner=Owner(task_id=HOLD_LOCK_TASK_ID), fencing=options.fencing
     )
-    if not isinstance(outcome, Lease):
+    if isinstance(outcome, LockHolder):
         raise DuplicateTaskError(
             f"hold_lock: the lock of {task.name}{_call_text(args, kwargs)} ({outcome.key}) is "
             f"already held by task id {outcome.task_id!r} on {outcome.host}: wait for that run "
@@ -246,6 +246,7 @@ def hold_lock(task: Any, *args: Any, **kwargs: Any) -> Iterator[Lease]:
             outcome.key,
             outcome.as_dict(),
         )
+    assert isinstance(outcome, Lease)  # nothing is parked without a message
     lease = outcome
     try:
         yield lease

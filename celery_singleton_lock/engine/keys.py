@@ -8,6 +8,11 @@ Layout, for prefix ``P`` and lock name ``N``::
     P:{N}:queued     the task id of the message queued under this name (opt-in enqueue
                      deduplication): written by ENQUEUE with its own TTL, deleted by the
                      acquire of that task id or by a compare-and-delete (see scripts.py)
+    P:{N}:parked     the task ids parked behind the lock, oldest first (policy ``queue``)
+    P:{N}:parked-messages
+                     their parked messages, by task id
+    P:handoff-due    (one per prefix, no hash tag) lock names a hand-off sweeper should look
+                     at, scored by when (see scripts.py)
     P:{N}:finished:<owner task id>
                      that owner ran to the end under this lock: written by a release that asks
                      for it ('fence|acquired_at|pid|host|task_id', with a TTL), and read by an
@@ -44,6 +49,11 @@ def validate_prefix(prefix: str) -> str:
     return prefix
 
 
+def handoff_index(prefix: str) -> str:
+    """Key of the sorted set of lock names a hand-off sweeper looks at (see scripts.py)."""
+    return f"{prefix}:handoff-due"
+
+
 @dataclass(frozen=True)
 class LockKeys:
     """The lock key, fence counter key and release channel of one name."""
@@ -66,6 +76,21 @@ class LockKeys:
     def queued(self) -> str:
         """Key of the queued marker: the task id published under this name (see module doc)."""
         return f"{self.lock}:queued"
+
+    @property
+    def parked(self) -> str:
+        """Key of the list of task ids parked behind this lock, oldest first."""
+        return f"{self.lock}:parked"
+
+    @property
+    def parked_messages(self) -> str:
+        """Key of the hash of parked messages, by task id."""
+        return f"{self.lock}:parked-messages"
+
+    @property
+    def handoff_due(self) -> str:
+        """Key of the prefix's hand-off index (no hash tag: one per prefix)."""
+        return handoff_index(self.lock[: self.lock.index(":{")])
 
     def finished(self, task_id: str) -> str:
         """Key recording that the owner running ``task_id`` ran to the end (see module doc)."""

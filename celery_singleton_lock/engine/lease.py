@@ -103,6 +103,20 @@ class LockHolder:
         }
 
 
+@dataclass(frozen=True)
+class Parked:
+    """A task id parked behind a held lock, to be handed the lock in arrival order."""
+
+    key: str
+    #: who holds the lock; None when it was free and just handed to an older parked task id
+    holder: Optional[LockHolder]
+    #: this task id's 1-based place among the parked ones
+    position: int
+    #: the message of the parked task id the lock was just reserved for, which the caller must
+    #: publish; None when nothing was handed off
+    handed: Optional[bytes]
+
+
 LostCallback = Callable[["Lease"], None]
 
 #: Guards the lost/released state of every lease. State changes are rare (loss, release,

@@ -29,8 +29,8 @@ from ..errors import AlreadyFinished, LockBackendUnavailable, LockConfigurationE
 from . import lease as _lease
 from . import scripts, server_errors
 from .inspect import Client, LockInspector
-from .keys import LockKeys, validate_prefix
-from .lease import Lease, LockHolder, LostCallback, Owner
+from .keys import LockKeys, handoff_index, validate_prefix
+from .lease import Lease, LockHolder, LostCallback, Owner, Parked
 from .pinned import PinnedConnections
 from .renewer import Renewer, process_renewer
 
@@ -43,6 +43,11 @@ AcquireResult = Union[Lease, LockHolder]
 def new_token() -> str:
     """A fresh 128-bit random owner token (hex), from ``os.urandom`` as ``secrets`` does."""
     return os.urandom(16).hex()
+
+
+def _as_bytes(reply: Union[bytes, str]) -> bytes:
+    # a client made with decode_responses=True hands back str
+    return reply.encode("utf-8", "surrogateescape") if isinstance(reply, str) else reply
 
 
 def _ms(seconds: float) -> int:
@@ -84,6 +89,9 @@ class RedisLocker:
         self._renew_by_owner: Script = client.register_script(scripts.RENEW_BY_OWNER)
         self._enqueue: Script = client.register_script(scripts.ENQUEUE)
         self._clear_queued: Script = client.register_script(scripts.CLEAR_QUEUED)
+        self._acquire_or_park: Script = client.register_script(scripts.ACQUIRE_OR_PARK)
+        self._release_and_hand_off: Script = client.register_script(scripts.RELEASE_AND_HAND_OFF)
+        self._handoff_due: Script = client.register_script(scripts.HANDOFF_DUE)
         #: True for a Redis Cluster client: scripts run through it, renewal per node.
         self.cluster = isinstance(client, RedisCluster)
         #: Acquire and release run here: connections kept checked out of the client's pool.
@@ -115,11 +123,13 @@ class RedisLocker:
         min_replicas: int = 0,
         replica_timeout: float = 1.0,
         take_queued: bool = False,
-    ) -> AcquireResult:
+        park: Optional[bytes] = None,
+        reservation_ttl: float = 30.0,
+    ) -> Union[AcquireResult, Parked]:
         """Take the lock ``name`` for ``ttl`` seconds, in one round trip, without waiting.
 
         Returns the :class:`Lease` when acquired, or the current :class:`LockHolder` (with
-        its remaining TTL) when someone else holds it.
+        its remaining TTL) when someone else holds it, or :class:`Parked` with ``park``.
 
         Args:
             renew: keep the lease alive from the process renewer until it is released.
@@ -137,6 +147,13 @@ class RedisLocker:
             take_queued: delete the lock's queued marker (see :meth:`enqueue`) if it holds
                 ``owner.task_id``, whatever the outcome, in the same round trip: this
                 message is no longer queued.
+            park: this task id's message. When the lock is held (or free but promised to an
+                older parked task id), the message is parked behind it, in arrival order,
+                and :class:`Parked` returned; a release with :meth:`release_handing_off`
+                then reserves the lock for the oldest parked id and returns its message to
+                publish. A lock reserved for ``owner.task_id`` is taken over. Not on a
+                cluster (the hand-off index is one key per prefix).
+            reservation_ttl: with ``park``: seconds a reservation made by this call lives.
 
         Raises:
             AlreadyFinished: with ``unless_finished``, that record exists.
@@ -148,22 +165,31 @@ class RedisLocker:
         if max_lifetime is not None and not max_lifetime > 0:
             raise ValueError(f"max_lifetime must be positive or None, got {max_lifetime!r}")
         owner = owner or Owner()
-        if (unless_finished or take_queued) and not owner.task_id:
-            raise ValueError("unless_finished and take_queued need an owner with a task_id")
+        if (unless_finished or take_queued or park is not None) and not owner.task_id:
+            raise ValueError("unless_finished, take_queued and park need an owner with a task_id")
         keys = self.keys(name)
         token = new_token()
         renewer = self.renewer
         sent_at = renewer.clock()
-        script_keys, args = self._acquire_call(
-            keys, ttl, token, owner, fencing, unless_finished, take_queued
-        )
+        script = self._acquire
+        if park is None:
+            script_keys, args = self._acquire_call(
+                keys, ttl, token, owner, fencing, unless_finished, take_queued
+            )
+        else:
+            script = self._acquire_or_park
+            script_keys, args = self._park_call(
+                keys, ttl, token, owner, fencing, unless_finished, park, reservation_ttl
+            )
         acknowledged = None
         if min_replicas:
             reply, acknowledged = self._run_acknowledged(
-                self._acquire, keys.lock, script_keys, args, min_replicas, replica_timeout
+                script, keys.lock, script_keys, args, min_replicas, replica_timeout
             )
         else:
-            reply = self._run(self._acquire, keys.lock, script_keys, args, pinned=True)
+            reply = self._run(script, keys.lock, script_keys, args, pinned=True)
+        if type(reply) is list:
+            return self._parked(keys, reply)
         if type(reply) is not int:
             text = reply.decode("utf-8", "replace") if isinstance(reply, bytes) else str(reply)
             pttl, _, fields = text.partition("|")
@@ -225,6 +251,53 @@ class RedisLocker:
             script_keys.append(keys.queued)
             args.append(owner.task_id)
         return script_keys, args
+
+    def _park_call(
+        self,
+        keys: LockKeys,
+        ttl: float,
+        token: str,
+        owner: Owner,
+        fencing: bool,
+        unless_finished: bool,
+        message: bytes,
+        reservation_ttl: float,
+    ) -> tuple[list[str], list[Any]]:
+        """KEYS and ARGV of ACQUIRE_OR_PARK (see its contract in :mod:`.scripts`)."""
+        if self.cluster:
+            raise LockConfigurationError(
+                f"parking duplicates (on_duplicate='queue') is not supported on Redis Cluster: "
+                f"its hand-off index is one key for every lock ({keys.handoff_due})",
+                keys.lock,
+            )
+        value = f"{token}||{int(self.wall_clock() * 1000)}|{owner.fields}"
+        script_keys = [keys.lock, keys.fence, keys.parked, keys.parked_messages, keys.handoff_due]
+        if unless_finished:
+            script_keys.append(keys.finished(owner.task_id))
+        args = [
+            _ms(ttl),
+            value,
+            "1" if fencing else "0",
+            owner.task_id,
+            message,
+            keys.name,
+            _ms(reservation_ttl),
+        ]
+        return script_keys, args
+
+    @staticmethod
+    def _parked(keys: LockKeys, reply: list[Any]) -> Parked:
+        fields, position, handed = reply
+        holder = None
+        if fields:
+            pttl, _, rest = _lease.as_text(fields).partition("|")
+            holder = LockHolder.parse(keys.lock, rest, pttl)
+        return Parked(
+            key=keys.lock,
+            holder=holder,
+            position=int(position),
+            handed=None if handed is None else _as_bytes(handed),
+        )
 
     # -- queued markers (enqueue deduplication) -------------------------------------------------
 
@@ -293,26 +366,78 @@ class RedisLocker:
             LockBackendUnavailable: the server could not be reached; the lease keeps its
                 token (and stays unrenewed), so ``release`` may simply be called again.
         """
-        if lease.pid != os.getpid():  # inherited from the parent: never touched here
-            return False
-        with _lease._state_lock:
-            if lease.released:
-                return False
-            lease.released = True  # from here a failed renewal is not reported as a loss
-        self.renewer.discard(lease)
         script_keys = [lease.key]
         args: list[Any] = [lease.token, lease.keys.channel]
         if remember_for is not None and lease.owner.task_id:
             script_keys.append(lease.keys.finished(lease.owner.task_id))
             args.append(_ms(remember_for))
+        return bool(self._release_with(lease, self._release, script_keys, args))
+
+    def release_handing_off(
+        self, lease: Lease, *, reservation_ttl: float, remember_for: Optional[float] = None
+    ) -> tuple[bool, Optional[bytes]]:
+        """Release ``lease`` as :meth:`release` does, and in the same round trip reserve the
+        lock for ``reservation_ttl`` seconds for the oldest task id parked behind it (see
+        ``park`` in :meth:`try_acquire`).
+
+        Returns whether the lock was still ours, and the parked message the caller must now
+        publish (None when nothing is parked, or the lock was not ours). A message that is
+        never published is not lost: when the reservation runs out, a sweeper
+        (:meth:`hand_off_if_free`) reserves the lock for the same task id again.
+        """
+        keys = lease.keys
+        script_keys = [lease.key, keys.parked, keys.parked_messages, keys.handoff_due]
+        args: list[Any] = [lease.token, keys.channel, keys.name, _ms(reservation_ttl)]
+        if remember_for is not None and lease.owner.task_id:
+            script_keys.append(keys.finished(lease.owner.task_id))
+            args.append(_ms(remember_for))
+        reply = self._release_with(lease, self._release_and_hand_off, script_keys, args)
+        if isinstance(reply, (bytes, str)):
+            return True, _as_bytes(reply)
+        return bool(reply), None
+
+    def _release_with(
+        self, lease: Lease, script: Script, script_keys: list[str], args: list[Any]
+    ) -> Any:
+        """Run a release ``script`` for ``lease`` once (its reply), or return 0 without a
+        round trip for a lease already released or inherited from the parent process."""
+        if lease.pid != os.getpid():  # inherited from the parent: never touched here
+            return 0
+        with _lease._state_lock:
+            if lease.released:
+                return 0
+            lease.released = True  # from here a failed renewal is not reported as a loss
+        self.renewer.discard(lease)
         try:
-            released = self._run(self._release, lease.key, script_keys, args, pinned=True)
+            released = self._run(script, lease.key, script_keys, args, pinned=True)
         except LockError:
             lease.released = False
             raise
         if not released:  # the caller reports it (the Celery layer, naming the task)
             log_release.debug("released %s but it was no longer ours", lease.key)
-        return bool(released)
+        return released
+
+    # -- hand-off sweeping -------------------------------------------------------------------
+
+    def hand_off_due(self, limit: int = 100) -> list[str]:
+        """Names of the locks with parked task ids whose holder's TTL or reservation has run
+        out by the server's clock (at most ``limit``): a sweeper looks at each with
+        :meth:`hand_off_if_free`."""
+        key = handoff_index(self.prefix)
+        return [_lease.as_text(name) for name in self._run(self._handoff_due, key, [key], [limit])]
+
+    def hand_off_if_free(self, name: str, *, reservation_ttl: float) -> Optional[bytes]:
+        """If the lock ``name`` is free and task ids are parked behind it, reserve it for the
+        oldest for ``reservation_ttl`` seconds and return its message, to publish; else None
+        (a held lock is looked at again when its TTL runs out)."""
+        keys = self.keys(name)
+        reply = self._run(
+            self._release_and_hand_off,
+            keys.lock,
+            [keys.lock, keys.parked, keys.parked_messages, keys.handoff_due],
+            ["", keys.channel, keys.name, _ms(reservation_ttl)],
+        )
+        return _as_bytes(reply) if isinstance(reply, (bytes, str)) else None
 
     def release_abandoned(self, name: str, *, task_id: str, host: str, pid: int) -> bool:
         """Release the lock ``name`` if it is held by that (dead) execution; True if released.

@@ -1,0 +1,193 @@
+"""The hand-off queue: ACQUIRE_OR_PARK, RELEASE_AND_HAND_OFF and the sweeper's HANDOFF_DUE."""
+
+from __future__ import annotations
+
+import time
+from typing import Union
+
+import pytest
+import redis
+
+from celery_singleton_lock import AlreadyFinished
+from celery_singleton_lock.engine import Lease, LockHolder, Owner, RedisLocker
+from celery_singleton_lock.engine.lease import Parked
+from celery_singleton_lock.engine.scripts import HANDOFF_TOKEN
+
+
+def attempt(
+    locker: RedisLocker, task_id: str, *, ttl: float = 30, reservation_ttl: float = 30, **kw: bool
+) -> Union[Lease, LockHolder, Parked]:
+    """One acquire-or-park of the lock "job" by ``task_id``, whose message is ``msg-<id>``."""
+    return locker.try_acquire(
+        "job",
+        ttl=ttl,
+        owner=Owner(task_id=task_id),
+        renew=False,
+        park=f"msg-{task_id}".encode(),
+        reservation_ttl=reservation_ttl,
+        **kw,
+    )
+
+
+def parked_ids(locker: RedisLocker) -> list[bytes]:
+    return list(locker.client.lrange(locker.keys("job").parked, 0, -1))
+
+
+def test_a_free_lock_is_taken_without_parking(locker: RedisLocker) -> None:
+    assert isinstance(attempt(locker, "a"), Lease)
+    assert parked_ids(locker) == []
+
+
+def test_a_duplicate_is_parked_behind_the_holder_in_arrival_order(locker: RedisLocker) -> None:
+    assert isinstance(attempt(locker, "a"), Lease)
+    second, third = attempt(locker, "b"), attempt(locker, "c")
+    assert isinstance(second, Parked) and isinstance(third, Parked)
+    assert (second.position, third.position) == (1, 2)
+    assert second.holder is not None and second.holder.task_id == "a"
+    assert second.handed is None
+    assert parked_ids(locker) == [b"b", b"c"]
+
+
+def test_parking_the_same_task_id_twice_keeps_its_place(locker: RedisLocker) -> None:
+    attempt(locker, "a")
+    attempt(locker, "b")
+    attempt(locker, "c")
+    again = attempt(locker, "b")
+    assert isinstance(again, Parked) and again.position == 1
+    assert parked_ids(locker) == [b"b", b"c"]
+
+
+def test_a_copy_of_the_holders_own_task_id_is_not_parked(locker: RedisLocker) -> None:
+    attempt(locker, "a")
+    copy = attempt(locker, "a")
+    assert isinstance(copy, LockHolder) and copy.task_id == "a"
+    assert parked_ids(locker) == []
+
+
+def test_the_release_reserves_the_lock_for_the_oldest_parked_and_returns_its_message(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    lease = attempt(locker, "a")
+    assert isinstance(lease, Lease)
+    attempt(locker, "b")
+    attempt(locker, "c")
+    owned, message = locker.release_handing_off(lease, reservation_ttl=5)
+    assert (owned, message) == (True, b"msg-b")
+    value = redis_client.get(locker.keys("job").lock)
+    assert value is not None and value.startswith(HANDOFF_TOKEN.encode())
+    assert value.endswith(b"|b")
+    assert 0 < redis_client.pttl(locker.keys("job").lock) <= 5000
+
+
+def test_only_the_reserved_task_id_takes_a_reserved_lock(locker: RedisLocker) -> None:
+    lease = attempt(locker, "a")
+    assert isinstance(lease, Lease)
+    attempt(locker, "b")
+    locker.release_handing_off(lease, reservation_ttl=5)
+    newcomer = attempt(locker, "z")
+    assert isinstance(newcomer, Parked)
+    assert newcomer.holder is not None and newcomer.holder.task_id == "b"
+    assert isinstance(attempt(locker, "b"), Lease)
+    assert parked_ids(locker) == [b"z"]
+
+
+def test_releases_hand_the_lock_on_in_arrival_order(locker: RedisLocker) -> None:
+    lease = attempt(locker, "a")
+    for task_id in "bcde":
+        attempt(locker, task_id)
+    ran = []
+    while isinstance(lease, Lease):
+        ran.append(lease.owner.task_id)
+        _, message = locker.release_handing_off(lease, reservation_ttl=5)
+        if message is None:
+            break
+        next_id = message.decode().removeprefix("msg-")
+        lease = attempt(locker, next_id)
+    assert ran == ["a", "b", "c", "d", "e"]
+    assert not locker.client.exists(locker.keys("job").lock)
+    assert locker.client.zscore(locker.keys("job").handoff_due, "job") is None
+
+
+def test_a_release_with_nothing_parked_frees_the_lock(locker: RedisLocker) -> None:
+    lease = attempt(locker, "a")
+    assert isinstance(lease, Lease)
+    assert locker.release_handing_off(lease, reservation_ttl=5) == (True, None)
+    assert not locker.client.exists(locker.keys("job").lock)
+
+
+def test_a_release_by_a_lease_that_lost_the_lock_hands_off_nothing(locker: RedisLocker) -> None:
+    lease = attempt(locker, "a")
+    assert isinstance(lease, Lease)
+    attempt(locker, "b")
+    locker.client.delete(locker.keys("job").lock)
+    assert isinstance(attempt(locker, "x"), Parked)  # free, but "b" is older: reserved for it
+    assert locker.release_handing_off(lease, reservation_ttl=5) == (False, None)
+
+
+def test_a_free_lock_with_older_parked_ids_is_handed_to_the_oldest_not_taken(
+    locker: RedisLocker,
+) -> None:
+    lease = attempt(locker, "a", ttl=0.2)
+    assert isinstance(lease, Lease)
+    attempt(locker, "b")
+    time.sleep(0.3)  # the holder died: its lock expired
+    newcomer = attempt(locker, "c")
+    assert isinstance(newcomer, Parked)
+    assert newcomer.handed == b"msg-b" and newcomer.holder is None
+    assert parked_ids(locker) == [b"b", b"c"]
+
+
+def test_the_sweeper_finds_a_dead_holders_lock_once_it_expired_and_hands_it_off(
+    locker: RedisLocker,
+) -> None:
+    assert isinstance(attempt(locker, "a", ttl=0.3), Lease)
+    attempt(locker, "b")
+    assert locker.hand_off_due() == []  # not due before the holder's TTL runs out
+    time.sleep(0.4)
+    assert locker.hand_off_due() == ["job"]
+    assert locker.hand_off_if_free("job", reservation_ttl=5) == b"msg-b"
+    assert locker.hand_off_due() == []  # reserved: due again when the reservation runs out
+
+
+def test_the_sweeper_leaves_a_held_lock_and_looks_again_at_its_ttl(locker: RedisLocker) -> None:
+    lease = attempt(locker, "a", ttl=0.3)
+    assert isinstance(lease, Lease)
+    attempt(locker, "b")
+    locker.client.pexpire(locker.keys("job").lock, 30_000)  # renewed meanwhile
+    time.sleep(0.4)
+    assert locker.hand_off_due() == ["job"]
+    assert locker.hand_off_if_free("job", reservation_ttl=5) is None
+    assert locker.hand_off_due() == []
+    score = locker.client.zscore(locker.keys("job").handoff_due, "job")
+    assert score is not None and score > time.time() * 1000 + 20_000
+
+
+def test_a_reservation_that_ran_out_is_handed_to_the_same_task_id_again(
+    locker: RedisLocker,
+) -> None:
+    lease = attempt(locker, "a")
+    assert isinstance(lease, Lease)
+    attempt(locker, "b")
+    attempt(locker, "c")
+    assert locker.release_handing_off(lease, reservation_ttl=0.2)[1] == b"msg-b"
+    time.sleep(0.3)  # b's message was lost on its way
+    assert locker.hand_off_due() == ["job"]
+    assert locker.hand_off_if_free("job", reservation_ttl=5) == b"msg-b"
+
+
+def test_a_finished_task_id_takes_nothing_and_is_not_parked(locker: RedisLocker) -> None:
+    lease = attempt(locker, "a")
+    assert isinstance(lease, Lease)
+    locker.release_handing_off(lease, reservation_ttl=5, remember_for=60)
+    with pytest.raises(AlreadyFinished):
+        attempt(locker, "a", unless_finished=True)
+    assert parked_ids(locker) == []
+
+
+def test_parking_hands_out_fences_in_execution_order(locker: RedisLocker) -> None:
+    lease = attempt(locker, "a", fencing=True)
+    assert isinstance(lease, Lease) and lease.fence == 1
+    attempt(locker, "b", fencing=True)
+    locker.release_handing_off(lease, reservation_ttl=5)
+    taken = attempt(locker, "b", fencing=True)
+    assert isinstance(taken, Lease) and taken.fence == 2

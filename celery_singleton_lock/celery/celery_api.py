@@ -179,6 +179,18 @@ def send_again(task: Any, request: Any, *, countdown: float, headers: dict[str, 
     signature.apply_async()
 
 
+def message_of(task: Any, request: Any, *, headers: dict[str, Any]) -> dict[str, Any]:
+    """The message of ``request`` as a signature (a plain dict: task name, arguments and the
+    options that route it: task id, queue, chord, links, parent...), with ``headers``, to be
+    sent later with :func:`send_message`; Celery's own ``retries`` count is kept."""
+    return dict(task.signature_from_request(request, headers=headers, retries=request.retries))
+
+
+def send_message(app: Any, message: dict[str, Any]) -> None:
+    """Send a message made by :func:`message_of`, under its own task id, now."""
+    signature(message, app=app).apply_async()
+
+
 def registered_instances(app: Any, cls: type) -> list[Any]:
     """Tasks of exactly class ``cls`` registered with ``app``, without finalizing it.
 

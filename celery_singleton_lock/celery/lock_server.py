@@ -31,7 +31,7 @@ from redis.retry import Retry
 
 from ..engine import RedisLocker
 from ..engine.inspect import Client
-from ..engine.process import ForkSafeLock
+from ..engine.process import ForkSafeLock, reset_in_forked_children
 from ..errors import LockBackendUnavailable, LockConfigurationError
 from .options import celery_setting, lock_prefix
 
@@ -446,8 +446,26 @@ _lockers: weakref.WeakKeyDictionary[Any, RedisLocker] = weakref.WeakKeyDictionar
 _lockers_lock = ForkSafeLock()
 
 
+class _ChildMakesItsOwnLockers:
+    """A forked child (a prefork pool child) makes its own lockers, with clients of its own.
+
+    redis-py resets a connection pool it finds in a child under that pool's lock, and since
+    redis-py 8 that lock is the one its parent's threads take for every command: the worker's
+    main process renews its children's locks and hands locks on from threads of its own, and
+    a child forked while one of them held the lock hung on its first acquire, for good.
+    """
+
+    def after_fork_in_child(self) -> None:
+        _lockers.clear()
+
+
+_child_lockers = _ChildMakesItsOwnLockers()
+reset_in_forked_children(_child_lockers)
+
+
 def locker_for(app: Any) -> RedisLocker:
-    """The locker of ``app`` (created on first use; redis-py's pool is fork-safe).
+    """The locker of ``app`` in this process (created on first use; see
+    :class:`_ChildMakesItsOwnLockers` for a forked child).
 
     Raises:
         LockBackendUnavailable: the server could not be asked whether it is a Redis Cluster

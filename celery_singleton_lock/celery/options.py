@@ -14,7 +14,7 @@ from ..arguments import ArgumentKeyer
 from ..engine.keys import LockKeys, validate_prefix
 from ..errors import LockConfigurationError
 
-POLICIES = ("skip", "retry", "wait", "fail", "join")
+POLICIES = ("skip", "retry", "wait", "fail", "join", "queue")
 BACKEND_ERROR_POLICIES = ("retry", "run")
 
 #: task attribute -> (app setting, built-in default). ``lock_on`` and ``lock_key`` are
@@ -46,6 +46,12 @@ APP_SETTINGS: dict[str, Any] = {
     #: True: the lock URL names a node of a Redis Cluster; False: a single server; None: ask
     #: the server (``INFO cluster``) when the worker first connects
     "singleton_lock_cluster": None,
+    #: policy ``queue``: seconds a lock handed to a parked message stays reserved for it
+    #: while that message is on its way; a message lost meanwhile is sent again after that
+    "singleton_lock_handoff_timeout": 60.0,
+    #: policy ``queue``: seconds between two looks, from each worker, for locks whose holder
+    #: died (or whose reservation ran out) with messages parked behind them
+    "singleton_lock_handoff_sweep_interval": 1.0,
 }
 
 KNOWN_SETTINGS = frozenset(APP_SETTINGS) | {setting for setting, _ in TASK_OPTIONS.values()}
@@ -92,6 +98,8 @@ class LockOptions:
     dedupe_on_enqueue: bool = False
     #: seconds a queued marker lives when its message never reaches a worker (purged, lost)
     queued_ttl: float = 3600.0
+    #: policy ``queue``: seconds a lock handed to a parked message stays reserved for it
+    handoff_timeout: float = 60.0
 
 
 def _number(task: str, name: str, value: Any, low: float, high: float) -> float:
@@ -130,6 +138,47 @@ def _check_results_stored(
             "execution's outcome from; set the app's result_backend or choose another "
             "on_duplicate"
         )
+
+
+def _check_queue(task: str, dedupe: bool, finished_ttl: Optional[float]) -> None:
+    """``queue`` runs every duplicate: it cannot also drop them at enqueue, and it needs the
+    finish record that keeps a hand-off sent twice from running twice."""
+    if dedupe:
+        raise LockConfigurationError(
+            f"task {task}: on_duplicate='queue' runs every duplicate, one after the other, but "
+            "dedupe_on_enqueue=True drops them before they are queued; choose one of the two"
+        )
+    if finished_ttl is None:
+        raise LockConfigurationError(
+            f"task {task}: on_duplicate='queue' needs lock_finished_ttl (it keeps a parked "
+            "message that was handed the lock twice from running twice); set it to a number "
+            "of seconds (default 3600) or choose another on_duplicate"
+        )
+
+
+def handoff_settings(conf: Mapping[str, Any]) -> tuple[float, float]:
+    """The sweep interval and the reservation TTL of policy ``queue``, validated.
+
+    Raises:
+        LockConfigurationError: naming the setting.
+    """
+    values = []
+    for setting, low, high in (
+        ("singleton_lock_handoff_sweep_interval", 0.05, 3600.0),
+        ("singleton_lock_handoff_timeout", 1.0, MAX_TTL),
+    ):
+        value = conf.get(setting)
+        value = APP_SETTINGS[setting] if value is None else value
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not (low <= value <= high)
+        ):
+            raise LockConfigurationError(
+                f"{setting} must be a number of seconds from {low} to {high}, got {value!r}"
+            )
+        values.append(float(value))
+    return values[0], values[1]
 
 
 def celery_setting(conf: Mapping[str, Any], name: str) -> Any:
@@ -226,6 +275,9 @@ def resolve(
     on_duplicate = _choice(task_name, "on_duplicate", value["on_duplicate"], POLICIES)
     if on_duplicate == "join":
         _check_results_stored(task_name, attributes, conf)
+    if on_duplicate == "queue":
+        _check_queue(task_name, dedupe, finished_ttl)
+    _, handoff_timeout = handoff_settings(conf)
 
     return LockOptions(
         task_name=task_name,
@@ -256,4 +308,5 @@ def resolve(
         default_time_limit=time_limit or conf.get("task_time_limit") or None,
         dedupe_on_enqueue=dedupe,
         queued_ttl=queued_ttl,
+        handoff_timeout=handoff_timeout,
     )

@@ -1,4 +1,4 @@
-"""What a duplicate does when its lock is held: skip, retry, wait, fail or join.
+"""What a duplicate does when its lock is held: skip, retry, wait, fail, join or queue.
 
 Each policy either returns a lease (``wait`` got the lock) or ends the execution by raising
 what Celery's tracer understands: ``Ignore`` after storing the state first (skip: the outcome,
@@ -23,10 +23,11 @@ from typing import Any, Callable, Iterator, NoReturn, Optional
 from celery.exceptions import Ignore
 
 from ..engine import Lease, LockHolder
+from ..engine.lease import Parked
 from ..engine.locker import AcquireResult
 from ..engine.waiting import subscribe_releases, wait_for_release
 from ..errors import DuplicateTaskError, DuplicateTaskSkipped, LockBackendUnavailable, LockError
-from . import celery_api
+from . import celery_api, handoff
 from .celery_api import BACKEND_ERRORS, ignores_result
 from .options import LockOptions
 from .signals import lock_duplicate
@@ -142,6 +143,26 @@ def fail(duplicate: Duplicate) -> NoReturn:
         holder.key,
         holder.as_dict(),
     )
+
+
+def queue(duplicate: Duplicate, parked: Parked) -> NoReturn:
+    """The message is parked behind the lock (by the acquire itself): end now, holding no
+    worker slot; the release before it sends it again (see :mod:`.handoff`). Its state is
+    left as it is: it has not run yet."""
+    if parked.handed is not None:
+        # the lock was free but promised to an older parked message: this caller sends it
+        handoff.publish(duplicate.task.app, parked.handed, parked.key)
+    ahead = describe(duplicate.holder) if parked.holder is not None else "an older parked call"
+    log.info(
+        "task %s: lock %s held by %s; queued behind it (position %d)",
+        duplicate.label,
+        parked.key,
+        ahead,
+        parked.position,
+    )
+    duplicate.announce("queue")
+    celery_api.logged_already(duplicate.request.id)
+    raise Ignore(f"queued behind lock {parked.key} (position {parked.position})")
 
 
 def retry(
@@ -377,9 +398,7 @@ def rejoin(task: Any, request: Any) -> None:
         _join_outcome(task, request, joined, key, OUTCOME_GRACE)
     except LockBackendUnavailable as exc:
         # whether it ended is unknown: running could run the body twice; retry later
-        holder = LockHolder(
-            key=key, task_id=joined, host="", pid=None, acquired_at=None, fence=None, ttl=None
-        )
+        holder = LockHolder.unknown(key, joined)
         duplicate = Duplicate(task, request, task.lock_options, request.lock.name, holder)
         retry(duplicate, exc, extra_headers={JOIN_HEADER: joined})
 
@@ -417,11 +436,11 @@ def handle(duplicate: Duplicate, acquire: Callable[[], AcquireResult]) -> Lease:
     """Apply the task's ``on_duplicate`` policy; returns a lease only if ``wait`` got one, or
     ``join`` found the holder gone without an outcome."""
     policy = duplicate.options.on_duplicate
-    if policy in ("retry", "join") and duplicate.request.is_eager:
+    if policy in ("retry", "join", "queue") and duplicate.request.is_eager:
         # in eager mode, wait in place up to lock_wait_timeout, then fail (no result is
         # stored to join)
         policy = "wait"
-    if policy in ("fail", "join") and duplicate.holder.task_id == duplicate.request.id:
+    if policy in ("fail", "join", "queue") and duplicate.holder.task_id == duplicate.request.id:
         # a state stored under the running execution's id would clobber it
         policy = "skip"
     if policy == "skip":

@@ -26,7 +26,7 @@ from redis.exceptions import RedisError
 
 from ..engine import Lease
 from ..errors import LockError
-from . import celery_api
+from . import celery_api, handoff
 from .handle import LockHandle
 from .signals import lock_released
 
@@ -95,10 +95,21 @@ class LockScope(LockHandle):
         if _open.by_name.get(self.name) is self:
             del _open.by_name[self.name]
         task = self.task
-        remember_for = task.lock_options.finished_ttl if finished and task.acks_late else None
+        options = task.lock_options
+        queue = options.on_duplicate == "queue"
+        # a queue task's finish is always recorded: a hand-off sent twice must not run twice
+        remember = finished and (task.acks_late or queue)
+        remember_for = options.finished_ttl if remember else None
         lease = self.lease
         try:
-            owned = lease.release(remember_for=remember_for)
+            if queue:
+                owned, handed = lease.locker.release_handing_off(
+                    lease, reservation_ttl=options.handoff_timeout, remember_for=remember_for
+                )
+                if handed is not None:
+                    handoff.publish(task.app, handed, lease.key)
+            else:
+                owned = lease.release(remember_for=remember_for)
         except (LockError, RedisError) as exc:
             log.error(
                 "task %s[%s]: could not release %s (%s); it frees itself within %.1fs",

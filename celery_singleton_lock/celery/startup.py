@@ -28,8 +28,16 @@ from celery.exceptions import WorkerTerminate
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ..errors import LockConfigurationError
-from .lock_server import choose_url, close_client, make_client, redact, transport_options
+from ..errors import LockConfigurationError, LockError
+from .lock_server import (
+    choose_url,
+    close_client,
+    cluster_setting,
+    locker_for,
+    make_client,
+    redact,
+    transport_options,
+)
 from .options import KNOWN_SETTINGS, lock_prefix, unknown_settings
 from .task import LockedTask
 
@@ -63,6 +71,29 @@ def check_configuration(app: Any) -> None:
     choose_url(app.conf)  # raises on a lock URL that is not Redis
     for task in locked_tasks(app):
         task.resolve_lock_options()
+    check_handoff_support(app)
+
+
+def check_handoff_support(app: Any) -> None:
+    """Policy ``queue`` keeps one hand-off index per prefix: refuse it on a Redis Cluster
+    (asked of the server when ``singleton_lock_cluster`` does not say; a server that cannot
+    be asked is left to the first acquire, which refuses it the same way)."""
+    queued = [task.name for task in locked_tasks(app) if task.lock_options.on_duplicate == "queue"]
+    if not queued:
+        return
+    cluster = cluster_setting(app.conf)
+    if cluster is None:
+        try:
+            cluster = locker_for(app).cluster
+        except LockError as exc:
+            log.warning("lock server not reachable to check on_duplicate='queue': %s", exc)
+            return
+    if cluster:
+        raise LockConfigurationError(
+            f"task {queued[0]}: on_duplicate='queue' is not supported on a Redis Cluster lock "
+            "server (its parked messages are found through one index key per prefix); use "
+            "'retry' or 'wait' there, or a single server or Sentinel for these locks"
+        )
 
 
 def _with_suggestion(typo: str) -> str:

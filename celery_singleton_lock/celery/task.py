@@ -13,13 +13,14 @@ from celery import Task
 from celery.exceptions import Ignore
 
 from ..engine import Lease, LockHolder, Owner, RedisLocker
+from ..engine.lease import Parked
 from ..errors import (
     AlreadyFinished,
     DuplicateTaskError,
     LockBackendUnavailable,
     LockConfigurationError,
 )
-from . import celery_api, enqueue, policies
+from . import celery_api, enqueue, handoff, policies
 from .handle import LockHandle
 from .lock_server import locker_for
 from .options import TASK_OPTIONS, UNSET, LockOptions, resolve
@@ -271,8 +272,14 @@ class LockedTask(Task):  # type: ignore[misc]
         unless_finished = bool(self.acks_late and task_id and options.finished_ttl)
         # This message is no longer queued: the acquire deletes its marker (enqueue dedupe).
         take_queued = bool(options.dedupe_on_enqueue and task_id and not request.is_eager)
+        # Policy queue: the acquire parks the message when the lock is held. A message
+        # handed the lock twice must not run twice: its finish is recorded and looked for.
+        park = None
+        if options.on_duplicate == "queue" and task_id and not request.is_eager:
+            park = handoff.parked_message(self, request)
+            unless_finished = True
 
-        def acquire() -> Any:
+        def acquire(park: Optional[bytes] = None) -> Any:
             return self.lock_locker.try_acquire(
                 name,
                 options.ttl,
@@ -284,16 +291,21 @@ class LockedTask(Task):  # type: ignore[misc]
                 min_replicas=options.min_replicas,
                 replica_timeout=options.min_replicas_timeout,
                 take_queued=take_queued,
+                park=park,
+                reservation_ttl=options.handoff_timeout,
             )
 
         try:
             try:
-                outcome = acquire()
+                outcome = acquire(park)
             except LockBackendUnavailable as exc:
                 outcome = self._on_backend_unavailable(exc, name, options, request)
                 if outcome is None:
                     return None
             is_copy = policies.is_marked_copy(request)
+            if isinstance(outcome, Parked):
+                holder = outcome.holder or LockHolder.unknown(outcome.key)
+                policies.queue(policies.Duplicate(self, request, options, name, holder), outcome)
             if not isinstance(outcome, Lease):
                 duplicate = policies.Duplicate(self, request, options, name, outcome)
                 is_copy = is_copy or duplicate.is_copy
@@ -343,15 +355,7 @@ class LockedTask(Task):  # type: ignore[misc]
                 self._store_started(request.id, request)
             return None
         log.error("task %s[%s]: %s; retrying later", self.name, request.id, exc)
-        unknown = LockHolder(
-            key=exc.key or name,
-            task_id="",
-            host="",
-            pid=None,
-            acquired_at=None,
-            fence=None,
-            ttl=None,
-        )
+        unknown = LockHolder.unknown(exc.key or name)
         policies.retry(policies.Duplicate(self, request, options, name, unknown), exc)
 
     def _on_lock_lost(self, lease: Lease) -> None:

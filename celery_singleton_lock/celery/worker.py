@@ -8,6 +8,8 @@
   (``dedupe_on_enqueue``) is removed, by task id, so the next call is published.
 * ``worker_init``: a worker with an invalid lock configuration will not start;
   ``worker_ready``: log the lock server and warn if it may evict locks (see :mod:`.startup`).
+* ``worker_ready`` with tasks of policy ``queue``: start the hand-off sweeper in the main
+  process (see :mod:`.handoff`); ``worker_shutdown`` stops it.
 * ``worker_process_shutdown`` / ``worker_shutdown``: release whatever this process holds.
 """
 
@@ -23,10 +25,10 @@ from celery import signals
 from celery.exceptions import TimeLimitExceeded, WorkerLostError
 
 from ..errors import LockError
-from . import enqueue
+from . import enqueue, handoff
 from .lock_server import all_lockers, locker_for
 from .signals import lock_released
-from .startup import install_configuration_check, report_lock_server
+from .startup import install_configuration_check, locked_tasks, report_lock_server
 from .task import LockedTask
 
 log = logging.getLogger("celery_singleton_lock.worker")
@@ -124,6 +126,7 @@ def reclaim_dead_holder(task: LockedTask, task_id: str, args: Any, kwargs: Any, 
                         holder.key,
                         holder.pid,
                     )
+                    _hand_on(task, locker, name)
                     if lock_released.receivers:
                         lock_released.send(
                             sender=task,
@@ -150,6 +153,17 @@ def reclaim_dead_holder(task: LockedTask, task_id: str, args: Any, kwargs: Any, 
         return False
 
 
+def _hand_on(task: LockedTask, locker: Any, name: str) -> None:
+    """Policy ``queue``: hand a reclaimed lock to its oldest parked message now, rather than
+    at the dead holder's TTL (when the sweeper would find it)."""
+    options = task.lock_options
+    if options.on_duplicate != "queue":
+        return
+    message = locker.hand_off_if_free(name, reservation_ttl=options.handoff_timeout)
+    if message is not None:
+        handoff.publish(task.app, message, locker.keys(name).lock)
+
+
 def _prepare_worker_start(sender: Any = None, **_: Any) -> None:
     # worker_init: too early to stop the worker or to log (see .startup); it only adds the
     # bootstep that checks the configuration once logging is set up.
@@ -168,6 +182,18 @@ def _report_lock_server(sender: Any = None, **_: Any) -> None:
         report_lock_server(app)
 
 
+def _start_handoff_sweeper(sender: Any = None, **_: Any) -> None:
+    app = getattr(sender, "app", None)
+    if app is not None and any(
+        task.lock_options.on_duplicate == "queue" for task in locked_tasks(app)
+    ):
+        handoff.start_sweeper(app)
+
+
+def _stop_handoff_sweepers(**_: Any) -> None:
+    handoff.stop_sweepers()
+
+
 def _release_everything_held(**_: Any) -> None:
     for locker in all_lockers():
         try:
@@ -184,5 +210,7 @@ signals.task_revoked.connect(_reclaim_after_terminate, weak=False)
 signals.task_revoked.connect(_forget_discarded_message, weak=False)
 signals.worker_init.connect(_prepare_worker_start, weak=False)
 signals.worker_ready.connect(_report_lock_server, weak=False)
+signals.worker_ready.connect(_start_handoff_sweeper, weak=False)
+signals.worker_shutdown.connect(_stop_handoff_sweepers, weak=False)
 signals.worker_process_shutdown.connect(_release_everything_held, weak=False)
 signals.worker_shutdown.connect(_release_everything_held, weak=False)

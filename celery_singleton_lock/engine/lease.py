@@ -84,6 +84,13 @@ class LockHolder:
         )
 
     @classmethod
+    def unknown(cls, key: str, task_id: str = "") -> LockHolder:
+        """A holder nothing is known of, but perhaps its task id."""
+        return cls(
+            key=key, task_id=task_id, host="", pid=None, acquired_at=None, fence=None, ttl=None
+        )
+
+    @classmethod
     def from_value(cls, key: str, value: Any, pttl: Any) -> Optional[LockHolder]:
         """The holder of a whole stored lock value; None if it is not a lock value."""
         text = as_text(value)

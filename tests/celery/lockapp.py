@@ -147,6 +147,16 @@ hold_retry_twice = keyed_task(
 hold_wait = keyed_task("hold_wait", on_duplicate="wait", lock_wait_timeout=10)
 hold_fail = keyed_task("hold_fail", on_duplicate="fail")
 short_ttl = keyed_task("short_ttl", lock_ttl=1, on_duplicate="skip")
+hold_queue = keyed_task("hold_queue", on_duplicate="queue", lock_ttl=5)
+short_ttl_queue = keyed_task("short_ttl_queue", on_duplicate="queue", lock_ttl=1)
+
+
+@app.task(bind=True, base=LockedTask, lock_on=("key",), on_duplicate="queue", lock_ttl=5)
+def queued_in_order(self: LockedTask, key: str, index: int, seconds: float = 0.0) -> int:
+    """Records ``index`` in ``order:<key>`` as its body starts (policy queue)."""
+    store().rpush(f"order:{key}", index)
+    body(key, seconds, self.request.id)
+    return index
 
 
 # -- enqueue deduplication ------------------------------------------------------------------

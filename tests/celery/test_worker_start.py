@@ -147,6 +147,15 @@ INVALID = {
         before='app.conf.singleton_lock_url = "redis://127.0.0.1:6379/abc"',
         words=("singleton_lock_url", "database 'abc' is not a number"),
     ),
+    "queue policy on a Redis Cluster": Invalid(
+        before="app.conf.singleton_lock_cluster = True",
+        after=(
+            '@app.task(base=LockedTask, name="billing.queued", on_duplicate="queue")\n'
+            "def queued(account_id: int) -> None:\n"
+            "    return None"
+        ),
+        words=("task billing.queued", "on_duplicate='queue'", "Redis Cluster"),
+    ),
     # finalize(): the task is bound (its options validated) before the setting changes
     "option set after registration": Invalid(
         after="app.finalize()\napp.conf.singleton_lock_ttl = -1",

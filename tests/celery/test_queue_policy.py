@@ -1,0 +1,74 @@
+"""Policy ``queue`` on a real worker: duplicates parked in Redis, run one at a time in order."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import redis
+from celery import chord, group
+
+from celery_singleton_lock.engine import Lease, Owner, RedisLocker
+from tests.celery import lockapp
+from tests.celery.conftest import assert_released, lock_key_of
+from tests.support import wait_until
+
+
+def _hold(locker: RedisLocker, task: Any, key: str, ttl: float = 30) -> Lease:
+    lease = locker.try_acquire(
+        task.lock_options.keyer.name((key,), {}), ttl, owner=Owner(task_id="holder"), renew=False
+    )
+    assert isinstance(lease, Lease)
+    return lease
+
+
+def test_every_duplicate_runs_once_in_arrival_order(
+    worker: Any, store: redis.Redis, unique_key: str
+) -> None:
+    results = []
+    for index in range(6):
+        results.append(lockapp.queued_in_order.delay(unique_key, index, 0.2))
+        time.sleep(0.05)  # arrival order is sending order
+    assert [result.get(timeout=30) for result in results] == list(range(6))
+    assert store.lrange(f"order:{unique_key}", 0, -1) == [str(i).encode() for i in range(6)]
+    assert int(store.get(f"overlaps:{unique_key}") or 0) == 0
+    assert_released(store, lock_key_of(lockapp.queued_in_order, unique_key, 0))
+
+
+def test_a_parked_duplicate_holds_no_worker_slot(
+    worker: Any, locker: RedisLocker, store: redis.Redis, unique_key: str
+) -> None:
+    lease = _hold(locker, lockapp.hold_queue, unique_key)
+    parked = [lockapp.hold_queue.delay(unique_key) for _ in range(6)]  # more than the 4 slots
+    other = lockapp.hold_queue.delay(f"{unique_key}-other")
+    other.get(timeout=10)  # a slot was free: the six parked ones hold none
+    keys = locker.keys(lockapp.hold_queue.lock_options.keyer.name((unique_key,), {}))
+    wait_until(lambda: store.llen(keys.parked) == 6, timeout=10)
+    assert all(result.state == "PENDING" for result in parked)
+    assert store.llen(f"runs:{unique_key}") == 0
+    lease.release()  # released from outside, without a hand-off: the sweeper is not running
+    assert_released(store, lease.key)
+
+
+def test_the_holders_release_starts_the_oldest_parked_duplicate(
+    worker: Any, store: redis.Redis, unique_key: str
+) -> None:
+    first = lockapp.hold_queue.delay(unique_key, 0.5)
+    wait_until(lambda: store.llen(f"runs:{unique_key}") == 1, timeout=10)
+    second = lockapp.hold_queue.delay(unique_key, 0.0)
+    first.get(timeout=10)
+    second.get(timeout=10)
+    runs = store.lrange(f"runs:{unique_key}", 0, -1)
+    assert [run.split(b"|")[0].decode() for run in runs] == [first.id, second.id]
+    first_started = float(runs[0].split(b"|")[2])
+    second_started = float(runs[1].split(b"|")[2])
+    assert second_started - first_started >= 0.5  # never alongside
+
+
+def test_a_chord_of_identical_queued_calls_completes_with_every_result(
+    worker: Any, store: redis.Redis, unique_key: str
+) -> None:
+    header = group(lockapp.queued_in_order.s(unique_key, index, 0.05) for index in range(5))
+    result = chord(header)(lockapp.collects.s())
+    assert sorted(result.get(timeout=30)) == list(range(5))
+    assert int(store.get(f"overlaps:{unique_key}") or 0) == 0

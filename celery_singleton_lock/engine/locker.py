@@ -115,6 +115,7 @@ class RedisLocker:
         min_replicas: int = 0,
         replica_timeout: float = 1.0,
         take_queued: bool = False,
+        token: Optional[str] = None,
     ) -> AcquireResult:
         """Take the lock ``name`` for ``ttl`` seconds, in one round trip, without waiting.
 
@@ -137,6 +138,8 @@ class RedisLocker:
             take_queued: delete the lock's queued marker (see :meth:`enqueue`) if it holds
                 ``owner.task_id``, whatever the outcome, in the same round trip: this
                 message is no longer queued.
+            token: the owner token to write (a fresh one by default); a quorum sends the
+                same token to each of its servers (:mod:`.quorum`).
 
         Raises:
             AlreadyFinished: with ``unless_finished``, that record exists.
@@ -151,7 +154,7 @@ class RedisLocker:
         if (unless_finished or take_queued) and not owner.task_id:
             raise ValueError("unless_finished and take_queued need an owner with a task_id")
         keys = self.keys(name)
-        token = new_token()
+        token = token or new_token()
         renewer = self.renewer
         sent_at = renewer.clock()
         script_keys, args = self._acquire_call(

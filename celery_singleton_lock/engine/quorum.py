@@ -110,6 +110,8 @@ class QuorumLocker(RedisLocker):
 
     #: False: fences, replica acknowledgement and queued markers need one server.
     supports_single_server_features = False
+    #: reads the locks held on a majority, and each server's view
+    inspect: QuorumInspector
 
     def __init__(
         self,

@@ -26,6 +26,7 @@ import redis
 from ..engine import LockHolder, LockInspector, LockKeys, RedisLocker
 from ..engine.inspect import Client
 from ..engine.keys import validate_prefix
+from ..engine.quorum import QuorumLocker
 from ..errors import LockBackendUnavailable, LockConfigurationError, LockError
 from .lock_server import (
     DEFAULT_URL,
@@ -33,11 +34,13 @@ from .lock_server import (
     choose_url,
     cluster_setting,
     make_client,
+    make_locker,
     redact,
     redact_loosely,
     transport_options,
 )
 from .options import lock_prefix
+from .quorum import quorum_urls
 from .task import LockedTask
 
 T = TypeVar("T")
@@ -113,6 +116,9 @@ class Target:
     #: where ``url`` came from, for the user: "--url", "-A proj:app, its broker_url"...
     source: str
     app: Any = None
+    #: the quorum's locker when ``url`` names a Redlock quorum (its ``inspect`` is
+    #: ``inspector``); None for one server
+    quorum: Optional[QuorumLocker] = None
 
     @property
     def server(self) -> str:
@@ -120,7 +126,16 @@ class Target:
         return f"{redact(self.url)} (from {self.source})"
 
     def close(self) -> None:
-        self.inspector.client.close()
+        if self.quorum is not None:
+            self.quorum.close()
+        else:
+            self.inspector.client.close()
+
+    def locker(self) -> RedisLocker:
+        """A locker writing where ``inspector`` reads (every server of a quorum)."""
+        if self.quorum is not None:
+            return self.quorum
+        return RedisLocker(self.inspector.client, prefix=self.inspector.prefix)
 
 
 def open_target(
@@ -157,6 +172,10 @@ def open_target(
     prefix = validate_prefix(prefix if prefix is not None else "singleton-lock")
     sentinel_options = transport_options(app.conf, setting) if app is not None else None
     check_url(url, sentinel_options)
+    if quorum_urls(url) is not None:
+        locker = make_locker(url, options, None, cluster=False, prefix=prefix)
+        assert isinstance(locker, QuorumLocker)
+        return Target(inspector=locker.inspect, url=url, source=source, app=app, quorum=locker)
     try:
         client = make_client(
             url,
@@ -407,7 +426,7 @@ def release_lock(
                 "ping); use --force to release anyway"
             )
     inspector = target.inspector
-    locker = RedisLocker(inspector.client, prefix=inspector.prefix)
+    locker = target.locker()
     task_id, host, pid = holder.task_id, holder.host, holder.pid
     released = _asking(
         target, lambda: locker.release_abandoned(name, task_id=task_id, host=host, pid=pid)
@@ -642,9 +661,13 @@ def show(
         try:
             name = lock_name_from_key(target, name)
             holder, fence = read_lock(target, name)
+            views = None if target.quorum is None else target.quorum.inspect.per_server(name)
         finally:
             target.close()
     click.echo(f"lock {name} under prefix {target.inspector.prefix!r} on {target.server}", err=True)
+    for server, seen in views or ():  # a quorum: what each server holds
+        shown = seen if isinstance(seen, Exception) else "free" if seen is None else None
+        click.echo(f"  {server}: {shown or holder_row(seen, time.time())}", err=True)
     if holder is None:
         key = LockKeys.build(target.inspector.prefix, name).lock
         click.echo(f"{key}: free (last fence {fence})")
@@ -719,8 +742,7 @@ def clear_queued_marker(target: Target, name: str) -> Optional[str]:
     """Delete the enqueue marker of lock ``name`` (``dedupe_on_enqueue``) if it still names the
     task id read first (compare-and-delete); that task id, or None when there was none."""
     LockKeys.build(target.inspector.prefix, name)  # a bad name is bad input, not server trouble
-    inspector = target.inspector
-    locker = RedisLocker(inspector.client, prefix=inspector.prefix)
+    locker = target.locker()
     queued = _asking(target, lambda: locker.queued(name))
     if queued is None or not _asking(target, lambda: locker.clear_queued(name, queued)):
         return None

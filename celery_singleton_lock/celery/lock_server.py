@@ -32,8 +32,10 @@ from redis.retry import Retry
 from ..engine import RedisLocker
 from ..engine.inspect import Client
 from ..engine.process import ForkSafeLock, reset_in_forked_children
+from ..engine.quorum import MIN_SERVERS, QuorumLocker
 from ..errors import LockBackendUnavailable, LockConfigurationError
 from .options import celery_setting, lock_prefix
+from .quorum import as_url, quorum_urls
 
 log = logging.getLogger("celery_singleton_lock.worker")
 
@@ -141,7 +143,7 @@ def choose_url(conf: Any) -> tuple[str, str]:
         LockConfigurationError: ``singleton_lock_url`` is not a usable Redis or Sentinel URL,
             or a Sentinel URL (given or inherited) has no ``master_name`` in its options.
     """
-    explicit = conf.get("singleton_lock_url")
+    explicit = as_url(conf.get("singleton_lock_url"))  # a quorum's list: its one-string form
     candidates = (
         [("singleton_lock_url", explicit)]
         if explicit
@@ -172,7 +174,10 @@ def choose_url(conf: Any) -> tuple[str, str]:
 
 
 def redact(url: str) -> str:
-    """``url`` with its password hidden, for logs (each part of a Sentinel URL)."""
+    """``url`` with its password hidden, for logs (each part of a Sentinel URL or quorum)."""
+    servers = quorum_urls(url)
+    if servers is not None:
+        return ",".join(redact(part) for part in servers)
     if ";" in url and is_sentinel(url):
         return ";".join(redact(part) for part in url.split(";"))
     parts = urlsplit(url)
@@ -205,6 +210,10 @@ def check_url(
     URL must also have a ``master_name`` in ``transport_options`` (read from
     ``options_setting``, named in the error).
     """
+    servers = quorum_urls(url)
+    if servers is not None:
+        check_quorum(servers)
+        return url
     if is_sentinel(url):
         parse_sentinel_url(url)
         sentinel_options(url, transport_options, options_setting=options_setting)
@@ -231,6 +240,27 @@ def check_url(
                 f"lock server URL {shown!r}: database {db!r} is not a number"
             )
     return url
+
+
+def check_quorum(servers: list[str]) -> None:
+    """Each of a quorum's URLs must name one plain Redis server, and there must be 3 or more.
+
+    Raises:
+        LockConfigurationError: saying which URL and why.
+    """
+    if len(servers) < MIN_SERVERS:
+        raise LockConfigurationError(
+            f"a Redlock quorum needs at least {MIN_SERVERS} independent Redis servers, got "
+            f"{len(servers)} URL(s); list 3 or 5, or give one URL for a single server"
+        )
+    for part in servers:
+        if not isinstance(part, str) or is_sentinel(part):
+            raise LockConfigurationError(
+                f"lock server URL {redact_loosely(str(part))!r} in a Redlock quorum must be "
+                "redis://, rediss:// or unix:// of one independent server (no Sentinel, no "
+                "Cluster inside a quorum)"
+            )
+        check_url(part)
 
 
 @dataclass(frozen=True)
@@ -476,22 +506,63 @@ def locker_for(app: Any) -> RedisLocker:
         return locker
     conf = app.conf
     url, source = choose_url(conf)
-    prefix = lock_prefix(conf)
     # Made outside the lock: asking whether the server is a cluster is a round trip, and a
     # fork while another thread held the lock would leave the child unable to get a locker.
-    client = make_client(
+    made = make_locker(
         url,
         conf.get("singleton_lock_redis_options"),
         transport_options(conf, source),
         cluster=cluster_setting(conf),
+        prefix=lock_prefix(conf),
     )
     with _lockers_lock:
         locker = _lockers.get(app)
         if locker is None:
-            locker = _lockers[app] = RedisLocker(client, prefix=prefix)
+            locker = _lockers[app] = made
             return locker
-    close_client(client)  # another thread made the locker meanwhile
+    close_locker(made)  # another thread made the locker meanwhile
     return locker
+
+
+def make_locker(
+    url: str,
+    options: Optional[dict[str, Any]],
+    transport: Optional[Mapping[str, Any]],
+    *,
+    cluster: Optional[bool],
+    prefix: str,
+) -> RedisLocker:
+    """The locker of the server(s) ``url`` names: a :class:`QuorumLocker` over a client per
+    server for a quorum (see :mod:`.quorum`), else a ``RedisLocker`` over :func:`make_client`.
+
+    Raises:
+        LockConfigurationError: ``singleton_lock_cluster = True`` with a quorum.
+    """
+    servers = quorum_urls(url)
+    if servers is None:
+        return RedisLocker(make_client(url, options, transport, cluster=cluster), prefix=prefix)
+    if cluster:
+        raise LockConfigurationError(
+            "singleton_lock_cluster = True, but singleton_lock_url lists a Redlock quorum of "
+            "independent servers; a quorum's servers cannot be Cluster nodes"
+        )
+    if len(servers) % 2 == 0:
+        log.warning(
+            "a Redlock quorum of %d servers tolerates no more failures than one of %d: an odd "
+            "count is enough",
+            len(servers),
+            len(servers) - 1,
+        )
+    clients = [make_client(part, options, cluster=False) for part in servers]
+    return QuorumLocker(clients, prefix=prefix)  # type: ignore[arg-type]
+
+
+def close_locker(locker: RedisLocker) -> None:
+    """Close ``locker``'s connections (every server's, for a quorum)."""
+    if isinstance(locker, QuorumLocker):
+        locker.close()
+    else:
+        close_client(locker.client)
 
 
 def forget_locker(app: Any) -> None:
@@ -499,7 +570,7 @@ def forget_locker(app: Any) -> None:
     with _lockers_lock:
         locker = _lockers.pop(app, None)
     if locker is not None:
-        close_client(locker.client)
+        close_locker(locker)
 
 
 def all_lockers() -> list[RedisLocker]:

@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping, Optional
 from ..arguments import ArgumentKeyer
 from ..engine.keys import LockKeys, validate_prefix
 from ..errors import LockConfigurationError
+from .quorum import refuse_on_quorum
 
 POLICIES = ("skip", "retry", "wait", "fail", "join", "queue")
 BACKEND_ERROR_POLICIES = ("retry", "run")
@@ -265,6 +266,7 @@ def resolve(
             f"task {task_name}: dedupe_on_enqueue must be True or False, got {dedupe!r}"
         )
     queued_ttl = _number(task_name, "lock_queued_ttl", value["lock_queued_ttl"], 1.0, 7 * MAX_TTL)
+    refuse_on_quorum(task_name, value, conf)  # fences, replicas, markers need one server
     prefix = lock_prefix(conf)
     try:
         validate_prefix(prefix)

@@ -39,6 +39,7 @@ from .lock_server import (
     transport_options,
 )
 from .options import KNOWN_SETTINGS, lock_prefix, unknown_settings
+from .quorum import quorum_urls
 from .task import LockedTask
 
 log = logging.getLogger("celery_singleton_lock.worker")
@@ -212,6 +213,12 @@ def report_lock_server(app: Any) -> None:
     )
     if not tasks:
         return  # an app that takes no locks need not reach (or have) a lock server
+    for server in quorum_urls(url) or [url]:  # each server of a Redlock quorum
+        report_eviction_policy(app, server, source)
+
+
+def report_eviction_policy(app: Any, url: str, source: str) -> None:
+    """Log whether the lock server at ``url`` may evict locks (see :func:`eviction_risk`)."""
     try:
         policy = read_eviction_policy(
             url,

@@ -125,6 +125,7 @@ class RedisLocker:
         take_queued: bool = False,
         park: Optional[bytes] = None,
         reservation_ttl: float = 30.0,
+        token: Optional[str] = None,
     ) -> Union[AcquireResult, Parked]:
         """Take the lock ``name`` for ``ttl`` seconds, in one round trip, without waiting.
 
@@ -154,6 +155,8 @@ class RedisLocker:
                 publish. A lock reserved for ``owner.task_id`` is taken over. Not on a
                 cluster (the hand-off index is one key per prefix).
             reservation_ttl: with ``park``: seconds a reservation made by this call lives.
+            token: the owner token to write (a fresh one by default); a quorum sends the
+                same token to each of its servers (:mod:`.quorum`).
 
         Raises:
             AlreadyFinished: with ``unless_finished``, that record exists.
@@ -168,7 +171,7 @@ class RedisLocker:
         if (unless_finished or take_queued or park is not None) and not owner.task_id:
             raise ValueError("unless_finished, take_queued and park need an owner with a task_id")
         keys = self.keys(name)
-        token = new_token()
+        token = token or new_token()
         renewer = self.renewer
         sent_at = renewer.clock()
         script = self._acquire

@@ -81,6 +81,8 @@ class Servers:
     lock: RedisServer
     backend_url: str
     visibility_timeout: Optional[float] = None
+    #: the app module the workers load (``-A``)
+    app: str = APP
 
     def env(self, queue: str, **extra: str) -> dict[str, str]:
         env = {
@@ -146,7 +148,7 @@ class CeleryWorkerProcess:
             "-m",
             "celery",
             "-A",
-            APP,
+            self.servers.app,
             "worker",
             "-P",
             self.pool,

@@ -40,7 +40,12 @@ def register(app: Celery, **options: Any) -> Any:
 
 @pytest.mark.parametrize(
     "option, value",
-    [("lock_fencing", True), ("dedupe_on_enqueue", True), ("lock_min_replicas", 1)],
+    [
+        ("lock_fencing", True),
+        ("dedupe_on_enqueue", True),
+        ("lock_min_replicas", 1),
+        ("on_duplicate", "queue"),
+    ],
 )
 def test_an_option_needing_one_server_fails_at_registration(
     app: Celery, option: str, value: Any

@@ -107,6 +107,7 @@ class CeleryWorkerProcess:
             and redeliveries come back to it).
         pool: ``prefork``, ``threads``, ``solo`` (or ``gevent``).
         concurrency: pool size (ignored by ``solo``).
+        app: the module ``celery -A`` imports (default ``tests.celery.lockapp``).
     """
 
     def __init__(
@@ -118,8 +119,10 @@ class CeleryWorkerProcess:
         concurrency: int = 2,
         extra_args: Sequence[str] = (),
         log_dir: Optional[str] = None,
+        app: str = APP,
     ) -> None:
         self.servers = servers
+        self.app = app
         self.queue = queue
         self.pool = pool
         self.concurrency = concurrency
@@ -146,7 +149,7 @@ class CeleryWorkerProcess:
             "-m",
             "celery",
             "-A",
-            APP,
+            self.app,
             "worker",
             "-P",
             self.pool,
@@ -308,6 +311,7 @@ class WorkerGroup:
         pool: str = "prefork",
         concurrency: int = 2,
         extra_args: Sequence[str] = (),
+        app: str = APP,
     ) -> list[CeleryWorkerProcess]:
         """Start ``count`` workers on ``queue`` (a fresh one by default), in parallel."""
         queue = queue or unique("q")
@@ -319,6 +323,7 @@ class WorkerGroup:
                 concurrency=concurrency,
                 extra_args=extra_args,
                 log_dir=self.log_dir,
+                app=app,
             )
             for _ in range(count)
         ]

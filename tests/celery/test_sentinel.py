@@ -144,9 +144,7 @@ def run_stream(
         if index * size.interval >= size.first_failover_after and driver.ident is None:
             driver.start()
         key = keys[index % len(keys)]
-        sent.append(
-            client.send_task(task, args=(key, size.body), queue=queue).id
-        )
+        sent.append(client.send_task(task, args=(key, size.body), queue=queue).id)
         pause = began + (index + 1) * size.interval - time.monotonic()
         if pause > 0:
             time.sleep(pause)

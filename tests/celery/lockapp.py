@@ -558,6 +558,15 @@ short_ttl_retry = keyed_task(
     lock_retry_backoff=0.1,
     lock_retry_backoff_max=0.5,
 )
+#: short_ttl_retry held only once a replica acknowledged it (test_sentinel.py's second stream)
+short_ttl_retry_replicated = keyed_task(
+    "short_ttl_retry_replicated",
+    lock_ttl=1,
+    on_duplicate="retry",
+    lock_retry_backoff=0.1,
+    lock_retry_backoff_max=0.5,
+    lock_min_replicas=1,
+)
 late_ack_skip = keyed_task(
     "late_ack_skip",
     seconds=6,

@@ -1,5 +1,6 @@
 """celery_singleton_lock.compat: the behaviours celery-once's and celery-singleton's READMEs
-document, on a real worker (the originals are not installed in the test environment)."""
+document, on the suite's in-process worker. The same scenarios run beside the original packages
+in test_compat_side_by_side.py."""
 
 from __future__ import annotations
 

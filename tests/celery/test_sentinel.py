@@ -5,7 +5,9 @@ the locks; broker, results and the bodies' records are on a plain Redis server o
 so only the lock server fails over. 2 prefork workers run a stream of locked
 ``short_ttl_retry`` calls (``on_duplicate="retry"``, ``lock_ttl=1``: renewed every third of a
 second, so bodies of 0.4 s are renewed while they run) over a few keys, and ``SENTINEL FAILOVER`` is
-asked mid-stream. Reduced size by default; ``--full`` runs a longer stream with two failovers.
+asked mid-stream. The whole module runs twice, on a fresh group each time: once as is, once with
+``lock_min_replicas=1`` (``short_ttl_retry_replicated``: a lock is held only once the replica
+acknowledged it). Reduced size by default; ``--full`` runs longer streams with two failovers.
 
 What Sentinel does (and this measures): the sentinels name the new master within about a
 second, but the old master is demoted only some 10 s later (Sentinel waits before it
@@ -90,7 +92,15 @@ class Stream:
         return {task_id: state for task_id, state in self.states.items() if state != "SUCCESS"}
 
 
-@pytest.fixture(scope="module")
+#: The two streams: locks as they are (asynchronous replication), and locks held only once the
+#: replica acknowledged them (``lock_min_replicas=1``, ``WAIT 1`` with the acquire).
+TASKS = {
+    "async": lockapp.short_ttl_retry.name,
+    "min_replicas_1": lockapp.short_ttl_retry_replicated.name,
+}
+
+
+@pytest.fixture(scope="module", params=list(TASKS))
 def stream(request: pytest.FixtureRequest) -> Iterator[Stream]:
     size = FULL if request.config.getoption("--full") else REDUCED
     with SentinelGroup.running() as group, RedisServer.running() as plain:
@@ -104,14 +114,14 @@ def stream(request: pytest.FixtureRequest) -> Iterator[Stream]:
         records = redis.Redis.from_url(servers.lock.url.replace("/0", "/2"), socket_timeout=5)
         try:
             with worker_group(servers) as workers:
-                yield run_stream(size, group, workers, client, records)
+                yield run_stream(size, group, workers, client, records, TASKS[request.param])
         finally:
             records.close()
             close_client(client)
 
 
 def run_stream(
-    size: Size, group: SentinelGroup, workers: Any, client: Any, records: redis.Redis
+    size: Size, group: SentinelGroup, workers: Any, client: Any, records: redis.Redis, task: str
 ) -> Stream:
     started = workers.start(2, pool="prefork", concurrency=2)
     queue = started[0].queue
@@ -134,9 +144,7 @@ def run_stream(
         if index * size.interval >= size.first_failover_after and driver.ident is None:
             driver.start()
         key = keys[index % len(keys)]
-        sent.append(
-            client.send_task(lockapp.short_ttl_retry.name, args=(key, size.body), queue=queue).id
-        )
+        sent.append(client.send_task(task, args=(key, size.body), queue=queue).id)
         pause = began + (index + 1) * size.interval - time.monotonic()
         if pause > 0:
             time.sleep(pause)
@@ -209,6 +217,10 @@ def figures_of(stream: Stream) -> dict[str, Any]:
                 if after_demotion
                 else None,
                 "longest_pause_s": round(max(gaps), 2) if gaps else None,
+                # acquires made while the two masters took writes (switch to demotion)
+                "body_starts_between_switch_and_demotion": sum(
+                    1 for t in starts if failover.switched_at < t < failover.demoted_at
+                ),
             }
         )
     return {

@@ -109,6 +109,7 @@ class CeleryWorkerProcess:
             and redeliveries come back to it).
         pool: ``prefork``, ``threads``, ``solo`` (or ``gevent``).
         concurrency: pool size (ignored by ``solo``).
+        app: the module ``celery -A`` imports (default: the servers' ``app``).
     """
 
     def __init__(
@@ -120,8 +121,10 @@ class CeleryWorkerProcess:
         concurrency: int = 2,
         extra_args: Sequence[str] = (),
         log_dir: Optional[str] = None,
+        app: Optional[str] = None,
     ) -> None:
         self.servers = servers
+        self.app = app or servers.app
         self.queue = queue
         self.pool = pool
         self.concurrency = concurrency
@@ -148,7 +151,7 @@ class CeleryWorkerProcess:
             "-m",
             "celery",
             "-A",
-            self.servers.app,
+            self.app,
             "worker",
             "-P",
             self.pool,
@@ -310,6 +313,7 @@ class WorkerGroup:
         pool: str = "prefork",
         concurrency: int = 2,
         extra_args: Sequence[str] = (),
+        app: Optional[str] = None,
     ) -> list[CeleryWorkerProcess]:
         """Start ``count`` workers on ``queue`` (a fresh one by default), in parallel."""
         queue = queue or unique("q")
@@ -321,6 +325,7 @@ class WorkerGroup:
                 concurrency=concurrency,
                 extra_args=extra_args,
                 log_dir=self.log_dir,
+                app=app,
             )
             for _ in range(count)
         ]

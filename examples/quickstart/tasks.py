@@ -20,8 +20,9 @@ def rebuild_report(day):
     return f"report for {day}"
 
 
+# a second update of the same account parks behind the running one and runs right after it
 @app.task(
-    bind=True, base=LockedTask, lock_on=("account_id",), on_duplicate="retry", lock_fencing=True
+    bind=True, base=LockedTask, lock_on=("account_id",), on_duplicate="queue", lock_fencing=True
 )
 def apply_delta(self, account_id, cents, reason=None):
     fence = self.request.lock.fence  # strictly increasing per account

@@ -176,7 +176,7 @@ def run_batch(
 
 def parse(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench queue", description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="1 round (~5 min)")
+    parser.add_argument("--quick", action="store_true", help="1 round (~2 min)")
     parser.add_argument("--rounds", type=int, help="rounds (default 3; --quick 1)")
     parser.add_argument("--concurrency", type=int, default=4, help="prefork children (4)")
     parser.add_argument(

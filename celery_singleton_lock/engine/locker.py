@@ -92,6 +92,7 @@ class RedisLocker:
         self._acquire_or_park: Script = client.register_script(scripts.ACQUIRE_OR_PARK)
         self._release_and_hand_off: Script = client.register_script(scripts.RELEASE_AND_HAND_OFF)
         self._handoff_due: Script = client.register_script(scripts.HANDOFF_DUE)
+        self._drop_parked: Script = client.register_script(scripts.DROP_PARKED)
         #: True for a Redis Cluster client: scripts run through it, renewal per node.
         self.cluster = isinstance(client, RedisCluster)
         #: Acquire and release run here: connections kept checked out of the client's pool.
@@ -441,6 +442,24 @@ class RedisLocker:
             ["", keys.channel, keys.name, _ms(reservation_ttl)],
         )
         return _as_bytes(reply) if isinstance(reply, (bytes, str)) else None
+
+    def drop_parked(self, name: str, task_id: str, *, reservation_ttl: float) -> Union[bool, bytes]:
+        """Take ``task_id`` out of the calls parked behind the lock ``name`` for good (its
+        message was revoked, expired, or cannot be read), and, if the lock was reserved for
+        it, reserve it for the next parked id for ``reservation_ttl`` seconds at once.
+
+        Returns that next id's message, to publish; else True if ``task_id`` was parked or
+        reserved for (now dropped), False if it was neither. A lock held by ``task_id``
+        itself is never touched.
+        """
+        keys = self.keys(name)
+        reply = self._run(
+            self._drop_parked,
+            keys.lock,
+            [keys.lock, keys.parked, keys.parked_messages, keys.handoff_due],
+            [task_id, keys.name, _ms(reservation_ttl)],
+        )
+        return _as_bytes(reply) if isinstance(reply, (bytes, str)) else bool(reply)
 
     def release_abandoned(self, name: str, *, task_id: str, host: str, pid: int) -> bool:
         """Release the lock ``name`` if it is held by that (dead) execution; True if released.

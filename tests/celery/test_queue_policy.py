@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import logging
+import pickle
 import time
 from typing import Any
 
+import pytest
 import redis
 from celery import chord, group
 
 from celery_singleton_lock.engine import Lease, Owner, RedisLocker
+from celery_singleton_lock.engine.lease import Parked
 from tests.celery import lockapp
 from tests.celery.conftest import assert_released, lock_key_of
 from tests.support import wait_until
@@ -72,3 +76,32 @@ def test_a_chord_of_identical_queued_calls_completes_with_every_result(
     result = chord(header)(lockapp.collects.s())
     assert sorted(result.get(timeout=30)) == list(range(5))
     assert int(store.get(f"overlaps:{unique_key}") or 0) == 0
+
+
+def test_a_parked_call_whose_message_cannot_be_read_is_dropped_and_the_next_one_runs(
+    worker: Any,
+    locker: RedisLocker,
+    store: redis.Redis,
+    unique_key: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    task = lockapp.queued_in_order
+    name = task.lock_options.keyer.name((unique_key, 0), {})
+    holder = task.delay(unique_key, 0, 1.0)
+    wait_until(lambda: store.llen(f"order:{unique_key}") == 1, timeout=10)
+    # parked by a worker that accepts pickle; the workers here accept json only
+    unreadable = f"unreadable-{unique_key}"
+    message = f"{unreadable}\napplication/x-python-serialize\nbinary\n".encode() + pickle.dumps(
+        {"task": task.name}
+    )
+    parked = locker.try_acquire(
+        name, 30, owner=Owner(task_id=unreadable), renew=False, park=message
+    )
+    assert isinstance(parked, Parked) and parked.position == 1
+    with caplog.at_level(logging.ERROR, logger="celery_singleton_lock.handoff"):
+        following = task.delay(unique_key, 2, 0.0)
+        assert holder.get(timeout=10) == 0
+        assert following.get(timeout=20) == 2
+    assert store.lrange(f"order:{unique_key}", 0, -1) == [b"0", b"2"]
+    assert store.llen(locker.keys(name).parked) == 0
+    assert any(unreadable in record.getMessage() for record in caplog.records)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import logging
 import pickle
 import time
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 import redis
-from celery import chord, group
+from celery import chord, group, signals
+from celery.utils import uuid
 
 from celery_singleton_lock.engine import Lease, Owner, RedisLocker
 from celery_singleton_lock.engine.lease import Parked
@@ -105,3 +106,55 @@ def test_a_parked_call_whose_message_cannot_be_read_is_dropped_and_the_next_one_
     assert store.lrange(f"order:{unique_key}", 0, -1) == [b"0", b"2"]
     assert store.llen(locker.keys(name).parked) == 0
     assert any(unreadable in record.getMessage() for record in caplog.records)
+
+
+def _ended(task_id: str) -> Callable[[], int]:
+    """How many deliveries of ``task_id`` the worker has ended (run, parked or dropped)."""
+    ended: list[str] = []
+
+    def on_postrun(task_id: str = "", **_: Any) -> None:
+        ended.append(task_id)
+
+    signals.task_postrun.connect(on_postrun, weak=False)
+    return lambda: ended.count(task_id)
+
+
+def test_a_parked_message_sent_again_keeps_its_place_and_runs_once(
+    worker: Any, locker: RedisLocker, store: redis.Redis, unique_key: str
+) -> None:
+    # an acks_late message redelivered while parked, then again after it ran
+    task = lockapp.queued_acks_late
+    keys = locker.keys(task.lock_options.keyer.name((unique_key, 0), {}))
+    holder = task.delay(unique_key, 0, 1.0)
+    wait_until(lambda: store.llen(f"order:{unique_key}") == 1, timeout=10)
+    copy_id = uuid()
+    ended = _ended(copy_id)
+    first = task.apply_async((unique_key, 1), task_id=copy_id)
+    task.apply_async((unique_key, 1), task_id=copy_id)
+    wait_until(lambda: ended() == 2, timeout=10)
+    assert store.lrange(keys.parked, 0, -1) == [copy_id.encode()]
+    assert holder.get(timeout=10) == 0
+    assert first.get(timeout=20) == 1
+    task.apply_async((unique_key, 1), task_id=copy_id)  # after it ran: its finish drops it
+    wait_until(lambda: ended() == 4, timeout=10)
+    assert store.lrange(f"order:{unique_key}", 0, -1) == [b"0", b"1"]
+    assert store.llen(keys.parked) == 0
+    assert_released(store, keys.lock)
+
+
+def test_a_queued_task_retrying_itself_hands_on_and_its_retry_runs_later(
+    worker: Any, locker: RedisLocker, store: redis.Redis, unique_key: str
+) -> None:
+    task = lockapp.queued_retries_once
+    keys = locker.keys(task.lock_options.keyer.name((unique_key, 0), {}))
+    first = task.delay(unique_key, 0, 0.3)
+    wait_until(lambda: store.llen(f"order:{unique_key}") == 1, timeout=10)
+    others = [task.delay(unique_key, index, 0.1) for index in (1, 2)]
+    wait_until(lambda: store.llen(keys.parked) == 2, timeout=10)
+    assert [r.get(timeout=20) for r in [first, *others]] == [0, 1, 2]
+    runs = [int(index) for index in store.lrange(f"order:{unique_key}", 0, -1)]
+    assert runs[:2] == [0, 1]  # the retry handed the lock to the oldest parked call
+    assert sorted(runs) == [0, 0, 1, 1, 2, 2]  # each attempt ran once: 3 first, 3 retries
+    assert int(store.get(f"overlaps:{unique_key}") or 0) == 0
+    assert store.llen(keys.parked) == 0
+    assert_released(store, keys.lock)

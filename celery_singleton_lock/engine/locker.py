@@ -461,6 +461,18 @@ class RedisLocker:
         )
         return _as_bytes(reply) if isinstance(reply, (bytes, str)) else bool(reply)
 
+    def hand_off_soon(self, name: str) -> int:
+        """After the lock ``name`` was released without a hand-off (by hand, or by a plain
+        release): how many task ids are parked behind it; if any, the name is made due in
+        the hand-off index now, so a sweeper hands the lock on at its next tick instead of
+        at the old holder's TTL."""
+        keys = self.keys(name)
+        parked = int(server_errors.call(lambda: self.client.llen(keys.parked), keys.parked))
+        if parked:
+            index = keys.handoff_due
+            server_errors.call(lambda: self.client.zadd(index, {keys.name: 0}), index)
+        return parked
+
     def release_abandoned(self, name: str, *, task_id: str, host: str, pid: int) -> bool:
         """Release the lock ``name`` if it is held by that (dead) execution; True if released.
 

@@ -488,12 +488,21 @@ class RedisLocker:
 
     def release_all(self) -> int:
         """Release every lease this process still holds through this locker; returns how
-        many were released here."""
+        many were released here.
+
+        At shutdown: a plain release, without a hand-off (no message is sent from a process
+        on its way out), but a lock with task ids parked behind it is made due in the
+        hand-off index (:meth:`hand_off_soon`), so a sweeper hands it on at its next tick
+        rather than at the old holder's TTL.
+        """
         released = 0
         for lease in self.renewer.leases():
             if lease.locker is self and lease.held:
                 try:
-                    released += self.release(lease)
+                    if self.release(lease):
+                        released += 1
+                        if not self.cluster:  # nothing is parked on a cluster
+                            self.hand_off_soon(lease.keys.name)
                 except LockError as exc:
                     log_release.error("could not release %s: %s", lease.key, exc)
         return released

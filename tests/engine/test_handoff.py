@@ -240,3 +240,15 @@ def test_dropping_never_touches_a_lock_held_by_that_task_id(locker: RedisLocker)
     assert locker.drop_parked("job", "a", reservation_ttl=30) is False
     assert isinstance(lease, Lease) and lease.held
     assert locker.release_handing_off(lease, reservation_ttl=30) == (True, b"msg-b")
+
+
+def test_release_all_at_shutdown_makes_a_lock_with_parked_ids_due_for_a_hand_off_now(
+    locker: RedisLocker,
+) -> None:
+    lease = locker.try_acquire("job", ttl=30, owner=Owner(task_id="a"), park=b"msg-a")
+    assert isinstance(lease, Lease)
+    attempt(locker, "b")
+    assert locker.hand_off_due() == []  # not before the holder's TTL of 30 s
+    assert locker.release_all() == 1
+    assert locker.hand_off_due() == ["job"]
+    assert locker.hand_off_if_free("job", reservation_ttl=5) == b"msg-b"

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import pytest
 import redis
-from celery import chord, group, signals
+from celery import chain, chord, group, signals
 from celery.utils import uuid
 
 from celery_singleton_lock.engine import Lease, Owner, RedisLocker
@@ -158,3 +158,17 @@ def test_a_queued_task_retrying_itself_hands_on_and_its_retry_runs_later(
     assert int(store.get(f"overlaps:{unique_key}") or 0) == 0
     assert store.llen(keys.parked) == 0
     assert_released(store, keys.lock)
+
+
+def test_a_chain_goes_on_after_its_parked_step_runs(
+    worker: Any, locker: RedisLocker, store: redis.Redis, unique_key: str
+) -> None:
+    task = lockapp.queued_in_order
+    keys = locker.keys(task.lock_options.keyer.name((unique_key, 0), {}))
+    holder = task.delay(unique_key, 0, 0.5)
+    wait_until(lambda: store.llen(f"order:{unique_key}") == 1, timeout=10)
+    steps = chain(task.si(unique_key, 1, 0.05), task.si(unique_key, 2, 0.05)).delay()
+    wait_until(lambda: store.llen(keys.parked) == 1, timeout=10)  # its first step is parked
+    assert holder.get(timeout=10) == 0
+    assert steps.get(timeout=20) == 2
+    assert store.lrange(f"order:{unique_key}", 0, -1) == [b"0", b"1", b"2"]

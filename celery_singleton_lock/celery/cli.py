@@ -17,7 +17,7 @@ import difflib
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional, TypeVar
 
 import click
@@ -210,6 +210,8 @@ class Listing:
     truncated: bool
     #: only looked for when nothing is held under the prefix in use
     other_prefixes: list[str]
+    #: calls parked behind each holder's lock (policy ``queue``), in ``holders`` order
+    parked: list[int] = field(default_factory=list)
 
 
 def list_locks(target: Target, limit: int) -> Listing:
@@ -220,11 +222,16 @@ def list_locks(target: Target, limit: int) -> Listing:
         holders: list[LockHolder] = []
         for holder in target.inspector.scan():
             if len(holders) >= limit:
-                return Listing(holders, True, [])
+                return Listing(holders, True, [], parked_counts(holders))
             holders.append(holder)
         inspector = target.inspector
         others = [] if holders else lock_shaped_prefixes(inspector.client, inspector.prefix)
-        return Listing(holders, False, others)
+        return Listing(holders, False, others, parked_counts(holders))
+
+    def parked_counts(holders: list[LockHolder]) -> list[int]:
+        if target.quorum is not None:  # a quorum parks nothing (queue is refused there)
+            return [0] * len(holders)
+        return target.inspector.parked_counts([holder.key for holder in holders])
 
     return _asking(target, collect)
 
@@ -388,6 +395,8 @@ class Released:
     released: bool
     #: when not released although held: who holds it now (None when it is free now)
     now: Optional[LockHolder] = None
+    #: when released: calls parked behind it (policy ``queue``), made due for a hand-off
+    parked: int = 0
 
 
 def release_lock(
@@ -432,7 +441,11 @@ def release_lock(
         target, lambda: locker.release_abandoned(name, task_id=task_id, host=host, pid=pid)
     )
     if released:
-        return Released(holder, True)
+        # calls parked behind it: a worker's sweeper hands the lock on at its next tick
+        parked = (
+            0 if target.quorum is not None else _asking(target, lambda: locker.hand_off_soon(name))
+        )
+        return Released(holder, True, parked=parked)
     return Released(holder, False, _asking(target, lambda: inspector.read(name)))
 
 
@@ -563,7 +576,7 @@ def main(
     "as_json",
     is_flag=True,
     help="Print one JSON document: the list of holders (key, name, task_id, host, pid, "
-    "acquired_at, ttl, fence).",
+    "acquired_at, ttl, fence, parked).",
 )
 @click.pass_obj
 def list_command(settings: Settings, limit: int, as_json: bool) -> None:
@@ -580,11 +593,15 @@ def list_command(settings: Settings, limit: int, as_json: bool) -> None:
             target.close()
     if as_json:
         prefix = target.inspector.prefix
-        click.echo(json.dumps([holder_json(holder, prefix) for holder in listing.holders]))
+        rows = [
+            {**holder_json(holder, prefix), "parked": parked}
+            for holder, parked in zip(listing.holders, listing.parked)
+        ]
+        click.echo(json.dumps(rows))
     else:
         now = time.time()
-        for holder in listing.holders:
-            click.echo(holder_row(holder, now))
+        for holder, parked in zip(listing.holders, listing.parked):
+            click.echo(holder_row(holder, now) + (f"  parked={parked}" if parked else ""))
     summary = (
         f"{len(listing.holders)} lock(s) held under prefix {target.inspector.prefix!r} "
         f"on {target.server}"
@@ -643,7 +660,8 @@ def show(
           --args '[42]' --kwargs '{"full": true}'
       celery-singleton-lock -A proj.celery:app show --task proj.tasks.rebuild ...
 
-    Exit status 1 when the lock is free.
+    Calls parked behind the lock (on_duplicate='queue') are listed after it, by task id,
+    oldest first. Exit status 1 when the lock is free.
     """
     with _one_line_errors():
         if (name is None) == (task_name is None):
@@ -662,6 +680,8 @@ def show(
             name = lock_name_from_key(target, name)
             holder, fence = read_lock(target, name)
             views = None if target.quorum is None else target.quorum.inspect.per_server(name)
+            inspector = target.inspector
+            parked = [] if views is not None else _asking(target, lambda: inspector.parked(name))
         finally:
             target.close()
     click.echo(f"lock {name} under prefix {target.inspector.prefix!r} on {target.server}", err=True)
@@ -671,8 +691,12 @@ def show(
     if holder is None:
         key = LockKeys.build(target.inspector.prefix, name).lock
         click.echo(f"{key}: free (last fence {fence})")
+    else:
+        click.echo(holder_row(holder, time.time()))
+    if parked:
+        click.echo(f"parked: {len(parked)} call(s), oldest first: {' '.join(parked)}")
+    if holder is None:
         raise SystemExit(EXIT_FREE)
-    click.echo(holder_row(holder, time.time()))
 
 
 @main.command()
@@ -736,6 +760,11 @@ def release(settings: Settings, name: str, force: bool, ping_timeout: float) -> 
         else f"its node did not answer a ping within {ping_timeout:g}s"
     )
     click.echo(f"{key}: released (held by {describe_holder(outcome.holder)}; {how})")
+    if outcome.parked:
+        click.echo(
+            f"{key}: {outcome.parked} call(s) parked behind it: a worker's hand-off sweeper "
+            "hands the lock to the oldest at its next sweep (singleton_lock_handoff_sweep_interval)"
+        )
 
 
 def clear_queued_marker(target: Target, name: str) -> Optional[str]:

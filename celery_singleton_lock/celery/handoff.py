@@ -16,8 +16,15 @@ it for the oldest parked task id again and sends its message. A message sent twi
 runs once: a copy finding its own task id holding the lock ends without running, and a copy
 arriving after it finished finds its finish record (``lock_finished_ttl``).
 
+A parked call that will never take its lock is dropped and the lock handed on at once: one
+the worker discards when it is handed the lock (revoked, or its ``expires`` passed while it
+was parked: the worker's ``task_revoked`` calls :func:`drop`), and one whose parked message
+cannot be read (:func:`publish` logs an ERROR naming its task id). Otherwise the lock would
+stay reserved for it, and be reserved for it again by the sweeper, for ever.
+
 The parked message is the one a lock retry would send (``Task.signature_from_request``),
 serialized with the task's serializer; chord, group, chain and link options travel with it.
+Its ``eta``/``countdown`` does not (a handed-off call runs now); its ``expires`` does.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import logging
 import threading
 from typing import Any, Optional
 
-from kombu.exceptions import KombuError
+from kombu.exceptions import KombuError, SerializationError, SerializerNotInstalled
 from kombu.serialization import dumps, loads, prepare_accept_content
 
 from ..errors import LockError
@@ -40,39 +47,112 @@ log = logging.getLogger("celery_singleton_lock.handoff")
 SWEEP_BATCH = 100
 
 
+#: Parked calls one hand-off may drop in a row because their message cannot be read, before
+#: it leaves the rest to the sweeper (a bound, not an expected number).
+MAX_DROPS = 100
+
+#: What reading or re-encoding a parked message raises when it never will succeed (a
+#: serializer the workers do not accept, a damaged body): the call is dropped, not re-sent.
+UNREADABLE = (SerializationError, SerializerNotInstalled, ValueError, UnicodeDecodeError)
+
+
 def parked_message(task: Any, request: Any) -> bytes:
-    """The message of ``request`` to park: what a hand-off sends again, under its task id."""
+    """The message of ``request`` to park: what a hand-off sends again, under its task id.
+
+    Stored as ``<task id>\n<content type>\n<encoding>\n<body>``: the task id is readable
+    even when the body is not, so that an unreadable call can be named and dropped.
+    """
     headers = dict(getattr(request, "headers", None) or {})
     message = celery_api.message_of(task, request, headers=headers)
     content_type, encoding, payload = dumps(message, serializer=task.serializer)  # type: ignore[no-untyped-call]
     body: bytes = payload.encode(encoding) if isinstance(payload, str) else payload
-    return f"{content_type}\n{encoding}\n".encode() + body
+    return f"{request.id}\n{content_type}\n{encoding}\n".encode() + body
 
 
-def publish(app: Any, message: bytes, key: str) -> bool:
-    """Send a parked ``message`` the lock ``key`` was just reserved for; False if it could
-    not be sent (logged: the reservation runs out and a sweeper sends it again)."""
+def _task_id_of(message: bytes) -> str:
+    return message.split(b"\n", 1)[0].decode("utf-8", "replace")
+
+
+def _decoded(app: Any, message: bytes) -> Any:
+    _, content_type, encoding, body = message.split(b"\n", 3)
+    return loads(  # type: ignore[no-untyped-call]
+        body,
+        content_type.decode(),
+        encoding.decode(),
+        # what the workers accept from the broker, no more
+        accept=prepare_accept_content(app.conf.accept_content),  # type: ignore[no-untyped-call]
+    )
+
+
+def publish(app: Any, message: bytes, name: str) -> bool:
+    """Send a parked ``message`` the lock ``name`` was just reserved for; False if nothing
+    could be sent.
+
+    A message that cannot be read (or encoded again) never will be: its call is dropped
+    from the parked ones with an ERROR naming its task id, and the lock is handed to the
+    next parked call at once (:func:`drop`). A broker that cannot be reached is logged: the
+    reservation runs out and a sweeper sends the same message again.
+    """
+    locker = locker_for(app)
+    key = locker.keys(name).lock
+    for _ in range(MAX_DROPS):
+        task_id = _task_id_of(message)
+        try:
+            celery_api.send_message(app, _decoded(app, message))
+        except UNREADABLE as exc:
+            log.error(
+                "task %s parked behind lock %s DROPPED: its parked message cannot be read or "
+                "sent (%s: %s); the lock goes to the next parked call",
+                task_id,
+                key,
+                type(exc).__name__,
+                exc,
+            )
+            following = _drop_quietly(app, name, task_id)
+            if following is None:
+                return False
+            message = following
+            continue
+        except (KombuError, OSError) as exc:
+            log.error(
+                "could not send the message of task %s parked behind lock %s (%s: %s); it is "
+                "sent again when its reservation runs out",
+                task_id,
+                key,
+                type(exc).__name__,
+                exc,
+            )
+            return False
+        log.debug("lock %s handed off to task %s: parked message sent", key, task_id)
+        return True
+    return False
+
+
+def _drop_quietly(app: Any, name: str, task_id: str) -> Optional[bytes]:
+    """Drop ``task_id`` from the calls parked behind ``name``; the next call's message if the
+    lock was reserved for it and is now reserved for that one. Never raises."""
+    _, reservation_ttl = handoff_settings(app.conf)
     try:
-        content_type, encoding, body = message.split(b"\n", 2)
-        signature = loads(  # type: ignore[no-untyped-call]
-            body,
-            content_type.decode(),
-            encoding.decode(),
-            # what the workers accept from the broker, no more
-            accept=prepare_accept_content(app.conf.accept_content),  # type: ignore[no-untyped-call]
-        )
-        celery_api.send_message(app, signature)
-    except (KombuError, OSError, ValueError) as exc:
+        following = locker_for(app).drop_parked(name, task_id, reservation_ttl=reservation_ttl)
+    except LockError as exc:
         log.error(
-            "could not send the message parked behind lock %s (%s: %s); it is sent again when "
-            "its reservation runs out",
-            key,
-            type(exc).__name__,
+            "task %s: could not take it out of the calls parked behind lock %s (%s); its "
+            "reservation runs out by itself",
+            task_id,
+            name,
             exc,
         )
-        return False
-    log.debug("lock %s handed off: parked message sent", key)
-    return True
+        return None
+    return following if isinstance(following, bytes) else None
+
+
+def drop(app: Any, name: str, task_id: str) -> bool:
+    """A parked call the worker discarded without running it (revoked, expired): take it
+    out of the parked ones and, if the lock was reserved for it, hand the lock to the next
+    parked call now rather than when the reservation runs out. True if a message was sent.
+    Never raises."""
+    following = _drop_quietly(app, name, task_id)
+    return following is not None and publish(app, following, name)
 
 
 class HandOffSweeper:
@@ -123,9 +203,11 @@ class HandOffSweeper:
             message = locker.hand_off_if_free(name, reservation_ttl=self.reservation_ttl)
             if message is None:
                 continue
-            key = locker.keys(name).lock
-            log.info("lock %s was left by a holder that did not hand it on; handing it on", key)
-            sent += publish(self.app, message, key)
+            log.info(
+                "lock %s was left by a holder that did not hand it on; handing it on",
+                locker.keys(name).lock,
+            )
+            sent += publish(self.app, message, name)
         self.sent += sent
         return sent
 

@@ -151,7 +151,7 @@ def queue(duplicate: Duplicate, parked: Parked) -> NoReturn:
     left as it is: it has not run yet."""
     if parked.handed is not None:
         # the lock was free but promised to an older parked message: this caller sends it
-        handoff.publish(duplicate.task.app, parked.handed, parked.key)
+        handoff.publish(duplicate.task.app, parked.handed, duplicate.name)
     ahead = describe(duplicate.holder) if parked.holder is not None else "an older parked call"
     log.info(
         "task %s: lock %s held by %s; queued behind it (position %d)",

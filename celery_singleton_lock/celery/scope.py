@@ -107,7 +107,7 @@ class LockScope(LockHandle):
                     lease, reservation_ttl=options.handoff_timeout, remember_for=remember_for
                 )
                 if handed is not None:
-                    handoff.publish(task.app, handed, lease.key)
+                    handoff.publish(task.app, handed, self.name)
             else:
                 owned = lease.release(remember_for=remember_for)
         except (LockError, RedisError) as exc:

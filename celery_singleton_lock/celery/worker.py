@@ -5,7 +5,9 @@
   dead or being killed, so the main process frees the lock by owner (task id, node, pid)
   once that pid is gone.
 * ``task_revoked`` of a message discarded before it ran (revoked, expired): its queued marker
-  (``dedupe_on_enqueue``) is removed, by task id, so the next call is published.
+  (``dedupe_on_enqueue``) is removed, by task id, so the next call is published; a parked
+  call (policy ``queue``) is taken out of the parked ones and, if the lock was reserved for
+  it, the lock is handed to the next parked call at once.
 * ``worker_init``: a worker with an invalid lock configuration will not start;
   ``worker_ready``: log the lock server and warn if it may evict locks (see :mod:`.startup`).
 * ``worker_ready`` with tasks of policy ``queue``: start the hand-off sweeper in the main
@@ -63,14 +65,34 @@ def _reclaim_after_terminate(
         _reclaim_in_background(sender, request.id, request.args, request.kwargs, node)
 
 
-def _forget_discarded_message(sender: Any = None, request: Any = None, **_: Any) -> None:
+def _forget_discarded_message(
+    sender: Any = None, request: Any = None, terminated: bool = False, **_: Any
+) -> None:
     # Also after a terminate: a compare-and-delete by task id, so at worst it finds nothing.
-    if (
-        isinstance(sender, LockedTask)
-        and getattr(request, "id", None)
-        and sender.lock_options.dedupe_on_enqueue
-    ):
+    if not isinstance(sender, LockedTask) or not getattr(request, "id", None):
+        return
+    options = sender.lock_options
+    if options.dedupe_on_enqueue:
         enqueue.forget_discarded(sender, request)
+    if options.on_duplicate == "queue" and not terminated:
+        # a parked call handed the lock but discarded (revoked, expired) never takes it:
+        # hand it on now, not when the reservation runs out (and is made for it again)
+        _drop_parked(sender, request)
+
+
+def _drop_parked(task: LockedTask, request: Any) -> None:
+    try:
+        name = task.lock_options.keyer.name(tuple(request.args or ()), dict(request.kwargs or {}))
+    except LockError as exc:  # its message could not have been parked either
+        log.debug("task %s[%s]: no lock name (%s)", task.name, request.id, exc)
+        return
+    if handoff.drop(task.app, name, request.id):
+        log.info(
+            "task %s[%s] was parked and discarded (revoked or expired); lock %s handed on",
+            task.name,
+            request.id,
+            locker_for(task.app).keys(name).lock,
+        )
 
 
 def _reclaim_in_background(
@@ -161,7 +183,7 @@ def _hand_on(task: LockedTask, locker: Any, name: str) -> None:
         return
     message = locker.hand_off_if_free(name, reservation_ttl=options.handoff_timeout)
     if message is not None:
-        handoff.publish(task.app, message, locker.keys(name).lock)
+        handoff.publish(task.app, message, name)
 
 
 def _prepare_worker_start(sender: Any = None, **_: Any) -> None:

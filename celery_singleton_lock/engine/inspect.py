@@ -43,6 +43,28 @@ class LockInspector:
         key = LockKeys.build(self.prefix, name).fence
         return as_int(server_errors.call(lambda: self.client.get(key), key)) or 0
 
+    def parked(self, name: str) -> list[str]:
+        """The task ids parked behind lock ``name`` (policy ``queue``), oldest first."""
+        key = LockKeys.build(self.prefix, name).parked
+        return [
+            as_text(task_id)
+            for task_id in server_errors.call(lambda: self.client.lrange(key, 0, -1), key)
+        ]
+
+    def parked_counts(self, lock_keys: list[str]) -> list[int]:
+        """How many task ids are parked behind each of ``lock_keys`` (full lock keys), in one
+        pipelined round trip."""
+        if not lock_keys:
+            return []
+
+        def fetch() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            for key in lock_keys:
+                pipe.llen(f"{key}:parked")  # LockKeys.parked of that lock
+            return pipe.execute()
+
+        return [int(count) for count in server_errors.call(fetch, lock_keys[0])]
+
     def scan(self, count: int = 500) -> Iterator[LockHolder]:
         """Every lock under this prefix, via ``SCAN`` (never ``KEYS``) plus pipelined reads.
 

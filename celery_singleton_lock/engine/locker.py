@@ -92,6 +92,7 @@ class RedisLocker:
         self._acquire_or_park: Script = client.register_script(scripts.ACQUIRE_OR_PARK)
         self._release_and_hand_off: Script = client.register_script(scripts.RELEASE_AND_HAND_OFF)
         self._handoff_due: Script = client.register_script(scripts.HANDOFF_DUE)
+        self._drop_parked: Script = client.register_script(scripts.DROP_PARKED)
         #: True for a Redis Cluster client: scripts run through it, renewal per node.
         self.cluster = isinstance(client, RedisCluster)
         #: Acquire and release run here: connections kept checked out of the client's pool.
@@ -442,6 +443,36 @@ class RedisLocker:
         )
         return _as_bytes(reply) if isinstance(reply, (bytes, str)) else None
 
+    def drop_parked(self, name: str, task_id: str, *, reservation_ttl: float) -> Union[bool, bytes]:
+        """Take ``task_id`` out of the calls parked behind the lock ``name`` for good (its
+        message was revoked, expired, or cannot be read), and, if the lock was reserved for
+        it, reserve it for the next parked id for ``reservation_ttl`` seconds at once.
+
+        Returns that next id's message, to publish; else True if ``task_id`` was parked or
+        reserved for (now dropped), False if it was neither. A lock held by ``task_id``
+        itself is never touched.
+        """
+        keys = self.keys(name)
+        reply = self._run(
+            self._drop_parked,
+            keys.lock,
+            [keys.lock, keys.parked, keys.parked_messages, keys.handoff_due],
+            [task_id, keys.name, _ms(reservation_ttl)],
+        )
+        return _as_bytes(reply) if isinstance(reply, (bytes, str)) else bool(reply)
+
+    def hand_off_soon(self, name: str) -> int:
+        """After the lock ``name`` was released without a hand-off (by hand, or by a plain
+        release): how many task ids are parked behind it; if any, the name is made due in
+        the hand-off index now, so a sweeper hands the lock on at its next tick instead of
+        at the old holder's TTL."""
+        keys = self.keys(name)
+        parked = int(server_errors.call(lambda: self.client.llen(keys.parked), keys.parked))
+        if parked:
+            index = keys.handoff_due
+            server_errors.call(lambda: self.client.zadd(index, {keys.name: 0}), index)
+        return parked
+
     def release_abandoned(self, name: str, *, task_id: str, host: str, pid: int) -> bool:
         """Release the lock ``name`` if it is held by that (dead) execution; True if released.
 
@@ -457,12 +488,21 @@ class RedisLocker:
 
     def release_all(self) -> int:
         """Release every lease this process still holds through this locker; returns how
-        many were released here."""
+        many were released here.
+
+        At shutdown: a plain release, without a hand-off (no message is sent from a process
+        on its way out), but a lock with task ids parked behind it is made due in the
+        hand-off index (:meth:`hand_off_soon`), so a sweeper hands it on at its next tick
+        rather than at the old holder's TTL.
+        """
         released = 0
         for lease in self.renewer.leases():
             if lease.locker is self and lease.held:
                 try:
-                    released += self.release(lease)
+                    if self.release(lease):
+                        released += 1
+                        if not self.cluster:  # nothing is parked on a cluster
+                            self.hand_off_soon(lease.keys.name)
                 except LockError as exc:
                     log_release.error("could not release %s: %s", lease.key, exc)
         return released

@@ -159,6 +159,26 @@ def queued_in_order(self: LockedTask, key: str, index: int, seconds: float = 0.0
     return index
 
 
+@app.task(
+    bind=True, base=LockedTask, lock_on=("key",), on_duplicate="queue", lock_ttl=5, acks_late=True
+)
+def queued_acks_late(self: LockedTask, key: str, index: int, seconds: float = 0.0) -> int:
+    """``queued_in_order``, acknowledged after the run (a redelivery repeats the message)."""
+    store().rpush(f"order:{key}", index)
+    body(key, seconds, self.request.id)
+    return index
+
+
+@app.task(bind=True, base=LockedTask, lock_on=("key",), on_duplicate="queue", lock_ttl=5)
+def queued_retries_once(self: LockedTask, key: str, index: int, seconds: float = 0.0) -> int:
+    """``queued_in_order`` whose first attempt ends with ``self.retry(countdown=0.2)``."""
+    store().rpush(f"order:{key}", index)
+    body(key, seconds, self.request.id)
+    if not self.request.retries:
+        raise self.retry(countdown=0.2, max_retries=1)
+    return index
+
+
 # -- enqueue deduplication ------------------------------------------------------------------
 
 #: seconds a gated body waits at most for its gate (tests open it with ``open_gate``)

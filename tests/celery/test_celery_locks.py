@@ -176,6 +176,7 @@ def test_list_json_is_one_document_of_holders(
         "acquired_at",
         "ttl",
         "fence",
+        "parked",
     ]
     assert (holder["name"], holder["task_id"], holder["host"], holder["pid"]) == (
         name,

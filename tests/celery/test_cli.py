@@ -357,3 +357,37 @@ def test_clear_queued_without_a_marker_exits_1(redis_server: RedisServer) -> Non
     result = run_cli("--url", redis_server.url, "clear-queued", "app.job:none")
     assert result.returncode == 1, result.stderr
     assert "no enqueue marker" in result.stdout
+
+
+# -- calls parked behind a lock (on_duplicate='queue') -----------------------------------------
+
+
+def _park(locker: RedisLocker, name: str, task_id: str) -> None:
+    locker.try_acquire(name, 30, owner=Owner(task_id=task_id), renew=False, park=b"message")
+
+
+def test_list_and_show_name_the_calls_parked_behind_a_lock(redis_server: RedisServer) -> None:
+    locker = _locker(redis_server)
+    locker.try_acquire("app.job:pk", 30, owner=Owner(task_id="t-h", host="w@h", pid=7))
+    for task_id in ("t-p1", "t-p2"):
+        _park(locker, "app.job:pk", task_id)
+    listed = run_cli("--url", redis_server.url, "list")
+    assert "task=t-h" in listed.stdout and "parked=2" in listed.stdout
+    as_json = json.loads(run_cli("--url", redis_server.url, "list", "--json").stdout)
+    assert [row["parked"] for row in as_json] == [2]
+    shown = run_cli("--url", redis_server.url, "show", "app.job:pk")
+    assert shown.returncode == 0, shown.stderr
+    assert "parked: 2 call(s), oldest first: t-p1 t-p2" in shown.stdout
+
+
+def test_release_of_a_lock_with_parked_calls_makes_it_due_for_a_hand_off_now(
+    redis_server: RedisServer,
+) -> None:
+    locker = _locker(redis_server)
+    locker.try_acquire("app.job:pr", 30, owner=Owner(task_id="t-h", host="w@h", pid=7))
+    _park(locker, "app.job:pr", "t-p1")
+    assert locker.hand_off_due() == []  # not before the holder's TTL of 30 s
+    result = run_cli("--url", redis_server.url, "release", "--force", "app.job:pr")
+    assert result.returncode == 0, result.stderr
+    assert "1 call(s) parked behind it" in result.stdout
+    assert locker.hand_off_due() == ["app.job:pr"]  # a sweeper hands it on at its next tick

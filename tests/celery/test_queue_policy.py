@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import logging
+import pickle
 import time
-from typing import Any
+from typing import Any, Callable
 
+import pytest
 import redis
-from celery import chord, group
+from celery import chain, chord, group, signals
+from celery.utils import uuid
 
 from celery_singleton_lock.engine import Lease, Owner, RedisLocker
+from celery_singleton_lock.engine.lease import Parked
 from tests.celery import lockapp
 from tests.celery.conftest import assert_released, lock_key_of
 from tests.support import wait_until
@@ -72,3 +77,98 @@ def test_a_chord_of_identical_queued_calls_completes_with_every_result(
     result = chord(header)(lockapp.collects.s())
     assert sorted(result.get(timeout=30)) == list(range(5))
     assert int(store.get(f"overlaps:{unique_key}") or 0) == 0
+
+
+def test_a_parked_call_whose_message_cannot_be_read_is_dropped_and_the_next_one_runs(
+    worker: Any,
+    locker: RedisLocker,
+    store: redis.Redis,
+    unique_key: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    task = lockapp.queued_in_order
+    name = task.lock_options.keyer.name((unique_key, 0), {})
+    holder = task.delay(unique_key, 0, 1.0)
+    wait_until(lambda: store.llen(f"order:{unique_key}") == 1, timeout=10)
+    # parked by a worker that accepts pickle; the workers here accept json only
+    unreadable = f"unreadable-{unique_key}"
+    message = f"{unreadable}\napplication/x-python-serialize\nbinary\n".encode() + pickle.dumps(
+        {"task": task.name}
+    )
+    parked = locker.try_acquire(
+        name, 30, owner=Owner(task_id=unreadable), renew=False, park=message
+    )
+    assert isinstance(parked, Parked) and parked.position == 1
+    with caplog.at_level(logging.ERROR, logger="celery_singleton_lock.handoff"):
+        following = task.delay(unique_key, 2, 0.0)
+        assert holder.get(timeout=10) == 0
+        assert following.get(timeout=20) == 2
+    assert store.lrange(f"order:{unique_key}", 0, -1) == [b"0", b"2"]
+    assert store.llen(locker.keys(name).parked) == 0
+    assert any(unreadable in record.getMessage() for record in caplog.records)
+
+
+def _ended(task_id: str) -> Callable[[], int]:
+    """How many deliveries of ``task_id`` the worker has ended (run, parked or dropped)."""
+    ended: list[str] = []
+
+    def on_postrun(task_id: str = "", **_: Any) -> None:
+        ended.append(task_id)
+
+    signals.task_postrun.connect(on_postrun, weak=False)
+    return lambda: ended.count(task_id)
+
+
+def test_a_parked_message_sent_again_keeps_its_place_and_runs_once(
+    worker: Any, locker: RedisLocker, store: redis.Redis, unique_key: str
+) -> None:
+    # an acks_late message redelivered while parked, then again after it ran
+    task = lockapp.queued_acks_late
+    keys = locker.keys(task.lock_options.keyer.name((unique_key, 0), {}))
+    holder = task.delay(unique_key, 0, 1.0)
+    wait_until(lambda: store.llen(f"order:{unique_key}") == 1, timeout=10)
+    copy_id = uuid()
+    ended = _ended(copy_id)
+    first = task.apply_async((unique_key, 1), task_id=copy_id)
+    task.apply_async((unique_key, 1), task_id=copy_id)
+    wait_until(lambda: ended() == 2, timeout=10)
+    assert store.lrange(keys.parked, 0, -1) == [copy_id.encode()]
+    assert holder.get(timeout=10) == 0
+    assert first.get(timeout=20) == 1
+    task.apply_async((unique_key, 1), task_id=copy_id)  # after it ran: its finish drops it
+    wait_until(lambda: ended() == 4, timeout=10)
+    assert store.lrange(f"order:{unique_key}", 0, -1) == [b"0", b"1"]
+    assert store.llen(keys.parked) == 0
+    assert_released(store, keys.lock)
+
+
+def test_a_queued_task_retrying_itself_hands_on_and_its_retry_runs_later(
+    worker: Any, locker: RedisLocker, store: redis.Redis, unique_key: str
+) -> None:
+    task = lockapp.queued_retries_once
+    keys = locker.keys(task.lock_options.keyer.name((unique_key, 0), {}))
+    first = task.delay(unique_key, 0, 0.3)
+    wait_until(lambda: store.llen(f"order:{unique_key}") == 1, timeout=10)
+    others = [task.delay(unique_key, index, 0.1) for index in (1, 2)]
+    wait_until(lambda: store.llen(keys.parked) == 2, timeout=10)
+    assert [r.get(timeout=20) for r in [first, *others]] == [0, 1, 2]
+    runs = [int(index) for index in store.lrange(f"order:{unique_key}", 0, -1)]
+    assert runs[:2] == [0, 1]  # the retry handed the lock to the oldest parked call
+    assert sorted(runs) == [0, 0, 1, 1, 2, 2]  # each attempt ran once: 3 first, 3 retries
+    assert int(store.get(f"overlaps:{unique_key}") or 0) == 0
+    assert store.llen(keys.parked) == 0
+    assert_released(store, keys.lock)
+
+
+def test_a_chain_goes_on_after_its_parked_step_runs(
+    worker: Any, locker: RedisLocker, store: redis.Redis, unique_key: str
+) -> None:
+    task = lockapp.queued_in_order
+    keys = locker.keys(task.lock_options.keyer.name((unique_key, 0), {}))
+    holder = task.delay(unique_key, 0, 0.5)
+    wait_until(lambda: store.llen(f"order:{unique_key}") == 1, timeout=10)
+    steps = chain(task.si(unique_key, 1, 0.05), task.si(unique_key, 2, 0.05)).delay()
+    wait_until(lambda: store.llen(keys.parked) == 1, timeout=10)  # its first step is parked
+    assert holder.get(timeout=10) == 0
+    assert steps.get(timeout=20) == 2
+    assert store.lrange(f"order:{unique_key}", 0, -1) == [b"0", b"1", b"2"]

@@ -191,3 +191,64 @@ def test_parking_hands_out_fences_in_execution_order(locker: RedisLocker) -> Non
     locker.release_handing_off(lease, reservation_ttl=5)
     taken = attempt(locker, "b", fencing=True)
     assert isinstance(taken, Lease) and taken.fence == 2
+
+
+# -- a parked task id that will never take its lock (revoked, expired, unreadable) ---------
+
+
+def test_dropping_the_task_id_the_lock_is_reserved_for_hands_it_to_the_next_at_once(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    lease = attempt(locker, "a")
+    assert isinstance(lease, Lease)
+    attempt(locker, "b")
+    attempt(locker, "c")
+    assert locker.release_handing_off(lease, reservation_ttl=30)[1] == b"msg-b"
+    assert locker.drop_parked("job", "b", reservation_ttl=30) == b"msg-c"
+    assert parked_ids(locker) == [b"c"]
+    assert not redis_client.hexists(locker.keys("job").parked_messages, "b")
+    value = redis_client.get(locker.keys("job").lock)
+    assert value is not None and value.startswith(HANDOFF_TOKEN.encode())
+    assert value.endswith(b"|c")
+
+
+def test_dropping_the_last_reserved_task_id_frees_the_lock(locker: RedisLocker) -> None:
+    lease = attempt(locker, "a")
+    assert isinstance(lease, Lease)
+    attempt(locker, "b")
+    locker.release_handing_off(lease, reservation_ttl=30)
+    assert locker.drop_parked("job", "b", reservation_ttl=30) is True
+    assert not locker.client.exists(locker.keys("job").lock)
+    assert isinstance(attempt(locker, "z"), Lease)
+
+
+def test_dropping_a_parked_task_id_behind_a_holder_keeps_the_others_in_order(
+    locker: RedisLocker,
+) -> None:
+    lease = attempt(locker, "a")
+    for task_id in "bcd":
+        attempt(locker, task_id)
+    assert locker.drop_parked("job", "c", reservation_ttl=30) is True
+    assert parked_ids(locker) == [b"b", b"d"]
+    assert isinstance(lease, Lease)
+    assert locker.release_handing_off(lease, reservation_ttl=30)[1] == b"msg-b"
+
+
+def test_dropping_never_touches_a_lock_held_by_that_task_id(locker: RedisLocker) -> None:
+    lease = attempt(locker, "a")
+    attempt(locker, "b")
+    assert locker.drop_parked("job", "a", reservation_ttl=30) is False
+    assert isinstance(lease, Lease) and lease.held
+    assert locker.release_handing_off(lease, reservation_ttl=30) == (True, b"msg-b")
+
+
+def test_release_all_at_shutdown_makes_a_lock_with_parked_ids_due_for_a_hand_off_now(
+    locker: RedisLocker,
+) -> None:
+    lease = locker.try_acquire("job", ttl=30, owner=Owner(task_id="a"), park=b"msg-a")
+    assert isinstance(lease, Lease)
+    attempt(locker, "b")
+    assert locker.hand_off_due() == []  # not before the holder's TTL of 30 s
+    assert locker.release_all() == 1
+    assert locker.hand_off_due() == ["job"]
+    assert locker.hand_off_if_free("job", reservation_ttl=5) == b"msg-b"

@@ -10,6 +10,7 @@ lock. Their options are read as the originals read them; the lock server is this
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping, Optional, Sequence
 
 from .celery import enqueue
@@ -134,9 +135,13 @@ class QueueOnce(LockedTask):
             if graceful:
                 return None
             locker = locker_for(self.app)
-            raise AlreadyQueued(
-                round(locker.queued_for(name) or 0.0), locker.keys(name).lock, existing
-            )
+            # seconds until the key frees itself: the queued marker's, or (the call already
+            # reached a worker) the running lock's
+            remaining = locker.queued_for(name)
+            if remaining is None:
+                holder = locker.inspect.read(name)
+                remaining = holder.ttl if holder is not None and holder.ttl else 0.0
+            raise AlreadyQueued(math.ceil(remaining), locker.keys(name).lock, existing)
 
         return enqueue.Dedupe(
             queued_ttl=ttl,

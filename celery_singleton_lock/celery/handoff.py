@@ -22,9 +22,12 @@ was parked: the worker's ``task_revoked`` calls :func:`drop`), and one whose par
 cannot be read (:func:`publish` logs an ERROR naming its task id). Otherwise the lock would
 stay reserved for it, and be reserved for it again by the sweeper, for ever.
 
-The parked message is the one a lock retry would send (``Task.signature_from_request``),
-serialized with the task's serializer; chord, group, chain and link options travel with it.
-Its ``eta``/``countdown`` does not (a handed-off call runs now); its ``expires`` does.
+The parked message is the one a lock retry would send (``Task.signature_from_request``);
+chord, group, chain and link options travel with it. Its ``eta``/``countdown`` does not (a
+handed-off call runs now); its ``expires`` does. It is stored as JSON (kombu's, which also
+keeps datetimes, decimals, UUIDs and bytes) whatever the task's serializer: nothing this
+package reads from Redis is ever unpickled. A call whose arguments JSON cannot hold is not
+parked: it takes a lock retry instead, with a WARNING naming the task.
 """
 
 from __future__ import annotations
@@ -33,8 +36,8 @@ import logging
 import threading
 from typing import Any, Optional
 
-from kombu.exceptions import KombuError, SerializationError, SerializerNotInstalled
-from kombu.serialization import dumps, loads, prepare_accept_content
+from kombu.exceptions import KombuError
+from kombu.utils import json
 
 from ..errors import LockError
 from . import celery_api
@@ -51,37 +54,40 @@ SWEEP_BATCH = 100
 #: it leaves the rest to the sweeper (a bound, not an expected number).
 MAX_DROPS = 100
 
-#: What reading or re-encoding a parked message raises when it never will succeed (a
-#: serializer the workers do not accept, a damaged body): the call is dropped, not re-sent.
-UNREADABLE = (SerializationError, SerializerNotInstalled, ValueError, UnicodeDecodeError)
+#: What reading or sending a parked message raises when it never will succeed (a damaged
+#: body, arguments the task's own serializer refuses): the call is dropped, not re-sent.
+UNREADABLE = (ValueError, TypeError, UnicodeDecodeError)
 
 
-def parked_message(task: Any, request: Any) -> bytes:
-    """The message of ``request`` to park: what a hand-off sends again, under its task id.
+def parked_message(task: Any, request: Any) -> Optional[bytes]:
+    """The message of ``request`` to park: what a hand-off sends again, under its task id;
+    None (logged) when its arguments cannot be stored as JSON.
 
-    Stored as ``<task id>\n<content type>\n<encoding>\n<body>``: the task id is readable
-    even when the body is not, so that an unreadable call can be named and dropped.
+    Stored as ``<task id>\n<JSON>``: the task id is readable even when the rest is not, so
+    that an unreadable call can be named and dropped.
     """
     headers = dict(getattr(request, "headers", None) or {})
     message = celery_api.message_of(task, request, headers=headers)
-    content_type, encoding, payload = dumps(message, serializer=task.serializer)  # type: ignore[no-untyped-call]
-    body: bytes = payload.encode(encoding) if isinstance(payload, str) else payload
-    return f"{request.id}\n{content_type}\n{encoding}\n".encode() + body
+    try:
+        body = json.dumps(message)  # type: ignore[no-untyped-call]
+    except (TypeError, ValueError) as exc:
+        log.warning(
+            "task %s[%s]: cannot park this call (on_duplicate='queue' stores its message as "
+            "JSON: %s); it takes a lock retry instead if the lock is held",
+            task.name,
+            request.id,
+            exc,
+        )
+        return None
+    return f"{request.id}\n{body}".encode()
 
 
 def _task_id_of(message: bytes) -> str:
     return message.split(b"\n", 1)[0].decode("utf-8", "replace")
 
 
-def _decoded(app: Any, message: bytes) -> Any:
-    _, content_type, encoding, body = message.split(b"\n", 3)
-    return loads(  # type: ignore[no-untyped-call]
-        body,
-        content_type.decode(),
-        encoding.decode(),
-        # what the workers accept from the broker, no more
-        accept=prepare_accept_content(app.conf.accept_content),  # type: ignore[no-untyped-call]
-    )
+def _decoded(message: bytes) -> Any:
+    return json.loads(message.split(b"\n", 1)[1].decode("utf-8"))  # type: ignore[no-untyped-call]
 
 
 def publish(app: Any, message: bytes, name: str) -> bool:
@@ -98,7 +104,7 @@ def publish(app: Any, message: bytes, name: str) -> bool:
     for _ in range(MAX_DROPS):
         task_id = _task_id_of(message)
         try:
-            celery_api.send_message(app, _decoded(app, message))
+            celery_api.send_message(app, _decoded(message))
         except UNREADABLE as exc:
             log.error(
                 "task %s parked behind lock %s DROPPED: its parked message cannot be read or "

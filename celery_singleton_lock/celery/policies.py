@@ -451,4 +451,6 @@ def handle(duplicate: Duplicate, acquire: Callable[[], AcquireResult]) -> Lease:
         fail(duplicate)
     if policy == "join":
         return join(duplicate, acquire)
+    if policy == "queue":
+        retry(duplicate)  # a call that could not be parked (see handoff.parked_message)
     return wait(duplicate, acquire)

@@ -50,6 +50,7 @@ class ClusterServers(Servers):
             queue,
             CSL_LOCK_URL=self.group.url,
             CSL_RECORDS_URL=self.lock.url.replace("/0", "/2"),
+            CSL_QUEUE_POLICY="retry",  # a Cluster refuses on_duplicate="queue" at worker start
             **extra,
         )
 

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import logging
-import pickle
 import time
 from typing import Any, Callable
 
 import pytest
 import redis
 from celery import chain, chord, group, signals
+from celery.app.task import Context
 from celery.utils import uuid
 
+from celery_singleton_lock.celery import handoff
 from celery_singleton_lock.engine import Lease, Owner, RedisLocker
 from celery_singleton_lock.engine.lease import Parked
 from tests.celery import lockapp
@@ -90,11 +92,9 @@ def test_a_parked_call_whose_message_cannot_be_read_is_dropped_and_the_next_one_
     name = task.lock_options.keyer.name((unique_key, 0), {})
     holder = task.delay(unique_key, 0, 1.0)
     wait_until(lambda: store.llen(f"order:{unique_key}") == 1, timeout=10)
-    # parked by a worker that accepts pickle; the workers here accept json only
+    # a damaged message (or one parked by an older release in another format)
     unreadable = f"unreadable-{unique_key}"
-    message = f"{unreadable}\napplication/x-python-serialize\nbinary\n".encode() + pickle.dumps(
-        {"task": task.name}
-    )
+    message = f"{unreadable}\n".encode() + b"\x80\x04 not JSON"
     parked = locker.try_acquire(
         name, 30, owner=Owner(task_id=unreadable), renew=False, park=message
     )
@@ -172,3 +172,21 @@ def test_a_chain_goes_on_after_its_parked_step_runs(
     assert holder.get(timeout=10) == 0
     assert steps.get(timeout=20) == 2
     assert store.lrange(f"order:{unique_key}", 0, -1) == [b"0", b"1", b"2"]
+
+
+def test_a_call_whose_arguments_json_cannot_hold_is_not_parked(
+    celery_app: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    request = Context(id="t-1", args=["k", 1, object()], kwargs={}, delivery_info={})
+    with caplog.at_level(logging.WARNING, logger="celery_singleton_lock.handoff"):
+        assert handoff.parked_message(lockapp.queued_in_order, request) is None
+    assert "queued_in_order[t-1]: cannot park this call" in caplog.text
+
+
+def test_a_parked_message_is_its_task_id_then_json(celery_app: Any) -> None:
+    request = Context(id="t-2", args=["k", 1, 0.5], kwargs={}, delivery_info={})
+    message = handoff.parked_message(lockapp.queued_in_order, request)
+    assert message is not None
+    task_id, body = message.split(b"\n", 1)
+    assert task_id == b"t-2"
+    assert json.loads(body)["args"] == ["k", 1, 0.5]

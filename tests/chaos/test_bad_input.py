@@ -118,7 +118,7 @@ REGISTRATION_CASES: dict[str, tuple[dict[str, Any], list[str]]] = {
     "absurd TTL": ({"lock_ttl": 10**9}, ["lock_ttl", "out of range"]),
     "NaN TTL": ({"lock_ttl": math.nan}, ["lock_ttl"]),
     "TTL as a string": ({"lock_ttl": "15"}, ["lock_ttl", "'15'"]),
-    "unknown policy": ({"on_duplicate": "queue"}, ["on_duplicate='queue'"]),
+    "unknown policy": ({"on_duplicate": "drop"}, ["on_duplicate='drop'"]),
     "both lock_on and lock_key": (
         {"lock_on": ("account_id",), "lock_key": lambda account_id, cents=0: "k"},
         ["not both"],

@@ -12,9 +12,11 @@ default; ``--full`` runs a longer stream over more keys.
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections import Counter
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
@@ -249,3 +251,37 @@ def test_no_lock_key_is_left_at_the_end(stream: Stream) -> None:
 def test_workers_check_the_eviction_policy_of_every_lock_server(stream: Stream) -> None:
     assert stream.logs.count("singleton locks on redis://127.0.0.1:") >= 1
     assert "could not check the lock server's maxmemory-policy" not in stream.logs
+
+
+def test_a_pool_child_killed_holding_a_quorum_lock_has_it_freed_on_every_server() -> None:
+    with ExitStack() as stack:
+        plain = stack.enter_context(RedisServer.running())
+        quorum = [stack.enter_context(RedisServer.running()) for _ in range(3)]
+        servers = QuorumServers(
+            broker_url=plain.url,
+            lock=plain,
+            backend_url=plain.url.replace("/0", "/1"),
+            app=APP,
+            quorum=quorum,
+        )
+        client = stack.enter_context(_closing(client_app(servers)))
+        records = redis.Redis.from_url(plain.url.replace("/0", "/2"), socket_timeout=5)
+        stack.callback(records.close)
+        with worker_group(servers) as workers:
+            (worker,) = workers.start(1, pool="prefork", concurrency=2)
+            key = unique("r")
+            client.send_task(TASK, args=(key, 30.0), queue=worker.queue)
+            assert wait_for(lambda: records.llen(f"runs:{key}") == 1, 20)
+            holder_pid = int(records.lindex(f"runs:{key}", 0).decode().split("|")[1])
+            assert len(_lock_keys(quorum)) == 3  # held on every server
+            os.kill(holder_pid, signal.SIGKILL)
+            assert wait_for(lambda: "left by dead process" in worker.log(), 15), worker.log()
+            assert _lock_keys(quorum) == []
+
+
+@contextmanager
+def _closing(client: Any) -> Iterator[Any]:
+    try:
+        yield client
+    finally:
+        close_client(client)

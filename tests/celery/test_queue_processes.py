@@ -181,6 +181,22 @@ def test_a_holder_killed_with_its_worker_loses_no_parked_call(
     assert int(store.get(f"overlaps:{key}") or 0) == 0
 
 
+def test_parked_calls_run_after_a_warm_worker_restart(
+    servers: Servers, store: redis.Redis, celery_app: Any
+) -> None:
+    key = unique("k")
+    with worker_group(servers) as group:
+        (first,) = group.start(1, pool="prefork", concurrency=2)
+        queue = first.queue
+        holder, duplicates = _parked_behind_a_holder(first, store, key, parked=3, seconds=2)
+        assert first.stop(timeout=30) == 0  # warm: the holder ends, and hands the lock on
+        group.start(1, queue=queue, pool="prefork", concurrency=2)
+        assert holder.get(timeout=30) == 0
+        assert [d.get(timeout=60) for d in duplicates] == [1, 2, 3]
+    assert started_order(store, key) == [0, 1, 2, 3]
+    assert int(store.get(f"overlaps:{key}") or 0) == 0
+
+
 def test_a_killed_pool_child_holding_the_lock_loses_no_parked_call(
     prefork: CeleryWorkerProcess, store: redis.Redis
 ) -> None:

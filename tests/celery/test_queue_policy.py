@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from typing import Any, Callable
 
 import pytest
@@ -32,10 +31,14 @@ def _hold(locker: RedisLocker, task: Any, key: str, ttl: float = 30) -> Lease:
 def test_every_duplicate_runs_once_in_arrival_order(
     worker: Any, store: redis.Redis, unique_key: str
 ) -> None:
+    parked = lock_key_of(lockapp.queued_in_order, unique_key, 0) + ":parked"
     results = []
-    for index in range(6):
-        results.append(lockapp.queued_in_order.delay(unique_key, index, 0.2))
-        time.sleep(0.05)  # arrival order is sending order
+    for index in range(6):  # one by one, each once the one before reached the lock
+        results.append(lockapp.queued_in_order.delay(unique_key, index, 0.5))
+        if index == 0:
+            wait_until(lambda: store.llen(f"order:{unique_key}") == 1, timeout=10)
+        else:
+            wait_until(lambda index=index: store.llen(parked) == index, timeout=10)
     assert [result.get(timeout=30) for result in results] == list(range(6))
     assert store.lrange(f"order:{unique_key}", 0, -1) == [str(i).encode() for i in range(6)]
     assert int(store.get(f"overlaps:{unique_key}") or 0) == 0
@@ -149,8 +152,10 @@ def test_a_queued_task_retrying_itself_hands_on_and_its_retry_runs_later(
     keys = locker.keys(task.lock_options.keyer.name((unique_key, 0), {}))
     first = task.delay(unique_key, 0, 0.3)
     wait_until(lambda: store.llen(f"order:{unique_key}") == 1, timeout=10)
-    others = [task.delay(unique_key, index, 0.1) for index in (1, 2)]
-    wait_until(lambda: store.llen(keys.parked) == 2, timeout=10)
+    others = []
+    for index in (1, 2):  # one by one: their arrival order is their index order
+        others.append(task.delay(unique_key, index, 0.1))
+        wait_until(lambda index=index: store.llen(keys.parked) == index, timeout=10)
     assert [r.get(timeout=20) for r in [first, *others]] == [0, 1, 2]
     runs = [int(index) for index in store.lrange(f"order:{unique_key}", 0, -1)]
     assert runs[:2] == [0, 1]  # the retry handed the lock to the oldest parked call

@@ -33,7 +33,6 @@ parked: it takes a lock retry instead, with a WARNING naming the task.
 from __future__ import annotations
 
 import logging
-import threading
 from typing import Any, Optional
 
 from kombu.exceptions import KombuError
@@ -43,6 +42,7 @@ from ..errors import LockError
 from . import celery_api
 from .lock_server import locker_for
 from .options import handoff_settings
+from .ticking import Ticking
 
 log = logging.getLogger("celery_singleton_lock.handoff")
 
@@ -161,7 +161,7 @@ def drop(app: Any, name: str, task_id: str) -> bool:
     return following is not None and publish(app, following, name)
 
 
-class HandOffSweeper:
+class HandOffSweeper(Ticking):
     """Hands on the locks whose holder died or whose reservation ran out (see module doc).
 
     Args:
@@ -170,35 +170,15 @@ class HandOffSweeper:
         reservation_ttl: seconds a reservation made by the sweeper lives.
     """
 
+    thread_name = "celery-singleton-lock-handoff"
+    job = "hand-off sweep"
+
     def __init__(self, app: Any, interval: float, reservation_ttl: float) -> None:
+        super().__init__(interval)
         self.app = app
-        self.interval = interval
         self.reservation_ttl = reservation_ttl
-        self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
-        #: ticks run and messages sent, for tests and logs
-        self.ticks = 0
+        #: parked messages sent, for tests and logs
         self.sent = 0
-
-    def start(self) -> None:
-        self._thread = threading.Thread(
-            target=self._run, name="celery-singleton-lock-handoff", daemon=True
-        )
-        self._thread.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.tick()
-            except LockError as exc:
-                log.warning("hand-off sweep failed (%s); trying again", exc)
-            except Exception:  # a dead thread would leave parked messages to other workers
-                log.exception("hand-off sweep failed; trying again")
 
     def tick(self) -> int:
         """Hand on every due lock that is free; how many parked messages were sent."""

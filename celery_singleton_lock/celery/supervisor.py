@@ -26,7 +26,6 @@ bodies in the process that renews, and a body holding the GIL there stalls renew
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from ..errors import LockError
 from . import celery_api
 from .lock_server import locker_for
 from .task import LockedTask, lock_owner
+from .ticking import Ticking
 
 log = logging.getLogger("celery_singleton_lock.renewal")
 
@@ -55,7 +55,7 @@ class Watched:
     deadline: Optional[float]
 
 
-class ChildLockSupervisor:
+class ChildLockSupervisor(Ticking):
     """Renews, from the main process, the locks of locked tasks running in pool children.
 
     Args:
@@ -72,35 +72,16 @@ class ChildLockSupervisor:
         requests: Optional[Callable[[], Iterable[Any]]] = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.interval = interval
+        super().__init__(interval)
         self.clock = clock
         self._requests = requests or celery_api.running_requests
         #: by (task id, child pid); None when the request's task takes no lock we can name
         self._watched: dict[tuple[str, int], Optional[Watched]] = {}
-        self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
-        #: ticks run and round trips sent (one per lock server per tick), for tests
-        self.ticks = 0
+        #: round trips sent (one per lock server per tick), for tests
         self.round_trips = 0
 
-    def start(self) -> None:
-        self._thread = threading.Thread(
-            target=self._run, name="celery-singleton-lock-supervisor", daemon=True
-        )
-        self._thread.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.tick()
-            except Exception:  # a dead thread would leave every child's lock to its TTL
-                log.exception("renewal of the pool children's locks failed; trying again")
-            self._stop.wait(self.interval)
+    thread_name = "celery-singleton-lock-supervisor"
+    job = "renewal of the pool children's locks"
 
     def tick(self) -> int:
         """Renew the lock of every locked request running in a child now; how many were

@@ -3,8 +3,8 @@
 ``apply_delta`` does what a lot of application code does: read the balance, compute, write it
 back. Two such updates of one account running at once both read the same balance, and the
 second write silently drops the first one's change (a *lost update*). ``LockedTask`` with
-``lock_on=("account_id",)`` lets one update per account run at a time (others retry after a
-short backoff), and ``lock_fencing=True`` hands each holder a fence the store uses to refuse
+``lock_on=("account_id",)`` lets one update per account run at a time (the others park behind
+it and run one after the other, in order: ``on_duplicate="queue"``), and ``lock_fencing=True`` hands each holder a fence the store uses to refuse
 writes from a holder whose lock expired and was taken over.
 
 ``apply_delta_unlocked`` is the same code on a plain Celery ``Task``, for comparison.
@@ -50,9 +50,7 @@ def key(*parts: str) -> str:
     name=LOCKED,
     base=LockedTask,
     lock_on=("account_id",),  # one lock per account: other accounts run in parallel
-    on_duplicate="retry",  # a busy account: send the update again after a jittered backoff
-    lock_retry_backoff=0.05,
-    lock_retry_backoff_max=0.5,
+    on_duplicate="queue",  # a busy account: park the update; it runs right after, in order
     lock_fencing=True,  # self.request.lock.fence: strictly increasing per account
     autoretry_for=(StaleFenceError,),  # a refused write is retried (with a new lock and fence)
     max_retries=5,

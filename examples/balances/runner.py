@@ -78,7 +78,7 @@ class Ledger:
     accounts: list[Account]
     seconds: float
     failed: int
-    lock_retries: int = 0
+    parked: int = 0
     rejected_writes: int = 0
     timed_out: bool = False
     unexplained: int = 0
@@ -102,7 +102,7 @@ class Ledger:
         head = f"{self.title}: {updates} updates in {self.seconds:.1f}s"
         extras = []
         if self.ledger == "locked":
-            extras.append(f"{self.lock_retries} lock retries")
+            extras.append(f"{self.parked} updates parked behind a running one")
             extras.append(f"{self.rejected_writes} writes refused by fence")
         extras.append(f"{self.failed} tasks failed")
         lines = [f"{head} ({', '.join(extras)})"]
@@ -150,7 +150,7 @@ class Ledger:
             "actual_total": self.total("actual"),
             "exact": self.exact,
             "failed": self.failed,
-            "lock_retries": self.lock_retries,
+            "parked": self.parked,
             "rejected_writes": self.rejected_writes,
             "timed_out": self.timed_out,
             "seconds": round(self.seconds, 2),
@@ -301,7 +301,7 @@ def run(
         updates = workload(options)
         locked = run_ledger(
             "locked",
-            'LockedTask, lock_on=("account_id",), on_duplicate="retry", lock_fencing=True',
+            'LockedTask, lock_on=("account_id",), on_duplicate="queue", lock_fencing=True',
             balances.LOCKED,
             updates,
             sender,
@@ -366,7 +366,7 @@ def run_ledger(
     def count(name: str) -> int:
         return int(client.get(f"{ns}:{name}") or 0)
 
-    retries_before, rejected_before = count("duplicates:retry"), count("rejected")
+    parked_before, rejected_before = count("duplicates:queue"), count("rejected")
     started = time.monotonic()
     sent: dict[str, tuple[int, int]] = {}
     for account, cents in updates:  # all at once: many updates of one account run together
@@ -379,7 +379,7 @@ def run_ledger(
         while True:  # bounded by the deadline
             supervisor.check()
             finished = count(f"finished:{ledger}")
-            note = f"lock retries {count('duplicates:retry') - retries_before}"
+            note = f"parked {count('duplicates:queue') - parked_before}"
             bar.update_to(finished, note if ledger == "locked" else "")
             if finished >= len(updates):
                 break
@@ -395,7 +395,7 @@ def run_ledger(
         accounts=accounts,
         seconds=seconds,
         failed=count(f"failed:{ledger}"),
-        lock_retries=count("duplicates:retry") - retries_before,
+        parked=count("duplicates:queue") - parked_before,
         rejected_writes=count("rejected") - rejected_before,
         timed_out=timed_out,
         unexplained=unexplained,

@@ -3,8 +3,9 @@
 ``apply_delta`` does what a lot of application code does: read the balance, compute, write it
 back. Two such updates of one account running at once both read the same balance, and the
 second write silently drops the first one's change (a *lost update*). ``LockedTask`` with
-``lock_on=("account_id",)`` lets one update per account run at a time (the others park behind
-it and run one after the other, in order: ``on_duplicate="queue"``), and ``lock_fencing=True`` hands each holder a fence the store uses to refuse
+``lock_on=("account_id",)`` lets one update per account run at a time (the others park
+behind it and run one after the other, in order: ``on_duplicate="queue"``), and
+``lock_fencing=True`` hands each holder a fence the store uses to refuse
 writes from a holder whose lock expired and was taken over.
 
 ``apply_delta_unlocked`` is the same code on a plain Celery ``Task``, for comparison.

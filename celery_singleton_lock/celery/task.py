@@ -67,7 +67,9 @@ class LockedTask(Task):  # type: ignore[misc]
     #: jittered exponential backoff; ``"wait"`` blocks the worker slot until the release (up to
     #: ``lock_wait_timeout``), then retries; ``"fail"`` raises ``DuplicateTaskError``;
     #: ``"join"`` waits as ``"wait"`` does, then ends with the holder's outcome as its own
-    #: (same return value or exception; needs stored results).
+    #: (same return value or exception; needs stored results); ``"queue"`` parks it in Redis
+    #: behind the holder, holding no worker slot, and the holder's release hands the lock to
+    #: the oldest parked call, so every duplicate runs, one at a time, in arrival order.
     on_duplicate: Any = UNSET
 
     #: Names of the parameters that identify the work, e.g. ``("account_id",)``. Default: all

@@ -42,6 +42,8 @@ def test_a_lost_lock_is_flagged_on_the_request_and_signalled(worker: Any, unique
     try:
         result = lockapp.watches_its_lock.delay(unique_key)
         assert result.get(timeout=10) == {"lost": True, "check_raised": "LockLostError"}
+        # the renewer sets the flag first (the body may end at once), then signals
+        wait_until(lambda: seen, timeout=5)
     finally:
         lock_lost.disconnect(receiver)
     assert [s["task_id"] for s in seen] == [result.id]

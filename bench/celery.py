@@ -32,7 +32,7 @@ from celery import Celery, Task, signals
 from celery.contrib.testing.worker import start_worker
 
 from celery_singleton_lock.celery import LockedTask
-from celery_singleton_lock.celery.lock_server import forget_locker
+from celery_singleton_lock.celery.config.lockers import forget_locker
 
 from ._common import (
     RoundTripCounter,

@@ -36,7 +36,7 @@ from celery.contrib.testing.worker import start_worker
 
 from celery_singleton_lock.arguments import ArgumentKeyer
 from celery_singleton_lock.celery import LockedTask
-from celery_singleton_lock.celery.lock_server import make_client
+from celery_singleton_lock.celery.config.servers import make_client
 from celery_singleton_lock.engine import RedisLocker
 from celery_singleton_lock.testing import RedisServer
 

@@ -20,7 +20,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from celery_singleton_lock.engine import RedisLocker, Renewer
-from celery_singleton_lock.engine.quorum import QuorumLocker
+from celery_singleton_lock.engine.redlock import QuorumLocker
 from celery_singleton_lock.testing import RedisServer
 
 from ._common import median, quartiles

@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .errors import (
+from celery_singleton_lock.errors import (
     AlreadyFinished,
     DuplicateTaskError,
     DuplicateTaskSkipped,
@@ -30,7 +30,7 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from .celery import (
+    from celery_singleton_lock.celery import (
         LockedTask,
         LockHandle,
         lock_acquired,

@@ -17,7 +17,11 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any, Callable, Optional, Sequence
 
-from .errors import LockConfigurationError, LockKeyError, UnsupportedArgumentError
+from celery_singleton_lock.errors import (
+    LockConfigurationError,
+    LockKeyError,
+    UnsupportedArgumentError,
+)
 
 __all__ = ["ArgumentKeyer", "canonical_digest"]
 

@@ -13,12 +13,12 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Optional, Sequence
 
-from .celery import enqueue
-from .celery.lock_server import locker_for
-from .celery.options import UNSET
-from .celery.task import LockedTask
-from .errors import DuplicateTaskError as _DuplicateTaskError
-from .errors import LockConfigurationError, LockError
+from celery_singleton_lock.celery.config.lockers import locker_for
+from celery_singleton_lock.celery.config.options import UNSET
+from celery_singleton_lock.celery.duplicates import enqueue
+from celery_singleton_lock.celery.task.locked_task import LockedTask
+from celery_singleton_lock.errors import DuplicateTaskError as _DuplicateTaskError
+from celery_singleton_lock.errors import LockConfigurationError, LockError
 
 __all__ = ["AlreadyQueued", "DuplicateTaskError", "QueueOnce", "Singleton"]
 

@@ -20,7 +20,7 @@ from typing import Iterator
 
 import pytest
 
-from .testing import RedisServer
+from celery_singleton_lock.testing import RedisServer
 
 __all__ = ["singleton_lock_url"]
 

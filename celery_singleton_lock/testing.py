@@ -29,8 +29,8 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from .engine.lease import Lease, LockHolder, Owner
-from .errors import DuplicateTaskError, LockConfigurationError, LockLostError
+from celery_singleton_lock.engine import Lease, LockHolder, Owner
+from celery_singleton_lock.errors import DuplicateTaskError, LockConfigurationError, LockLostError
 
 __all__ = ["HOLD_LOCK_TASK_ID", "RedisServer", "find_redis_server", "free_port", "hold_lock"]
 
@@ -224,8 +224,8 @@ def hold_lock(task: Any, *args: Any, **kwargs: Any) -> Iterator[Lease]:
         LockBackendUnavailable: the lock server could not be reached.
     """
     # Imported here: the engine tests use RedisServer without loading the Celery layer.
-    from .celery import LockedTask
-    from .celery.lock_server import locker_for
+    from celery_singleton_lock.celery import LockedTask
+    from celery_singleton_lock.celery.config.lockers import locker_for
 
     if not isinstance(task, LockedTask):
         raise LockConfigurationError(

@@ -1,11 +1,15 @@
 """The Celery layer: ``LockedTask``, duplicate policies, signals and worker hooks."""
 
-from . import supervisor as _supervisor  # noqa: F401  (main-process renewal, prefork)
-from . import worker as _worker  # noqa: F401  (connects the worker-side signal receivers)
-from .handle import LockHandle
-from .options import LockOptions
-from .signals import lock_acquired, lock_duplicate, lock_lost, lock_released
-from .task import LockedTask
+from celery_singleton_lock.celery.config.options import LockOptions
+from celery_singleton_lock.celery.signals import (
+    lock_acquired,
+    lock_duplicate,
+    lock_lost,
+    lock_released,
+)
+from celery_singleton_lock.celery.task.lock_view import LockHandle
+from celery_singleton_lock.celery.task.locked_task import LockedTask
+from celery_singleton_lock.celery.worker import wiring as _wiring  # noqa: F401  (connects the receivers)
 
 __all__ = [
     "LockHandle",

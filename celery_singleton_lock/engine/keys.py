@@ -28,7 +28,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..errors import LockConfigurationError
+from celery_singleton_lock.errors import LockConfigurationError
 
 _PREFIX_PATTERN = re.compile(r"^[A-Za-z0-9_.:\-/|@#=+]{1,64}$")
 _NAME_FORBIDDEN = re.compile(r"[{}\s]")

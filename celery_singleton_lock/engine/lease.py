@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional
 from urllib.parse import unquote
 
-from .keys import LockKeys
-from .process import ForkSafeLock
-from .scripts import TOKEN_LENGTH
+from celery_singleton_lock.engine.fork_safety import ForkSafeLock
+from celery_singleton_lock.engine.keys import LockKeys
+from celery_singleton_lock.engine.scripts import TOKEN_LENGTH
 
 if TYPE_CHECKING:
-    from .locker import RedisLocker
+    from celery_singleton_lock.engine.locker import RedisLocker
 
 log = logging.getLogger("celery_singleton_lock.renewal")
 

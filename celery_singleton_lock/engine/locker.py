@@ -10,7 +10,7 @@ which sends it to the primary of its keys' slot (each lock's keys share one hash
 follows MOVED, ASK and failovers itself. Renewal cannot send the keys of many slots to one
 script there: it sends one single-key script call per lease in a cluster pipeline, which
 redis-py groups by node, so a tick is still one round trip per primary, not one per lease.
-Reading locks is :mod:`.inspect`'s job, waiting for a release :mod:`.waiting`'s.
+Reading locks is :mod:`.reading`'s job, waiting for a release :mod:`.waiting`'s.
 """
 
 from __future__ import annotations
@@ -25,14 +25,19 @@ from redis.cluster import RedisCluster
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError, RedisError
 
-from ..errors import AlreadyFinished, LockBackendUnavailable, LockConfigurationError, LockError
-from . import lease as _lease
-from . import scripts, server_errors
-from .inspect import Client, LockInspector
-from .keys import LockKeys, handoff_index, validate_prefix
-from .lease import Lease, LockHolder, LostCallback, Owner, Parked
-from .pinned import PinnedConnections
-from .renewer import Renewer, process_renewer
+from celery_singleton_lock.engine import lease as _lease
+from celery_singleton_lock.engine import scripts, server_errors
+from celery_singleton_lock.engine.keys import LockKeys, handoff_index, validate_prefix
+from celery_singleton_lock.engine.lease import Lease, LockHolder, LostCallback, Owner, Parked
+from celery_singleton_lock.engine.pinned import PinnedConnections
+from celery_singleton_lock.engine.reading import Client, LockInspector
+from celery_singleton_lock.engine.renewer import Renewer, process_renewer
+from celery_singleton_lock.errors import (
+    AlreadyFinished,
+    LockBackendUnavailable,
+    LockConfigurationError,
+    LockError,
+)
 
 log_acquire = logging.getLogger("celery_singleton_lock.acquire")
 log_release = logging.getLogger("celery_singleton_lock.release")
@@ -157,7 +162,7 @@ class RedisLocker:
                 cluster (the hand-off index is one key per prefix).
             reservation_ttl: with ``park``: seconds a reservation made by this call lives.
             token: the owner token to write (a fresh one by default); a quorum sends the
-                same token to each of its servers (:mod:`.quorum`).
+                same token to each of its servers (:mod:`.redlock`).
 
         Raises:
             AlreadyFinished: with ``unless_finished``, that record exists.

@@ -26,7 +26,7 @@ from typing import Any, Callable
 import redis
 from redis.exceptions import ResponseError
 
-from .process import reset_in_forked_children
+from celery_singleton_lock.engine.fork_safety import reset_in_forked_children
 
 
 def _connection_getter(pool: Any) -> Callable[[], Any]:
@@ -50,7 +50,7 @@ class PinnedConnections:
 
     Thread-safe: a connection is used by one thread at a time (taken from an idle list and put
     back after each command). A forked child never touches its parent's connections
-    (:mod:`.process`); redis-py's pool hands it fresh ones.
+    (:mod:`.fork_safety`); redis-py's pool hands it fresh ones.
     """
 
     def __init__(self, client: redis.Redis) -> None:

@@ -13,7 +13,7 @@ Failure handling: a refusal from Redis marks the lease lost at once; an unreacha
 marks it lost only once its TTL has certainly run out (``confirmed_at + ttl``), and the
 renewer keeps trying until then.
 
-Fork safety: a forked child starts with an empty renewer of its own (:mod:`.process`); the
+Fork safety: a forked child starts with an empty renewer of its own (:mod:`.fork_safety`); the
 parent's leases are never renewed (nor released, see ``Lease.inherited``) from the child.
 """
 
@@ -26,9 +26,9 @@ import time
 from operator import attrgetter
 from typing import Callable, Optional
 
-from ..errors import LockBackendUnavailable
-from .lease import Lease
-from .process import ForkSafeLock, reset_in_forked_children
+from celery_singleton_lock.engine.fork_safety import ForkSafeLock, reset_in_forked_children
+from celery_singleton_lock.engine.lease import Lease
+from celery_singleton_lock.errors import LockBackendUnavailable
 
 log = logging.getLogger("celery_singleton_lock.renewal")
 

@@ -6,7 +6,7 @@ from typing import Callable, TypeVar
 
 import redis
 
-from ..errors import LockBackendUnavailable, LockError, LockNotOwnedError
+from celery_singleton_lock.errors import LockBackendUnavailable, LockError, LockNotOwnedError
 
 T = TypeVar("T")
 

@@ -11,7 +11,7 @@ from functools import partial
 
 import redis
 
-from . import server_errors
+from celery_singleton_lock.engine import server_errors
 
 
 def subscribe_releases(client: redis.Redis, channel: str) -> redis.client.PubSub:

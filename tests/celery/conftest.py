@@ -18,7 +18,7 @@ from typing import Any, Iterator
 import pytest
 import redis
 
-from celery_singleton_lock.celery.lock_server import forget_locker, locker_for
+from celery_singleton_lock.celery.config.lockers import forget_locker, locker_for
 from celery_singleton_lock.engine import RedisLocker
 from celery_singleton_lock.testing import RedisServer
 from tests.support import CountingConnection, wait_until

@@ -553,7 +553,7 @@ class RecordsAttempts(LockedTask):
     "task_id|pid|time|redelivered|lock_retries", before the lock is tried."""
 
     def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
-        from celery_singleton_lock.celery.policies import lock_retries
+        from celery_singleton_lock.celery.duplicates.redelivery import lock_retries
 
         key = kwargs["key"] if "key" in kwargs else args[0]
         info = self.request.delivery_info or {}

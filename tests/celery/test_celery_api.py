@@ -241,7 +241,7 @@ def test_callbacks_and_the_next_chain_step_are_sent_as_the_tracer_sends_them(
 def test_a_running_request_is_among_the_workers_running_requests_with_what_renewal_reads(
     worker: Any, unique_key: str
 ) -> None:
-    # what the prefork main process reads to renew its children's locks (supervisor.py)
+    # what the prefork main process reads to renew its children's locks (worker/child_renewal.py)
     before = time.time()
     seen = lockapp.finds_its_worker_request.apply_async((unique_key,), time_limit=42).get(
         timeout=10

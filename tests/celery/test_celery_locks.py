@@ -20,7 +20,8 @@ from typing import Any, Callable, Iterator, Optional
 import pytest
 import redis
 
-from celery_singleton_lock.celery.cli import open_target, release_lock
+from celery_singleton_lock.celery.cli.app_target import open_target
+from celery_singleton_lock.celery.cli.lock_release import release_lock
 from celery_singleton_lock.engine import LockKeys, Owner, RedisLocker, Renewer
 from tests.celery import lockapp
 from tests.celery.workers import Servers, client_app, close_client, lock_key, unique, worker_group
@@ -473,7 +474,7 @@ def test_the_lock_server_follows_celery_broker_url_in_the_environment(
 ) -> None:
     from celery import Celery as CeleryApp
 
-    from celery_singleton_lock.celery.lock_server import choose_url
+    from celery_singleton_lock.celery.config.servers import choose_url
 
     monkeypatch.setenv("CELERY_BROKER_URL", "redis://from-env:6379/4")
     app = CeleryApp("envapp", broker="amqp://configured//")

@@ -30,7 +30,10 @@ REPO = Path(__file__).resolve().parents[2]
 #: What the ``celery-singleton-lock`` console script does, minus the installed package: the
 #: script's directory (here: the current one) is not on ``sys.path``, PYTHONPATH supplies
 #: this checkout.
-ENTRY = "import sys; del sys.path[0]; from celery_singleton_lock.celery.cli import main; main()"
+ENTRY = (
+    "import sys; del sys.path[0]; "
+    "from celery_singleton_lock.celery.cli.commands import main; main()"
+)
 
 
 def run_cli(

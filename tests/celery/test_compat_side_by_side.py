@@ -23,7 +23,7 @@ from celery import states
 from celery.result import EagerResult
 
 from celery_singleton_lock import compat
-from celery_singleton_lock.celery.lock_server import forget_locker, locker_for
+from celery_singleton_lock.celery.config.lockers import forget_locker, locker_for
 from celery_singleton_lock.testing import RedisServer
 from tests.celery import compatapp
 from tests.celery.test_enqueue_dedupe import published

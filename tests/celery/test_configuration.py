@@ -13,7 +13,7 @@ import pytest
 from celery import Celery
 
 from celery_singleton_lock import LockConfigurationError, LockedTask
-from celery_singleton_lock.celery.startup import check_configuration
+from celery_singleton_lock.celery.worker.start_checks import check_configuration
 
 
 @pytest.fixture

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from celery_singleton_lock.celery.lock_server import choose_url, redact
+from celery_singleton_lock.celery.config.servers import choose_url
+from celery_singleton_lock.celery.config.urls import redact
 
 
 def test_explicit_url_wins() -> None:

@@ -14,7 +14,7 @@ from celery.signals import before_task_publish
 from kombu.exceptions import OperationalError
 
 from celery_singleton_lock import DuplicateTaskSkipped, LockedTask
-from celery_singleton_lock.celery.lock_server import forget_locker, locker_for
+from celery_singleton_lock.celery.config.lockers import forget_locker, locker_for
 from celery_singleton_lock.engine import Lease, Owner, RedisLocker
 from celery_singleton_lock.testing import RedisServer, free_port
 from tests.celery import lockapp

@@ -6,7 +6,7 @@ import os
 import signal
 from typing import Any
 
-from celery_singleton_lock.celery.lock_server import locker_for
+from celery_singleton_lock.celery.config.lockers import locker_for
 from celery_singleton_lock.engine import Lease
 
 

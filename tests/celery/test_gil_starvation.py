@@ -2,7 +2,8 @@
 
 Real prefork workers (tests/celery/workers.py). ``holds_the_gil`` (lock_ttl=1, skip) holds the
 GIL in one regex match sized to last about three TTLs; its child's renewer thread cannot run
-meanwhile. The main process renews the lock by owner (celery_singleton_lock.celery.supervisor).
+meanwhile. The main process renews the lock by owner
+(celery_singleton_lock.celery.worker.child_renewal).
 """
 
 from __future__ import annotations

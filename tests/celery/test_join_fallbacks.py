@@ -8,7 +8,8 @@ from typing import Any
 import redis
 
 from celery_singleton_lock.celery import lock_duplicate
-from celery_singleton_lock.celery.policies import JOIN_HEADER, RETRY_HEADER
+from celery_singleton_lock.celery.duplicates.join import JOIN_HEADER
+from celery_singleton_lock.celery.duplicates.policies import RETRY_HEADER
 from tests.celery import lockapp
 from tests.support import wait_until
 

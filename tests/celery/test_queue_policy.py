@@ -12,7 +12,7 @@ from celery import chain, chord, group, signals
 from celery.app.task import Context
 from celery.utils import uuid
 
-from celery_singleton_lock.celery import handoff
+from celery_singleton_lock.celery.duplicates import parking as handoff
 from celery_singleton_lock.engine import Lease, Owner, RedisLocker
 from celery_singleton_lock.engine.lease import Parked
 from tests.celery import lockapp

@@ -11,10 +11,11 @@ import pytest
 from celery import Celery
 
 from celery_singleton_lock import LockConfigurationError, LockedTask
-from celery_singleton_lock.celery.lock_server import choose_url, redact
-from celery_singleton_lock.celery.quorum import quorum_urls
+from celery_singleton_lock.celery.config.quorum_settings import quorum_urls
+from celery_singleton_lock.celery.config.servers import choose_url
+from celery_singleton_lock.celery.config.urls import redact
 from celery_singleton_lock.engine import Lease, Owner, Renewer
-from celery_singleton_lock.engine.quorum import QuorumLocker
+from celery_singleton_lock.engine.redlock import QuorumLocker
 from celery_singleton_lock.testing import RedisServer
 from tests.celery.test_cli import run_cli
 from tests.celery.test_worker_start import EX_CONFIG, run_worker

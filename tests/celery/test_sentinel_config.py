@@ -9,15 +9,17 @@ from typing import Any
 import pytest
 import redis
 
-from celery_singleton_lock.celery.lock_server import (
+from celery_singleton_lock.celery.config.sentinel import (
     SentinelMasterConnection,
     SentinelMasterSSLConnection,
+)
+from celery_singleton_lock.celery.config.servers import (
     choose_url,
     close_client,
     make_client,
-    redact,
     transport_options,
 )
+from celery_singleton_lock.celery.config.urls import redact
 from celery_singleton_lock.errors import LockConfigurationError
 from celery_singleton_lock.testing import RedisServer
 from tests.celery.test_worker_start import EX_CONFIG, broker, run_worker  # noqa: F401

@@ -14,7 +14,7 @@ from typing import Any
 
 import redis
 
-from celery_singleton_lock.celery.supervisor import ChildLockSupervisor
+from celery_singleton_lock.celery.worker.child_renewal import ChildLockSupervisor
 from celery_singleton_lock.engine import Lease, Owner, RedisLocker
 from tests.celery import lockapp
 

@@ -13,7 +13,7 @@ import redis
 from celery import Celery
 
 from celery_singleton_lock import LockedTask
-from celery_singleton_lock.celery.lock_server import forget_locker
+from celery_singleton_lock.celery.config.lockers import forget_locker
 from celery_singleton_lock.testing import find_redis_server, free_port
 
 

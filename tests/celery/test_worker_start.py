@@ -26,7 +26,7 @@ from typing import Callable, Iterator
 
 import pytest
 
-from celery_singleton_lock.celery.startup import eviction_risk
+from celery_singleton_lock.celery.worker.start_checks import eviction_risk
 from celery_singleton_lock.testing import RedisServer, free_port
 from tests.celery.workers import ROOT, CeleryWorkerProcess, Servers, unique
 

@@ -12,8 +12,8 @@ import redis
 from celery import Celery
 
 from celery_singleton_lock import LockedTask, LockError
-from celery_singleton_lock.celery.lock_server import forget_locker
-from celery_singleton_lock.celery.startup import check_configuration
+from celery_singleton_lock.celery.config.lockers import forget_locker
+from celery_singleton_lock.celery.worker.start_checks import check_configuration
 from celery_singleton_lock.testing import RedisServer, free_port
 
 TASK = "billing.apply_delta"

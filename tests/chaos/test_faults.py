@@ -558,7 +558,7 @@ def stall_round(
     the claim-read and the write, for 2.5 TTLs and until another worker took the key and wrote.
 
     The whole process group: the worker's main process renews its children's locks (see
-    celery_singleton_lock.celery.supervisor), so a stopped child alone keeps its lock."""
+    celery_singleton_lock.celery.worker.child_renewal), so a stopped child alone keeps its lock."""
     account = f"{store.ns}-a{n}"
     go = store.key("go", str(n))
     task = lockapp.chaos_stall.name

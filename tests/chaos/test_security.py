@@ -12,7 +12,7 @@ from celery import Celery
 
 import celery_singleton_lock
 from celery_singleton_lock import LockedTask
-from celery_singleton_lock.celery.lock_server import forget_locker
+from celery_singleton_lock.celery.config.lockers import forget_locker
 from celery_singleton_lock.engine import Lease, Owner, RedisLocker, Renewer
 from celery_singleton_lock.engine.waiting import subscribe_releases, wait_for_release
 from celery_singleton_lock.testing import RedisServer

@@ -15,12 +15,8 @@ import redis
 from celery import Celery
 from redis.cluster import RedisCluster
 
-from celery_singleton_lock.celery.lock_server import (
-    close_client,
-    forget_locker,
-    locker_for,
-    make_client,
-)
+from celery_singleton_lock.celery.config.lockers import forget_locker, locker_for
+from celery_singleton_lock.celery.config.servers import close_client, make_client
 from celery_singleton_lock.engine import Lease, LockHolder, RedisLocker, Renewer
 from celery_singleton_lock.engine.lease import Owner
 from celery_singleton_lock.engine.waiting import subscribe_releases, wait_for_release

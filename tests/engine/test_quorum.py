@@ -13,7 +13,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from celery_singleton_lock.engine import Lease, LockHolder, Owner, Renewer
-from celery_singleton_lock.engine.quorum import QuorumLocker, drift
+from celery_singleton_lock.engine.redlock import QuorumLocker, drift
 from celery_singleton_lock.engine.waiting import subscribe_releases, wait_for_release
 from celery_singleton_lock.errors import (
     AlreadyFinished,

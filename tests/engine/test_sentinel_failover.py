@@ -18,7 +18,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from celery_singleton_lock.celery.lock_server import close_client, make_client
+from celery_singleton_lock.celery.config.servers import close_client, make_client
 from celery_singleton_lock.engine import Lease, RedisLocker, Renewer
 from tests.engine.conftest import FakeClock
 from tests.sentinel_topology import SentinelGroup

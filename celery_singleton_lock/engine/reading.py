@@ -11,10 +11,10 @@ from typing import Any, Iterator, Optional, Union
 import redis
 from redis.cluster import RedisCluster
 
-from ..errors import LockBackendUnavailable
-from . import server_errors
-from .keys import LockKeys, validate_prefix
-from .lease import LockHolder, as_int, as_text
+from celery_singleton_lock.engine import server_errors
+from celery_singleton_lock.engine.keys import LockKeys, validate_prefix
+from celery_singleton_lock.engine.lease import LockHolder, as_int, as_text
+from celery_singleton_lock.errors import LockBackendUnavailable
 
 #: What the engine talks to: one Redis (or a Sentinel group's master), or a Redis Cluster
 #: (whose ``scan_iter`` scans every primary and whose pipeline sends each node its keys).

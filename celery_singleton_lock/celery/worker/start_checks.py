@@ -28,19 +28,23 @@ from celery.exceptions import WorkerTerminate
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from ..errors import LockConfigurationError, LockError
-from .lock_server import (
+from celery_singleton_lock.celery.config.lockers import locker_for
+from celery_singleton_lock.celery.config.options import (
+    KNOWN_SETTINGS,
+    lock_prefix,
+    unknown_settings,
+)
+from celery_singleton_lock.celery.config.quorum_settings import quorum_urls
+from celery_singleton_lock.celery.config.servers import (
     choose_url,
     close_client,
     cluster_setting,
-    locker_for,
     make_client,
-    redact,
     transport_options,
 )
-from .options import KNOWN_SETTINGS, lock_prefix, unknown_settings
-from .quorum import quorum_urls
-from .task import LockedTask
+from celery_singleton_lock.celery.config.urls import redact
+from celery_singleton_lock.celery.task.locked_task import LockedTask
+from celery_singleton_lock.errors import LockConfigurationError, LockError
 
 log = logging.getLogger("celery_singleton_lock.worker")
 
@@ -67,7 +71,7 @@ def check_configuration(app: Any) -> None:
         raise LockConfigurationError(
             "unknown setting(s) "
             + ", ".join(_with_suggestion(typo) for typo in typos)
-            + "; the settings are listed in celery_singleton_lock.celery.options"
+            + "; the settings are listed in celery_singleton_lock.celery.config.options"
         )
     choose_url(app.conf)  # raises on a lock URL that is not Redis
     for task in locked_tasks(app):

@@ -12,20 +12,29 @@ from typing import Any, Callable, NoReturn, Optional, Sequence
 from celery import Task
 from celery.exceptions import Ignore
 
-from ..engine import Lease, LockHolder, Owner, RedisLocker
-from ..engine.lease import Parked
-from ..errors import (
+from celery_singleton_lock.celery import celery_api
+from celery_singleton_lock.celery.config.lockers import locker_for
+from celery_singleton_lock.celery.config.options import TASK_OPTIONS, UNSET, LockOptions, resolve
+from celery_singleton_lock.celery.duplicates import enqueue, policies
+from celery_singleton_lock.celery.duplicates import parking as handoff
+from celery_singleton_lock.celery.duplicates.dispatch import handle as handle_duplicate
+from celery_singleton_lock.celery.duplicates.join import rejoin
+from celery_singleton_lock.celery.duplicates.redelivery import already_ran, is_marked_copy
+from celery_singleton_lock.celery.signals import lock_acquired, lock_lost
+from celery_singleton_lock.celery.task.execution import (
+    LockScope,
+    closes_scope_on_error,
+    open_scope,
+    releases_after_body,
+)
+from celery_singleton_lock.celery.task.lock_view import LockHandle
+from celery_singleton_lock.engine import Lease, LockHolder, Owner, Parked, RedisLocker
+from celery_singleton_lock.errors import (
     AlreadyFinished,
     DuplicateTaskError,
     LockBackendUnavailable,
     LockConfigurationError,
 )
-from . import celery_api, enqueue, handoff, policies
-from .handle import LockHandle
-from .lock_server import locker_for
-from .options import TASK_OPTIONS, UNSET, LockOptions, resolve
-from .scope import LockScope, closes_scope_on_error, open_scope, releases_after_body
-from .signals import lock_acquired, lock_lost
 
 log = logging.getLogger("celery_singleton_lock.acquire")
 
@@ -49,7 +58,7 @@ class LockedTask(Task):  # type: ignore[misc]
     The lock is taken in ``before_start`` (so beat, ``send_task``, retries and redelivery are
     all covered), renewed by a worker-side thread while the body runs, and released after it
     on every exit path. The body sees its lock as ``self.request.lock`` (a
-    :class:`~celery_singleton_lock.celery.handle.LockHandle`).
+    :class:`~celery_singleton_lock.celery.task.lock_view.LockHandle`).
 
     Every ``lock_*`` attribute left unset takes the app setting ``singleton_lock_<name>``
     (e.g. ``singleton_lock_ttl``), else the default shown. A direct call ``task(...)`` runs
@@ -132,7 +141,8 @@ class LockedTask(Task):  # type: ignore[misc]
 
     #: Deduplicate at enqueue (default False): ``apply_async()`` / ``delay()`` of a call whose
     #: lock name is already queued or running publishes nothing and returns the
-    #: ``AsyncResult`` of that task (see :mod:`.enqueue` for what is not deduplicated).
+    #: ``AsyncResult`` of that task (see :mod:`~celery_singleton_lock.celery.duplicates.enqueue`
+    #: for what is not deduplicated).
     dedupe_on_enqueue: Any = UNSET
 
     #: Seconds a queued marker lives if its message never reaches a worker (purged, lost),
@@ -214,7 +224,8 @@ class LockedTask(Task):  # type: ignore[misc]
     ) -> Any:
         """Celery's ``apply_async``; with ``dedupe_on_enqueue``, a call whose lock name is
         already queued or running publishes nothing and returns that task's ``AsyncResult``
-        (one round trip to the lock server first; see :mod:`.enqueue`)."""
+        (one round trip to the lock server first; see
+        :mod:`~celery_singleton_lock.celery.duplicates.enqueue`)."""
 
         def publish(chosen_id: Optional[str]) -> Any:
             return super(LockedTask, self).apply_async(
@@ -254,10 +265,10 @@ class LockedTask(Task):  # type: ignore[misc]
         lease, is_copy = acquired
         # From here the scope owns the lock: whatever raises below closes it.
         request.lock = held = LockScope(self, task_id, name, lease)
-        if policies.already_ran(self, request, is_copy):
+        if already_ran(self, request, is_copy):
             held.close()
             self._drop_copy(task_id, "its outcome is stored")
-        policies.rejoin(self, request)  # a join's lock retry whose holder ended meanwhile
+        rejoin(self, request)  # a join's lock retry whose holder ended meanwhile
         if self.lock_track_started:
             self._store_started(task_id, request)
         if lock_acquired.receivers:
@@ -304,14 +315,14 @@ class LockedTask(Task):  # type: ignore[misc]
                 outcome = self._on_backend_unavailable(exc, name, options, request)
                 if outcome is None:
                     return None
-            is_copy = policies.is_marked_copy(request)
+            is_copy = is_marked_copy(request)
             if isinstance(outcome, Parked):
                 holder = outcome.holder or LockHolder.unknown(outcome.key)
                 policies.queue(policies.Duplicate(self, request, options, name, holder), outcome)
             if not isinstance(outcome, Lease):
                 duplicate = policies.Duplicate(self, request, options, name, outcome)
                 is_copy = is_copy or duplicate.is_copy
-                outcome = policies.handle(duplicate, acquire)
+                outcome = handle_duplicate(duplicate, acquire)
         except AlreadyFinished:
             self._drop_copy(task_id, "its finish is recorded under the lock")
         return outcome, is_copy

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Optional
 
-from ..errors import LockConfigurationError
+from celery_singleton_lock.errors import LockConfigurationError
 
 #: Separator of the URLs of a quorum given as one string.
 SEPARATOR = ","

@@ -45,14 +45,19 @@ from typing import Any, Callable, Iterator, Optional, Sequence, TypeVar, Union, 
 
 import redis
 
-from ..errors import AlreadyFinished, LockBackendUnavailable, LockConfigurationError, LockError
-from . import lease as _lease
-from .inspect import Client, LockInspector
-from .keys import validate_prefix
-from .lease import Lease, LockHolder, LostCallback, Owner, Parked
-from .locker import AcquireResult, RedisLocker, new_token
-from .process import reset_in_forked_children
-from .renewer import Renewer
+from celery_singleton_lock.engine import lease as _lease
+from celery_singleton_lock.engine.fork_safety import reset_in_forked_children
+from celery_singleton_lock.engine.keys import validate_prefix
+from celery_singleton_lock.engine.lease import Lease, LockHolder, LostCallback, Owner, Parked
+from celery_singleton_lock.engine.locker import AcquireResult, RedisLocker, new_token
+from celery_singleton_lock.engine.reading import Client, LockInspector
+from celery_singleton_lock.engine.renewer import Renewer
+from celery_singleton_lock.errors import (
+    AlreadyFinished,
+    LockBackendUnavailable,
+    LockConfigurationError,
+    LockError,
+)
 
 log = logging.getLogger("celery_singleton_lock.acquire")
 

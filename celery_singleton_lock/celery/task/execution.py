@@ -24,14 +24,15 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
 from celery.exceptions import Ignore, Reject, Retry
 from redis.exceptions import RedisError
 
-from ..engine import Lease
-from ..errors import LockError
-from . import celery_api, handoff
-from .handle import LockHandle
-from .signals import lock_released
+from celery_singleton_lock.celery import celery_api
+from celery_singleton_lock.celery.duplicates import parking as handoff
+from celery_singleton_lock.celery.signals import lock_released
+from celery_singleton_lock.celery.task.lock_view import LockHandle
+from celery_singleton_lock.engine import Lease
+from celery_singleton_lock.errors import LockError
 
 if TYPE_CHECKING:
-    from .task import LockedTask
+    from celery_singleton_lock.celery.task.locked_task import LockedTask
 
 log = logging.getLogger("celery_singleton_lock.release")
 

@@ -10,10 +10,10 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
-from ..arguments import ArgumentKeyer
-from ..engine.keys import LockKeys, validate_prefix
-from ..errors import LockConfigurationError
-from .quorum import refuse_on_quorum
+from celery_singleton_lock.arguments import ArgumentKeyer
+from celery_singleton_lock.celery.config.quorum_settings import refuse_on_quorum
+from celery_singleton_lock.engine import LockKeys, validate_prefix
+from celery_singleton_lock.errors import LockConfigurationError
 
 POLICIES = ("skip", "retry", "wait", "fail", "join", "queue")
 BACKEND_ERROR_POLICIES = ("retry", "run")

@@ -31,14 +31,12 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional
 
-from celery import signals
-
-from ..engine import Owner, RedisLocker
-from ..errors import LockError
-from . import celery_api
-from .lock_server import locker_for
-from .task import LockedTask, lock_owner
-from .ticking import Ticking
+from celery_singleton_lock.celery import celery_api
+from celery_singleton_lock.celery.config.lockers import locker_for
+from celery_singleton_lock.celery.task.locked_task import LockedTask, lock_owner
+from celery_singleton_lock.celery.worker.ticking import Ticking
+from celery_singleton_lock.engine import Owner, RedisLocker
+from celery_singleton_lock.errors import LockError
 
 log = logging.getLogger("celery_singleton_lock.renewal")
 
@@ -144,7 +142,7 @@ def _watch(request: Any, pid: int) -> Optional[Watched]:
 _supervisor: Optional[ChildLockSupervisor] = None
 
 
-def _start(sender: Any = None, **_: Any) -> None:
+def start_child_renewal(sender: Any = None, **_: Any) -> None:
     global _supervisor
     app = getattr(sender, "app", None)
     if app is None or _supervisor is not None or not celery_api.runs_bodies_in_children(sender):
@@ -170,13 +168,8 @@ def _start(sender: Any = None, **_: Any) -> None:
         )
 
 
-def _stop(**_: Any) -> None:
+def stop_child_renewal(**_: Any) -> None:
     global _supervisor
     if _supervisor is not None:
         _supervisor.stop()
         _supervisor = None
-
-
-# worker_ready and worker_shutdown are sent in the worker's main process only.
-signals.worker_ready.connect(_start, weak=False)
-signals.worker_shutdown.connect(_stop, weak=False)

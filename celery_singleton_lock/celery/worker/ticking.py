@@ -1,8 +1,8 @@
 """A daemon thread of the worker's main process that does one job every few seconds.
 
-The main process renews its pool children's locks (:mod:`.supervisor`) and hands on locks left
-by dead holders (:mod:`.handoff`) this way. A tick that fails is logged and the next one comes:
-a dead thread would leave that job undone for the worker's whole life.
+The main process renews its pool children's locks (:mod:`.child_renewal`) and hands on locks left
+by dead holders (:mod:`.handoff_sweeper`) this way. A tick that fails is logged and the next one
+comes: a dead thread would leave that job undone for the worker's whole life.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import logging
 import threading
 from typing import Optional
 
-from ..errors import LockError
+from celery_singleton_lock.errors import LockError
 
 log = logging.getLogger("celery_singleton_lock.worker")
 

@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 from celery.utils import uuid
 
-from ..errors import LockBackendUnavailable, LockError
-from .lock_server import locker_for
+from celery_singleton_lock.celery.config.lockers import locker_for
+from celery_singleton_lock.errors import LockBackendUnavailable, LockError
 
 if TYPE_CHECKING:
-    from .task import LockedTask
+    from celery_singleton_lock.celery.task.locked_task import LockedTask
 
 log = logging.getLogger("celery_singleton_lock.enqueue")
 

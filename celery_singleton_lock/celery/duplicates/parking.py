@@ -10,9 +10,10 @@ overtake an older one.
 
 Nothing depends on that one send. If the holder dies (``kill -9``, a lost node) its lock
 expires; if the releasing worker dies before sending, the reservation expires
-(``singleton_lock_handoff_timeout``). Either way a :class:`HandOffSweeper`, a thread in every
-worker's main process, finds the lock due (one round trip per tick, ``HANDOFF_DUE``), reserves
-it for the oldest parked task id again and sends its message. A message sent twice that way
+(``singleton_lock_handoff_timeout``). Either way the hand-off sweeper, a thread in every
+worker's main process (:mod:`~celery_singleton_lock.celery.worker.handoff_sweeper`), finds the
+lock due (one round trip per tick, ``HANDOFF_DUE``), reserves it for the oldest parked task id
+again and sends its message. A message sent twice that way
 runs once: a copy finding its own task id holding the lock ends without running, and a copy
 arriving after it finished finds its finish record (``lock_finished_ttl``).
 
@@ -38,11 +39,10 @@ from typing import Any, Optional
 from kombu.exceptions import KombuError
 from kombu.utils import json
 
-from ..errors import LockError
-from . import celery_api
-from .lock_server import locker_for
-from .options import handoff_settings
-from .ticking import Ticking
+from celery_singleton_lock.celery import celery_api
+from celery_singleton_lock.celery.config.lockers import locker_for
+from celery_singleton_lock.celery.config.options import handoff_settings
+from celery_singleton_lock.errors import LockError
 
 log = logging.getLogger("celery_singleton_lock.handoff")
 
@@ -159,60 +159,3 @@ def drop(app: Any, name: str, task_id: str) -> bool:
     Never raises."""
     following = _drop_quietly(app, name, task_id)
     return following is not None and publish(app, following, name)
-
-
-class HandOffSweeper(Ticking):
-    """Hands on the locks whose holder died or whose reservation ran out (see module doc).
-
-    Args:
-        app: the Celery app whose lock server is swept.
-        interval: seconds between ticks.
-        reservation_ttl: seconds a reservation made by the sweeper lives.
-    """
-
-    thread_name = "celery-singleton-lock-handoff"
-    job = "hand-off sweep"
-
-    def __init__(self, app: Any, interval: float, reservation_ttl: float) -> None:
-        super().__init__(interval)
-        self.app = app
-        self.reservation_ttl = reservation_ttl
-        #: parked messages sent, for tests and logs
-        self.sent = 0
-
-    def tick(self) -> int:
-        """Hand on every due lock that is free; how many parked messages were sent."""
-        self.ticks += 1
-        locker = locker_for(self.app)
-        sent = 0
-        for name in locker.hand_off_due(SWEEP_BATCH):
-            message = locker.hand_off_if_free(name, reservation_ttl=self.reservation_ttl)
-            if message is None:
-                continue
-            log.info(
-                "lock %s was left by a holder that did not hand it on; handing it on",
-                locker.keys(name).lock,
-            )
-            sent += publish(self.app, message, name)
-        self.sent += sent
-        return sent
-
-
-_sweepers: dict[int, HandOffSweeper] = {}
-
-
-def start_sweeper(app: Any) -> Optional[HandOffSweeper]:
-    """Start the sweeper of ``app`` in this process (the worker's main process), once."""
-    if id(app) in _sweepers:
-        return _sweepers[id(app)]
-    interval, reservation_ttl = handoff_settings(app.conf)
-    sweeper = _sweepers[id(app)] = HandOffSweeper(app, interval, reservation_ttl)
-    sweeper.start()
-    log.info("handing on locks left by dead holders: a sweep every %.2fs", interval)
-    return sweeper
-
-
-def stop_sweepers() -> None:
-    while _sweepers:
-        _, sweeper = _sweepers.popitem()
-        sweeper.stop()

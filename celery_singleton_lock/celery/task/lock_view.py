@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..engine import Lease
-from ..errors import LockLostError
+from celery_singleton_lock.engine import Lease
+from celery_singleton_lock.errors import LockLostError
 
 
 class LockHandle:

@@ -3,8 +3,8 @@
 Registered in Celery's ``celery.commands`` entry point group (pyproject.toml), which the
 ``celery`` command loads through click-plugins. Celery has then loaded the app (``-A``,
 ``-b``, ``--config``...) and hands it over as ``ctx.obj.app``; this group only swaps in the
-:class:`~.cli.Settings` the commands of :mod:`.cli` read, so ``list``, ``show`` and ``release``
-are the very command objects of the standalone ``celery-singleton-lock`` command.
+:class:`~.commands.Settings` the commands of :mod:`.commands` read, so ``list``, ``show``
+and ``release`` are the very command objects of the standalone ``celery-singleton-lock`` command.
 """
 
 from __future__ import annotations
@@ -13,7 +13,14 @@ from typing import Any, Optional
 
 import click
 
-from .cli import Settings, _OneLineGroup, clear_queued, list_command, release, show
+from celery_singleton_lock.celery.cli.commands import (
+    Settings,
+    _OneLineGroup,
+    clear_queued,
+    list_command,
+    release,
+    show,
+)
 
 
 def app_label(app: Any) -> str:

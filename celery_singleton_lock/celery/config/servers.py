@@ -18,10 +18,8 @@ MOVED, ASK and failovers.
 from __future__ import annotations
 
 import logging
-import weakref
-from dataclasses import dataclass
 from typing import Any, Mapping, Optional
-from urllib.parse import parse_qs, urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlsplit
 
 import redis
 import redis.sentinel
@@ -29,49 +27,26 @@ from redis.backoff import ExponentialBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 
-from ..engine import RedisLocker
-from ..engine.inspect import Client
-from ..engine.process import ForkSafeLock, reset_in_forked_children
-from ..engine.quorum import MIN_SERVERS, QuorumLocker
-from ..errors import LockBackendUnavailable, LockConfigurationError
-from .options import celery_setting, lock_prefix
-from .quorum import as_url, quorum_urls
+from celery_singleton_lock.celery.config.options import celery_setting
+from celery_singleton_lock.celery.config.quorum_settings import as_url, quorum_urls
+from celery_singleton_lock.celery.config.sentinel import (
+    SentinelMasterConnection,
+    SentinelMasterSSLConnection,
+    _Sentinel,
+    parse_sentinel_url,
+    sentinel_options,
+)
+from celery_singleton_lock.celery.config.urls import (
+    REDIS_SCHEMES,
+    is_sentinel,
+    redact,
+    redact_loosely,
+)
+from celery_singleton_lock.engine import MIN_SERVERS, Client
+from celery_singleton_lock.errors import LockBackendUnavailable, LockConfigurationError
 
 log = logging.getLogger("celery_singleton_lock.worker")
-
-REDIS_SCHEMES = ("redis", "rediss", "unix")
-SENTINEL_SCHEME = "sentinel"
-#: Port of a ``sentinel://host`` part that names none (kombu's default too).
-SENTINEL_PORT = 26379
 DEFAULT_URL = "redis://localhost:6379/0"
-
-#: redis-py's Sentinel manager (untyped in redis-py 4.x).
-_Sentinel: Any = redis.sentinel.Sentinel
-
-
-class SentinelMasterConnection(redis.sentinel.SentinelManagedConnection):
-    """redis-py's connection to a Sentinel group's master, that asks the sentinels again
-    whenever it reconnects.
-
-    redis-py's own class asks them only in ``connect()``. In recent redis-py (8.1; not 4.5) a
-    disconnected connection reconnects from ``send_packed_command`` through
-    ``connect_check_health()`` instead, to the address it had: a connection that the locker
-    keeps checked out (see ``engine/pinned.py``) and that was dropped because its master was
-    demoted (``READONLY``) went back to the demoted master at every retry and never reached
-    the new one.
-    """
-
-    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
-        if self._sock is None:
-            self.connect()  # type: ignore[no-untyped-call]
-        super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]
-
-
-class SentinelMasterSSLConnection(
-    SentinelMasterConnection, redis.sentinel.SentinelManagedSSLConnection
-):
-    """:class:`SentinelMasterConnection` over TLS (``singleton_lock_redis_options``
-    ``{"ssl": True, ...}``)."""
 
 
 #: Where the transport options of a lock URL come from, by where the URL came from.
@@ -89,11 +64,6 @@ CLIENT_DEFAULTS: dict[str, Any] = {
     "socket_connect_timeout": 2.0,
     "health_check_interval": 30,
 }
-
-
-def is_sentinel(url: str) -> bool:
-    """True for Celery's Sentinel form, ``sentinel://host:port;sentinel://host:port;...``."""
-    return url.lstrip().lower().startswith(f"{SENTINEL_SCHEME}://")
 
 
 def _inherited_url(value: Any) -> Optional[str]:
@@ -173,30 +143,6 @@ def choose_url(conf: Any) -> tuple[str, str]:
     return DEFAULT_URL, "default"
 
 
-def redact(url: str) -> str:
-    """``url`` with its password hidden, for logs (each part of a Sentinel URL or quorum)."""
-    servers = quorum_urls(url)
-    if servers is not None:
-        return ",".join(redact(part) for part in servers)
-    if ";" in url and is_sentinel(url):
-        return ";".join(redact(part) for part in url.split(";"))
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = parts.username or ""
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
-
-
-def redact_loosely(url: str) -> str:
-    """``url`` with its password hidden, even when it does not parse."""
-    try:
-        return redact(url)
-    except ValueError:
-        scheme, sep, rest = url.rpartition("://")
-        return f"{scheme}{sep}***@{rest.rsplit('@', 1)[1]}" if "@" in rest else url
-
-
 def check_url(
     url: str,
     transport_options: Optional[Mapping[str, Any]] = None,
@@ -261,99 +207,6 @@ def check_quorum(servers: list[str]) -> None:
                 "Cluster inside a quorum)"
             )
         check_url(part)
-
-
-@dataclass(frozen=True)
-class SentinelURL:
-    """What a ``sentinel://`` URL says: the sentinels, and the master's db and credentials
-    (from its first part, as Celery's result backend reads them)."""
-
-    sentinels: list[tuple[str, int]]
-    db: int = 0
-    username: Optional[str] = None
-    password: Optional[str] = None
-
-
-def parse_sentinel_url(url: str) -> SentinelURL:
-    """Parse ``sentinel://[[user]:password@]host[:port][/db];sentinel://host[:port];...``.
-
-    Raises:
-        LockConfigurationError: a part is not ``sentinel://host:port[/db]``.
-    """
-    sentinels: list[tuple[str, int]] = []
-    first: Any = None
-    for part in (chunk.strip() for chunk in url.split(";")):
-        if not part:
-            continue
-        shown = redact_loosely(part)
-        try:
-            parts = urlsplit(part)
-            port = parts.port or SENTINEL_PORT
-        except ValueError as exc:
-            raise LockConfigurationError(f"sentinel URL part {shown!r} is invalid: {exc}") from None
-        if parts.scheme != SENTINEL_SCHEME or not parts.hostname:
-            raise LockConfigurationError(
-                f"sentinel URL part {shown!r} is not sentinel://host:port; separate the "
-                "sentinels with ';', each as sentinel://host:port"
-            )
-        if parts.query:
-            raise LockConfigurationError(
-                f"sentinel URL part {shown!r} has a query string, which is not read; give "
-                "client options in singleton_lock_redis_options"
-            )
-        db = parts.path.strip("/")
-        if db and not db.isdigit():
-            raise LockConfigurationError(
-                f"sentinel URL part {shown!r}: database {db!r} is not a number"
-            )
-        sentinels.append((parts.hostname, port))
-        first = first or parts
-    if first is None:
-        raise LockConfigurationError(f"sentinel URL {redact_loosely(url)!r} names no sentinel")
-    return SentinelURL(
-        sentinels=sentinels,
-        db=int(first.path.strip("/") or 0),
-        username=first.username or None,
-        password=first.password,
-    )
-
-
-def sentinel_options(
-    url: str,
-    transport_options: Optional[Mapping[str, Any]],
-    *,
-    options_setting: str = "singleton_lock_transport_options",
-) -> dict[str, Any]:
-    """The Sentinel settings among ``transport_options``: ``master_name`` (required),
-    ``sentinel_kwargs`` and ``min_other_sentinels``.
-
-    Raises:
-        LockConfigurationError: no master name, or an option of the wrong type.
-    """
-    options = dict(transport_options or {})
-    master_name = options.get("master_name")
-    if not isinstance(master_name, str) or not master_name:
-        raise LockConfigurationError(
-            f"sentinel URL {redact(url)!r} needs the name of the master to follow: set "
-            f"{options_setting} = {{'master_name': 'mymaster'}}"
-            + (f" (got master_name={master_name!r})" if master_name is not None else "")
-        )
-    sentinel_kwargs = options.get("sentinel_kwargs") or {}
-    if not isinstance(sentinel_kwargs, Mapping):
-        raise LockConfigurationError(
-            f"{options_setting}: sentinel_kwargs must be a dict of redis.Redis arguments for "
-            f"the connections to the sentinels, got {sentinel_kwargs!r}"
-        )
-    min_others = options.get("min_other_sentinels", 0)
-    if isinstance(min_others, bool) or not isinstance(min_others, int) or min_others < 0:
-        raise LockConfigurationError(
-            f"{options_setting}: min_other_sentinels must be an integer >= 0, got {min_others!r}"
-        )
-    return {
-        "master_name": master_name,
-        "sentinel_kwargs": dict(sentinel_kwargs),
-        "min_other_sentinels": min_others,
-    }
 
 
 def make_client(
@@ -470,109 +323,3 @@ def close_client(client: Client) -> None:
     manager = getattr(getattr(client, "connection_pool", None), "sentinel_manager", None)
     for sentinel in getattr(manager, "sentinels", ()):
         sentinel.close()
-
-
-_lockers: weakref.WeakKeyDictionary[Any, RedisLocker] = weakref.WeakKeyDictionary()
-_lockers_lock = ForkSafeLock()
-
-
-class _ChildMakesItsOwnLockers:
-    """A forked child (a prefork pool child) makes its own lockers, with clients of its own.
-
-    redis-py resets a connection pool it finds in a child under that pool's lock, and since
-    redis-py 8 that lock is the one its parent's threads take for every command: the worker's
-    main process renews its children's locks and hands locks on from threads of its own, and
-    a child forked while one of them held the lock hung on its first acquire, for good.
-    """
-
-    def after_fork_in_child(self) -> None:
-        _lockers.clear()
-
-
-_child_lockers = _ChildMakesItsOwnLockers()
-reset_in_forked_children(_child_lockers)
-
-
-def locker_for(app: Any) -> RedisLocker:
-    """The locker of ``app`` in this process (created on first use; see
-    :class:`_ChildMakesItsOwnLockers` for a forked child).
-
-    Raises:
-        LockBackendUnavailable: the server could not be asked whether it is a Redis Cluster
-            (``singleton_lock_cluster`` unset); nothing is kept, the next call asks again.
-    """
-    locker = _lockers.get(app)
-    if locker is not None:
-        return locker
-    conf = app.conf
-    url, source = choose_url(conf)
-    # Made outside the lock: asking whether the server is a cluster is a round trip, and a
-    # fork while another thread held the lock would leave the child unable to get a locker.
-    made = make_locker(
-        url,
-        conf.get("singleton_lock_redis_options"),
-        transport_options(conf, source),
-        cluster=cluster_setting(conf),
-        prefix=lock_prefix(conf),
-    )
-    with _lockers_lock:
-        locker = _lockers.get(app)
-        if locker is None:
-            locker = _lockers[app] = made
-            return locker
-    close_locker(made)  # another thread made the locker meanwhile
-    return locker
-
-
-def make_locker(
-    url: str,
-    options: Optional[dict[str, Any]],
-    transport: Optional[Mapping[str, Any]],
-    *,
-    cluster: Optional[bool],
-    prefix: str,
-) -> RedisLocker:
-    """The locker of the server(s) ``url`` names: a :class:`QuorumLocker` over a client per
-    server for a quorum (see :mod:`.quorum`), else a ``RedisLocker`` over :func:`make_client`.
-
-    Raises:
-        LockConfigurationError: ``singleton_lock_cluster = True`` with a quorum.
-    """
-    servers = quorum_urls(url)
-    if servers is None:
-        return RedisLocker(make_client(url, options, transport, cluster=cluster), prefix=prefix)
-    if cluster:
-        raise LockConfigurationError(
-            "singleton_lock_cluster = True, but singleton_lock_url lists a Redlock quorum of "
-            "independent servers; a quorum's servers cannot be Cluster nodes"
-        )
-    if len(servers) % 2 == 0:
-        log.warning(
-            "a Redlock quorum of %d servers tolerates no more failures than one of %d: an odd "
-            "count is enough",
-            len(servers),
-            len(servers) - 1,
-        )
-    clients = [make_client(part, options, cluster=False) for part in servers]
-    return QuorumLocker(clients, prefix=prefix)  # type: ignore[arg-type]
-
-
-def close_locker(locker: RedisLocker) -> None:
-    """Close ``locker``'s connections (every server's, for a quorum)."""
-    if isinstance(locker, QuorumLocker):
-        locker.close()
-    else:
-        close_client(locker.client)
-
-
-def forget_locker(app: Any) -> None:
-    """Drop ``app``'s locker, e.g. after its settings changed (tests)."""
-    with _lockers_lock:
-        locker = _lockers.pop(app, None)
-    if locker is not None:
-        close_locker(locker)
-
-
-def all_lockers() -> list[RedisLocker]:
-    with _lockers_lock:
-        return list(_lockers.values())

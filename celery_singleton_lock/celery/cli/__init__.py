@@ -1,0 +1,1 @@
+"""The command line: ``celery-singleton-lock`` and ``celery -A proj locks``."""

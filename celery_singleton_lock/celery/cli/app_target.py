@@ -1,0 +1,172 @@
+"""What a lock command works on: the Celery app (``-A``), its lock server and prefix."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, TypeVar
+
+import click
+import redis
+
+from celery_singleton_lock.celery.config.lockers import make_locker
+from celery_singleton_lock.celery.config.options import lock_prefix
+from celery_singleton_lock.celery.config.quorum_settings import quorum_urls
+from celery_singleton_lock.celery.config.servers import (
+    DEFAULT_URL,
+    check_url,
+    choose_url,
+    cluster_setting,
+    make_client,
+    transport_options,
+)
+from celery_singleton_lock.celery.config.urls import redact, redact_loosely
+from celery_singleton_lock.engine import LockInspector, QuorumLocker, RedisLocker, validate_prefix
+from celery_singleton_lock.errors import LockBackendUnavailable, LockConfigurationError, LockError
+
+T = TypeVar("T")
+
+EXIT_FREE = 1
+EXIT_ERROR = 2
+
+
+class ReleaseRefused(LockError):
+    """``release`` will not release a lock whose holder may still be running."""
+
+
+class CliError(click.ClickException):
+    """One ``Error: ...`` line on stderr, exit status 2."""
+
+    exit_code = EXIT_ERROR
+
+    def __init__(self, message: str) -> None:
+        # a message from Redis or from a user's module may span lines: keep it to one
+        super().__init__(" ".join(str(message).split()))
+
+
+# -- choosing the server ---------------------------------------------------------------------
+
+
+def load_app(app_path: str) -> Any:
+    """The Celery app ``app_path`` names, found as ``celery -A`` finds it (the current
+    directory on ``sys.path``), with its configuration loaded.
+
+    Raises:
+        LockConfigurationError: one line saying why it could not be loaded.
+    """
+    from celery import Celery
+    from celery.app.utils import find_app
+    from celery.utils.imports import import_from_cwd
+
+    module_name, _, attribute = app_path.partition(":")
+    try:
+        # find_app would retry "module:attr" as a module name, and report that one missing
+        app = getattr(import_from_cwd(module_name), attribute) if attribute else find_app(app_path)
+        if isinstance(app, Celery):
+            app.conf.get("singleton_lock_prefix")  # a lazy config_from_object loads here
+    except LockError as exc:  # a task's lock options, validated as the module defines it
+        raise LockConfigurationError(f"cannot load app -A {app_path}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - the user's module may raise anything on import
+        raise LockConfigurationError(
+            f"cannot load app -A {app_path}: {type(exc).__name__}: {exc}"
+        ) from None
+    if not isinstance(app, Celery):
+        raise LockConfigurationError(
+            f"-A {app_path} is not a Celery app (it is {type(app).__name__}); "
+            "give module:attribute of the Celery() instance"
+        )
+    return app
+
+
+@dataclass
+class Target:
+    """An inspector and the server it reads, for the commands below."""
+
+    inspector: LockInspector
+    url: str
+    #: where ``url`` came from, for the user: "--url", "-A proj:app, its broker_url"...
+    source: str
+    app: Any = None
+    #: the quorum's locker when ``url`` names a Redlock quorum (its ``inspect`` is
+    #: ``inspector``); None for one server
+    quorum: Optional[QuorumLocker] = None
+
+    @property
+    def server(self) -> str:
+        """The server, password hidden, and where its URL came from."""
+        return f"{redact(self.url)} (from {self.source})"
+
+    def close(self) -> None:
+        if self.quorum is not None:
+            self.quorum.close()
+        else:
+            self.inspector.client.close()
+
+    def locker(self) -> RedisLocker:
+        """A locker writing where ``inspector`` reads (every server of a quorum)."""
+        if self.quorum is not None:
+            return self.quorum
+        return RedisLocker(self.inspector.client, prefix=self.inspector.prefix)
+
+
+def open_target(
+    *,
+    url: Optional[str] = None,
+    app: Any = None,
+    app_label: str = "-A",
+    prefix: Optional[str] = None,
+) -> Target:
+    """The server and prefix to inspect: ``url``, else ``app``'s lock server, else
+    ``$SINGLETON_LOCK_URL``, else the default; ``prefix``, else ``app``'s, else the default.
+
+    Raises:
+        LockConfigurationError: a bad URL, prefix or app setting, said in one line.
+    """
+    options = None
+    setting = "singleton_lock_url"  # whose transport options a Sentinel URL takes
+    if url:
+        source = "--url"
+    elif app is not None:
+        url, setting = choose_url(app.conf)
+        source = (
+            f"{app_label}, which names no Redis server: the default"
+            if setting == "default"
+            else f"{app_label}, its {setting}"
+        )
+    elif os.environ.get("SINGLETON_LOCK_URL"):
+        url, source = os.environ["SINGLETON_LOCK_URL"], "$SINGLETON_LOCK_URL"
+    else:
+        url, source = DEFAULT_URL, "default: no --url, -A or $SINGLETON_LOCK_URL"
+    if app is not None:
+        options = app.conf.get("singleton_lock_redis_options")
+        prefix = prefix if prefix is not None else lock_prefix(app.conf)
+    prefix = validate_prefix(prefix if prefix is not None else "singleton-lock")
+    sentinel_options = transport_options(app.conf, setting) if app is not None else None
+    check_url(url, sentinel_options)
+    if quorum_urls(url) is not None:
+        locker = make_locker(url, options, None, cluster=False, prefix=prefix)
+        assert isinstance(locker, QuorumLocker)
+        return Target(inspector=locker.inspect, url=url, source=source, app=app, quorum=locker)
+    try:
+        client = make_client(
+            url,
+            options,
+            sentinel_options,
+            cluster=cluster_setting(app.conf) if app is not None else None,
+        )
+    except (ValueError, TypeError) as exc:  # what redis-py raises for a URL or option it refuses
+        raise LockConfigurationError(f"cannot connect to {redact_loosely(url)}: {exc}") from None
+    return Target(inspector=LockInspector(client, prefix=prefix), url=url, source=source, app=app)
+
+
+# -- the commands' work ----------------------------------------------------------------------
+
+
+def asking(target: Target, call: Callable[[], T]) -> T:
+    """``call()``, with server trouble said as one ``LockError`` naming the server."""
+    try:
+        return call()
+    except LockBackendUnavailable as exc:
+        raise LockBackendUnavailable(f"{exc}; server {target.server}") from None
+    except redis.exceptions.RedisError as exc:  # e.g. a server too old for SCAN TYPE
+        raise LockError(f"{type(exc).__name__}: {exc}; server {target.server}") from None

@@ -1,0 +1,396 @@
+"""The ``celery-singleton-lock`` command: list and show the locks held now, release one.
+
+The lock server is ``--url``, else the one the Celery app given with ``-A`` uses (the choice a
+worker makes), else ``$SINGLETON_LOCK_URL``, else ``redis://localhost:6379/0``.
+
+The work is done by plain functions taking a :class:`Target` (an inspector and the server it talks
+to); the click commands only parse, call and print, and ``celery locks``
+(:mod:`.celery_command`) runs the very same command objects with the app Celery loaded.
+Every bad input is one ``Error: ...`` line on stderr. Exit status: 0 done (an answer, a
+release), 1 nothing to do (the lock is free, or changed hands before ``release``), 2 an error
+or a refused release.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional
+
+import click
+
+from celery_singleton_lock.celery.cli.app_target import (
+    EXIT_FREE,
+    CliError,
+    Target,
+    asking,
+    load_app,
+    open_target,
+)
+from celery_singleton_lock.celery.cli.lock_listing import (
+    describe_holder,
+    holder_json,
+    holder_row,
+    list_locks,
+    lock_name_from_key,
+    lock_name_of_call,
+    read_lock,
+)
+from celery_singleton_lock.celery.cli.lock_release import (
+    PING_TIMEOUT,
+    clear_queued_marker,
+    node_is_alive,
+    release_lock,
+)
+from celery_singleton_lock.engine import LockKeys
+from celery_singleton_lock.errors import LockConfigurationError, LockError
+
+
+def _json_argument(option: str, text: str, kind: type) -> Any:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise LockConfigurationError(f"{option} is not valid JSON: {exc}") from None
+    if not isinstance(value, kind):
+        wanted = "a JSON list" if kind is list else "a JSON object"
+        raise LockConfigurationError(f"{option} must be {wanted}, got {text!r}")
+    return value
+
+
+# -- click: parse, call, print ----------------------------------------------------------------
+
+
+@dataclass
+class Settings:
+    """What the group's options (or ``celery``'s) chose, for the sub-commands: ``ctx.obj``."""
+
+    url: Optional[str]
+    app_path: Optional[str]
+    prefix: Optional[str]
+    app: Any = None
+    #: how the app is named to the user; ``-A <app_path>`` by default
+    app_label: Optional[str] = None
+
+    def load_app(self) -> Any:
+        if self.app is None and self.app_path:
+            self.app = load_app(self.app_path)
+        return self.app
+
+    @property
+    def has_app(self) -> bool:
+        return self.app is not None or bool(self.app_path)
+
+    def target(self) -> Target:
+        return open_target(
+            url=self.url,
+            app=self.load_app(),
+            app_label=self.app_label or f"-A {self.app_path}",
+            prefix=self.prefix,
+        )
+
+
+@contextlib.contextmanager
+def _one_line_errors() -> Iterator[None]:
+    try:
+        yield
+    except LockError as exc:
+        raise CliError(str(exc)) from None
+
+
+class _OneLineGroup(click.Group):
+    """Says a usage error (unknown option, bad --limit...) in one line, like every other error:
+    click would print the usage and a hint first."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        with _usage_in_one_line():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with _usage_in_one_line():
+            return super().invoke(ctx)
+
+
+_NO_ARGS_IS_HELP: tuple[type[BaseException], ...] = tuple(
+    getattr(click.exceptions, name)
+    for name in ("NoArgsIsHelpError",)
+    if hasattr(click.exceptions, name)
+)
+
+
+@contextlib.contextmanager
+def _usage_in_one_line() -> Iterator[None]:
+    try:
+        yield
+    except click.UsageError as exc:
+        # no arguments at all: click (8.2+) shows the help, through a UsageError
+        if exc.ctx is None or isinstance(exc, _NO_ARGS_IS_HELP):
+            raise
+        raise click.UsageError(
+            f"{exc.format_message()} (see {exc.ctx.command_path} --help)"
+        ) from None
+
+
+@click.group(cls=_OneLineGroup)
+@click.option(
+    "--url", metavar="URL", help="Redis URL of the lock server: redis://, rediss:// or unix://."
+)
+@click.option(
+    "-A",
+    "--app",
+    "app_path",
+    metavar="MODULE:ATTR",
+    help="Celery app to take the lock server and prefix from (found as celery -A finds it).",
+)
+@click.option(
+    "--prefix",
+    help="Key prefix of the locks (default: the app's, else singleton-lock).",
+)
+@click.pass_context
+def main(
+    ctx: click.Context, url: Optional[str], app_path: Optional[str], prefix: Optional[str]
+) -> None:
+    """Inspect celery-singleton-lock locks, release an abandoned one.
+
+    The same commands as celery -A PROJ locks. The lock server is --url, else the one the
+    Celery app given with -A uses (as its workers choose it), else $SINGLETON_LOCK_URL, else
+    redis://localhost:6379/0. Every command names the server it queried on stderr.
+
+    Exit status: 0 done, 1 nothing to do (the lock is free), 2 an error or a refused release.
+    """
+    ctx.obj = Settings(url, app_path, prefix)
+
+
+@main.command(name="list")
+@click.option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=1000,
+    show_default=True,
+    help="Stop after this many locks.",
+)
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print one JSON document: the list of holders (key, name, task_id, host, pid, "
+    "acquired_at, ttl, fence, parked).",
+)
+@click.pass_obj
+def list_command(settings: Settings, limit: int, as_json: bool) -> None:
+    """List the locks held now (SCAN, never KEYS).
+
+    When none are held under the prefix in use, also names the other prefixes that hold
+    locks (a bounded SCAN).
+    """
+    with _one_line_errors():
+        target = settings.target()
+        try:
+            listing = list_locks(target, limit)
+        finally:
+            target.close()
+    if as_json:
+        prefix = target.inspector.prefix
+        rows = [
+            {**holder_json(holder, prefix), "parked": parked}
+            for holder, parked in zip(listing.holders, listing.parked)
+        ]
+        click.echo(json.dumps(rows))
+    else:
+        now = time.time()
+        for holder, parked in zip(listing.holders, listing.parked):
+            click.echo(holder_row(holder, now) + (f"  parked={parked}" if parked else ""))
+    summary = (
+        f"{len(listing.holders)} lock(s) held under prefix {target.inspector.prefix!r} "
+        f"on {target.server}"
+    )
+    if listing.truncated:
+        summary += f"; stopped after {limit} (--limit), there may be more"
+    if listing.other_prefixes:
+        summary += (
+            "; found lock-shaped keys under prefixes: "
+            f"{', '.join(map(repr, listing.other_prefixes))} (use --prefix)"
+        )
+    click.echo(summary, err=True)
+
+
+NEEDS_APP = (
+    "show --task needs -A MODULE:ATTR: the lock name is a hash of the call's arguments bound "
+    "to the task's signature (and its lock_on / lock_key), which only the app knows; or "
+    "compute it in Python, app.tasks[TASKNAME].lock_options.keyer.name(args, kwargs), and "
+    "give it as NAME"
+)
+
+
+@main.command()
+@click.argument("name", required=False)
+@click.option(
+    "--task",
+    "task_name",
+    metavar="TASKNAME",
+    help="Show the lock a call of this task takes (needs -A).",
+)
+@click.option(
+    "--args", "args_json", metavar="JSON", help="With --task: the positional arguments, a list."
+)
+@click.option(
+    "--kwargs",
+    "kwargs_json",
+    metavar="JSON",
+    help="With --task: the keyword arguments, an object.",
+)
+@click.pass_obj
+def show(
+    settings: Settings,
+    name: Optional[str],
+    task_name: Optional[str],
+    args_json: Optional[str],
+    kwargs_json: Optional[str],
+) -> None:
+    """Show who holds one lock.
+
+    NAME is a lock name (TASKNAME:DIGEST, as list shows it between the braces) or its full
+    key (PREFIX:{TASKNAME:DIGEST}). Or, with -A, give --task and the call's --args and
+    --kwargs as JSON: the name is computed exactly as the task computes it, e.g.
+
+    \b
+      celery -A proj locks show --task proj.tasks.rebuild \\
+          --args '[42]' --kwargs '{"full": true}'
+      celery-singleton-lock -A proj.celery:app show --task proj.tasks.rebuild ...
+
+    Calls parked behind the lock (on_duplicate='queue') are listed after it, by task id,
+    oldest first. Exit status 1 when the lock is free.
+    """
+    with _one_line_errors():
+        if (name is None) == (task_name is None):
+            raise LockConfigurationError("give either a lock NAME or --task TASKNAME")
+        if task_name is None and (args_json is not None or kwargs_json is not None):
+            raise LockConfigurationError("--args and --kwargs go with --task TASKNAME")
+        if task_name is not None:
+            args = _json_argument("--args", args_json or "[]", list)
+            kwargs = _json_argument("--kwargs", kwargs_json or "{}", dict)
+            if not settings.has_app:
+                raise LockConfigurationError(NEEDS_APP)
+            name = lock_name_of_call(settings.load_app(), task_name, args, kwargs)
+        assert name is not None
+        target = settings.target()
+        try:
+            name = lock_name_from_key(target, name)
+            holder, fence = read_lock(target, name)
+            views = None if target.quorum is None else target.quorum.inspect.per_server(name)
+            inspector = target.inspector
+            parked = [] if views is not None else asking(target, lambda: inspector.parked(name))
+        finally:
+            target.close()
+    click.echo(f"lock {name} under prefix {target.inspector.prefix!r} on {target.server}", err=True)
+    for server, seen in views or ():  # a quorum: what each server holds
+        shown = seen if isinstance(seen, Exception) else "free" if seen is None else None
+        click.echo(f"  {server}: {shown or holder_row(seen, time.time())}", err=True)
+    if holder is None:
+        key = LockKeys.build(target.inspector.prefix, name).lock
+        click.echo(f"{key}: free (last fence {fence})")
+    else:
+        click.echo(holder_row(holder, time.time()))
+    if parked:
+        click.echo(f"parked: {len(parked)} call(s), oldest first: {' '.join(parked)}")
+    if holder is None:
+        raise SystemExit(EXIT_FREE)
+
+
+@main.command()
+@click.argument("name")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Release without asking the holder's worker node (the owner check still applies).",
+)
+@click.option(
+    "--ping-timeout",
+    type=click.FloatRange(min=0.1, max=60),
+    default=PING_TIMEOUT,
+    show_default=True,
+    help="Seconds to wait for the holder's worker node to answer a ping.",
+)
+@click.pass_obj
+def release(settings: Settings, name: str, force: bool, ping_timeout: float) -> None:
+    """Release a lock whose holder is gone.
+
+    NAME is a lock name or its full key, as list shows them. Safe by default: reads the
+    holder (task id, worker node, pid), refuses while that node answers a ping, and deletes
+    the key only if it still names that holder (a lock taken again in the meantime is left
+    alone). --force skips the ping, never the owner check.
+
+    Exit status 0 released, 1 nothing released (free, or it changed hands), 2 refused or an
+    error.
+    """
+    with _one_line_errors():
+        if not force and not settings.has_app:
+            raise LockConfigurationError(
+                "release needs -A MODULE:ATTR to ask the holder's worker node whether it is "
+                "alive (through the app's broker); or give --force to release without asking"
+            )
+        app = settings.load_app()
+
+        def answers_ping(node: str) -> bool:
+            return node_is_alive(app, node, ping_timeout)
+
+        target = settings.target()
+        try:
+            name = lock_name_from_key(target, name)
+            outcome = release_lock(target, name, is_alive=None if force else answers_ping)
+        finally:
+            target.close()
+    key = LockKeys.build(target.inspector.prefix, name).lock
+    click.echo(f"lock {name} under prefix {target.inspector.prefix!r} on {target.server}", err=True)
+    if outcome.holder is None:
+        click.echo(f"{key}: free, nothing to release")
+        raise SystemExit(EXIT_FREE)
+    if not outcome.released:
+        now = "free now" if outcome.now is None else f"held by {describe_holder(outcome.now)}"
+        click.echo(
+            f"{key}: not released, it changed hands since it was read "
+            f"(was {describe_holder(outcome.holder)}; {now})"
+        )
+        raise SystemExit(EXIT_FREE)
+    how = (
+        "--force: its node was not asked"
+        if force
+        else f"its node did not answer a ping within {ping_timeout:g}s"
+    )
+    click.echo(f"{key}: released (held by {describe_holder(outcome.holder)}; {how})")
+    if outcome.parked:
+        click.echo(
+            f"{key}: {outcome.parked} call(s) parked behind it: a worker's hand-off sweeper "
+            "hands the lock to the oldest at its next sweep (singleton_lock_handoff_sweep_interval)"
+        )
+
+
+@main.command(name="clear-queued")
+@click.argument("name")
+@click.pass_obj
+def clear_queued(settings: Settings, name: str) -> None:
+    """Delete the enqueue marker of a lock (dedupe_on_enqueue).
+
+    A call of a task with dedupe_on_enqueue leaves a marker naming its task id until a worker
+    takes the lock; while it is there, the same call is not published again. A message that
+    was purged or lost never reaches a worker, and its marker then blocks new calls until
+    lock_queued_ttl passes. This deletes it now, if it still names the task it named when
+    read. Exit status 0 cleared, 1 there was none.
+    """
+    with _one_line_errors():
+        target = settings.target()
+        try:
+            name = lock_name_from_key(target, name)
+            cleared = clear_queued_marker(target, name)
+        finally:
+            target.close()
+    click.echo(f"lock {name} under prefix {target.inspector.prefix!r} on {target.server}", err=True)
+    if cleared is None:
+        click.echo(f"{name}: no enqueue marker")
+        raise SystemExit(EXIT_FREE)
+    click.echo(f"{name}: enqueue marker of task {cleared} deleted; the next call is published")
+
+
+if __name__ == "__main__":
+    main()

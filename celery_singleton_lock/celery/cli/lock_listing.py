@@ -1,0 +1,190 @@
+"""Reading locks for the commands: every lock under a prefix, one lock, its holder as a
+row or as JSON, and the lock name of a call."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional
+
+import redis
+
+from celery_singleton_lock.celery.cli.app_target import Target, asking
+from celery_singleton_lock.celery.task.locked_task import LockedTask
+from celery_singleton_lock.engine import Client, LockHolder, LockKeys
+from celery_singleton_lock.errors import LockConfigurationError, LockError
+
+#: ``list`` looks for locks under other prefixes with at most this many SCAN calls...
+OTHER_PREFIX_SCANS = 100
+#: ... of this COUNT each (so it looks at no more than about 100,000 keys).
+OTHER_PREFIX_SCAN_COUNT = 1000
+#: ... and names at most this many of the prefixes it finds.
+OTHER_PREFIXES_SHOWN = 10
+
+
+@dataclass
+class Listing:
+    """What ``list`` found."""
+
+    holders: list[LockHolder]
+    #: stopped at the limit: there may be more
+    truncated: bool
+    #: only looked for when nothing is held under the prefix in use
+    other_prefixes: list[str]
+    #: calls parked behind each holder's lock (policy ``queue``), in ``holders`` order
+    parked: list[int] = field(default_factory=list)
+
+
+def list_locks(target: Target, limit: int) -> Listing:
+    """The locks held now under the target's prefix (SCAN, never KEYS), up to ``limit``; when
+    there are none, the other prefixes that hold lock-shaped keys."""
+
+    def collect() -> Listing:
+        holders: list[LockHolder] = []
+        for holder in target.inspector.scan():
+            if len(holders) >= limit:
+                return Listing(holders, True, [], parked_counts(holders))
+            holders.append(holder)
+        inspector = target.inspector
+        others = [] if holders else lock_shaped_prefixes(inspector.client, inspector.prefix)
+        return Listing(holders, False, others, parked_counts(holders))
+
+    def parked_counts(holders: list[LockHolder]) -> list[int]:
+        if target.quorum is not None:  # a quorum parks nothing (queue is refused there)
+            return [0] * len(holders)
+        return target.inspector.parked_counts([holder.key for holder in holders])
+
+    return asking(target, collect)
+
+
+def _scan_strings(client: redis.Redis, match: str) -> Iterator[list[Any]]:
+    """Batches of string keys matching ``match``, from a bounded number of SCAN calls."""
+    cursor = 0
+    for _ in range(OTHER_PREFIX_SCANS):
+        cursor, keys = client.scan(
+            cursor, match=match, count=OTHER_PREFIX_SCAN_COUNT, _type="string"
+        )
+        if keys:
+            yield keys
+        if cursor == 0:
+            return
+
+
+def lock_shaped_prefixes(client: Client, exclude: str) -> list[str]:
+    """Prefixes other than ``exclude`` with lock-shaped keys: ``<prefix>:{<name>}`` strings
+    whose value has ``|`` right after the 32-character token (see ``engine/scripts.py``).
+
+    Bounded: at most ``OTHER_PREFIX_SCANS`` SCAN calls, never KEYS. None looked for on a
+    Redis Cluster (a bounded SCAN there is one cursor per primary; the hint is not worth it).
+    """
+    if not isinstance(client, redis.Redis):
+        return []
+    found: set[str] = set()
+    for batch in _scan_strings(client, "*:{*}"):
+        pipe = client.pipeline(transaction=False)
+        for key in batch:
+            pipe.getrange(key, 32, 32)
+        for key, mark in zip(batch, pipe.execute()):
+            text = key.decode("utf-8", "replace") if isinstance(key, bytes) else str(key)
+            prefix = text[: text.index(":{")]
+            if mark in (b"|", "|") and prefix != exclude:
+                found.add(prefix)
+        if len(found) >= OTHER_PREFIXES_SHOWN:
+            break
+    return sorted(found)[:OTHER_PREFIXES_SHOWN]
+
+
+def lock_name_from_key(target: Target, name: str) -> str:
+    """The lock name in ``name``: a lock name, or the full key under the target's prefix.
+
+    Raises:
+        LockConfigurationError: a full key under another prefix (says which --prefix to use).
+    """
+    prefix = target.inspector.prefix
+    if name.startswith(f"{prefix}:{{") and name.endswith("}"):
+        return name[len(prefix) + 2 : -1]
+    if ":{" in name and name.endswith("}"):
+        other = name[: name.index(":{")]
+        raise LockConfigurationError(
+            f"key {name!r} is under prefix {other!r}, not {prefix!r}: add --prefix {other}"
+        )
+    return name
+
+
+def lock_name_of_call(
+    app: Any, task_name: str, args: Optional[list[Any]], kwargs: Optional[dict[str, Any]]
+) -> str:
+    """The lock name a call of ``task_name`` with ``args`` and ``kwargs`` takes: exactly what
+    the task computes, ``task.lock_options.keyer.name(args, kwargs)``.
+
+    Raises:
+        LockConfigurationError: the task is unknown or takes no lock.
+        LockKeyError: the arguments do not fit the task (said as the task would say it).
+    """
+    try:
+        tasks = app.tasks
+        if task_name not in tasks:
+            # tasks of the ``imports`` / ``include`` settings, as a worker would load them
+            app.loader.import_default_modules()
+    except LockError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - the user's task modules may raise anything
+        raise LockConfigurationError(
+            f"cannot load the app's tasks: {type(exc).__name__}: {exc}"
+        ) from None
+    task = tasks.get(task_name)
+    if task is None:
+        locked = [name for name, t in tasks.items() if isinstance(t, LockedTask)]
+        close = difflib.get_close_matches(task_name, locked, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise LockConfigurationError(f"task {task_name!r} is not registered in the app{hint}")
+    if not isinstance(task, LockedTask):
+        raise LockConfigurationError(
+            f"task {task_name!r} is not a LockedTask (base=LockedTask): it takes no lock"
+        )
+    return str(task.lock_options.keyer.name(args or [], kwargs or {}))
+
+
+def read_lock(target: Target, name: str) -> tuple[Optional[LockHolder], int]:
+    """The holder of lock ``name`` (None when free) and the last fence handed out for it."""
+    LockKeys.build(target.inspector.prefix, name)  # a bad name is bad input, not server trouble
+    return asking(target, lambda: (target.inspector.read(name), target.inspector.fence(name)))
+
+
+def holder_row(holder: LockHolder, now: float) -> str:
+    """One line describing ``holder``."""
+    age = "-" if holder.acquired_at is None else f"{max(0.0, now - holder.acquired_at):.1f}s"
+    ttl = "none" if holder.ttl is None else f"{holder.ttl:.1f}s"
+    fence = "-" if holder.fence is None else str(holder.fence)
+    return (
+        f"{holder.key}  task={holder.task_id or '-'}  host={holder.host or '-'}  "
+        f"pid={holder.pid or '-'}  age={age}  ttl={ttl}  fence={fence}"
+    )
+
+
+def holder_json(holder: LockHolder, prefix: str) -> dict[str, Any]:
+    """``holder`` as ``list --json`` prints it (``name`` is the lock name inside the key)."""
+    name = holder.key[len(prefix) + 2 : -1] if holder.key.startswith(f"{prefix}:{{") else ""
+    return {
+        "key": holder.key,
+        "name": name,
+        "task_id": holder.task_id,
+        "host": holder.host,
+        "pid": holder.pid,
+        "acquired_at": holder.acquired_at,
+        "ttl": holder.ttl,
+        "fence": holder.fence,
+    }
+
+
+def describe_holder(holder: LockHolder) -> str:
+    """``task T on node N, pid P``: who holds a lock, for a sentence."""
+    where = "node" if is_worker_node(holder.host) else "host"
+    return f"task {holder.task_id or '-'} on {where} {holder.host or '-'}, pid {holder.pid or '-'}"
+
+
+def is_worker_node(host: str) -> bool:
+    """True if ``host`` is a Celery worker node name (``name@hostname``): a worker stores its
+    node name as the holder's host, a process outside a worker its plain host name."""
+    name, at, hostname = host.partition("@")
+    return bool(name and at and hostname)

@@ -1,0 +1,45 @@
+"""Lock server URLs: which kind of server a URL names (one Redis, a Sentinel group, a
+Redlock quorum), and the URL as it may be logged or shown (password hidden)."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit, urlunsplit
+
+from celery_singleton_lock.celery.config.quorum_settings import quorum_urls
+
+
+def redact(url: str) -> str:
+    """``url`` with its password hidden, for logs (each part of a Sentinel URL or quorum)."""
+    servers = quorum_urls(url)
+    if servers is not None:
+        return ",".join(redact(part) for part in servers)
+    if ";" in url and is_sentinel(url):
+        return ";".join(redact(part) for part in url.split(";"))
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+
+
+def redact_loosely(url: str) -> str:
+    """``url`` with its password hidden, even when it does not parse."""
+    try:
+        return redact(url)
+    except ValueError:
+        scheme, sep, rest = url.rpartition("://")
+        return f"{scheme}{sep}***@{rest.rsplit('@', 1)[1]}" if "@" in rest else url
+
+
+SENTINEL_SCHEME = "sentinel"
+#: Port of a ``sentinel://host`` part that names none (kombu's default too).
+SENTINEL_PORT = 26379
+
+
+def is_sentinel(url: str) -> bool:
+    """True for Celery's Sentinel form, ``sentinel://host:port;sentinel://host:port;...``."""
+    return url.lstrip().lower().startswith(f"{SENTINEL_SCHEME}://")
+
+
+REDIS_SCHEMES = ("redis", "rediss", "unix")

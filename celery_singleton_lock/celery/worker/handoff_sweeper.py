@@ -1,0 +1,74 @@
+"""The hand-off sweeper of policy ``queue``: a thread of the worker's main process that
+hands on locks whose holder's TTL (or reservation) ran out with calls parked behind them.
+
+It is what makes a parked call survive the death of the worker that held the lock: any
+worker's sweeper finds the lock due in the hand-off index and publishes the next call."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Optional
+
+from celery_singleton_lock.celery.config.lockers import locker_for
+from celery_singleton_lock.celery.config.options import handoff_settings
+from celery_singleton_lock.celery.duplicates.parking import SWEEP_BATCH, publish
+from celery_singleton_lock.celery.worker.ticking import Ticking
+
+log = logging.getLogger("celery_singleton_lock.handoff")
+
+
+class HandOffSweeper(Ticking):
+    """Hands on the locks whose holder died or whose reservation ran out (see module doc).
+
+    Args:
+        app: the Celery app whose lock server is swept.
+        interval: seconds between ticks.
+        reservation_ttl: seconds a reservation made by the sweeper lives.
+    """
+
+    thread_name = "celery-singleton-lock-handoff"
+    job = "hand-off sweep"
+
+    def __init__(self, app: Any, interval: float, reservation_ttl: float) -> None:
+        super().__init__(interval)
+        self.app = app
+        self.reservation_ttl = reservation_ttl
+        #: parked messages sent, for tests and logs
+        self.sent = 0
+
+    def tick(self) -> int:
+        """Hand on every due lock that is free; how many parked messages were sent."""
+        self.ticks += 1
+        locker = locker_for(self.app)
+        sent = 0
+        for name in locker.hand_off_due(SWEEP_BATCH):
+            message = locker.hand_off_if_free(name, reservation_ttl=self.reservation_ttl)
+            if message is None:
+                continue
+            log.info(
+                "lock %s was left by a holder that did not hand it on; handing it on",
+                locker.keys(name).lock,
+            )
+            sent += publish(self.app, message, name)
+        self.sent += sent
+        return sent
+
+
+_sweepers: dict[int, HandOffSweeper] = {}
+
+
+def start_sweeper(app: Any) -> Optional[HandOffSweeper]:
+    """Start the sweeper of ``app`` in this process (the worker's main process), once."""
+    if id(app) in _sweepers:
+        return _sweepers[id(app)]
+    interval, reservation_ttl = handoff_settings(app.conf)
+    sweeper = _sweepers[id(app)] = HandOffSweeper(app, interval, reservation_ttl)
+    sweeper.start()
+    log.info("handing on locks left by dead holders: a sweep every %.2fs", interval)
+    return sweeper
+
+
+def stop_sweepers() -> None:
+    while _sweepers:
+        _, sweeper = _sweepers.popitem()
+        sweeper.stop()

@@ -1,0 +1,130 @@
+"""Freeing the lock of a pool child that died (``kill -9``, a hard time limit,
+``terminate``) from the worker's main process, and handing it on.
+
+Only a lock whose owner metadata names the dead execution (task id, this node, a pid that
+is gone) is freed, atomically, by the engine's abandoned-lease release."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any, Optional
+
+from celery_singleton_lock.celery.config.lockers import locker_for
+from celery_singleton_lock.celery.duplicates import parking as handoff
+from celery_singleton_lock.celery.signals import lock_released
+from celery_singleton_lock.celery.task.locked_task import LockedTask
+from celery_singleton_lock.errors import LockError
+
+log = logging.getLogger("celery_singleton_lock.worker")
+
+#: Seconds the main process waits for a dead/killed child's pid to disappear.
+RECLAIM_WAIT = 5.0
+
+
+def drop_discarded_parked_call(task: LockedTask, request: Any) -> None:
+    try:
+        name = task.lock_options.keyer.name(tuple(request.args or ()), dict(request.kwargs or {}))
+    except LockError as exc:  # its message could not have been parked either
+        log.debug("task %s[%s]: no lock name (%s)", task.name, request.id, exc)
+        return
+    if handoff.drop(task.app, name, request.id):
+        log.info(
+            "task %s[%s] was parked and discarded (revoked or expired); lock %s handed on",
+            task.name,
+            request.id,
+            locker_for(task.app).keys(name).lock,
+        )
+
+
+def reclaim_in_background(
+    task: LockedTask, task_id: Optional[str], args: Any, kwargs: Any, node: Optional[str]
+) -> None:
+    if not task_id or not node:
+        return
+    thread = threading.Thread(
+        target=reclaim_dead_holder,
+        args=(task, task_id, args, kwargs, node),
+        name="celery-singleton-lock-reclaim",
+        daemon=True,
+    )
+    thread.start()
+
+
+def pid_is_gone(pid: int) -> bool:
+    """True once ``pid`` no longer runs here (exited, or a zombie waiting to be reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def reclaim_dead_holder(task: LockedTask, task_id: str, args: Any, kwargs: Any, node: str) -> bool:
+    """Free the lock a dead child of this worker held for ``task_id``; True if freed.
+
+    Only a lock whose owner metadata names this very execution (task id, this node, a pid
+    that is gone) is deleted, atomically, by the ``RELEASE_ABANDONED`` script.
+    """
+    try:
+        name = task.lock_options.keyer.name(args, kwargs)
+        locker = locker_for(task.app)
+        deadline = time.monotonic() + RECLAIM_WAIT
+        while True:
+            holder = locker.inspect.read(name)
+            if holder is None or holder.task_id != task_id or holder.host != node:
+                return False
+            if holder.pid is not None and pid_is_gone(holder.pid):
+                freed = locker.release_abandoned(name, task_id=task_id, host=node, pid=holder.pid)
+                if freed:
+                    log.warning(
+                        "task %s[%s]: freed lock %s left by dead process %s",
+                        task.name,
+                        task_id,
+                        holder.key,
+                        holder.pid,
+                    )
+                    hand_on(task, locker, name)
+                    if lock_released.receivers:
+                        lock_released.send(
+                            sender=task,
+                            task_id=task_id,
+                            key=holder.key,
+                            owned=True,
+                            reclaimed=True,
+                        )
+                return freed
+            if time.monotonic() > deadline:
+                log.warning(
+                    "task %s[%s]: holder pid %s of %s still alive after %.0fs; leaving the lock "
+                    "to its TTL",
+                    task.name,
+                    task_id,
+                    holder.pid,
+                    holder.key,
+                    RECLAIM_WAIT,
+                )
+                return False
+            time.sleep(0.05)
+    except LockError as exc:
+        log.error("task %s[%s]: could not reclaim its lock: %s", task.name, task_id, exc)
+        return False
+
+
+def hand_on(task: LockedTask, locker: Any, name: str) -> None:
+    """Policy ``queue``: hand a reclaimed lock to its oldest parked message now, rather than
+    at the dead holder's TTL (when the sweeper would find it)."""
+    options = task.lock_options
+    if options.on_duplicate != "queue":
+        return
+    message = locker.hand_off_if_free(name, reservation_ttl=options.handoff_timeout)
+    if message is not None:
+        handoff.publish(task.app, message, name)

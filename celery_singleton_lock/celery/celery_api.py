@@ -21,6 +21,7 @@ from typing import Any, Optional
 from celery import VERSION, states
 from celery.app.task import Context
 from celery.canvas import group, signature
+from kombu import serialization
 from kombu.exceptions import KombuError, OperationalError
 from redis.exceptions import RedisError
 
@@ -170,20 +171,42 @@ def finish_as(task: Any, request: Any, state: str, result: Any) -> None:
     )
 
 
+#: Field of a locked task's request dict (so ``self.request.<field>``) holding the content type
+#: of the message it came in (see :mod:`.task.worker_request`).
+CONTENT_TYPE_FIELD = "singleton_lock_content_type"
+
+
+def serializer_of(request: Any) -> dict[str, Any]:
+    """``{"serializer": name}`` of the message ``request`` came in, for a re-send that keeps
+    it; empty when unknown (the re-send then takes the task's own serializer)."""
+    content_type = getattr(request, CONTENT_TYPE_FIELD, None)
+    name = serialization.registry.type_to_name.get(content_type) if content_type else None
+    return {"serializer": name} if name else {}
+
+
 def send_again(task: Any, request: Any, *, countdown: float, headers: dict[str, Any]) -> None:
-    """Send the message of ``request`` again, same task id, after ``countdown`` seconds, with
-    ``headers``; Celery's own ``retries`` count is kept as it is."""
+    """Send the message of ``request`` again, same task id and serializer, after ``countdown``
+    seconds, with ``headers``; Celery's own ``retries`` count is kept as it is."""
     signature = task.signature_from_request(
-        request, countdown=countdown, headers=headers, retries=request.retries
+        request,
+        countdown=countdown,
+        headers=headers,
+        retries=request.retries,
+        **serializer_of(request),
     )
     signature.apply_async()
 
 
 def message_of(task: Any, request: Any, *, headers: dict[str, Any]) -> dict[str, Any]:
     """The message of ``request`` as a signature (a plain dict: task name, arguments and the
-    options that route it: task id, queue, chord, links, parent...), with ``headers``, to be
-    sent later with :func:`send_message`; Celery's own ``retries`` count is kept."""
-    return dict(task.signature_from_request(request, headers=headers, retries=request.retries))
+    options that route it: task id, queue, chord, links, parent, serializer...), with
+    ``headers``, to be sent later with :func:`send_message`; Celery's own ``retries`` count
+    is kept."""
+    return dict(
+        task.signature_from_request(
+            request, headers=headers, retries=request.retries, **serializer_of(request)
+        )
+    )
 
 
 def send_message(app: Any, message: dict[str, Any]) -> None:

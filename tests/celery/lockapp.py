@@ -10,6 +10,7 @@ Redis (or in CSL_RECORDS_URL when set, e.g. when the lock URL is a Sentinel grou
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import time
@@ -62,6 +63,8 @@ def configure(
         broker_transport_options=transport,
         broker_connection_retry_on_startup=True,
         worker_prefetch_multiplier=1,
+        # a call may be sent with serializer="pickle" (tests of re-sends keeping it)
+        accept_content=["json", "pickle"],
         task_track_started=True,
         result_expires=600,
         # tests stop servers on purpose: give up reconnecting the result store quickly
@@ -179,6 +182,19 @@ def queued_retries_once(self: LockedTask, key: str, index: int, seconds: float =
     if not self.request.retries:
         raise self.retry(countdown=0.2, max_retries=1)
     return index
+
+
+class Colour(enum.Enum):
+    """An argument JSON cannot hold (the lock name's key builder accepts it)."""
+
+    RED = "red"
+
+
+@app.task(bind=True, base=LockedTask, lock_on=("key",), on_duplicate=QUEUE, lock_ttl=5)
+def queued_colour(self: LockedTask, key: str, colour: Colour) -> str:
+    """Policy queue, with an argument only pickle can carry; returns the colour's name."""
+    store().rpush(f"order:{key}", colour.name)
+    return colour.name
 
 
 # -- enqueue deduplication ------------------------------------------------------------------

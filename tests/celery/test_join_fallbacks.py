@@ -9,7 +9,7 @@ import redis
 
 from celery_singleton_lock.celery import lock_duplicate
 from celery_singleton_lock.celery.duplicates.join import JOIN_HEADER
-from celery_singleton_lock.celery.duplicates.policies import RETRY_HEADER
+from celery_singleton_lock.celery.duplicates.redelivery import RETRY_HEADER
 from tests.celery import lockapp
 from tests.support import wait_until
 

@@ -15,7 +15,7 @@ from celery.states import READY_STATES
 
 from celery_singleton_lock import DuplicateTaskError, DuplicateTaskSkipped
 from celery_singleton_lock.celery import lock_duplicate
-from celery_singleton_lock.celery.duplicates.policies import RETRY_HEADER
+from celery_singleton_lock.celery.duplicates.redelivery import RETRY_HEADER
 from celery_singleton_lock.engine import Lease, Owner, RedisLocker
 from celery_singleton_lock.testing import RedisServer
 from tests.celery import lockapp

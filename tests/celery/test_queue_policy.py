@@ -195,3 +195,17 @@ def test_a_parked_message_is_its_task_id_then_json(celery_app: Any) -> None:
     task_id, body = message.split(b"\n", 1)
     assert task_id == b"t-2"
     assert json.loads(body)["args"] == ["k", 1, 0.5]
+
+
+def test_a_call_json_cannot_hold_keeps_its_serializer_on_its_lock_retry(
+    worker: Any, locker: RedisLocker, store: redis.Redis, unique_key: str
+) -> None:
+    task = lockapp.queued_colour
+    name = task.lock_options.keyer.name((unique_key, lockapp.Colour.RED), {})
+    lease = locker.try_acquire(name, 30, owner=Owner(task_id="holder"), renew=False)
+    assert isinstance(lease, Lease)
+    result = task.apply_async((unique_key, lockapp.Colour.RED), serializer="pickle")
+    wait_until(lambda: result.state == "RETRY", timeout=10)  # not parked: a lock retry
+    lease.release()
+    assert result.get(timeout=30) == "RED"
+    assert store.lrange(f"order:{unique_key}", 0, -1) == [b"RED"]

@@ -65,6 +65,13 @@ class LockedTask(Task):  # type: ignore[misc]
     the body in the caller without any lock (Celery does not run ``before_start`` there).
     """
 
+    #: The worker-side request class (Celery's ``Task.Request``): Celery's own, which also
+    #: keeps the content type of the message, so that a call the lock layer sends again (a
+    #: lock retry, a parked call handed on) keeps the serializer it was sent with. A task
+    #: that sets its own ``Request`` subclasses
+    #: :class:`~celery_singleton_lock.celery.task.worker_request.LockedRequest`.
+    Request = "celery_singleton_lock.celery.task.worker_request:LockedRequest"
+
     #: Seconds the lock lives without renewal (default 15). The worker renews it every third
     #: of that while the body runs, so it does not limit how long the task may run; it bounds
     #: how long a killed worker's lock keeps blocking the key.

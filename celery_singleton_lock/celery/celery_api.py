@@ -127,6 +127,13 @@ def stored_outcome(task: Any, task_id: str) -> Optional[tuple[str, Any]]:
     return str(status), meta.get("result")
 
 
+def died_without_outcome(state: str, result: Any) -> bool:
+    """True for what Celery's main process stores as the outcome of a task whose pool child
+    died under it (``kill -9``, the OOM killer): ``WorkerLostError``
+    (celery/worker/request.py, ``on_failure``). The body did not end: nothing to join."""
+    return state == states.FAILURE and type(result).__name__ == "WorkerLostError"
+
+
 def dispatch_callbacks_and_chain(task: Any, request: Any, retval: Any) -> None:
     """Send the link callbacks and the next chain step of ``request`` with ``retval``, as the
     tracer does after a body returns (celery/app/trace.py; ``_dispatch_callbacks_and_chain``

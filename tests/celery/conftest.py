@@ -51,6 +51,9 @@ def celery_session_app(broker_server: RedisServer, lock_server: RedisServer) -> 
         backend_url=broker_server.url.replace("/0", "/1"),
         lock_url=lock_server.url,
         singleton_lock_redis_options={"connection_class": CountingConnection},
+        # a call may come with serializer="pickle" (a re-send keeps it); only this worker in
+        # the test process accepts it: `celery worker` refuses pickle as root
+        accept_content=["json", "pickle"],
     )
     forget_locker(lockapp.app)
     yield lockapp.app

@@ -63,8 +63,6 @@ def configure(
         broker_transport_options=transport,
         broker_connection_retry_on_startup=True,
         worker_prefetch_multiplier=1,
-        # a call may be sent with serializer="pickle" (tests of re-sends keeping it)
-        accept_content=["json", "pickle"],
         task_track_started=True,
         result_expires=600,
         # tests stop servers on purpose: give up reconnecting the result store quickly

@@ -9,6 +9,7 @@ duplicate meets the holder running.
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from collections import Counter
@@ -307,3 +308,70 @@ def test_holder_killed_the_other_joiners_get_the_result_of_the_one_that_ran(
     key, values, _ = holder_killed
     assert values == [values[0]] * 3
     assert values[0]["key"] == key
+
+
+# -- the holder's pool child is killed -9 (its worker lives on) --------------------------------
+
+JOINERS = 10
+
+
+@pytest.fixture(scope="module")
+def holder_child_killed(
+    workers: WorkerGroup, servers: Servers, store: redis.Redis
+) -> tuple[str, AsyncResult, list[AsyncResult], list[str]]:
+    """join_short_ttl runs 30 s in a prefork pool child that is then killed -9, with ten
+    joiners waiting on a threads worker: the holder's worker lives on, frees the lock at once
+    and stores WorkerLostError as the holder's outcome."""
+    (holder_worker,) = workers.start(1, pool="prefork", concurrency=1)
+    (joiners_worker,) = workers.start(1, pool="threads", concurrency=JOINERS)
+    key = unique("join-child-kill")
+    sender = client_app(servers)
+    try:
+        holder = sender.send_task(
+            lockapp.join_short_ttl.name, args=(key, 30.0), queue=holder_worker.queue
+        )
+        wait_until(lambda: body_runs(store, key) == 1, timeout=15)
+        joiners = [
+            sender.send_task(
+                lockapp.join_short_ttl.name, args=(key, 1.0), queue=joiners_worker.queue
+            )
+            for _ in range(JOINERS)
+        ]
+        channel = lock_key(lockapp.join_short_ttl, key) + ":released"
+        # every joiner waits on the lock's release channel before the holder dies
+        wait_until(lambda: store.pubsub_numsub(channel)[0][1] >= JOINERS, timeout=20)
+        holder_pid = int(store.lindex(f"runs:{key}", 0).split(b"|")[1])
+        os.kill(holder_pid, signal.SIGKILL)
+        for joiner in joiners:
+            joiner.get(timeout=60, propagate=False)
+        holder.get(timeout=30, propagate=False)
+        ran = [raw.decode().split("|")[0] for raw in store.lrange(f"runs:{key}", 1, -1)]
+        return key, holder, joiners, ran
+    finally:
+        close_client(sender)
+
+
+def test_holder_child_killed_one_joiner_runs_the_body(
+    holder_child_killed: tuple[str, AsyncResult, list[AsyncResult], list[str]],
+) -> None:
+    _, _, joiners, ran = holder_child_killed
+    assert len(ran) == 1
+    assert ran[0] in {joiner.id for joiner in joiners}
+
+
+def test_holder_child_killed_every_joiner_gets_the_result_of_the_one_that_ran(
+    holder_child_killed: tuple[str, AsyncResult, list[AsyncResult], list[str]],
+) -> None:
+    key, _, joiners, _ = holder_child_killed
+    assert [joiner.state for joiner in joiners] == ["SUCCESS"] * JOINERS
+    values = [joiner.result for joiner in joiners]
+    assert values == [values[0]] * JOINERS
+    assert values[0]["key"] == key
+
+
+def test_holder_child_killed_only_the_holders_caller_gets_worker_lost_error(
+    holder_child_killed: tuple[str, AsyncResult, list[AsyncResult], list[str]],
+) -> None:
+    _, holder, _, _ = holder_child_killed
+    assert holder.state == "FAILURE"
+    assert type(holder.result).__name__ == "WorkerLostError"

@@ -45,7 +45,9 @@ def join(duplicate: Duplicate, acquire: Callable[[], AcquireResult]) -> Lease:
     Waits for the release as ``wait`` does (up to ``lock_wait_timeout``), then reads the
     outcome the holder stored. A duplicate that takes the lock once the holder is gone reads
     it for up to ``OUTCOME_GRACE`` (the holder releases before its outcome is stored) and
-    runs the body only if none comes: the holder died without one. Other joiners then follow
+    runs the body only if none comes: the holder died without one (its worker killed, its
+    lock expired), or its pool child died and Celery stored ``WorkerLostError``, which only
+    the holder's own caller gets. Other joiners then follow
     the one running. On timeout: a lock retry that remembers whom it joined (``JOIN_HEADER``).
     Returns a lease only when this duplicate is the one that runs the body.
     """
@@ -127,6 +129,11 @@ def _join_outcome(task: Any, request: Any, task_id: str, key: str, grace: float)
     if stored is None:
         return
     state, result = stored
+    if celery_api.died_without_outcome(state, result):
+        # its process died under it: the body never ended, so there is nothing to join; one
+        # joiner (the one that takes the lock) runs it and the others join that run
+        log.info("task %s: %s died without an outcome (%s)", label, task_id, type(result).__name__)
+        return
     log.info("task %s: joined %s, which ended in %s", label, task_id, state)
     celery_api.finish_as(task, request, state, result)
     celery_api.logged_already(request.id)

@@ -26,6 +26,7 @@ from celery_singleton_lock.errors import (
     LockKeyError,
     LockLostError,
     LockNotOwnedError,
+    ReplicasUnavailable,
     UnsupportedArgumentError,
 )
 
@@ -62,6 +63,7 @@ __all__ = [
     "LockLostError",
     "LockNotOwnedError",
     "LockedTask",
+    "ReplicasUnavailable",
     "UnsupportedArgumentError",
     "lock_acquired",
     "lock_duplicate",

@@ -19,6 +19,7 @@ __all__ = [
     "LockKeyError",
     "LockLostError",
     "LockNotOwnedError",
+    "ReplicasUnavailable",
     "UnsupportedArgumentError",
 ]
 
@@ -58,6 +59,12 @@ class LockError(Exception):
 
 class LockBackendUnavailable(LockError):
     """The lock server could not be reached (connection refused, timeout, auth, OOM...)."""
+
+
+class ReplicasUnavailable(LockBackendUnavailable):
+    """The lock was written, but fewer replicas than asked (``lock_min_replicas``) acknowledged
+    it in time, so it was released again. Lasts while the server has too few replicas
+    attached (after a failover the promoted replica has none until one is attached)."""
 
 
 class AlreadyFinished(LockError):

@@ -37,6 +37,7 @@ from celery_singleton_lock.errors import (
     LockBackendUnavailable,
     LockConfigurationError,
     LockError,
+    ReplicasUnavailable,
 )
 
 log_acquire = logging.getLogger("celery_singleton_lock.acquire")
@@ -225,7 +226,7 @@ class RedisLocker:
         )
         if acknowledged is not None and acknowledged < min_replicas:
             self.release(lease)
-            raise LockBackendUnavailable(
+            raise ReplicasUnavailable(
                 f"lock {keys.lock} was written, but only {acknowledged} of {min_replicas} "
                 f"replica(s) acknowledged it within {replica_timeout}s; released it again",
                 keys.lock,

@@ -405,6 +405,20 @@ def needs_a_replica(self: LockedTask, key: str) -> str:
     return "ran"
 
 
+@app.task(
+    bind=True,
+    base=LockedTask,
+    lock_on=("key",),
+    lock_min_replicas=1,
+    lock_min_replicas_timeout=0.05,
+    lock_retry_backoff=0.1,
+    lock_retry_backoff_max=0.2,
+)
+def paused_without_replica(self: LockedTask, key: str) -> str:
+    """``needs_a_replica`` with a short lock-retry backoff: retries until a replica is attached."""
+    return "ran"
+
+
 @app.task(bind=True, base=LockedTask, lock_on=("key",))
 def finds_its_worker_request(self: LockedTask, key: str) -> dict[str, Any]:
     """What the worker's main process reads from this run's Request (celery_api)."""

@@ -28,12 +28,14 @@ from celery_singleton_lock.celery.task.execution import (
     releases_after_body,
 )
 from celery_singleton_lock.celery.task.lock_view import LockHandle
+from celery_singleton_lock.celery.task.replica_pause import PAUSE
 from celery_singleton_lock.engine import Lease, LockHolder, Owner, Parked, RedisLocker
 from celery_singleton_lock.errors import (
     AlreadyFinished,
     DuplicateTaskError,
     LockBackendUnavailable,
     LockConfigurationError,
+    ReplicasUnavailable,
 )
 
 log = logging.getLogger("celery_singleton_lock.acquire")
@@ -270,6 +272,8 @@ class LockedTask(Task):  # type: ignore[misc]
         if acquired is None:
             return  # running without the lock (lock_on_backend_error="run")
         lease, is_copy = acquired
+        if PAUSE.active:
+            PAUSE.resumed()
         # From here the scope owns the lock: whatever raises below closes it.
         request.lock = held = LockScope(self, task_id, name, lease)
         if already_ran(self, request, is_copy):
@@ -374,7 +378,10 @@ class LockedTask(Task):  # type: ignore[misc]
             if self.lock_track_started:
                 self._store_started(request.id, request)
             return None
-        log.error("task %s[%s]: %s; retrying later", self.name, request.id, exc)
+        if isinstance(exc, ReplicasUnavailable):
+            PAUSE.refused_one(self, request.id, exc)  # said once, not per task
+        else:
+            log.error("task %s[%s]: %s; retrying later", self.name, request.id, exc)
         unknown = LockHolder.unknown(exc.key or name)
         policies.retry(policies.Duplicate(self, request, options, name, unknown), exc)
 

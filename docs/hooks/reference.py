@@ -9,9 +9,10 @@ A page may hold these markers, each on a line of its own; the build replaces the
   from the click commands the package installs (its entry points, so this file need not know
   the module that defines them).
 
-A repository path written as inline code (`` `celery_singleton_lock/engine/locker.py` ``) must
-name a file or folder that exists: otherwise a warning, which ``mkdocs build --strict`` makes
-an error, so a module moved or renamed cannot leave the docs pointing at nothing.
+A repository path written as inline code (`` `celery_singleton_lock/engine/locker.py` ``) in a
+page, README.md or CONTRIBUTING.md must name a file or folder that exists: otherwise a
+warning, which ``mkdocs build --strict`` makes an error, so a module moved or renamed cannot
+leave the docs pointing at nothing.
 
 The generators are pure functions, tested in ``tests/unit/test_docs_reference.py``.
 """
@@ -26,7 +27,7 @@ from typing import Any, Iterable, Optional
 
 import click
 
-from celery_singleton_lock.celery import options
+from celery_singleton_lock.celery.config import options
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -128,6 +129,17 @@ def expand(markdown: str) -> str:
 def missing_paths(markdown: str, root: Path = ROOT) -> list[str]:
     """Repository paths named as inline code in ``markdown`` that do not exist under ``root``."""
     return sorted({path for path in CODE_PATH.findall(markdown) if not (root / path).exists()})
+
+
+#: files outside the site whose paths are checked all the same
+CHECKED_OUTSIDE = ("README.md", "CONTRIBUTING.md")
+
+
+def on_pre_build(**_: Any) -> None:
+    """MkDocs event: check the paths the README and CONTRIBUTING.md name."""
+    for name in CHECKED_OUTSIDE:
+        for path in missing_paths((ROOT / name).read_text()):
+            log.warning("%s names %s, which does not exist", name, path)
 
 
 def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:

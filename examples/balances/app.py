@@ -46,6 +46,7 @@ def key(*parts: str) -> str:
     return ":".join((settings.namespace, *parts))
 
 
+# --8<-- [start:task]  (the docs' balances tutorial shows from here to its end marker)
 @app.task(
     bind=True,
     name=LOCKED,
@@ -68,6 +69,9 @@ def apply_delta(self: Any, account_id: int, cents: int, reason: Optional[str] = 
         log.warning("task %s[%s]: %s", self.name, self.request.id, exc)
         data_client(settings.data).incr(key("rejected"))
         raise
+
+
+# --8<-- [end:task]
 
 
 @app.task(bind=True, name=UNLOCKED)

@@ -2,7 +2,8 @@
 
 A test records its figures with the ``chaos_figures`` fixture. They are shown in a "chaos
 figures" section of the terminal summary, one JSON line per scenario, and appended to the file
-named by ``$CSL_CHAOS_REPORT`` when it is set (docs/reliability.md is written from them).
+named by ``$CSL_CHAOS_REPORT`` when it is set (docs/explanation/reliability.md is written from
+them).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""examples/test_with_pytest.py, the README's "Testing your tasks" file, run as a user runs it.
+"""examples/test_with_pytest.py, the file the docs' "Test your tasks" shows, run as a user runs it.
 
 ``python -m pytest examples/test_with_pytest.py`` in a subprocess, from the repository root:
 the fixture ``singleton_lock_url`` comes from the installed package's ``pytest11`` entry point
@@ -45,11 +45,6 @@ def test_the_pytest_example_passes_as_it_stands() -> None:
     assert re.search(r"^[1-9]\d* passed(, \d+ warnings?)? in ", done.stdout, re.M), output
 
 
-def test_the_readme_shows_the_example_file_as_it_stands() -> None:
-    root = Path(__file__).resolve().parents[2]
-    readme = (root / "README.md").read_text()
-    section = readme[readme.index("## Testing your tasks") :]
-    shown = re.search(r"```python\n(.*?)```", section, re.S)
-    source = (root / "examples" / "test_with_pytest.py").read_text()
-    assert shown is not None
-    assert shown.group(1) == source[source.index("from __future__ import annotations") :]
+def test_the_docs_include_the_example_file_whole() -> None:
+    page = (ROOT / "docs" / "how-to" / "test-your-tasks.md").read_text()
+    assert f'```python\n--8<-- "{EXAMPLE}"\n```' in page

@@ -1,5 +1,6 @@
-"""The README's quickstart, as it stands: the file, a real `celery -A tasks worker` started in
-its directory as the README says, and the calls the README shows."""
+"""The quickstart, as it stands: the file (the docs' first tutorial includes it whole, the
+README shows an excerpt), a real `celery -A tasks worker` started in its directory as both say,
+and the calls they show."""
 
 from __future__ import annotations
 
@@ -22,17 +23,30 @@ ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "examples" / "quickstart"
 
 
-def test_the_readme_shows_the_quickstart_file_as_it_stands() -> None:
+def is_excerpt(shown: list[str], source: list[str]) -> bool:
+    """Every line of ``shown`` is a line of ``source``, in the same order."""
+    remaining = iter(source)
+    return all(line in remaining for line in shown)
+
+
+def test_the_readme_quickstart_is_an_excerpt_of_the_quickstart_file() -> None:
     readme = (ROOT / "README.md").read_text()
     section = readme[readme.index("## Quickstart") :]
     shown = re.search(r"```python\n(.*?)```", section, re.S)
     assert shown is not None
-    assert shown.group(1) == (QUICKSTART / "tasks.py").read_text()
+    assert "def rebuild_report(day):" in shown.group(1)
+    source = (QUICKSTART / "tasks.py").read_text().splitlines()
+    assert is_excerpt(shown.group(1).splitlines(), source)
+
+
+def test_the_tutorial_includes_the_quickstart_file_whole() -> None:
+    tutorial = (ROOT / "docs" / "tutorial" / "first-locked-task.md").read_text()
+    assert '```python\n--8<-- "examples/quickstart/tasks.py"\n```' in tutorial
 
 
 @pytest.fixture(scope="module")
 def quickstart(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Celery, Path]]:
-    """A worker started as the README says, on a throwaway Redis; a client app of that Redis."""
+    """A worker started as the docs say, on a throwaway Redis; a client app of that Redis."""
     db = tmp_path_factory.mktemp("quickstart") / "balances.sqlite3"
     with RedisServer.running() as server:
         env = {**os.environ, "REDIS_URL": server.url, "QUICKSTART_DB": str(db)}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 from celery_singleton_lock.arguments import ArgumentKeyer
 from celery_singleton_lock.celery.config.quorum_settings import refuse_on_quorum
@@ -18,46 +18,170 @@ from celery_singleton_lock.errors import LockConfigurationError
 POLICIES = ("skip", "retry", "wait", "fail", "join", "queue")
 BACKEND_ERROR_POLICIES = ("retry", "run")
 
-#: task attribute -> (app setting, built-in default). ``lock_on`` and ``lock_key`` are
-#: per-task only.
-TASK_OPTIONS: dict[str, tuple[str, Any]] = {
-    "lock_ttl": ("singleton_lock_ttl", 15.0),
-    "on_duplicate": ("singleton_lock_on_duplicate", "skip"),
-    "lock_fencing": ("singleton_lock_fencing", False),
-    "lock_retry_backoff": ("singleton_lock_retry_backoff", 1.0),
-    "lock_retry_backoff_max": ("singleton_lock_retry_backoff_max", 60.0),
-    "lock_max_retries": ("singleton_lock_max_retries", None),
-    "lock_wait_timeout": ("singleton_lock_wait_timeout", 30.0),
-    "lock_on_backend_error": ("singleton_lock_on_backend_error", "retry"),
-    "lock_finished_ttl": ("singleton_lock_finished_ttl", 3600.0),
-    "lock_min_replicas": ("singleton_lock_min_replicas", 0),
-    "lock_min_replicas_timeout": ("singleton_lock_min_replicas_timeout", 1.0),
-    "dedupe_on_enqueue": ("singleton_lock_dedupe_on_enqueue", False),
-    "lock_queued_ttl": ("singleton_lock_queued_ttl", 3600.0),
+MIN_TTL, MAX_TTL = 0.1, 86_400.0
+
+
+class Option(NamedTuple):
+    """An option as users meet it; the docs' options reference is generated from these."""
+
+    default: Any
+    allowed: str
+    meaning: str  #: one sentence
+
+
+class TaskOption(NamedTuple):
+    """A task option that falls back to an app setting (documented as :class:`Option` is)."""
+
+    setting: str
+    default: Any
+    allowed: str
+    meaning: str
+
+
+#: task attribute -> its app setting, built-in default and documentation.
+TASK_OPTIONS: dict[str, TaskOption] = {
+    "lock_ttl": TaskOption(
+        "singleton_lock_ttl",
+        15.0,
+        f"{MIN_TTL:g} to {MAX_TTL:g} seconds",
+        "Seconds the lock lives unless renewed; renewed every third of that while the body "
+        "runs, it bounds recovery after a crash, not the run time.",
+    ),
+    "on_duplicate": TaskOption(
+        "singleton_lock_on_duplicate",
+        "skip",
+        ", ".join(map(repr, POLICIES)),
+        "What a call does when another execution holds its lock.",
+    ),
+    "lock_fencing": TaskOption(
+        "singleton_lock_fencing",
+        False,
+        "True or False",
+        "Hand out a fencing token, strictly increasing per lock: self.request.lock.fence.",
+    ),
+    "lock_retry_backoff": TaskOption(
+        "singleton_lock_retry_backoff",
+        1.0,
+        f"0.001 to {MAX_TTL:g} seconds",
+        "Base of a lock retry's exponential backoff (full jitter).",
+    ),
+    "lock_retry_backoff_max": TaskOption(
+        "singleton_lock_retry_backoff_max",
+        60.0,
+        f"lock_retry_backoff to {MAX_TTL:g} seconds",
+        "Cap of a lock retry's backoff.",
+    ),
+    "lock_max_retries": TaskOption(
+        "singleton_lock_max_retries",
+        None,
+        "None or an integer >= 0",
+        "Lock-retry budget, apart from Celery's max_retries; None: until the lock is taken.",
+    ),
+    "lock_wait_timeout": TaskOption(
+        "singleton_lock_wait_timeout",
+        30.0,
+        "0 to 3600 seconds",
+        "How long 'wait' and 'join' block a worker slot before falling back to a lock retry.",
+    ),
+    "lock_on_backend_error": TaskOption(
+        "singleton_lock_on_backend_error",
+        "retry",
+        ", ".join(map(repr, BACKEND_ERROR_POLICIES)),
+        "Lock server unreachable in before_start: send the task again later, or run unlocked.",
+    ),
+    "lock_finished_ttl": TaskOption(
+        "singleton_lock_finished_ttl",
+        3600.0,
+        f"None or {MIN_TTL:g} to {7 * MAX_TTL:g} seconds",
+        "acks_late and 'queue' tasks: how long a finished task id is remembered, so a copy of "
+        "it delivered again is dropped; keep it >= the broker's visibility_timeout.",
+    ),
+    "lock_min_replicas": TaskOption(
+        "singleton_lock_min_replicas",
+        0,
+        "an integer >= 0",
+        "Replicas that must acknowledge the acquire (WAIT) before the body runs; fewer count "
+        "as the lock server being unavailable.",
+    ),
+    "lock_min_replicas_timeout": TaskOption(
+        "singleton_lock_min_replicas_timeout",
+        1.0,
+        "0.001 to 60 seconds",
+        "How long to wait for those acknowledgements.",
+    ),
+    "dedupe_on_enqueue": TaskOption(
+        "singleton_lock_dedupe_on_enqueue",
+        False,
+        "True or False",
+        "apply_async() of a call queued or running publishes nothing, returns its AsyncResult.",
+    ),
+    "lock_queued_ttl": TaskOption(
+        "singleton_lock_queued_ttl",
+        3600.0,
+        f"1 to {7 * MAX_TTL:g} seconds",
+        "dedupe_on_enqueue: how long a call whose message never reaches a worker blocks "
+        "duplicates, counted from its countdown or eta.",
+    ),
+}
+
+#: Task attributes with no app setting (LockedTask reads them itself).
+TASK_ONLY_OPTIONS: dict[str, Option] = {
+    "lock_on": Option(
+        None,
+        "names of the task's parameters",
+        "The parameters that identify the work; None: all, bound with defaults applied.",
+    ),
+    "lock_key": Option(
+        None,
+        "callable(*args, **kwargs) -> str",
+        "Names the lock from the call's arguments, for full control; exclusive with lock_on.",
+    ),
 }
 
 #: App-wide settings with no task attribute.
-APP_SETTINGS: dict[str, Any] = {
-    "singleton_lock_url": None,
-    "singleton_lock_prefix": "singleton-lock",
-    "singleton_lock_redis_options": None,
-    #: ``{"master_name": ..., "sentinel_kwargs": {...}, "min_other_sentinels": 0}`` for a
-    #: ``sentinel://`` lock URL, shaped like Celery's ``broker_transport_options``
-    "singleton_lock_transport_options": None,
-    #: True: the lock URL names a node of a Redis Cluster; False: a single server; None: ask
-    #: the server (``INFO cluster``) when the worker first connects
-    "singleton_lock_cluster": None,
-    #: policy ``queue``: seconds a lock handed to a parked message stays reserved for it
-    #: while that message is on its way; a message lost meanwhile is sent again after that
-    "singleton_lock_handoff_timeout": 60.0,
-    #: policy ``queue``: seconds between two looks, from each worker, for locks whose holder
-    #: died (or whose reservation ran out) with messages parked behind them
-    "singleton_lock_handoff_sweep_interval": 1.0,
+APP_SETTINGS: dict[str, Option] = {
+    "singleton_lock_url": Option(
+        None,
+        "a redis://, rediss://, unix:// or sentinel:// URL, or a list of 3 or more URLs",
+        "The lock server (a list: a Redlock quorum); None: the broker if it is Redis, else "
+        "the result backend if it is Redis, else redis://localhost:6379/0.",
+    ),
+    "singleton_lock_prefix": Option(
+        "singleton-lock",
+        "letters, digits and _ . : - / | @ # = +",
+        "Key namespace of the locks.",
+    ),
+    "singleton_lock_redis_options": Option(
+        None,
+        "a dict",
+        "Extra keyword arguments of redis.Redis.from_url (timeouts, ssl_ca_certs...).",
+    ),
+    "singleton_lock_transport_options": Option(
+        None,
+        "a dict",
+        "sentinel:// lock URL: master_name, sentinel_kwargs, min_other_sentinels, as Celery's "
+        "broker_transport_options; None: the broker's, when its URL is used.",
+    ),
+    "singleton_lock_cluster": Option(
+        None,
+        "True, False or None",
+        "True: the lock URL names a Redis Cluster node; False: one server; None: ask it.",
+    ),
+    "singleton_lock_handoff_timeout": Option(
+        60.0,
+        f"1 to {MAX_TTL:g} seconds",
+        "'queue': how long a lock handed to a parked call stays reserved for it while its "
+        "message is on its way; a message lost meanwhile is sent again after that.",
+    ),
+    "singleton_lock_handoff_sweep_interval": Option(
+        1.0,
+        "0.05 to 3600 seconds",
+        "'queue': seconds between two looks, from each worker, for locks whose holder died "
+        "(or whose reservation ran out) with calls parked behind them.",
+    ),
 }
 
-KNOWN_SETTINGS = frozenset(APP_SETTINGS) | {setting for setting, _ in TASK_OPTIONS.values()}
-
-MIN_TTL, MAX_TTL = 0.1, 86_400.0
+KNOWN_SETTINGS = frozenset(APP_SETTINGS) | {option.setting for option in TASK_OPTIONS.values()}
 
 
 class Unset:
@@ -169,7 +293,7 @@ def handoff_settings(conf: Mapping[str, Any]) -> tuple[float, float]:
         ("singleton_lock_handoff_timeout", 1.0, MAX_TTL),
     ):
         value = conf.get(setting)
-        value = APP_SETTINGS[setting] if value is None else value
+        value = APP_SETTINGS[setting].default if value is None else value
         if (
             isinstance(value, bool)
             or not isinstance(value, (int, float))
@@ -193,7 +317,7 @@ def celery_setting(conf: Mapping[str, Any], name: str) -> Any:
 def lock_prefix(conf: Mapping[str, Any]) -> Any:
     """The configured key prefix (validated by the caller); the default when unset."""
     prefix = conf.get("singleton_lock_prefix")
-    return APP_SETTINGS["singleton_lock_prefix"] if prefix is None else prefix
+    return APP_SETTINGS["singleton_lock_prefix"].default if prefix is None else prefix
 
 
 def unknown_settings(conf: Mapping[str, Any]) -> list[str]:
@@ -223,10 +347,10 @@ def resolve(
         LockConfigurationError: naming the task, the option and what to do.
     """
     value: dict[str, Any] = {}
-    for attribute, (setting, default) in TASK_OPTIONS.items():
+    for attribute, option in TASK_OPTIONS.items():
         chosen = attributes.get(attribute, UNSET)
         if chosen is UNSET:
-            chosen = conf.get(setting, default)
+            chosen = conf.get(option.setting, option.default)
         value[attribute] = chosen
 
     ttl = _number(task_name, "lock_ttl", value["lock_ttl"], MIN_TTL, MAX_TTL)

@@ -14,7 +14,13 @@ from celery.exceptions import Ignore
 
 from celery_singleton_lock.celery import celery_api
 from celery_singleton_lock.celery.config.lockers import locker_for
-from celery_singleton_lock.celery.config.options import TASK_OPTIONS, UNSET, LockOptions, resolve
+from celery_singleton_lock.celery.config.options import (
+    TASK_ONLY_OPTIONS,
+    TASK_OPTIONS,
+    UNSET,
+    LockOptions,
+    resolve,
+)
 from celery_singleton_lock.celery.duplicates import enqueue, policies
 from celery_singleton_lock.celery.duplicates import parking as handoff
 from celery_singleton_lock.celery.duplicates.dispatch import handle as handle_duplicate
@@ -51,7 +57,7 @@ def lock_owner(task_id: str, request: Any, pid: int) -> Owner:
 
 
 celery_api.declare_request_attribute("lock")  # self.request.lock: see there why
-_ATTRIBUTES = (*TASK_OPTIONS, "lock_on", "lock_key", "ignore_result")
+_ATTRIBUTES = (*TASK_OPTIONS, *TASK_ONLY_OPTIONS, "ignore_result")
 
 
 class LockedTask(Task):  # type: ignore[misc]

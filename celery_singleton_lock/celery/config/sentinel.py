@@ -1,4 +1,6 @@
-"""TODO docstring."""
+"""A lock server behind Sentinel: ``sentinel://`` URLs (Celery's own form), the options of
+the sentinel connections, and the connection class that asks the sentinels again whenever
+it reconnects, so that a kept connection follows a failover."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Which Redis holds an app's locks, and the one locker per app and process that talks to it.
+"""Which Redis holds an app's locks (the URL chosen from the settings), and the redis-py
+client that talks to it.
 
 The lock server is one Redis (``redis://``, ``rediss://``, ``unix://``) or the master of a
 Sentinel group (``sentinel://host:port;sentinel://host:port;...``, Celery's own form). A Sentinel

@@ -80,71 +80,22 @@ class LockedTask(Task):  # type: ignore[misc]
     #: :class:`~celery_singleton_lock.celery.task.worker_request.LockedRequest`.
     Request = "celery_singleton_lock.celery.task.worker_request:LockedRequest"
 
-    #: Seconds the lock lives without renewal (default 15). The worker renews it every third
-    #: of that while the body runs, so it does not limit how long the task may run; it bounds
-    #: how long a killed worker's lock keeps blocking the key.
+    # The lock options. Each is declared once, with its app setting, default, allowed values
+    # and meaning, in celery/config/options.py (TASK_OPTIONS, TASK_ONLY_OPTIONS); the options
+    # reference of the docs is generated from there. Unset, an option takes the app setting
+    # ``singleton_lock_<name>``, else its default; every value is checked at registration.
     lock_ttl: Any = UNSET
-
-    #: What a duplicate does when the lock is held (default ``"skip"``):
-    #: ``"skip"`` ends it without running the body (``AsyncResult.get()`` raises
-    #: ``DuplicateTaskSkipped`` naming the holder); ``"retry"`` sends it again after a
-    #: jittered exponential backoff; ``"wait"`` blocks the worker slot until the release (up to
-    #: ``lock_wait_timeout``), then retries; ``"fail"`` raises ``DuplicateTaskError``;
-    #: ``"join"`` waits as ``"wait"`` does, then ends with the holder's outcome as its own
-    #: (same return value or exception; needs stored results); ``"queue"`` parks it in Redis
-    #: behind the holder, holding no worker slot, and the holder's release hands the lock to
-    #: the oldest parked call, so every duplicate runs, one at a time, in arrival order.
     on_duplicate: Any = UNSET
-
-    #: Names of the parameters that identify the work, e.g. ``("account_id",)``. Default: all
-    #: parameters, bound to the signature with defaults applied.
     lock_on: Optional[Sequence[str]] = None
-
-    #: Callable taking the task's arguments and returning the lock name as a string, for full
-    #: control (exclusive with ``lock_on``).
     lock_key: Optional[Callable[..., str]] = None
-
-    #: Hand out a fencing token per acquisition (``self.request.lock.fence``), strictly
-    #: increasing per key, for stores to reject writes from a holder that lost its lock.
-    #: Default False.
     lock_fencing: Any = UNSET
-
-    #: Base of the lock-retry backoff in seconds (default 1.0); attempt ``n`` waits a uniform
-    #: random time in ``[0, min(lock_retry_backoff_max, base * 2**n))``.
     lock_retry_backoff: Any = UNSET
-
-    #: Cap of the lock-retry backoff in seconds (default 60).
     lock_retry_backoff_max: Any = UNSET
-
-    #: Lock-retry budget, separate from the task's own ``max_retries`` (default None: retry
-    #: until acquired, so no duplicate is ever dropped). When spent: ``DuplicateTaskError``.
     lock_max_retries: Any = UNSET
-
-    #: Seconds policy ``"wait"`` blocks the worker slot before falling back to a retry
-    #: (default 30).
     lock_wait_timeout: Any = UNSET
-
-    #: When the lock server cannot be reached at ``before_start``: ``"retry"`` (default:
-    #: send the task again later; nothing is lost) or ``"run"`` (run without the lock).
     lock_on_backend_error: Any = UNSET
-
-    #: For ``acks_late`` tasks: seconds the lock remembers that a task id ran to the end
-    #: (default 3600, the Redis broker's default ``visibility_timeout``). A redelivered copy
-    #: of that task id taking the lock meanwhile is dropped, in the acquire's own round trip.
-    #: Costs one small key per finished task for that long; keep it at least the broker's
-    #: ``visibility_timeout``. None turns it off (e.g. if the same task id is sent again on
-    #: purpose, as a dead-letter replay does).
     lock_finished_ttl: Any = UNSET
-
-    #: Replicas that must acknowledge the acquire (and its fence increment) before the body
-    #: runs (default 0: do not wait). Redis replicates asynchronously: a lock written to a
-    #: primary that fails over before replicating it is lost. With ``n`` > 0 the acquire is
-    #: followed by ``WAIT n`` in the same round trip; fewer acknowledgements within
-    #: ``lock_min_replicas_timeout`` release the lock again and count as the lock server being
-    #: unavailable (``lock_on_backend_error``).
     lock_min_replicas: Any = UNSET
-
-    #: Seconds to wait for ``lock_min_replicas`` acknowledgements (default 1).
     lock_min_replicas_timeout: Any = UNSET
 
     #: Celery's ``track_started`` (task attribute or ``task_track_started``), taken over by
@@ -154,14 +105,7 @@ class LockedTask(Task):  # type: ignore[misc]
     #: (the tracer stores it by reading, then writing the state).
     lock_track_started: bool = False
 
-    #: Deduplicate at enqueue (default False): ``apply_async()`` / ``delay()`` of a call whose
-    #: lock name is already queued or running publishes nothing and returns the
-    #: ``AsyncResult`` of that task (see :mod:`~celery_singleton_lock.celery.duplicates.enqueue`
-    #: for what is not deduplicated).
     dedupe_on_enqueue: Any = UNSET
-
-    #: Seconds a queued marker lives if its message never reaches a worker (purged, lost),
-    #: on top of the message's countdown (default 3600).
     lock_queued_ttl: Any = UNSET
 
     _lock_options: Optional[LockOptions] = None

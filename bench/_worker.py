@@ -32,6 +32,7 @@ import redis
 from celery import Celery, signals
 from celery.contrib.testing.worker import start_worker
 
+from ._builds import WorkerSetup
 from ._common import (
     HEALTH_CHECK,
     BenchError,
@@ -43,7 +44,7 @@ from ._common import (
     server_version,
     versions,
 )
-from ._contenders import Contender, WorkerSetup, pick
+from ._contenders import Contender, pick
 from ._paired import Cycle, Paired, Round, run_rounds, shuffled_orders, time_calls
 
 #: A drain whose tasks have not all ended by then is a failure.

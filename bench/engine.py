@@ -27,6 +27,7 @@ from redis.cluster import RedisCluster
 
 from celery_singleton_lock.engine import Lease, RedisLocker, Renewer
 
+from ._builds import EngineSetup
 from ._common import (
     BenchError,
     RoundTripCounter,
@@ -43,7 +44,7 @@ from ._common import (
     verdict,
     versions,
 )
-from ._contenders import Contender, EngineSetup, pick
+from ._contenders import Contender, pick
 from ._paired import Call, Paired, paired_calls
 
 #: The contenders of part 1 (``bench/_contenders.py``), the floor first.

@@ -20,8 +20,9 @@ from redis.retry import Retry
 
 from celery_singleton_lock.testing import RedisServer
 
+from ._builds import EngineSetup
 from ._common import med_iqr, median, new_prefix, rounds_and_cycles
-from ._contenders import EngineSetup, pick
+from ._contenders import pick
 from ._paired import Paired, paired_calls
 
 KEYS = ("locked-no-renew", "quorum")

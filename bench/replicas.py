@@ -14,8 +14,9 @@ from typing import Optional, Sequence
 
 from celery_singleton_lock.testing import primary_with_replica
 
+from ._builds import EngineSetup
 from ._common import med_iqr, median, new_prefix, rounds_and_cycles
-from ._contenders import EngineSetup, pick
+from ._contenders import pick
 from ._paired import paired_calls
 
 KEYS = ("locked", "locked-replica")

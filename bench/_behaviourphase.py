@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import redis
 
-from celery_singleton_lock.engine.keys import LockKeys
+from celery_singleton_lock.engine import LockKeys
 
 from ._behaviourapp import ENV_DB, ENV_REDELIVER, ENV_URL, EVENTS, QUEUE, SHORT, build_app
 

@@ -20,8 +20,7 @@ from celery_singleton_lock.arguments import ArgumentKeyer
 from celery_singleton_lock.celery import LockedTask
 from celery_singleton_lock.celery.config.lockers import forget_locker
 from celery_singleton_lock.celery.config.servers import make_client
-from celery_singleton_lock.engine import Lease, RedisLocker, Renewer
-from celery_singleton_lock.engine.redlock import QuorumLocker
+from celery_singleton_lock.engine import Lease, QuorumLocker, RedisLocker, Renewer
 
 from ._common import BenchError, RoundTripCounter, counting_connection_class
 from ._paired import Call

@@ -25,6 +25,6 @@ app.conf.update(
 )
 
 
-@app.task(base=LockedTask, name="bench_cluster.noop")
+@app.task(base=LockedTask, name="bench_cluster.noop")  # type: ignore[untyped-decorator]
 def noop(i: int) -> None:
     """Locked on ``i``: every call takes and releases a lock of its own."""

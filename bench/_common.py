@@ -1,12 +1,17 @@
-"""Helpers shared by the benchmarks: a Redis to measure against, round-trip counting, stats."""
+"""Helpers shared by the benchmarks: a Redis to measure against, round-trip counting, stats,
+versions, options and clean-up."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
 import os
+import secrets
+import shutil
 import statistics
+import sys
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Iterator, List, Optional, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
@@ -16,6 +21,38 @@ from celery_singleton_lock.testing import RedisServer
 
 #: Commands redis-py sends on its own when it opens a connection; not counted as round trips.
 HANDSHAKE = frozenset({"HELLO", "CLIENT", "AUTH", "SELECT"})
+
+#: Sent by redis-py on a connection idle longer than its ``health_check_interval`` (the
+#: plugin's client uses 30 s): connection upkeep, shown apart rather than charged to a task.
+HEALTH_CHECK = "PING"
+
+
+class BenchError(RuntimeError):
+    """The run did not do what was measured (a free lock not acquired, lost or failed tasks,
+    locks left behind): the benchmark stops with exit code 1 rather than print figures."""
+
+
+def new_prefix() -> str:
+    """A key prefix of its own for one run: never collides with another run or real keys."""
+    return f"bench-{secrets.token_hex(4)}"
+
+
+def pkg_version(name: str) -> str:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def versions(*names: str) -> str:
+    """``python X, redis-py Y, ...``: what the figures were measured with."""
+    import platform
+
+    shown = {"redis": "redis-py"}
+    return ", ".join(
+        [f"python {platform.python_version()}"]
+        + [f"{shown.get(name, name)} {pkg_version(name)}" for name in names]
+    )
 
 
 @dataclass
@@ -47,6 +84,24 @@ def redis_target() -> Iterator[Target]:
         yield Target(server.url, f"throwaway redis-server on 127.0.0.1:{server.port}")
 
 
+@contextlib.contextmanager
+def lock_target(broker: Target, separate: bool) -> Iterator[Target]:
+    """The Redis of the locks: the broker's, or a throwaway ``redis-server`` of its own."""
+    if not separate:
+        yield broker
+        return
+    with RedisServer.running() as server:
+        yield Target(server.url, f"locks: throwaway redis-server on 127.0.0.1:{server.port}")
+
+
+def delete_matching(client: redis.Redis, patterns: Sequence[str]) -> None:
+    """Delete every key matching one of ``patterns`` (SCAN, then DEL by thousands)."""
+    for pattern in patterns:
+        keys = list(client.scan_iter(match=pattern, count=1000))
+        for i in range(0, len(keys), 1000):
+            client.delete(*keys[i : i + 1000])
+
+
 class RoundTripCounter:
     """Requests sent to Redis by counting clients: one per command, one per pipelined batch.
 
@@ -63,7 +118,8 @@ class RoundTripCounter:
         return len(self.sent)
 
 
-def _text(value: Any) -> str:
+def text(value: Any) -> str:
+    """A reply as text (redis-py gives bytes unless ``decode_responses``)."""
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
@@ -74,10 +130,10 @@ class _CountingMixin:
     _sending = 0  # depth of send_command calls, so their packed send is not counted twice
 
     def send_command(self, *args: Any, **kwargs: Any) -> Any:
-        name = _text(args[0]).upper()
+        name = text(args[0]).upper()
         if name not in HANDSHAKE:
             if name == "SCRIPT" and len(args) > 1:  # SCRIPT LOAD, after a NOSCRIPT reply
-                name = f"{name} {_text(args[1]).upper()}"
+                name = f"{name} {text(args[1]).upper()}"
             self.counter.sent.append(name)
         self._sending += 1
         try:
@@ -152,6 +208,17 @@ def median(values: Sequence[float]) -> float:
     return float(statistics.median(values))
 
 
+def med_iqr(values: Sequence[float], fmt: str = ".1f") -> str:
+    """``median [q1..q3]``: a figure over rounds and how much the rounds agree."""
+    q1, q3 = quartiles(values)
+    return f"{median(values):{fmt}} [{q1:{fmt}}..{q3:{fmt}}]"
+
+
+def distinct(values: Sequence[float]) -> str:
+    """``2`` when every round gave 2, ``2/3`` when rounds differ."""
+    return "/".join(f"{value:g}" for value in sorted(set(values)))
+
+
 def verdict(met: bool) -> str:
     return "MET" if met else "NOT MET"
 
@@ -170,3 +237,25 @@ def fill_defaults(
     for name in positive:
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be at least 1")
+
+
+def rounds_and_cycles(
+    prog: str, description: Optional[str], argv: Sequence[str], rounds: tuple[int, int]
+) -> argparse.Namespace:
+    """``--rounds``, ``--cycles`` and ``--quick`` of a small engine-level benchmark;
+    ``rounds`` is (quick, full), cycles are 100 (quick) or 300 per contender and round."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--rounds", type=int, help=f"rounds (default {rounds[1]})")
+    parser.add_argument("--cycles", type=int, help="acquire+release per contender and round (300)")
+    parser.add_argument("--quick", action="store_true", help=f"{rounds[0]} rounds of 100 cycles")
+    args = parser.parse_args(list(argv))
+    fill_defaults(parser, args, {"rounds": rounds, "cycles": (100, 300)}, ("rounds", "cycles"))
+    return args
+
+
+def stop_workers(group: Any, failed: bool) -> None:
+    """Stop a ``tests.celery.workers.WorkerGroup``; print its logs if the run failed."""
+    group.stop_all()
+    if failed:
+        print(group.logs(), file=sys.stderr)
+    shutil.rmtree(group.log_dir, ignore_errors=True)

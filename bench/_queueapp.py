@@ -100,12 +100,12 @@ def _batch_of(args: Any) -> Optional[str]:
     return str(args[0]) if args else None
 
 
-@task_prerun.connect
+@task_prerun.connect  # type: ignore[untyped-decorator]
 def _prerun(task_id: str = "", **_: Any) -> None:
     _started[task_id] = time.perf_counter()
 
 
-@task_postrun.connect
+@task_postrun.connect  # type: ignore[untyped-decorator]
 def _postrun(task_id: str = "", args: Any = None, **_: Any) -> None:
     started = _started.pop(task_id, None)
     batch = _batch_of(args)
@@ -117,7 +117,7 @@ def _postrun(task_id: str = "", args: Any = None, **_: Any) -> None:
     pipe.execute()
 
 
-@lock_duplicate.connect
+@lock_duplicate.connect  # type: ignore[untyped-decorator]
 def _duplicate(sender: Any = None, action: str = "", **_: Any) -> None:
     batch = _batch_of(getattr(getattr(sender, "request", None), "args", None))
     if batch is not None:

@@ -20,9 +20,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import platform
-import secrets
-import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -34,12 +31,22 @@ from redis.cluster import RedisCluster
 
 from celery_singleton_lock.testing import RedisServer
 
-from ._common import fill_defaults, median, quartiles, server_version
-from .celery import BenchError, _pkg_version
+from ._common import (
+    BenchError,
+    fill_defaults,
+    med_iqr,
+    median,
+    new_prefix,
+    server_version,
+    stop_workers,
+    versions,
+)
+from ._paired import rotated, run_rounds
 
 APP = "bench._clusterapp"
 TASK = "bench_cluster.noop"
 POLL = 0.005  # seconds between two looks at the queue
+SETTLE = 2.0  # seconds messages taken after a consumer was cancelled may take to come back
 
 
 @dataclass
@@ -85,6 +92,12 @@ def run_batch(
     with client.producer_or_acquire() as producer:
         for i in range(first_arg, first_arg + tasks):
             client.send_task(TASK, args=(i,), queue=queue, producer=producer)
+    # a worker whose consumer of this queue was cancelled while its BRPOP was waiting gets a
+    # message or two after the cancel and pushes them back ("Requeuing undeliverable
+    # message"): give them a moment to come back before counting
+    settle = time.monotonic() + SETTLE
+    while broker.llen(queue) != tasks and time.monotonic() < settle:
+        time.sleep(POLL)
     if broker.llen(queue) != tasks:
         raise BenchError(f"{target.key}: {broker.llen(queue)} queued, {tasks} sent")
     deadline = time.monotonic() + max(60.0, tasks / 20)
@@ -119,7 +132,6 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
 def report(targets: List[Target], args: argparse.Namespace, took: float) -> None:
     single, cluster = targets
     ratios = [c / s for c, s in zip(cluster.tasks_per_s, single.tasks_per_s)]
-    low, high = quartiles(ratios)
     print(
         f"\n2 workers x prefork {args.concurrency}, {args.tasks} no-op LockedTask calls (distinct "
         f"arguments) per server and round, {len(ratios)} rounds, medians over rounds"
@@ -128,10 +140,7 @@ def report(targets: List[Target], args: argparse.Namespace, took: float) -> None
     for target in targets:
         rounds = " ".join(f"{t:.0f}" for t in target.tasks_per_s)
         print(f"   {target.label:<32} {median(target.tasks_per_s):>7.0f}  {rounds}")
-    print(
-        f"   cluster / single server: {median(ratios):.3f}x [{low:.3f}..{high:.3f}] "
-        "(per-round ratios of tasks/s)"
-    )
+    print(f"   cluster / single server: {med_iqr(ratios, '.3f')}x (per-round ratios of tasks/s)")
     print(f"\ndone in {took:.1f} s")
 
 
@@ -148,11 +157,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             group = stack.enter_context(ClusterGroup.running())
             broker = broker_server.client()
             nodes = RedisCluster.from_url(group.url)
+            primaries = len(nodes.get_primaries())  # type: ignore[no-untyped-call]
             print(
-                f"cluster benchmark: redis {server_version(broker)}, python "
-                f"{platform.python_version()}, celery {_pkg_version('celery')}, redis-py "
-                f"{_pkg_version('redis')}; broker on its own redis-server; locks on one "
-                f"redis-server vs a Redis Cluster of {len(nodes.get_primaries())} primaries",
+                f"cluster benchmark: redis {server_version(broker)}, "
+                f"{versions('celery', 'redis')}; broker on its own redis-server; locks on one "
+                f"redis-server vs a Redis Cluster of {primaries} primaries",
                 flush=True,
             )
             targets = [
@@ -162,7 +171,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             # the locks themselves (``P:{name}``), not the ``:finished:`` records of acks_late
             targets[0].lock_keys = lambda: list(single.client().scan_iter("singleton-lock*}"))
             targets[1].lock_keys = lambda: list(nodes.scan_iter("singleton-lock*}"))
-            client = Celery(f"bench-{secrets.token_hex(4)}", broker=broker_server.url)
+            client = Celery(new_prefix(), broker=broker_server.url)
             client.conf.broker_connection_retry_on_startup = True
             try:
                 for target in targets:
@@ -172,10 +181,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 for target in targets:  # unmeasured: imports, connections, scripts, slot maps
                     run_batch(client, broker, target, arg, args.warmup)
                     arg += args.warmup
-                for index in range(args.rounds):
-                    order = targets[index % 2 :] + targets[: index % 2]
+
+                def measure(index: int) -> None:
+                    nonlocal arg
                     figures: Dict[str, float] = {}
-                    for target in order:
+                    for target in rotated(targets, index):
                         figures[target.key] = run_batch(client, broker, target, arg, args.tasks)
                         arg += args.tasks
                         target.tasks_per_s.append(figures[target.key])
@@ -184,6 +194,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         + ", ".join(f"{k} {v:.0f} tasks/s" for k, v in figures.items()),
                         flush=True,
                     )
+
+                run_rounds(measure, args.rounds)
                 for target in targets:
                     left = target.lock_keys()
                     if left:
@@ -192,10 +204,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 failed = sys.exc_info()[0] is not None
                 for target in targets:
                     if target.workers is not None:
-                        target.workers.stop_all()
-                        if failed:
-                            print(target.workers.logs(), file=sys.stderr)
-                        shutil.rmtree(target.workers.log_dir, ignore_errors=True)
+                        stop_workers(target.workers, failed)
                 client.close()
                 nodes.close()
     except BenchError as exc:

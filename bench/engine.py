@@ -1,9 +1,10 @@
 """Engine benchmark: acquire+release latency against a raw-Redis floor, and batched renewal.
 
 ``python -m bench engine [--quick]``. Everything runs in one process against one Redis, and
-the contenders are measured side by side: each round runs every contender once (the order
-rotates from round to round) and the figures are medians over rounds, so that a noisy,
-shared machine slows every contender alike instead of skewing one of them.
+the contenders (``bench/_contenders.py``) are measured side by side by the paired loop
+(``bench/_paired.py``): every contender once per cycle, in a random order, call by call, and
+the figures are medians over rounds, so that a noisy, shared machine slows every contender
+alike instead of skewing one of them.
 
 ``python -m bench engine --cluster [--leases N]`` measures only the renewal, on a throwaway
 Redis Cluster of 3 primaries on loopback (or the cluster of ``$REDIS_CLUSTER_URL``): one
@@ -16,31 +17,45 @@ import argparse
 import contextlib
 import gc
 import os
-import platform
-import secrets
 import sys
 import time
-from dataclasses import dataclass, field
-from importlib.metadata import PackageNotFoundError, version
-from typing import Any, Callable, Iterator, List, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import redis
 from redis.cluster import RedisCluster
 
 from celery_singleton_lock.engine import Lease, RedisLocker, Renewer
 
+from ._builds import EngineSetup
 from ._common import (
+    BenchError,
     RoundTripCounter,
     command_usec,
     counting_client,
     counting_connection_class,
     fill_defaults,
+    med_iqr,
     median,
-    quartiles,
+    new_prefix,
     redis_target,
     server_cpu_seconds,
     server_version,
     verdict,
+    versions,
+)
+from ._contenders import Contender, pick
+from ._paired import Call, Paired, paired_calls
+
+#: The contenders of part 1 (``bench/_contenders.py``), the floor first.
+KEYS = (
+    "floor",
+    "locked",
+    "locked-no-renew",
+    "redis-py",
+    "python-redis-lock",
+    "once",
+    "singleton",
 )
 
 #: Targets from the spec.
@@ -50,162 +65,36 @@ RENEW_ROUND_TRIPS_PER_TICK = 1
 MAX_TICK_MS = 50.0
 TARGET_LEASES = 10_000  # the tick target is stated for this many leases
 
-Cycle = Callable[[], None]
-
-
-class BenchError(RuntimeError):
-    """A contender did not do what was measured (e.g. failed to acquire a free lock)."""
-
-
-def _pkg_version(name: str) -> str:
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return "not installed"
-
-
-# -- contenders: each builds a zero-argument function running one acquire + release ----------
-
-
-def floor_cycle(client: redis.Redis, prefix: str, ttl: float) -> Cycle:
-    """Raw ``SET NX PX`` then ``DEL``, each waiting for its reply, on one connection kept out
-    of the pool (as the engine keeps its own): the least any lock can do in 2 round trips."""
-    key = f"{prefix}:floor"
-    ttl_ms = str(int(ttl * 1000))
-    connection = client.connection_pool.get_connection()
-    token_hex = secrets.token_hex
-
-    def cycle() -> None:
-        connection.send_command("SET", key, token_hex(16), "NX", "PX", ttl_ms)
-        if connection.read_response() is None:
-            raise BenchError(f"floor: SET NX on free key {key} failed")
-        connection.send_command("DEL", key)
-        connection.read_response()
-
-    return cycle
-
-
-def engine_cycle(client: redis.Redis, prefix: str, ttl: float, *, renew: bool) -> Cycle:
-    locker = RedisLocker(client, prefix=f"{prefix}-engine", renewer=Renewer(autostart=False))
-    name = "renew" if renew else "no-renew"
-
-    def cycle() -> None:
-        lease = locker.try_acquire(name, ttl=ttl, renew=renew)
-        if not isinstance(lease, Lease):
-            raise BenchError(f"engine: lock {name} held by {lease}")
-        if not lease.release():
-            raise BenchError(f"engine: release of {name} found it no longer ours")
-
-    return cycle
-
-
-def redis_py_cycle(client: redis.Redis, prefix: str, ttl: float) -> Cycle:
-    name = f"{prefix}:redis-py"
-
-    def cycle() -> None:
-        lock = client.lock(name, timeout=ttl)
-        if not lock.acquire(blocking=False):
-            raise BenchError(f"redis-py Lock: free lock {name} not acquired")
-        lock.release()  # raises LockNotOwnedError if it was not ours
-
-    return cycle
-
-
-def python_redis_lock_cycle(client: redis.Redis, prefix: str, ttl: float) -> Cycle:
-    import redis_lock
-
-    name = f"{prefix}:python-redis-lock"
-    expire = max(1, int(ttl))
-
-    def cycle() -> None:
-        lock = redis_lock.Lock(client, name, expire=expire)
-        if not lock.acquire(blocking=False):
-            raise BenchError(f"python-redis-lock: free lock {name} not acquired")
-        lock.release()  # raises NotAcquired if it was not ours
-
-    return cycle
-
-
-@dataclass
-class Contender:
-    key: str
-    label: str
-    build: Callable[[redis.Redis, str, float], Cycle]
-    available: bool = True
-    #: filled in by the benchmark, one entry per round (microseconds per cycle)
-    wall_us: List[float] = field(default_factory=list)
-    cpu_us: List[float] = field(default_factory=list)
-    server_us: List[float] = field(default_factory=list)
-    ratios: List[float] = field(default_factory=list)
-    sent_per_cycle: Optional[List[str]] = None
-    round_trips: float = 0.0
-
-
-def contenders() -> List[Contender]:
-    try:
-        import redis_lock  # noqa: F401
-
-        have_prl = True
-    except ImportError:
-        have_prl = False
-    return [
-        Contender("floor", "floor: SET NX PX + DEL", floor_cycle),
-        Contender(
-            "engine",
-            "engine: try_acquire + release (renew=True)",
-            lambda c, p, t: engine_cycle(c, p, t, renew=True),
-        ),
-        Contender(
-            "engine-no-renew",
-            "engine: try_acquire + release (renew=False)",
-            lambda c, p, t: engine_cycle(c, p, t, renew=False),
-        ),
-        Contender("redis-py", "redis-py Lock: acquire + release", redis_py_cycle),
-        Contender(
-            "python-redis-lock",
-            "python-redis-lock: acquire + release",
-            python_redis_lock_cycle,
-            available=have_prl,
-        ),
-    ]
-
 
 # -- 1. acquire + release latency --------------------------------------------------------------
 
 
-def timed(cycle: Cycle, cycles: int, info: redis.Redis) -> tuple[float, float, Optional[float]]:
-    """Wall, client CPU and server CPU microseconds per cycle over ``cycles`` runs.
+@dataclass
+class Cost:
+    """What one acquire + release of a contender sends, and costs the server."""
 
-    GC is paused while timing, as timeit does. Server CPU comes from INFO cpu, read outside
-    the timed loop.
-    """
-    gc.collect()
-    server_start = server_cpu_seconds(info)
-    gc.disable()
-    try:
-        cpu_start, wall_start = time.process_time(), time.perf_counter()
-        for _ in range(cycles):
-            cycle()
-        wall, cpu = time.perf_counter() - wall_start, time.process_time() - cpu_start
-    finally:
-        gc.enable()
-    server_end = server_cpu_seconds(info)
-    server = None
-    if server_start is not None and server_end is not None:
-        server = (server_end - server_start) / cycles * 1e6
-    return wall / cycles * 1e6, cpu / cycles * 1e6, server
+    round_trips: float
+    sent_per_cycle: Optional[List[str]]  # None: not the same every cycle
+    server_us: Optional[float]
 
 
-def count_round_trips(contender: Contender, cycle: Cycle, counter: RoundTripCounter) -> None:
+def cost_of(counted: Call, timing: Call, counter: RoundTripCounter, info: redis.Redis) -> Cost:
+    """Requests sent by 10 cycles on a counting client; server CPU of 300 cycles of this
+    contender alone (``INFO cpu`` cannot tell apart contenders that alternate call by call)."""
     samples = 10
-    cycle()  # connects and loads scripts: not counted
+    counted(0)  # connects and loads scripts: not counted
     counter.reset()
-    for _ in range(samples):
-        cycle()
+    for i in range(samples):
+        counted(i)
     sent = list(counter.sent)
-    contender.round_trips = len(sent) / samples
     one = sent[: len(sent) // samples]
-    contender.sent_per_cycle = one if one * samples == sent else None
+    cycles = 300
+    before = server_cpu_seconds(info)
+    for i in range(cycles):
+        timing(i)
+    after = server_cpu_seconds(info)
+    server = None if before is None or after is None else (after - before) / cycles * 1e6
+    return Cost(len(sent) / samples, one if one * samples == sent else None, server)
 
 
 def bench_cycles(
@@ -217,55 +106,56 @@ def bench_cycles(
     rounds: int,
     cycles: int,
     ttl: float,
-) -> List[Contender]:
-    entries = [c for c in contenders() if c.available]  # the floor comes first
-    # Timing uses a plain client; the counting client is only used to count round trips.
-    timing = [c.build(plain, prefix, ttl) for c in entries]
-    for contender in entries:
-        count_round_trips(contender, contender.build(counted, prefix, ttl), counter)
-    for cycle in timing:  # warm-up: connections, script cache, CPU caches
-        timed(cycle, max(50, cycles // 5), plain)
-    for round_no in range(rounds):
-        shift = round_no % len(entries)
-        for index in list(range(shift, len(entries))) + list(range(shift)):
-            wall, cpu, server = timed(timing[index], cycles, plain)
-            entries[index].wall_us.append(wall)
-            entries[index].cpu_us.append(cpu)
-            if server is not None:
-                entries[index].server_us.append(server)
-        floor = entries[0].wall_us[-1]
-        for contender in entries:
-            contender.ratios.append(contender.wall_us[-1] / floor)
-    return entries
+) -> Tuple[Paired, List[Contender], Dict[str, Cost]]:
+    usable = [c for c in pick(KEYS, "engine") if not c.missing()]
+    calls: Dict[str, Call] = {}
+    costs: Dict[str, Cost] = {}
+    for c in usable:
+        assert c.engine is not None
+        name = f"{prefix}:{c.key}"
+        # timing uses a plain client; the counting client only counts round trips
+        calls[c.key] = c.engine(EngineSetup(plain, prefix, ttl), name)
+        counting = c.engine(EngineSetup(counted, prefix, ttl), name)
+        costs[c.key] = cost_of(counting, calls[c.key], counter, plain)
+    keys = [c.key for c in usable]
+    paired = paired_calls(
+        keys, [calls[k] for k in keys], rounds=rounds, cycles=cycles, warmup=max(50, cycles // 5)
+    )
+    return paired, usable, costs
 
 
-def print_cycles(entries: List[Contender], rounds: int, cycles: int, ttl: float) -> None:
+def print_cycles(
+    paired: Paired, usable: List[Contender], costs: Dict[str, Cost], cycles: int, ttl: float
+) -> None:
+    kept, total = paired.kept("wall")
     print(
-        f"\n1. acquire + release of a free lock (ttl {ttl:g} s), {rounds} rounds x {cycles} "
-        "cycles per contender, interleaved, order rotated each round"
+        f"\n1. acquire + release of a free lock (ttl {ttl:g} s), {len(paired.rounds)} rounds x "
+        f"{cycles} cycles, every contender once per cycle\n   in a random order (alternated "
+        f"call by call), {kept}/{total} cycles kept"
     )
     print(
-        f"   {'contender':<44} {'us/cycle':>8} {'best':>6} {'x floor':>7} {'(IQR)':>11} "
+        f"   {'contender':<44} {'us/cycle':>8} {'best':>6} {'x floor [IQR]':>19} "
         f"{'client CPU':>10} {'server CPU':>10} {'round trips':>11}  sent per cycle"
     )
-    for c in entries:
-        q1, q3 = quartiles(c.ratios)
-        server = f"{median(c.server_us):.1f}" if c.server_us else "n/a"
-        sent = " + ".join(c.sent_per_cycle) if c.sent_per_cycle is not None else "varies"
+    for c in usable:
+        cost, wall = costs[c.key], paired.values("wall", c.key)
+        server = f"{cost.server_us:.1f}" if cost.server_us is not None else "n/a"
+        sent = " + ".join(cost.sent_per_cycle) if cost.sent_per_cycle is not None else "varies"
         print(
-            f"   {c.label:<44} {median(c.wall_us):>8.1f} {min(c.wall_us):>6.1f} "
-            f"{median(c.ratios):>6.2f}x "
-            f"{f'({q1:.2f}-{q3:.2f})':>11} {median(c.cpu_us):>10.1f} {server:>10} "
-            f"{c.round_trips:>11g}  {sent}"
+            f"   {c.engine_label:<44} {median(wall):>8.1f} {min(wall):>6.1f} "
+            f"{med_iqr(paired.ratios('wall', c.key, 'floor'), '.2f'):>19} "
+            f"{median(paired.values('cpu', c.key)):>10.1f} {server:>10} "
+            f"{cost.round_trips:>11g}  {sent}"
         )
-    for c in contenders():
-        if not c.available:
-            print(f"   {c.label:<44} skipped: not installed (pip install -e '.[bench]')")
+    for c in pick(KEYS, "engine"):
+        if c.missing():
+            print(f"   {c.engine_label:<44} skipped: {c.missing()} (pip install -e '.[bench]')")
     print(
-        "   per cycle, median over rounds (best: fastest round); x floor: median of the per-round "
-        "ratios of wall time,\n   the figure to trust on a noisy machine (IQR: their quartiles); "
-        "client CPU: this process; server CPU:\n   INFO cpu of redis-server; round trips: "
-        "requests sent, connection handshake excluded"
+        "   per cycle, mean over kept cycles, median over rounds (best: fastest round); x floor: "
+        "median of the per-round\n   ratios of wall time, the figure to trust on a noisy "
+        "machine [IQR: their quartiles]; client CPU: this\n   process; server CPU: INFO cpu of "
+        "redis-server, 300 cycles of the contender alone; round trips: requests\n   sent, "
+        "connection handshake excluded"
     )
 
 
@@ -332,7 +222,7 @@ def evalsha_usec(client: Any) -> Optional[int]:
     if not isinstance(client, RedisCluster):
         return command_usec(client, "evalsha")
     total = 0
-    for node in client.get_primaries():
+    for node in client.get_primaries():  # type: ignore[no-untyped-call]
         usec = command_usec(client.get_redis_connection(node), "evalsha")
         if usec is None:
             return None
@@ -461,34 +351,46 @@ def cluster_url() -> Iterator[str]:
         yield group.url
 
 
+@contextlib.contextmanager
+def clients(url: str, cluster: bool) -> Iterator[Tuple[Any, Any, RoundTripCounter]]:
+    """A plain client of ``url`` (timing) and one counting its requests into the counter."""
+    counter = RoundTripCounter()
+    if cluster:
+        connection_class = counting_connection_class(url, counter)
+        plain: Any = RedisCluster.from_url(url)
+        counted: Any = RedisCluster.from_url(url, connection_class=connection_class)
+    else:
+        plain, counted = redis.Redis.from_url(url), counting_client(url, counter)
+    try:
+        yield plain, counted, counter
+    finally:
+        plain.close()
+        counted.close()
+
+
 def main_cluster(args: argparse.Namespace) -> int:
     """Renewal of ``args.leases`` leases on a Redis Cluster: ms and round trips per tick."""
-    prefix = f"bench-{secrets.token_hex(4)}"
-    with cluster_url() as url:
-        counter = RoundTripCounter()
-        plain = RedisCluster.from_url(url)
-        counted = RedisCluster.from_url(
-            url, connection_class=counting_connection_class(url, counter)
+    with cluster_url() as url, clients(url, cluster=True) as (plain, counted, counter):
+        primaries = plain.get_primaries()
+        print(
+            f"engine benchmark on a Redis Cluster of {len(primaries)} primaries (redis "
+            f"{server_version(plain.get_redis_connection(primaries[0]))}), {versions('redis')}"
         )
-        try:
-            primaries = len(plain.get_primaries())
-            print(
-                f"engine benchmark on a Redis Cluster of {primaries} primaries "
-                f"(redis {server_version(plain.get_redis_connection(plain.get_primaries()[0]))}), "
-                f"python {platform.python_version()}, redis-py {_pkg_version('redis')}"
-            )
-            renewal = bench_renewal(
-                plain, counted, counter, prefix, leases=args.leases, ticks=args.ticks, ttl=args.ttl
-            )
-            print_renewal(renewal)
-        finally:
-            plain.close()
-            counted.close()
+        renewal = bench_renewal(
+            plain,
+            counted,
+            counter,
+            new_prefix(),
+            leases=args.leases,
+            ticks=args.ticks,
+            ttl=args.ttl,
+        )
+        print_renewal(renewal)
     ticks = renewal.ticks
     trips = max(len(t.sent) for t in ticks)
     print(
-        f"verdicts: renewal {trips} round trip(s)/tick (<= {primaries} primaries) "
-        f"{verdict(trips <= primaries)}; renewal {median([t.wall_ms for t in ticks]):.1f} "
+        f"verdicts: renewal {trips} round trip(s)/tick (<= {len(primaries)} primaries) "
+        f"{verdict(trips <= len(primaries))}; renewal {median([t.wall_ms for t in ticks]):.1f} "
         f"ms/tick for {renewal.leases} leases; every lease renewed every tick "
         f"{verdict(all(t.renewed == renewal.leases for t in ticks))}"
     )
@@ -500,18 +402,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.cluster:
         return main_cluster(args)
     started = time.perf_counter()
-    prefix = f"bench-{secrets.token_hex(4)}"  # never collides with another run or real keys
-    with redis_target() as target:
-        plain = redis.Redis.from_url(target.url)
-        counter = RoundTripCounter()
-        counted = counting_client(target.url, counter)
-        try:
+    prefix = new_prefix()
+    try:
+        with redis_target() as target, clients(target.url, False) as (plain, counted, counter):
             print(
                 f"engine benchmark: redis {server_version(plain)} ({target.description}), "
-                f"python {platform.python_version()}, redis-py {_pkg_version('redis')}, "
-                f"python-redis-lock {_pkg_version('python-redis-lock')}"
+                + versions("redis", "python-redis-lock", "celery-once", "celery-singleton")
             )
-            entries = bench_cycles(
+            paired, usable, costs = bench_cycles(
                 plain,
                 counted,
                 counter,
@@ -520,23 +418,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 cycles=args.cycles,
                 ttl=args.ttl,
             )
-            print_cycles(entries, args.rounds, args.cycles, args.ttl)
+            print_cycles(paired, usable, costs, args.cycles, args.ttl)
             renewal = bench_renewal(
-                plain,
-                counted,
-                counter,
-                prefix,
-                leases=args.leases,
-                ticks=args.ticks,
-                ttl=args.ttl,
+                plain, counted, counter, prefix, leases=args.leases, ticks=args.ticks, ttl=args.ttl
             )
             print_renewal(renewal)
-        finally:
-            plain.close()
-            counted.connection_pool.disconnect()
-
-    engine = next(c for c in entries if c.key == "engine")
-    ratio = median(engine.ratios)
+    except BenchError as exc:
+        print(f"engine benchmark FAILED: {exc}", file=sys.stderr)
+        return 1
+    ratio = median(paired.ratios("wall", "locked", "floor"))
+    engine_trips = costs["locked"].round_trips
     ticks = renewal.ticks
     tick_trips = sorted({len(t.sent) for t in ticks})
     one_trip = tick_trips == [RENEW_ROUND_TRIPS_PER_TICK] and all(
@@ -549,8 +440,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "verdicts: "
         f"engine acquire+release {ratio:.2f}x floor (<= {MAX_RATIO_TO_FLOOR}x) "
         f"{verdict(ratio <= MAX_RATIO_TO_FLOOR)}; "
-        f"engine {engine.round_trips:g} round trips/cycle (= {ENGINE_ROUND_TRIPS_PER_CYCLE}) "
-        f"{verdict(engine.round_trips == ENGINE_ROUND_TRIPS_PER_CYCLE)}; "
+        f"engine {engine_trips:g} round trips/cycle (= {ENGINE_ROUND_TRIPS_PER_CYCLE}) "
+        f"{verdict(engine_trips == ENGINE_ROUND_TRIPS_PER_CYCLE)}; "
         f"renewal {'/'.join(map(str, tick_trips))} round trip(s)/tick "
         f"(= {RENEW_ROUND_TRIPS_PER_TICK} EVALSHA) {verdict(one_trip)}; "
         f"renewal {tick_ms:.1f} ms/tick for {renewal.leases} leases (<= {MAX_TICK_MS:g} ms"

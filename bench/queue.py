@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import platform
 import secrets
-import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -41,8 +39,18 @@ from celery import Celery
 
 from celery_singleton_lock.testing import RedisServer
 
-from ._common import fill_defaults, median, quartiles, server_version
-from .celery import BenchError, _pkg_version
+from ._common import (
+    BenchError,
+    fill_defaults,
+    med_iqr,
+    median,
+    new_prefix,
+    server_version,
+    stop_workers,
+    text,
+    versions,
+)
+from ._paired import rotated, run_rounds
 
 APP = "bench._queueapp"
 POLL = 0.01  # seconds between two looks at the records
@@ -144,7 +152,7 @@ def run_batch(
     time.sleep(0.2)  # the last executions' task_postrun records
     starts, ends, body_time, in_order = [], [], 0.0, 0
     for key in keys:
-        runs = [r.decode().split("|") for r in store.lrange(f"qb:{batch}:runs:{key}", 0, -1)]
+        runs = [text(r).split("|") for r in store.lrange(f"qb:{batch}:runs:{key}", 0, -1)]
         indices = [int(run[0]) for run in runs]
         if sorted(indices) != list(range(scenario.calls)):
             raise BenchError(f"{policy.key}: key {key} ran {sorted(indices)}, not each call once")
@@ -156,7 +164,7 @@ def run_batch(
     if overlaps:
         raise BenchError(f"{policy.key}: {overlaps} bodies started while another of their key ran")
     total = max(ends)
-    duplicates = {k.decode(): int(v) for k, v in store.hgetall(f"qb:{batch}:duplicates").items()}
+    duplicates = {text(k): int(v) for k, v in store.hgetall(f"qb:{batch}:duplicates").items()}
     batch_keys = list(store.scan_iter(f"qb:{batch}:*", count=1000))
     slot = float(store.get(f"qb:{batch}:slot") or 0)
     executions = int(store.get(f"qb:{batch}:executions") or 0)
@@ -220,9 +228,7 @@ def report(results: Dict[Scenario, List[Result]], args: argparse.Namespace, took
             b = result.batches
             total = median([x.total for x in b])
             if queue is not None and queue.batches:
-                ratios = [x.total / q.total for x, q in zip(b, queue.batches)]
-                low, high = quartiles(ratios)
-                vs_queue = f"{median(ratios):.2f} [{low:.2f}..{high:.2f}]"
+                vs_queue = med_iqr([x.total / q.total for x, q in zip(b, queue.batches)], ".2f")
             else:
                 vs_queue = "-"
             line = (
@@ -263,10 +269,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             lock_server = stack.enter_context(RedisServer.running())
             store = lock_server.client()
             print(
-                f"queue benchmark: redis {server_version(store)}, python "
-                f"{platform.python_version()}, celery {_pkg_version('celery')}, redis-py "
-                f"{_pkg_version('redis')}; broker and locks on throwaway redis-servers of their "
-                "own",
+                f"queue benchmark: redis {server_version(store)}, "
+                f"{versions('celery', 'redis')}; broker and locks on throwaway redis-servers of "
+                "their own",
                 flush=True,
             )
             servers = Servers(
@@ -274,32 +279,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             )
             group = WorkerGroup(servers)
             queue = unique("queuebench")
-            client = Celery(f"bench-{secrets.token_hex(4)}", broker=broker_server.url)
+            client = Celery(new_prefix(), broker=broker_server.url)
             client.conf.broker_connection_retry_on_startup = True
+
+            def measure(index: int) -> None:
+                for scenario in SCENARIOS:
+                    figures = []
+                    for result in rotated(results[scenario], index):
+                        batch = run_batch(client, store, queue, result.policy, scenario)
+                        result.batches.append(batch)
+                        figures.append(f"{result.policy.label} {batch.total:.2f} s")
+                    print(
+                        f"   round {index + 1}/{args.rounds}, {scenario.label}: "
+                        + ", ".join(figures),
+                        flush=True,
+                    )
+
             try:
                 group.start(1, queue=queue, pool="prefork", concurrency=args.concurrency, app=APP)
                 for policy in policies:  # unmeasured: imports, connections, scripts
                     run_batch(client, store, queue, policy, Scenario(1, 4, 0.01))
-                for index in range(args.rounds):
-                    for scenario in SCENARIOS:
-                        shift = index % len(policies)
-                        order = results[scenario][shift:] + results[scenario][:shift]
-                        figures = []
-                        for result in order:
-                            batch = run_batch(client, store, queue, result.policy, scenario)
-                            result.batches.append(batch)
-                            figures.append(f"{result.policy.label} {batch.total:.2f} s")
-                        print(
-                            f"   round {index + 1}/{args.rounds}, {scenario.label}: "
-                            + ", ".join(figures),
-                            flush=True,
-                        )
+                run_rounds(measure, args.rounds)
             finally:
-                failed = sys.exc_info()[0] is not None
-                group.stop_all()
-                if failed:
-                    print(group.logs(), file=sys.stderr)
-                shutil.rmtree(group.log_dir, ignore_errors=True)
+                stop_workers(group, failed=sys.exc_info()[0] is not None)
                 client.close()
     except BenchError as exc:
         print(f"queue benchmark FAILED: {exc}", file=sys.stderr)

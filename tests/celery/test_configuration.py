@@ -110,6 +110,25 @@ def test_misspelt_setting_error_suggests_the_setting_meant(app: Celery) -> None:
         check_configuration(app)
 
 
+# celery-singleton's settings (its celery_singleton.config.Config)
+CELERY_SINGLETON_SETTINGS = (
+    "singleton_lock_expiry",
+    "singleton_backend_url",
+    "singleton_backend_class",
+    "singleton_backend_kwargs",
+    "singleton_key_prefix",
+    "singleton_raise_on_duplicate",
+    "singleton_json_encoder_class",
+)
+
+
+@pytest.mark.parametrize("setting", CELERY_SINGLETON_SETTINGS)
+def test_celery_singleton_setting_is_not_taken_for_a_misspelling(app: Celery, setting: str) -> None:
+    register(app)
+    app.conf[setting] = "value of celery-singleton's"
+    check_configuration(app)
+
+
 def test_valid_configuration_passes_the_worker_start_check(app: Celery) -> None:
     register(app)
     app.conf.singleton_lock_ttl = 5
@@ -140,3 +159,68 @@ def test_invalid_min_replicas_fails_at_registration(app: Celery, replicas: Any) 
 def test_invalid_min_replicas_timeout_fails_at_registration(app: Celery, timeout: Any) -> None:
     with pytest.raises(LockConfigurationError, match=r"billing\.job.*lock_min_replicas_timeout"):
         register(app, lock_min_replicas_timeout=timeout)
+
+
+# -- task options checked like settings -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("typo", "meant"),
+    [
+        ("lock_tll", "lock_ttl"),
+        ("on_duplicat", "on_duplicate"),
+        ("dedupe_on_enqueu", "dedupe_on_enqueue"),
+        ("lock_max_retry", "lock_max_retries"),
+        ("dedup_on_enqueue", "dedupe_on_enqueue"),
+    ],
+)
+def test_misspelt_task_option_fails_at_registration_naming_the_option_meant(
+    app: Celery, typo: str, meant: str
+) -> None:
+    with pytest.raises(
+        LockConfigurationError, match=rf"task billing\.job: .*{typo} \(did you mean {meant}\?\)"
+    ):
+        register(app, **{typo: 5})
+
+
+def test_misspelt_task_option_holding_a_callable_fails_at_registration(app: Celery) -> None:
+    with pytest.raises(LockConfigurationError, match=r"lock_kye \(did you mean lock_key\?\)"):
+        register(app, lock_kye=lambda account_id, cents=0: str(account_id))
+
+
+def test_misspelt_option_of_a_class_based_task_fails_at_registration(app: Celery) -> None:
+    class Rebuild(LockedTask):  # type: ignore[misc]
+        name = "billing.rebuild"
+        lock_tll = 5
+
+        def run(self, account_id: int) -> None:
+            return None
+
+    with pytest.raises(LockConfigurationError, match=r"task billing\.rebuild: .*lock_tll"):
+        app.register_task(Rebuild())
+
+
+def test_method_of_a_class_based_task_named_like_an_option_is_left_alone(app: Celery) -> None:
+    class Rebuild(LockedTask):  # type: ignore[misc]
+        name = "billing.rebuild"
+
+        def lock_description(self) -> str:
+            return "rebuild"
+
+        def run(self, account_id: int) -> None:
+            return None
+
+    assert app.register_task(Rebuild()).lock_options.ttl == 15.0
+
+
+def test_misspelt_option_of_a_class_based_task_fails_at_worker_start(app: Celery) -> None:
+    class Rebuild(LockedTask):  # type: ignore[misc]
+        name = "billing.rebuild"
+
+        def run(self, account_id: int) -> None:
+            return None
+
+    app.register_task(Rebuild())
+    Rebuild.lock_tll = 5  # after registration: only the worker-start check sees it
+    with pytest.raises(LockConfigurationError, match=r"task billing\.rebuild: .*lock_tll"):
+        check_configuration(app)

@@ -156,6 +156,18 @@ INVALID = {
         ),
         words=("task billing.queued", "on_duplicate='queue'", "Redis Cluster"),
     ),
+    # registered without being bound (Celery's registry binds nothing): the check sees it
+    "misspelt option of a class-based task": Invalid(
+        after=(
+            "class Rebuild(LockedTask):\n"
+            '    name = "billing.rebuild"\n'
+            "    lock_tll = 5\n\n"
+            "    def run(self, account_id: int) -> None:\n"
+            "        return None\n\n"
+            "app.tasks.register(Rebuild())"
+        ),
+        words=("task billing.rebuild", "lock_tll (did you mean lock_ttl?)"),
+    ),
     # finalize(): the task is bound (its options validated) before the setting changes
     "option set after registration": Invalid(
         after="app.finalize()\napp.conf.singleton_lock_ttl = -1",
@@ -169,6 +181,15 @@ INVALID = {
     "option set before the app is finalized": Invalid(
         after="app.conf.singleton_lock_ttl = -1",
         words=("task billing.transfer", "lock_ttl=-1"),
+        at_check=False,
+    ),
+    "misspelt task option": Invalid(
+        after=(
+            '@app.task(base=LockedTask, name="billing.typo", lock_tll=5)\n'
+            "def typo(account_id: int) -> None:\n"
+            "    return None"
+        ),
+        words=("task billing.typo", "lock_tll (did you mean lock_ttl?)"),
         at_check=False,
     ),
     "bad prefix": Invalid(

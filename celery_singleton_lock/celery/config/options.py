@@ -6,7 +6,10 @@ start, so a bad option fails there with the task's name, not on the thousandth c
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, NamedTuple, Optional
 
@@ -183,6 +186,26 @@ APP_SETTINGS: dict[str, Option] = {
 
 KNOWN_SETTINGS = frozenset(APP_SETTINGS) | {option.setting for option in TASK_OPTIONS.values()}
 
+#: celery-singleton's settings (its ``Config``), which an app migrating from it, or using it
+#: beside this package, carries: ``singleton_lock_expiry`` shares our ``singleton_lock_``
+#: prefix but is not a misspelling of ours, and is never reported as one.
+CELERY_SINGLETON_SETTINGS = frozenset(
+    {
+        "singleton_lock_expiry",
+        "singleton_backend_url",
+        "singleton_backend_class",
+        "singleton_backend_kwargs",
+        "singleton_key_prefix",
+        "singleton_raise_on_duplicate",
+        "singleton_json_encoder_class",
+    }
+)
+
+#: What a lock option of a task looks like; such an attribute that no class of this package
+#: declares is taken for a misspelt option (:func:`check_option_names`).
+LOCK_OPTION_NAME = re.compile(r"lock_|on_dup|dedup")
+_OURS = "celery_singleton_lock."
+
 
 class Unset:
     """Marks a task attribute left to the app setting (None is a meaningful value)."""
@@ -225,6 +248,58 @@ class LockOptions:
     queued_ttl: float = 3600.0
     #: policy ``queue``: seconds a lock handed to a parked message stays reserved for it
     handoff_timeout: float = 60.0
+
+
+def check_option_names(task_name: str, cls: type) -> None:
+    """Refuse a lock-looking attribute of the task class ``cls`` that is no option.
+
+    ``@app.task(base=LockedTask, lock_tll=5)`` makes ``lock_tll`` a class attribute that
+    nothing reads: the task would run with the default TTL. Known names are those the classes
+    of this package declare (``LockedTask``, the ``compat`` bases). In a class Celery built
+    from ``@app.task`` options every attribute is an option; in a hand-written subclass a
+    method or property is its own code, not an option, and is left alone.
+
+    Raises:
+        LockConfigurationError: naming the task, each unknown option and the closest known one.
+    """
+    known: dict[str, bool] = {}  # name -> is an option (not code)
+    for klass in cls.__mro__:
+        if klass.__module__.startswith(_OURS):
+            for name, value in vars(klass).items():
+                known.setdefault(
+                    name, LOCK_OPTION_NAME.match(name) is not None and not _is_code(value)
+                )
+    unknown: list[str] = []
+    for klass in cls.__mro__:
+        if klass.__module__.startswith(_OURS) or klass is object:
+            continue
+        from_options = bool(vars(klass).get("_decorated"))  # built by @app.task from options
+        unknown += [
+            name
+            for name, value in vars(klass).items()
+            if LOCK_OPTION_NAME.match(name)
+            and name not in known
+            and name not in unknown
+            and (from_options or not _is_code(value))
+        ]
+    if unknown:
+        options = sorted(name for name, is_option in known.items() if is_option)
+        raise LockConfigurationError(
+            f"task {task_name}: unknown option(s) "
+            + ", ".join(suggest(name, options) for name in sorted(unknown))
+            + "; the lock options are the lock_*, on_duplicate and dedupe_* attributes of "
+            "LockedTask"
+        )
+
+
+def _is_code(value: Any) -> bool:
+    return inspect.isroutine(value) or isinstance(value, (property, classmethod, staticmethod))
+
+
+def suggest(name: str, known: list[str]) -> str:
+    """``name``, with the closest of ``known`` if one is close (for a misspelt name)."""
+    close = difflib.get_close_matches(name, known, n=1)
+    return f"{name} (did you mean {close[0]}?)" if close else name
 
 
 def _number(task: str, name: str, value: Any, low: float, high: float) -> float:
@@ -321,9 +396,14 @@ def lock_prefix(conf: Mapping[str, Any]) -> Any:
 
 
 def unknown_settings(conf: Mapping[str, Any]) -> list[str]:
-    """``singleton_lock_*`` keys in ``conf`` that this package does not know (typos)."""
+    """``singleton_lock_*`` keys in ``conf`` that this package does not know (typos); those
+    of celery-singleton are not ours to judge (:data:`CELERY_SINGLETON_SETTINGS`)."""
     return sorted(
-        key for key in conf if key.startswith("singleton_lock_") and key not in KNOWN_SETTINGS
+        key
+        for key in conf
+        if key.startswith("singleton_lock_")
+        and key not in KNOWN_SETTINGS
+        and key not in CELERY_SINGLETON_SETTINGS
     )
 
 

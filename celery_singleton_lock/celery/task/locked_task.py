@@ -19,6 +19,7 @@ from celery_singleton_lock.celery.config.options import (
     TASK_OPTIONS,
     UNSET,
     LockOptions,
+    check_option_names,
     resolve,
 )
 from celery_singleton_lock.celery.duplicates import enqueue, policies
@@ -132,6 +133,7 @@ class LockedTask(Task):  # type: ignore[misc]
 
     @classmethod
     def _resolve_options(cls, app: Any, name: str) -> LockOptions:
+        check_option_names(name, cls)
         run = inspect.getattr_static(cls, "run")
         func = run.__func__ if isinstance(run, staticmethod) else run
         return resolve(

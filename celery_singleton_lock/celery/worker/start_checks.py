@@ -17,7 +17,6 @@ anything starts, and an exception raised there is not caught: it ends the worker
 
 from __future__ import annotations
 
-import difflib
 import logging
 import os
 from typing import Any, Optional
@@ -32,6 +31,7 @@ from celery_singleton_lock.celery.config.lockers import locker_for
 from celery_singleton_lock.celery.config.options import (
     KNOWN_SETTINGS,
     lock_prefix,
+    suggest,
     unknown_settings,
 )
 from celery_singleton_lock.celery.config.quorum_settings import quorum_urls
@@ -70,7 +70,7 @@ def check_configuration(app: Any) -> None:
     if typos:
         raise LockConfigurationError(
             "unknown setting(s) "
-            + ", ".join(_with_suggestion(typo) for typo in typos)
+            + ", ".join(suggest(typo, sorted(KNOWN_SETTINGS)) for typo in typos)
             + "; the settings are listed in celery_singleton_lock.celery.config.options"
         )
     choose_url(app.conf)  # raises on a lock URL that is not Redis
@@ -101,11 +101,6 @@ def check_handoff_support(app: Any) -> None:
         )
 
 
-def _with_suggestion(typo: str) -> str:
-    close = difflib.get_close_matches(typo, sorted(KNOWN_SETTINGS), n=1)
-    return f"{typo} (did you mean {close[0]}?)" if close else typo
-
-
 class ConfigurationCheck(bootsteps.Step):  # type: ignore[misc]
     """Worker bootstep that refuses to start a worker whose lock configuration is invalid."""
 
@@ -113,6 +108,8 @@ class ConfigurationCheck(bootsteps.Step):  # type: ignore[misc]
 
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)
+        if not locked_tasks(parent.app):
+            return  # an app that takes no locks is not ours to check (see .wiring)
         try:
             check_configuration(parent.app)
         except LockConfigurationError as exc:
@@ -206,8 +203,10 @@ def _text(value: Any) -> str:
 
 def report_lock_server(app: Any) -> None:
     """Log which server holds the locks, and whether it may evict them (``worker_ready``)."""
-    url, source = choose_url(app.conf)
     tasks = locked_tasks(app)
+    if not tasks:
+        return  # an app that takes no locks is not ours to report on (see .wiring)
+    url, source = choose_url(app.conf)
     log.info(
         "singleton locks on %s (from %s), prefix %r, %d locked task(s)",
         redact(url),
@@ -215,8 +214,6 @@ def report_lock_server(app: Any) -> None:
         lock_prefix(app.conf),
         len(tasks),
     )
-    if not tasks:
-        return  # an app that takes no locks need not reach (or have) a lock server
     for server in quorum_urls(url) or [url]:  # each server of a Redlock quorum
         report_eviction_policy(app, server, source)
 

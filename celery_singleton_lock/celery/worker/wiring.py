@@ -10,6 +10,14 @@
   it, the lock is handed to the next parked call at once.
 * ``worker_init``: a worker with an invalid lock configuration will not start;
   ``worker_ready``: log the lock server and warn if it may evict locks (see :mod:`.start_checks`).
+
+Every ``celery`` process imports this module (the ``celery locks`` command is a
+``celery.commands`` entry point), so these receivers are connected for every app, ours or not.
+Each one is a no-op for an app with no ``LockedTask``: no bootstep, no check, no thread, no
+log line, no connection. No opt-in setting is needed: a worker runs only the tasks registered
+by the time it starts (Celery imports the ``-A`` module, ``imports``/``include`` and the
+autodiscovered modules, then finalizes the app, before ``worker_init``), so the registry says
+whether it will take locks.
 * ``worker_ready`` with tasks of policy ``queue``: start the hand-off sweeper in the main
   process (see :mod:`.handoff_sweeper`); ``worker_shutdown`` stops it.
 * ``worker_process_shutdown`` / ``worker_shutdown``: release whatever this process holds.
@@ -92,6 +100,12 @@ def _prepare_worker_start(sender: Any = None, **_: Any) -> None:
     global _node_name
     app = getattr(sender, "app", None)
     if app is None:
+        return
+    # Finalized (``celery worker`` finalizes the app before worker_init): its tasks are known,
+    # and an app with no locked task is left alone. Not yet finalized (a WorkController
+    # built in code): finalizing here would swallow a task's configuration error (Celery
+    # logs what a receiver raises), so the bootstep decides, where errors stop the worker.
+    if app.finalized and not locked_tasks(app):
         return
     _node_name = getattr(sender, "hostname", None) or _node_name
     install_configuration_check(app)

@@ -207,6 +207,19 @@ def test_show_task_computes_the_name_with_the_app_celery_loaded(
     assert result.stdout.startswith(f"{key}  task=t-task  ")
 
 
+@pytest.mark.parametrize("given", ["not-a-lock-name", "tests.celery.lockapp.fenced:42"])
+def test_show_of_a_name_no_task_takes_is_one_error_line(celery: Celery, given: str) -> None:
+    line = the_error(celery("locks", "show", given))
+    assert f"{given!r} is not a lock name" in line and "--task" in line
+
+
+def test_show_of_a_free_lock_of_a_task_exits_1_saying_free(celery: Celery) -> None:
+    lock_name = lockapp.fenced.lock_options.keyer.name([unique("acct")], {})
+    result = no_traceback(celery("locks", "show", lock_name))
+    assert result.returncode == 1, result.stderr
+    assert result.stdout.strip() == f"singleton-lock:{{{lock_name}}}: free (last fence 0)"
+
+
 def test_list_under_the_wrong_prefix_names_the_prefixes_holding_locks(
     celery: Celery, locker: RedisLocker, name: str
 ) -> None:

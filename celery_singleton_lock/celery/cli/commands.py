@@ -37,6 +37,7 @@ from celery_singleton_lock.celery.cli.lock_listing import (
     lock_name_from_key,
     lock_name_of_call,
     read_lock,
+    refuse_a_name_no_task_takes,
 )
 from celery_singleton_lock.celery.cli.lock_release import (
     PING_TIMEOUT,
@@ -260,7 +261,8 @@ def show(
       celery-singleton-lock -A proj.celery:app show --task proj.tasks.rebuild ...
 
     Calls parked behind the lock (on_duplicate='queue') are listed after it, by task id,
-    oldest first. Exit status 1 when the lock is free.
+    oldest first. Exit status 1 when the lock is free; with an app, 2 when NAME is no name a
+    task takes a lock under (TASKNAME:DIGEST) and nothing of it is on the server.
     """
     with _one_line_errors():
         if (name is None) == (task_name is None):
@@ -281,6 +283,10 @@ def show(
             views = None if target.quorum is None else target.quorum.inspect.per_server(name)
             inspector = target.inspector
             parked = [] if views is not None else asking(target, lambda: inspector.parked(name))
+            if settings.has_app and holder is None and not fence and not parked:
+                # the app's locks are its tasks' (without one, --url alone, a lock may be
+                # the engine's, under a name of its own)
+                refuse_a_name_no_task_takes(name, inspector.prefix)
         finally:
             target.close()
     click.echo(f"lock {name} under prefix {target.inspector.prefix!r} on {target.server}", err=True)

@@ -4,6 +4,7 @@ row or as JSON, and the lock name of a call."""
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
@@ -13,6 +14,10 @@ from celery_singleton_lock.celery.cli.app_target import Target, asking
 from celery_singleton_lock.celery.task.locked_task import LockedTask
 from celery_singleton_lock.engine import Client, LockHolder, LockKeys
 from celery_singleton_lock.errors import LockConfigurationError, LockError
+
+#: The name of every lock a task takes: ``<task name>:<SHA-256 of its arguments, in hex>``
+#: (``ArgumentKeyer.name``).
+TASK_LOCK_NAME = re.compile(r"[^\s{}]+:[0-9a-f]{64}")
 
 #: ``list`` looks for locks under other prefixes with at most this many SCAN calls...
 OTHER_PREFIX_SCANS = 100
@@ -149,6 +154,25 @@ def read_lock(target: Target, name: str) -> tuple[Optional[LockHolder], int]:
     """The holder of lock ``name`` (None when free) and the last fence handed out for it."""
     LockKeys.build(target.inspector.prefix, name)  # a bad name is bad input, not server trouble
     return asking(target, lambda: (target.inspector.read(name), target.inspector.fence(name)))
+
+
+def refuse_a_name_no_task_takes(name: str, prefix: str) -> None:
+    """For a lock that is free and has no fence counter (nothing of it on the server): refuse
+    ``name`` if no task could take a lock under it, rather than answer "free" for a typo, a
+    task name or a call's arguments given in its place. (A lock taken with the engine under a
+    name of its own is still shown while it is held or has a fence counter.)
+
+    Raises:
+        LockConfigurationError: saying what a lock name looks like and how to get one.
+    """
+    if TASK_LOCK_NAME.fullmatch(name):
+        return
+    raise LockConfigurationError(
+        f"{name!r} is not a lock name, and no lock of that name exists under prefix "
+        f"{prefix!r}: a task's lock is named TASKNAME:DIGEST (DIGEST: 64 hex digits, a hash of "
+        "the call's arguments), as list shows it between the braces; for the lock of one "
+        "call give --task TASKNAME --args JSON"
+    )
 
 
 def holder_row(holder: LockHolder, now: float) -> str:

@@ -251,6 +251,7 @@ def test_no_lock_key_is_left_at_the_end(stream: Stream) -> None:
 def test_workers_check_the_eviction_policy_of_every_lock_server(stream: Stream) -> None:
     assert stream.logs.count("singleton locks on redis://127.0.0.1:") >= 1
     assert "could not check the lock server's maxmemory-policy" not in stream.logs
+    assert "the worker starts, and until it answers" not in stream.logs  # the start check
 
 
 def test_a_pool_child_killed_holding_a_quorum_lock_has_it_freed_on_every_server() -> None:

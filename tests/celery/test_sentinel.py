@@ -263,3 +263,4 @@ def test_acquires_went_on_after_the_failover(stream: Stream) -> None:
 def test_workers_check_the_eviction_policy_of_the_master_they_found(stream: Stream) -> None:
     assert "singleton locks on sentinel://127.0.0.1:" in stream.logs
     assert "could not check the lock server's maxmemory-policy" not in stream.logs
+    assert "the worker starts, and until it answers" not in stream.logs  # the start check

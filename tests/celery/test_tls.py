@@ -14,7 +14,8 @@ from celery import Celery
 
 from celery_singleton_lock import LockedTask
 from celery_singleton_lock.celery.config.lockers import forget_locker
-from celery_singleton_lock.testing import find_redis_server, free_port
+from celery_singleton_lock.testing import RedisServer, find_redis_server, free_port
+from tests.celery.test_worker_start import EX_CONFIG, run_worker
 
 
 def _run(*args: str, cwd: Path) -> None:
@@ -135,3 +136,43 @@ def test_a_rediss_lock_url_takes_and_releases_real_locks(tls_redis: str) -> None
         assert list(task.lock_locker.inspect.scan()) == []  # released
     finally:
         forget_locker(app)
+
+
+# -- a real worker, told the lock server's TLS wrongly --------------------------------------
+
+
+@pytest.fixture
+def broker() -> Iterator[RedisServer]:
+    with RedisServer.running() as server:
+        yield server
+
+
+def tls_port(url: str) -> int:
+    return int(url.split("://127.0.0.1:")[1].split("/")[0])
+
+
+def test_worker_starts_on_a_verified_rediss_lock_url(
+    tmp_path: Path, broker: RedisServer, tls_redis: str
+) -> None:
+    outcome = run_worker(
+        tmp_path, broker, "solo", before=f"app.conf.singleton_lock_url = {tls_redis!r}"
+    )
+    assert outcome.said_ready, outcome.output
+
+
+def test_redis_url_to_a_tls_only_port_refuses_the_start_saying_it_speaks_tls(
+    tmp_path: Path, broker: RedisServer, tls_redis: str
+) -> None:
+    url = f"redis://127.0.0.1:{tls_port(tls_redis)}/0"
+    outcome = run_worker(tmp_path, broker, "solo", before=f"app.conf.singleton_lock_url = {url!r}")
+    assert outcome.returncode == EX_CONFIG, outcome.output
+    assert f"lock server 127.0.0.1:{tls_port(tls_redis)} speaks TLS only" in outcome.output
+
+
+def test_rediss_url_whose_certificate_does_not_verify_refuses_the_start(
+    tmp_path: Path, broker: RedisServer, tls_redis: str
+) -> None:
+    url = f"rediss://127.0.0.1:{tls_port(tls_redis)}/0"  # no CA: the private one is unknown
+    outcome = run_worker(tmp_path, broker, "solo", before=f"app.conf.singleton_lock_url = {url!r}")
+    assert outcome.returncode == EX_CONFIG, outcome.output
+    assert "TLS certificate not verified" in outcome.output

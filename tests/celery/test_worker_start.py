@@ -323,11 +323,15 @@ def test_user_without_config_permission_is_told_it_could_not_be_checked(
     assert "NoPermissionError" in lines[0]
 
 
-def test_unreachable_lock_server_is_told_it_could_not_be_checked(broker: RedisServer) -> None:
+def test_unreachable_lock_server_is_named_once_not_again_by_the_eviction_check(
+    broker: RedisServer,
+) -> None:
+    # the start check has named it (tests/celery/test_lock_server_at_start.py)
+    port = free_port()
     with RedisServer.running() as lock:
-        log = started_worker_log(broker, lock, f"redis://127.0.0.1:{free_port()}/0")
-    lines = lines_with(log, "could not check the lock server's maxmemory-policy")
-    assert len(lines) == 1 and "ConnectionError" in lines[0], log
+        log = started_worker_log(broker, lock, f"redis://127.0.0.1:{port}/0")
+    assert len(lines_with(log, f"lock server 127.0.0.1:{port} refused the connection")) == 1, log
+    assert lines_with(log, "could not check the lock server's maxmemory-policy") == [], log
 
 
 # -- which policies are safe (pure function) --------------------------------------------------

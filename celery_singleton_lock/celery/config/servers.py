@@ -294,10 +294,11 @@ def is_cluster(url: str, settings: Mapping[str, Any]) -> bool:
         )
         return False
     except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
+        # the cause first: naming the cluster question here sent people to
+        # singleton_lock_cluster for a server that was down or refused the password
         raise LockBackendUnavailable(
-            f"lock server {redact(url)} unavailable: could not ask it whether it is a Redis "
-            f"Cluster ({type(exc).__name__}: {exc}); set singleton_lock_cluster = True or "
-            "False to say it and skip the question"
+            f"lock server {redact(url)} unavailable when first contacted "
+            f"({type(exc).__name__}: {exc})"
         ) from exc
     finally:
         probe.close()

@@ -159,7 +159,8 @@ def start_child_renewal(sender: Any = None, **_: Any) -> None:
         try:
             locker_for(app)
         except LockError as exc:  # made on the supervisor's first tick that reaches it
-            log.warning("lock server not reachable at worker start: %s", exc)
+            # the worker-start check has named the server and the cause (start_checks)
+            log.debug("lock server not reachable at worker start: %s", exc)
         _supervisor = ChildLockSupervisor(min(ttls) / 3)
         _supervisor.start()
         log.info(

@@ -5,6 +5,9 @@
   are now (they may have changed since the task was registered). A worker with a bad
   configuration does not start: it logs one CRITICAL line naming the setting or task and exits
   with status 78 (``EX_CONFIG``) before its pool starts and before it says "ready".
+* The lock server (:func:`check_lock_servers`, see :mod:`.server_probe`): one it cannot
+  use for a reason retrying will not heal (wrong password, TLS mismatch) refuses the start
+  the same way; one that is down is named in one WARNING saying what the tasks do meanwhile.
 * Eviction (:func:`report_lock_server`, at ``worker_ready``): the lock server's
   ``maxmemory-policy``. A server that may evict keys can drop a held lock (two executions run
   at once) or, under ``allkeys-*``, a fence counter (fences go backwards).
@@ -44,6 +47,7 @@ from celery_singleton_lock.celery.config.servers import (
 )
 from celery_singleton_lock.celery.config.urls import redact
 from celery_singleton_lock.celery.task.locked_task import LockedTask
+from celery_singleton_lock.celery.worker.server_probe import probe
 from celery_singleton_lock.errors import LockConfigurationError, LockError
 
 log = logging.getLogger("celery_singleton_lock.worker")
@@ -53,6 +57,10 @@ EX_CONFIG = getattr(os, "EX_CONFIG", 78)
 
 #: Seconds the eviction check may wait for the lock server (it runs before "ready").
 POLICY_CHECK_TIMEOUT = 2.0
+
+
+#: Lock servers found unusable at start (already reported: the eviction check skips them).
+_unusable_at_start: set[str] = set()
 
 
 def locked_tasks(app: Any) -> list[LockedTask]:
@@ -101,6 +109,49 @@ def check_handoff_support(app: Any) -> None:
         )
 
 
+def check_lock_servers(app: Any) -> None:
+    """Ask each lock server whether it can be used (:func:`.server_probe.probe`).
+
+    Raises:
+        LockConfigurationError: one cannot, for a reason retrying will not heal.
+    """
+    url, source = choose_url(app.conf)
+    servers = quorum_urls(url) or [url]
+    for server in servers:
+        found = probe(
+            server,
+            app.conf.get("singleton_lock_redis_options"),
+            transport_options(app.conf, source),
+            setting="singleton_lock_url" if source == "default" else source,
+        )
+        if found is None:
+            continue
+        if not found.heals:
+            raise LockConfigurationError(found.cause)
+        _unusable_at_start.add(server)
+        log.warning(
+            "%s; the worker starts, and until it answers %s",
+            found.cause,
+            meanwhile(locked_tasks(app), len(servers)),
+        )
+
+
+def meanwhile(tasks: list[LockedTask], servers: int) -> str:
+    """What the locked ``tasks`` do while a lock server (of ``servers``) does not answer."""
+    running = sorted(task.name for task in tasks if task.lock_options.on_backend_error == "run")
+    said = (
+        f"locks are taken while a majority of the {servers} servers answer; below that, "
+        if servers > 1
+        else ""
+    )
+    if len(running) < len(tasks):
+        said += "its locked tasks are retried (lock_on_backend_error="
+        said += "'retry')" + (", except " if running else "")
+    if running:
+        said += f"{', '.join(running)}, which run WITHOUT the lock (lock_on_backend_error='run')"
+    return said
+
+
 class ConfigurationCheck(bootsteps.Step):  # type: ignore[misc]
     """Worker bootstep that refuses to start a worker whose lock configuration is invalid."""
 
@@ -112,6 +163,7 @@ class ConfigurationCheck(bootsteps.Step):  # type: ignore[misc]
             return  # an app that takes no locks is not ours to check (see .wiring)
         try:
             check_configuration(parent.app)
+            check_lock_servers(parent.app)
         except LockConfigurationError as exc:
             log.critical("celery-singleton-lock: worker not started: %s", exc)
             # SystemExit: not caught by Celery on the way out of the worker's constructor
@@ -215,7 +267,8 @@ def report_lock_server(app: Any) -> None:
         len(tasks),
     )
     for server in quorum_urls(url) or [url]:  # each server of a Redlock quorum
-        report_eviction_policy(app, server, source)
+        if server not in _unusable_at_start:  # said at start, and asking again costs seconds
+            report_eviction_policy(app, server, source)
 
 
 def report_eviction_policy(app: Any, url: str, source: str) -> None:

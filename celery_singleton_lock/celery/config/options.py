@@ -141,7 +141,9 @@ TASK_ONLY_OPTIONS: dict[str, Option] = {
     ),
 }
 
-#: App-wide settings with no task attribute.
+#: App-wide settings with no task attribute. None of them turns the package on: an app is
+#: served (worker bootstep, checks, threads, lock server) when it registers a LockedTask, and
+#: left alone otherwise, whatever it sets (see celery/worker/wiring.py).
 APP_SETTINGS: dict[str, Option] = {
     "singleton_lock_url": Option(
         None,

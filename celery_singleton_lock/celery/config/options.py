@@ -289,8 +289,7 @@ def check_option_names(task_name: str, cls: type) -> None:
         raise LockConfigurationError(
             f"task {task_name}: unknown option(s) "
             + ", ".join(suggest(name, options) for name in sorted(unknown))
-            + "; the lock options are the lock_*, on_duplicate and dedupe_* attributes of "
-            "LockedTask"
+            + "; the task options are listed in celery_singleton_lock.celery.config.options"
         )
 
 

@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterable, Optional
 from celery_singleton_lock.celery import celery_api
 from celery_singleton_lock.celery.config.lockers import locker_for
 from celery_singleton_lock.celery.task.locked_task import LockedTask, lock_owner
+from celery_singleton_lock.celery.worker.server_probe import unusable_at_start
 from celery_singleton_lock.celery.worker.ticking import Ticking
 from celery_singleton_lock.engine import Owner, RedisLocker
 from celery_singleton_lock.errors import LockError
@@ -156,11 +157,13 @@ def start_child_renewal(sender: Any = None, **_: Any) -> None:
         # Created here, in the thread that forks replacement children, never in the
         # supervisor thread: a fork while that thread held the lockers' lock would leave the
         # child unable to create its own locker.
-        try:
-            locker_for(app)
-        except LockError as exc:  # made on the supervisor's first tick that reaches it
-            # the worker-start check has named the server and the cause (start_checks)
-            log.debug("lock server not reachable at worker start: %s", exc)
+        # Not for a server the start check found unusable (and named): asking it again here
+        # would hold "ready" for as long as its timeouts and retries last.
+        if not unusable_at_start:
+            try:
+                locker_for(app)
+            except LockError as exc:  # made on the supervisor's first tick that reaches it
+                log.debug("lock server not reachable at worker start: %s", exc)
         _supervisor = ChildLockSupervisor(min(ttls) / 3)
         _supervisor.start()
         log.info(

@@ -35,6 +35,10 @@ from celery_singleton_lock.celery.config.urls import is_sentinel, redact
 #: Seconds a probe waits to connect, and for each reply.
 PROBE_TIMEOUT = 2.0
 
+#: Lock servers this process found unusable as the worker started, and reported: nothing
+#: else at start asks them again (each question would wait out its own timeouts).
+unusable_at_start: set[str] = set()
+
 
 @dataclass(frozen=True)
 class Unusable:

@@ -47,7 +47,7 @@ from celery_singleton_lock.celery.config.servers import (
 )
 from celery_singleton_lock.celery.config.urls import redact
 from celery_singleton_lock.celery.task.locked_task import LockedTask
-from celery_singleton_lock.celery.worker.server_probe import probe
+from celery_singleton_lock.celery.worker.server_probe import probe, unusable_at_start
 from celery_singleton_lock.errors import LockConfigurationError, LockError
 
 log = logging.getLogger("celery_singleton_lock.worker")
@@ -57,10 +57,6 @@ EX_CONFIG = getattr(os, "EX_CONFIG", 78)
 
 #: Seconds the eviction check may wait for the lock server (it runs before "ready").
 POLICY_CHECK_TIMEOUT = 2.0
-
-
-#: Lock servers found unusable at start (already reported: the eviction check skips them).
-_unusable_at_start: set[str] = set()
 
 
 def locked_tasks(app: Any) -> list[LockedTask]:
@@ -125,10 +121,11 @@ def check_lock_servers(app: Any) -> None:
             setting="singleton_lock_url" if source == "default" else source,
         )
         if found is None:
+            unusable_at_start.discard(server)  # a worker started earlier in this process
             continue
         if not found.heals:
             raise LockConfigurationError(found.cause)
-        _unusable_at_start.add(server)
+        unusable_at_start.add(server)
         log.warning(
             "%s; the worker starts, and until it answers %s",
             found.cause,
@@ -267,7 +264,7 @@ def report_lock_server(app: Any) -> None:
         len(tasks),
     )
     for server in quorum_urls(url) or [url]:  # each server of a Redlock quorum
-        if server not in _unusable_at_start:  # said at start, and asking again costs seconds
+        if server not in unusable_at_start:  # said at start, and asking again costs seconds
             report_eviction_policy(app, server, source)
 
 

@@ -42,6 +42,9 @@ def configure(
         task_default_queue=queue,
         # ours, naming a server this app must never reach
         singleton_lock_url=lock_url,
+        # a misspelling of ours, which the worker-start check refuses in an app that takes
+        # locks: here there is no check
+        singleton_lock_tll=5,
         # celery-singleton's, every one: none of them is a misspelling of ours
         singleton_backend_url=singleton_url,
         singleton_key_prefix="plainapp-singleton:",

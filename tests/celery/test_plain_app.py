@@ -1,7 +1,8 @@
 """Installed is not used: a real ``celery worker`` of an app with no ``LockedTask`` is left alone.
 
-The app (tests/celery/plainapp.py) carries every celery-singleton setting, uses
-celery-singleton's own ``Singleton``, and names a lock server of ours (a throwaway server of
+The app (tests/celery/plainapp.py) carries every celery-singleton setting and a misspelt
+setting of ours (which the start check would refuse), uses celery-singleton's own
+``Singleton``, and names a lock server of ours (a throwaway server of
 its own per worker). One worker per pool runs once (module fixture ``run``): it starts, runs a
 plain task and a celery-singleton task sent twice, and stops warm; the tests read what it
 did: its exit, its report (threads, bootsteps), this package's log records, and the lock

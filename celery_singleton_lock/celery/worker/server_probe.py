@@ -44,7 +44,6 @@ unusable_at_start: set[str] = set()
 class Unusable:
     """Why the worker cannot use a lock server now."""
 
-    url: str
     #: the cause, said for a person (server, error)
     cause: str
     #: retrying may help (the server is down or unreachable); False: the configuration is wrong
@@ -78,7 +77,6 @@ def probe(
     described = f"{type(error).__name__}: {error}"
     if isinstance(error, redis.AuthenticationError):
         return Unusable(
-            url,
             f"{server}: authentication failed ({described}); a wrong or missing password "
             f"does not heal by retrying: correct the user and password in {setting} (or the "
             "server's ACL)",
@@ -87,7 +85,6 @@ def probe(
     cause = _causes(error)
     if isinstance(cause, ssl.SSLCertVerificationError):
         return Unusable(
-            url,
             f"{server}: TLS certificate not verified ({described}); give the CA that signed "
             f"it (ssl_ca_certs) in {setting} or in singleton_lock_redis_options",
             heals=False,
@@ -95,7 +92,7 @@ def probe(
     mismatch = None if is_sentinel(url) else _tls_mismatch(url, options, error)
     if mismatch is not None:
         return Unusable(
-            url, f"{server} {mismatch} ({described}); correct the scheme in {setting}", False
+            f"{server} {mismatch} ({described}); correct the scheme in {setting}", False
         )
     if isinstance(cause, ConnectionRefusedError):
         what = "refused the connection (not running, or another port?)"
@@ -103,7 +100,7 @@ def probe(
         what = f"did not answer within {PROBE_TIMEOUT:g}s"
     else:
         what = "is not reachable"
-    return Unusable(url, f"{server} {what} ({described})", heals=True)
+    return Unusable(f"{server} {what} ({described})", heals=True)
 
 
 def _ping(

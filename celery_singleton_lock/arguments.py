@@ -213,6 +213,8 @@ class ArgumentKeyer:
         lock_key: callable taking the task's arguments and returning a string, for full
             control; exclusive with ``lock_on``.
         skip_first: the function's first parameter is ``self`` (a bound task).
+        namespace: put in front of every name (``compat.Singleton``'s ``singleton_key_prefix``);
+            a name never contains braces or whitespace, so neither may this.
 
     Raises:
         LockConfigurationError: ``lock_on`` names a parameter ``func`` does not have, both
@@ -227,8 +229,10 @@ class ArgumentKeyer:
         lock_on: Optional[Sequence[str]] = None,
         lock_key: Optional[KeyCallable] = None,
         skip_first: bool = False,
+        namespace: str = "",
     ) -> None:
         self.task_name = task_name
+        self.namespace = namespace
         self.lock_key = lock_key
         signature = inspect.signature(func)
         parameters = list(signature.parameters.values())
@@ -298,7 +302,8 @@ class ArgumentKeyer:
         return dict(bound.arguments)
 
     def name(self, args: Optional[Sequence[Any]], kwargs: Optional[Mapping[str, Any]]) -> str:
-        """The lock name for a call: ``<task name>:<sha256 of the identifying arguments>``.
+        """The lock name for a call: ``<namespace><task name>:<sha256 of the identifying
+        arguments>``.
 
         Raises:
             LockKeyError: the arguments do not fit the signature, an argument type has no
@@ -311,7 +316,7 @@ class ArgumentKeyer:
             if self.lock_on is not None:
                 arguments = {name: arguments[name] for name in self.lock_on}
             identity = arguments
-        return f"{self.task_name}:{canonical_digest(self.task_name, identity)}"
+        return f"{self.namespace}{self.task_name}:{canonical_digest(self.task_name, identity)}"
 
     def _call_key_callable(
         self, args: Optional[Sequence[Any]], kwargs: Optional[Mapping[str, Any]]

@@ -84,6 +84,17 @@ class LockInspector:
         if batch:
             yield from self._read_many(batch, strict=False)
 
+    def queued_names(self, count: int = 500) -> Iterator[str]:
+        """The names of the locks under this prefix that have a queued marker (enqueue
+        deduplication, see ``LockKeys.queued``), via ``SCAN``."""
+        pattern = f"{self.prefix}:{{*}}:queued"
+        start, end = len(self.prefix) + 2, -len("}:queued")
+        try:
+            for raw in self.client.scan_iter(match=pattern, count=count, _type="string"):
+                yield as_text(raw)[start:end]
+        except server_errors.BACKEND_ERRORS as exc:
+            raise LockBackendUnavailable(f"lock server unavailable during SCAN: {exc}") from exc
+
     def _read_many(self, lock_keys: list[str], *, strict: bool) -> list[LockHolder]:
         def fetch() -> list[Any]:
             pipe = self.client.pipeline(transaction=False)

@@ -315,6 +315,11 @@ def _number(task: str, name: str, value: Any, low: float, high: float) -> float:
     return float(value)
 
 
+def queued_seconds(task: str, name: str, value: Any) -> float:
+    """``value`` validated as the seconds a queued marker lives (option or setting ``name``)."""
+    return _number(task, name, value, 1.0, 7 * MAX_TTL)
+
+
 def _choice(task: str, name: str, value: Any, allowed: tuple[str, ...]) -> str:
     if value not in allowed:
         raise LockConfigurationError(
@@ -470,7 +475,7 @@ def resolve(
         raise LockConfigurationError(
             f"task {task_name}: dedupe_on_enqueue must be True or False, got {dedupe!r}"
         )
-    queued_ttl = _number(task_name, "lock_queued_ttl", value["lock_queued_ttl"], 1.0, 7 * MAX_TTL)
+    queued_ttl = queued_seconds(task_name, "lock_queued_ttl", value["lock_queued_ttl"])
     refuse_on_quorum(task_name, value, conf)  # fences, replicas, markers need one server
     prefix = lock_prefix(conf)
     try:

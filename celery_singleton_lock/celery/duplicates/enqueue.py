@@ -10,10 +10,12 @@ message; a message that never reaches a worker (purged, lost) leaves a marker th
 after ``lock_queued_ttl`` plus its countdown, or that ``RedisLocker.clear_queued`` removes.
 
 Not deduplicated here (the run-time lock and its policy still apply when they run):
-``send_task`` by name (no task object at the caller), calls inside a canvas (group, chord,
-chain, or with ``link``/``link_error``: their task ids are already part of a result the caller
-holds), eager calls, and re-sends of an execution under its own id (``self.retry``, lock
-retries), which are never blocked by their own marker.
+``send_task`` by name (no task object at the caller), eager calls, re-sends of an execution
+under its own id (``self.retry``, lock retries), which are never blocked by their own marker,
+and, unless the ``Dedupe`` says ``canvas``, calls inside a canvas (group, chord, chain, or with
+``link``/``link_error``): their task ids are already part of a result the caller holds, which
+a duplicate left unpublished would never complete. The drop-ins of :mod:`..compat` dedupe
+those too, as the packages they replace do.
 """
 
 from __future__ import annotations
@@ -40,6 +42,18 @@ CANVAS_OPTIONS = ("group_id", "chord", "chain", "link", "link_error")
 def in_canvas(options: Mapping[str, Any]) -> bool:
     """True if the call belongs to a group, chord or chain, or has callbacks."""
     return any(options.get(option) for option in CANVAS_OPTIONS)
+
+
+def sent_by_worker(app: Any, options: Mapping[str, Any]) -> bool:
+    """True if a worker is sending this call as a callback (``link``/``link_error``) or the
+    next chain step of the task it has just run: Celery's tracer passes that task's id as
+    ``parent_id`` (a body's own ``apply_async`` names none). Whatever such a call raises
+    becomes the failure of the task that ran, whose body succeeded."""
+    parent_id = options.get("parent_id")
+    if not parent_id:
+        return False
+    current = app.current_worker_task
+    return current is not None and getattr(current.request, "id", None) == parent_id
 
 
 def delay_of(options: Mapping[str, Any], now: Callable[[], datetime.datetime]) -> float:
@@ -76,6 +90,8 @@ class Dedupe:
     on_duplicate: Optional[Callable[[str, str], Any]] = None
     #: a running execution counts as a duplicate, not only a queued message
     running_is_duplicate: bool = True
+    #: also calls inside a canvas or with callbacks (see the module docstring)
+    canvas: bool = False
 
 
 def publish_once(

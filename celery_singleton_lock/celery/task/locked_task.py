@@ -194,7 +194,9 @@ class LockedTask(Task):  # type: ignore[misc]
             )
 
         dedupe = self.enqueue_dedupe(options)
-        if dedupe is None or link or link_error or enqueue.in_canvas(options):
+        if dedupe is None:
+            return publish(task_id)
+        if not dedupe.canvas and (link or link_error or enqueue.in_canvas(options)):
             return publish(task_id)
         return enqueue.publish_once(self, args, kwargs, task_id, options, publish, dedupe)
 

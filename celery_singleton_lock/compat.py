@@ -6,29 +6,61 @@ holds the renewed run-time lock, so a crashed worker blocks its key for ``lock_t
 default), not for the original's hour, and a task running longer than its timeout keeps its
 lock. Their options are read as the originals read them; the lock server is this package's
 (``singleton_lock_url``, else the broker), not ``ONCE_REDIS_URL`` / ``singleton_backend_url``.
+
+A duplicate is refused wherever the original refuses it: sent with ``link``/``link_error``,
+as the first step of a chain, or as a member of a group or chord (``QueueOnce`` raises
+:class:`AlreadyQueued` out of the canvas's ``apply_async``; ``Singleton`` publishes nothing
+and returns the existing task's ``AsyncResult``, which the canvas drops: that member never
+runs, as with the original). One case differs on purpose: a duplicate that a worker sends as
+the callback or next chain step of the task it has just run is dropped with a WARNING in
+both. The originals raise there (``QueueOnce`` always, ``Singleton`` with
+``raise_on_duplicate``), inside Celery's tracer, which turns the exception into a FAILURE of
+the task that ran although its body succeeded.
+
+celery-singleton's settings: ``singleton_lock_expiry`` (seconds a queued call blocks
+duplicates, as ``lock_expiry``), ``singleton_key_prefix`` (put in front of the lock name of
+every ``Singleton`` task; the key's own prefix stays ``singleton_lock_prefix``) and
+``singleton_raise_on_duplicate`` are honoured. Without a meaning here: ``singleton_backend_url``,
+``singleton_backend_class`` and ``singleton_backend_kwargs`` (one lock server and client per
+app, shared by every locked task: ``singleton_lock_url``, ``singleton_lock_redis_options``;
+reading celery-singleton's would move the locks of an app running both packages), and
+``singleton_json_encoder_class`` (not in 0.3.1; lock names hash the arguments with a
+canonical encoding, not JSON).
 """
 
 from __future__ import annotations
 
-import math
+import copy
+import dataclasses
+import logging
+import time
 from typing import Any, Mapping, Optional, Sequence
 
+from celery import states
+from celery.result import EagerResult
+
 from celery_singleton_lock.celery.config.lockers import locker_for
-from celery_singleton_lock.celery.config.options import UNSET
+from celery_singleton_lock.celery.config.options import UNSET, LockOptions, queued_seconds
 from celery_singleton_lock.celery.duplicates import enqueue
 from celery_singleton_lock.celery.task.locked_task import LockedTask
+from celery_singleton_lock.engine import LockKeys, RedisLocker
 from celery_singleton_lock.errors import DuplicateTaskError as _DuplicateTaskError
 from celery_singleton_lock.errors import LockConfigurationError, LockError
 
-__all__ = ["AlreadyQueued", "DuplicateTaskError", "QueueOnce", "Singleton"]
+__all__ = ["AlreadyQueued", "DuplicateTaskError", "QueueOnce", "Singleton", "clear_locks"]
+
+log = logging.getLogger("celery_singleton_lock.compat")
 
 
 class AlreadyQueued(LockError):
     """celery-once's ``AlreadyQueued``: the call is already queued or running.
 
     Attributes:
-        countdown: seconds until the queued marker would expire on its own (celery-once's
-            lock timeout), 0 when only a running execution was found.
+        countdown: seconds until the lock would expire under celery-once's ``timeout``, in
+            milliseconds as celery-once gives them: a queued call's, the rest of its timeout
+            (the marker's TTL); a running call's, the timeout less the time it has run (celery-once
+            counts from the enqueue), but never less than the running lock's TTL (ours keeps
+            the lock of a run that outlasts its timeout); 0 when it ended meanwhile.
     """
 
     def __init__(
@@ -93,9 +125,33 @@ def _keys_to_lock_on(task_name: str, keys: Any) -> tuple[Optional[Sequence[str]]
     return (tuple(keys), None) if keys else (None, _one_per_task)
 
 
+def _countdown(locker: RedisLocker, name: str, timeout: float) -> float:
+    """:attr:`AlreadyQueued.countdown` for lock ``name`` (see there)."""
+    remaining = locker.queued_for(name)
+    if remaining is not None:
+        return remaining
+    holder = locker.inspect.read(name)
+    if holder is None:
+        return 0.0
+    if holder.acquired_at is None:
+        return timeout
+    left = timeout - (time.time() - holder.acquired_at)
+    return round(max(left, holder.ttl or 0.0), 3)
+
+
+def _not_sent(task: LockedTask, existing: str, name: str) -> None:
+    log.warning(
+        "task %s: callback or chain step not sent: lock %s is already queued or running as %s",
+        task.name,
+        name,
+        existing,
+    )
+
+
 class QueueOnce(LockedTask):
     """celery-once's ``QueueOnce``: ``delay`` / ``apply_async`` of a call that is already
-    queued or running raises :class:`AlreadyQueued` (or returns None with ``graceful``).
+    queued or running raises :class:`AlreadyQueued` (with ``graceful``, returns an
+    ``EagerResult`` in state ``REJECTED``, as celery-once 3.0.1 does).
 
     ``once`` (task option, and per call ``apply_async(..., once={...})`` for ``graceful``
     and ``timeout``): ``keys`` (parameters the lock is on; ``[]``: one per task), ``graceful``,
@@ -130,23 +186,21 @@ class QueueOnce(LockedTask):
         once = {**(self.once or {}), **per_call}
         graceful = bool(once.get("graceful", False))
         ttl = float(per_call.get("timeout", dedupe.queued_ttl))
+        by_worker = enqueue.sent_by_worker(self.app, options)
 
         def on_duplicate(existing: str, name: str) -> Any:
-            if graceful:
-                return None
+            if graceful or by_worker:
+                if by_worker:
+                    _not_sent(self, existing, name)
+                return EagerResult(None, None, states.REJECTED)
             locker = locker_for(self.app)
-            # seconds until the key frees itself: the queued marker's, or (the call already
-            # reached a worker) the running lock's
-            remaining = locker.queued_for(name)
-            if remaining is None:
-                holder = locker.inspect.read(name)
-                remaining = holder.ttl if holder is not None and holder.ttl else 0.0
-            raise AlreadyQueued(math.ceil(remaining), locker.keys(name).lock, existing)
+            raise AlreadyQueued(_countdown(locker, name, ttl), locker.keys(name).lock, existing)
 
         return enqueue.Dedupe(
             queued_ttl=ttl,
             on_duplicate=on_duplicate,
             running_is_duplicate=not once.get("unlock_before_run", False),
+            canvas=True,
         )
 
 
@@ -157,7 +211,9 @@ class Singleton(LockedTask):
 
     ``unique_on`` (a parameter name or a list of them; default all), ``raise_on_duplicate``
     (default: the ``singleton_raise_on_duplicate`` setting, else False), ``lock_expiry``
-    (seconds a queued call blocks duplicates if it never runs; default 3600).
+    (seconds a queued call blocks duplicates if it never runs; default: the
+    ``singleton_lock_expiry`` setting, else ``lock_queued_ttl``'s 3600). The setting
+    ``singleton_key_prefix`` is put in front of the lock names (see the module docstring).
     """
 
     abstract = True
@@ -172,9 +228,23 @@ class Singleton(LockedTask):
         if cls.unique_on and cls.lock_on is None and cls.lock_key is None:
             unique_on = cls.unique_on
             cls.lock_on = (unique_on,) if isinstance(unique_on, str) else tuple(unique_on)
-        if cls.lock_expiry is not None and cls.lock_queued_ttl is UNSET:
-            cls.lock_queued_ttl = cls.lock_expiry
         super().on_bound(app)
+
+    @classmethod
+    def _resolve_options(cls, app: Any, name: str) -> LockOptions:
+        options = super()._resolve_options(app, name)
+        changes: dict[str, Any] = {}
+        if cls.lock_queued_ttl is UNSET:
+            expiry, source = cls.lock_expiry, "lock_expiry"
+            if expiry is None:
+                expiry, source = app.conf.get("singleton_lock_expiry"), "singleton_lock_expiry"
+            if expiry is not None:
+                changes["queued_ttl"] = queued_seconds(name, source, expiry)
+        namespace = app.conf.get("singleton_key_prefix")
+        if namespace:
+            changes["keyer"] = keyer = copy.copy(options.keyer)
+            keyer.namespace = _key_prefix(name, options.prefix, namespace)
+        return dataclasses.replace(options, **changes) if changes else options
 
     def enqueue_dedupe(self, options: dict[str, Any]) -> Optional[enqueue.Dedupe]:
         dedupe = super().enqueue_dedupe(options)
@@ -183,14 +253,67 @@ class Singleton(LockedTask):
         raises = self.raise_on_duplicate
         if raises is None:
             raises = bool(self.app.conf.get("singleton_raise_on_duplicate") or False)
-        if not raises:
-            return dedupe
+        by_worker = enqueue.sent_by_worker(self.app, options)
 
         def on_duplicate(existing: str, name: str) -> Any:
-            raise DuplicateTaskError(
-                f"Attempted to queue a duplicate of task ID {existing}",
-                existing,
-                locker_for(self.app).keys(name).lock,
-            )
+            if by_worker:
+                _not_sent(self, existing, name)
+            elif raises:
+                raise DuplicateTaskError(
+                    f"Attempted to queue a duplicate of task ID {existing}",
+                    existing,
+                    locker_for(self.app).keys(name).lock,
+                )
+            return self.AsyncResult(existing)
 
-        return enqueue.Dedupe(queued_ttl=dedupe.queued_ttl, on_duplicate=on_duplicate)
+        return dataclasses.replace(dedupe, on_duplicate=on_duplicate, canvas=True)
+
+
+def _key_prefix(task_name: str, prefix: str, namespace: Any) -> str:
+    """``singleton_key_prefix`` validated as the start of the task's lock names."""
+    try:
+        if not isinstance(namespace, str):
+            raise LockConfigurationError(f"it must be a string, got {namespace!r}")
+        LockKeys.build(prefix, f"{namespace}{task_name}:{'0' * 64}")
+    except LockConfigurationError as exc:
+        raise LockConfigurationError(
+            f"task {task_name}: singleton_key_prefix={namespace!r} cannot start its lock "
+            f"names: {exc.message}"
+        ) from None
+    return namespace
+
+
+def clear_locks(app: Any) -> int:
+    """celery-singleton's ``clear_locks``: let the next call of every ``Singleton`` task of
+    ``app`` be published again; the number of calls cleared.
+
+    celery-singleton deletes every key under its ``singleton_key_prefix``, the locks of running
+    tasks included (another worker's too, so a duplicate may then run beside them). Here a
+    lock a worker holds is never touched: it is renewed while its holder lives and expires
+    within ``lock_ttl`` once it is gone, so there is nothing stale to delete. What is cleared
+    is each queued marker (the call sent but not yet started, which blocks duplicates for
+    ``lock_expiry``) of the app's ``Singleton`` tasks, compare-and-delete by task id: what a
+    purged queue or a worker lost before it started a call leaves behind. A call still
+    waiting in the queue loses its marker as it does in celery-singleton; a duplicate sent
+    then is published, yet never runs beside it (the run-time lock).
+
+    Raises:
+        LockBackendUnavailable: the lock server could not be reached.
+        LockConfigurationError: a ``Singleton`` task's options are invalid.
+    """
+    starts = tuple(
+        f"{task.lock_options.keyer.namespace}{task.name}:"
+        for task in list(app.tasks.values())
+        if isinstance(task, Singleton) and task.name
+    )
+    if not starts:
+        return 0
+    locker = locker_for(app)
+    cleared = 0
+    for name in list(locker.inspect.queued_names()):
+        if not name.startswith(starts):
+            continue
+        task_id = locker.queued(name)
+        if task_id is not None and locker.clear_queued(name, task_id):
+            cleared += 1
+    return cleared

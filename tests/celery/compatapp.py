@@ -33,29 +33,49 @@ app = Celery("compatapp")
 GATE_TIMEOUT = 15
 
 
-def configure(*, broker_url: str, lock_url: str, queue: str = "compat") -> None:
-    """One Redis for the locks of all three: celery-once's, celery-singleton's and ours."""
+def common_settings(*, broker_url: str, lock_url: str, queue: str) -> dict[str, Any]:
+    """The settings of every app of the side-by-side tests (compatsettingsapp's too)."""
+    return {
+        "broker_url": broker_url,
+        "broker_connection_retry_on_startup": True,
+        "task_default_queue": queue,
+        "task_ignore_result": True,
+        "worker_prefetch_multiplier": 1,
+        "singleton_lock_url": lock_url,
+        "singleton_backend_url": lock_url,
+    }
+
+
+def configure(
+    *, broker_url: str, lock_url: str, queue: str = "compat", backend_url: Optional[str] = None
+) -> None:
+    """One Redis for the locks of all three: celery-once's, celery-singleton's and ours. Only
+    the tasks that say ``ignore_result=False`` store results (in ``backend_url``)."""
     app.conf.update(
-        broker_url=broker_url,
-        broker_connection_retry_on_startup=True,
-        task_default_queue=queue,
-        task_ignore_result=True,
-        worker_prefetch_multiplier=1,
-        singleton_lock_url=lock_url,
+        common_settings(broker_url=broker_url, lock_url=lock_url, queue=queue),
+        result_backend=backend_url,
         ONCE={
             "backend": "celery_once.backends.Redis",
             "settings": {"url": lock_url, "default_timeout": 3600},
         },
-        singleton_backend_url=lock_url,
     )
 
 
-if os.environ.get("CSL_BROKER_URL"):
-    configure(
-        broker_url=os.environ["CSL_BROKER_URL"],
-        lock_url=os.environ["CSL_LOCK_URL"],
-        queue=os.environ.get("CSL_QUEUE", "compat"),
-    )
+def environment() -> Optional[dict[str, str]]:
+    """The servers and queue of a worker subprocess, from its ``CSL_*`` variables; None in
+    the test process."""
+    if not os.environ.get("CSL_BROKER_URL"):
+        return None
+    return {
+        "broker_url": os.environ["CSL_BROKER_URL"],
+        "lock_url": os.environ["CSL_LOCK_URL"],
+        "queue": os.environ.get("CSL_QUEUE", "compat"),
+    }
+
+
+_environment = environment()
+if _environment:
+    configure(**_environment, backend_url=os.environ.get("CSL_BACKEND_URL"))
 
 _store: Optional[redis.Redis] = None
 
@@ -90,9 +110,19 @@ def gated(key: str, task_id: Optional[str], seconds: float) -> str:
     return str(task_id)
 
 
-def pair(name: str, original: Optional[type], ours: type, **options: Any) -> dict[str, Any]:
+def pair(
+    name: str,
+    original: Optional[type],
+    ours: type,
+    *,
+    on: Optional[Celery] = None,
+    module: str = __name__,
+    **options: Any,
+) -> dict[str, Any]:
     """``{"original": task, "ours": task}``: ``name(key, other=0, seconds=0)`` on each base,
-    with the same options (``ours_options`` only on ours); no original if it is None."""
+    with the same options (``ours_options`` only on ours); no original if it is None. On
+    app ``on`` (default this module's), named after ``module``."""
+    target = app if on is None else on
     ours_options = options.pop("ours_options", {})
     tasks = {}
     for impl, base, extra in (("original", original, {}), ("ours", ours, ours_options)):
@@ -103,8 +133,14 @@ def pair(name: str, original: Optional[type], ours: type, **options: Any) -> dic
             return gated(key, self.request.id, seconds)
 
         run.__name__ = run.__qualname__ = f"{name}_{impl}"
-        tasks[impl] = app.task(
-            bind=True, base=base, name=f"{__name__}.{name}_{impl}", **options, **extra
+        # not shared: each app has only its own tasks
+        tasks[impl] = target.task(
+            bind=True,
+            base=base,
+            name=f"{module}.{name}_{impl}",
+            shared=False,
+            **options,
+            **extra,
         )(run)
     return tasks
 
@@ -136,3 +172,10 @@ singleton_raises = singleton("singleton_raises", unique_on="key", raise_on_dupli
 singleton_expiry = singleton("singleton_expiry", unique_on="key", lock_expiry=60)
 singleton_short = singleton("singleton_short", unique_on="key", lock_expiry=2)
 singleton_crash = singleton("singleton_crash", unique_on="key", ours_options={"lock_ttl": 2})
+
+
+@app.task(name=f"{__name__}.record", ignore_result=False, shared=False)
+def record(key: str) -> str:
+    """A callback or chain step of no lock: records its run in ``runs:<key>``, at once."""
+    store().rpush(f"runs:{key}", "record")
+    return key

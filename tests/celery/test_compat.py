@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 import redis
+from celery import states
+from celery.result import EagerResult
 
 from celery_singleton_lock import LockError
 from celery_singleton_lock.compat import AlreadyQueued, DuplicateTaskError
@@ -55,8 +57,9 @@ def test_once_a_call_while_the_task_runs_raises_already_queued(
     with pytest.raises(AlreadyQueued) as raised:
         lockapp.once_on_key.delay(unique_key)
     lockapp.open_gate(unique_key)
-    # no queued marker: a running execution, whose renewed lock frees itself within lock_ttl
-    assert 0 < raised.value.countdown <= lockapp.once_on_key.lock_options.ttl
+    # a running execution: celery-once's timeout (3600) less the time it has run, as the
+    # original's lock key, set at enqueue for the timeout, would say
+    assert 3590 < raised.value.countdown <= 3600
     first.get(timeout=20)
 
 
@@ -64,16 +67,20 @@ def test_once_the_lock_clears_when_the_task_completes(worker: Any, unique_key: s
     assert_a_call_after_the_end_is_published(lockapp.once_on_key, unique_key)
 
 
-def test_once_graceful_returns_none(worker: Any, unique_key: str) -> None:
+def test_once_graceful_returns_a_rejected_eager_result(worker: Any, unique_key: str) -> None:
     first = lockapp.once_graceful.delay(unique_key)
-    assert lockapp.once_graceful.delay(unique_key) is None
+    duplicate = lockapp.once_graceful.delay(unique_key)
+    assert isinstance(duplicate, EagerResult) and duplicate.state == states.REJECTED
     lockapp.open_gate(unique_key)
     first.get(timeout=20)
 
 
-def test_once_graceful_per_call_returns_none(worker: Any, unique_key: str) -> None:
+def test_once_graceful_per_call_returns_a_rejected_eager_result(
+    worker: Any, unique_key: str
+) -> None:
     first = lockapp.once_on_key.delay(unique_key)
-    assert lockapp.once_on_key.apply_async((unique_key,), once={"graceful": True}) is None
+    duplicate = lockapp.once_on_key.apply_async((unique_key,), once={"graceful": True})
+    assert isinstance(duplicate, EagerResult) and duplicate.state == states.REJECTED
     lockapp.open_gate(unique_key)
     first.get(timeout=20)
 
@@ -119,9 +126,12 @@ def test_once_unlock_before_run_lets_a_call_queue_while_one_runs_and_run_after_i
     worker: Any, store: redis.Redis, unique_key: str
 ) -> None:
     task = lockapp.once_unlock_before_run
+    # queued (on a queue nobody consumes: an idle worker may start a call at once): refused
+    queued_key = f"{unique_key}-queued"
+    task.apply_async((queued_key,), queue=f"{queued_key}-nobody")
+    with pytest.raises(AlreadyQueued):
+        task.delay(queued_key)
     first = task.delay(unique_key)
-    with pytest.raises(AlreadyQueued):  # still queued: refused
-        task.delay(unique_key)
     wait_until(lambda: runs(unique_key))
     second = task.delay(unique_key)  # running: a new call is queued
     assert second.id != first.id

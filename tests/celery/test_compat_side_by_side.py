@@ -1,8 +1,9 @@
 """celery_singleton_lock.compat side by side with the packages it replaces: every scenario runs
 against celery-once's ``QueueOnce`` / celery-singleton's ``Singleton`` ("original") and against
 ours, the same task shape and options, on the same real Redis and a real ``celery worker``
-(tests/celery/compatapp.py). Where ours differs on purpose (graceful's return value, a lock
-shorter than the run, a crashed worker) the difference is asserted, per implementation.
+(tests/celery/compatapp.py). Where ours differs on purpose (a lock shorter than the run, a
+crashed worker) the difference is asserted, per implementation. More of them, on the same
+helpers (tests/celery/compat_side.py): test_compat_canvas.py, test_compat_settings.py.
 
 Skipped when celery-singleton is not installed (it is in the ``test`` extra); the celery-once
 half is skipped when celery-once cannot be imported: it is not in the ``test`` extra, as its
@@ -22,87 +23,32 @@ import celery_singleton
 from celery import states
 from celery.result import EagerResult
 
-from celery_singleton_lock import compat
-from celery_singleton_lock.celery.config.lockers import forget_locker, locker_for
-from celery_singleton_lock.testing import RedisServer
-from tests.celery import compatapp
+from tests.celery import compat_side, compatapp
+from tests.celery.compat_side import (
+    ALREADY_QUEUED,
+    DUPLICATE_TASK_ERROR,
+    assert_a_queued_call_blocks_for,
+    celery_once,
+    needs_celery_once,
+    running,
+    seconds_a_queued_call_blocks,
+    start_worker,
+)
 from tests.celery.test_enqueue_dedupe import published
 from tests.celery.workers import Servers, WorkerGroup, unique, worker_group
 from tests.support import wait_until
 
-try:
-    import celery_once
-except ImportError:  # not installed, or six missing
-    celery_once = None
-
-#: the celery-once half of the module
-needs_celery_once = pytest.mark.skipif(
-    celery_once is None, reason="celery-once cannot be imported (pip install celery-once six)"
-)
-
-IMPLS = ["original", "ours"]
-ALREADY_QUEUED = {
-    "original": getattr(celery_once, "AlreadyQueued", None),
-    "ours": compat.AlreadyQueued,
-}
-DUPLICATE_TASK_ERROR = {
-    "original": celery_singleton.DuplicateTaskError,
-    "ours": compat.DuplicateTaskError,
-}
 APP = "tests.celery.compatapp"
 
-
-@pytest.fixture(scope="module")
-def servers(broker_server: RedisServer, lock_server: RedisServer) -> Servers:
-    return Servers(
-        broker_url=broker_server.url,
-        lock=lock_server,
-        backend_url=broker_server.url.replace("/0", "/1"),
-    )
-
-
-@pytest.fixture(scope="module")
-def queue(servers: Servers) -> Iterator[str]:
-    """The test process sends through compatapp, to a queue of this module's own."""
-    name = unique("compat")
-    compatapp.configure(broker_url=servers.broker_url, lock_url=servers.lock.url, queue=name)
-    yield name
-    forget_locker(compatapp.app)
+# the shared fixtures, by name
+servers, queue = compat_side.servers, compat_side.queue
+impl, key = compat_side.impl, compat_side.key
 
 
 @pytest.fixture(scope="module")
 def worker(servers: Servers, queue: str) -> Iterator[Any]:
     """One real ``celery worker`` (threads, 4 slots) serving every task of compatapp."""
-    with worker_group(servers) as group:
-        (started,) = group.start(1, queue=queue, pool="threads", concurrency=4, app=APP)
-        yield started
-
-
-@pytest.fixture(params=IMPLS)
-def impl(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-def key() -> str:
-    return unique("k")
-
-
-def running(key: str, count: int = 1) -> list[str]:
-    return wait_until(lambda: len(compatapp.runs(key)) >= count and compatapp.runs(key))
-
-
-def seconds_a_queued_call_blocks(task: Any, impl: str, args: tuple[Any, ...]) -> float:
-    """How long the queued call of ``task`` blocks duplicates if it never runs, read on the
-    lock server: the original's lock key's PTTL, our queued marker's."""
-    if impl == "ours":
-        name = task.lock_options.keyer.name(args, {})
-        return float(locker_for(task.app).queued_for(name) or 0.0)
-    if not isinstance(task, celery_singleton.Singleton):  # celery-once's
-        lock = task.get_key(args, {})
-    else:
-        lock = task.generate_lock(task.name, args, {})
-    return float(compatapp.store().pttl(lock)) / 1000
+    yield from start_worker(servers, queue)
 
 
 # -- celery-once: QueueOnce ---------------------------------------------------------------------
@@ -131,11 +77,13 @@ def test_once_a_call_while_the_task_runs_raises_already_queued(
     task = compatapp.once_on_key[impl]
     first = task.delay(key)
     running(key)
-    with published(task) as ids, pytest.raises(ALREADY_QUEUED[impl]):
+    with published(task) as ids, pytest.raises(ALREADY_QUEUED[impl]) as raised:
         task.delay(key)
     compatapp.open_gate(key)
     assert ids == []
     assert compatapp.runs(key) == [first.id]
+    # the timeout (default_timeout 3600) less the time since the call: not the lock's TTL
+    assert 3590 < raised.value.countdown <= 3600
 
 
 @needs_celery_once
@@ -158,17 +106,13 @@ def _sent_or_none(task: Any, key: str) -> Any:
         return None
 
 
-#: graceful: celery-once 3.0.1 returns an EagerResult in state REJECTED (its README says
-#: None); ours returns None, as documented. An asserted, expected divergence.
-def _graceful_result(impl: str, result: Any) -> None:
-    if impl == "original":
-        assert isinstance(result, EagerResult) and result.state == states.REJECTED
-    else:
-        assert result is None
+#: graceful: celery-once 3.0.1 returns an EagerResult in state REJECTED (its README says None)
+def _is_rejected(result: Any) -> bool:
+    return isinstance(result, EagerResult) and result.state == states.REJECTED
 
 
 @needs_celery_once
-def test_once_graceful_duplicate_returns_none_ours_or_a_rejected_eager_result_original(
+def test_once_graceful_duplicate_returns_a_rejected_eager_result(
     worker: Any, impl: str, key: str
 ) -> None:
     task = compatapp.once_graceful[impl]
@@ -177,7 +121,7 @@ def test_once_graceful_duplicate_returns_none_ours_or_a_rejected_eager_result_or
         duplicate = task.delay(key)
     compatapp.open_gate(key)
     assert ids == [first.id]
-    _graceful_result(impl, duplicate)
+    assert _is_rejected(duplicate)
 
 
 @needs_celery_once
@@ -190,7 +134,7 @@ def test_once_graceful_per_call_is_the_same_as_graceful_on_the_task(
         duplicate = task.apply_async((key,), once={"graceful": True})
     compatapp.open_gate(key)
     assert ids == [first.id]
-    _graceful_result(impl, duplicate)
+    assert _is_rejected(duplicate)
 
 
 @needs_celery_once
@@ -235,9 +179,12 @@ def test_once_unlock_before_run_lets_a_call_queue_while_one_runs(
     worker: Any, impl: str, key: str
 ) -> None:
     task = compatapp.once_unlock_before_run[impl]
+    # queued (on a queue nobody consumes: an idle worker may start a call at once): refused
+    queued_key = f"{key}-queued"
+    task.apply_async((queued_key,), queue=unique("nobody"))
+    with pytest.raises(ALREADY_QUEUED[impl]):
+        task.delay(queued_key)
     first = task.delay(key)
-    with pytest.raises(ALREADY_QUEUED[impl]):  # still queued: refused
-        task.delay(key)
     running(key)
     with published(task) as ids:
         second = task.delay(key)  # running: a new call is queued
@@ -332,10 +279,7 @@ def test_singleton_raise_on_duplicate_names_the_existing_task_id(
 def test_singleton_lock_expiry_is_how_long_a_queued_call_blocks(
     worker: Any, impl: str, key: str
 ) -> None:
-    task = compatapp.singleton_expiry[impl]
-    first = task.apply_async((key,), queue=unique("nobody"))  # never consumed: stays queued
-    assert task.delay(key).id == first.id
-    assert 50 < seconds_a_queued_call_blocks(task, impl, (key,)) <= 60
+    assert_a_queued_call_blocks_for(compatapp.singleton_expiry[impl], impl, key, 60)
 
 
 def test_singleton_a_call_after_the_task_ended_is_published(

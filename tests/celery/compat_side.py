@@ -62,10 +62,12 @@ def queue(servers: Servers) -> Iterator[str]:
     forget_locker(compatapp.app)
 
 
-def start_worker(servers: Servers, queue: str, app: str = APP) -> Iterator[Any]:
-    """One real ``celery worker`` (threads, 4 slots) of ``app`` on ``queue``, for a module."""
+def start_worker(
+    servers: Servers, queue: str, app: str = APP, pool: str = "threads"
+) -> Iterator[Any]:
+    """One real ``celery worker`` (4 slots) of ``app`` on ``queue``, for a module."""
     with worker_group(servers) as group:
-        (started,) = group.start(1, queue=queue, pool="threads", concurrency=4, app=app)
+        (started,) = group.start(1, queue=queue, pool=pool, concurrency=4, app=app)
         yield started
 
 

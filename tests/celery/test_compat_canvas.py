@@ -33,7 +33,8 @@ impl, key = compat_side.impl, compat_side.key
 
 @pytest.fixture(scope="module")
 def worker(servers: Servers, queue: str) -> Iterator[Any]:
-    yield from start_worker(servers, queue)
+    """Prefork, as the issue's migration was tried: the chain step is sent from a child."""
+    yield from start_worker(servers, queue, pool="prefork")
 
 
 def _with_link(task: Any, key: str) -> Any:

@@ -56,11 +56,11 @@ class AlreadyQueued(LockError):
     """celery-once's ``AlreadyQueued``: the call is already queued or running.
 
     Attributes:
-        countdown: seconds until the lock would expire under celery-once's ``timeout``, in
-            milliseconds as celery-once gives them: a queued call's, the rest of its timeout
-            (the marker's TTL); a running call's, the timeout less the time it has run (celery-once
-            counts from the enqueue), but never less than the running lock's TTL (ours keeps
-            the lock of a run that outlasts its timeout); 0 when it ended meanwhile.
+        countdown: seconds (to the millisecond, as celery-once gives them) until the call's
+            lock would expire under celery-once's ``timeout``: for a queued call, what is left
+            of it (the marker's TTL); for a running one, the timeout less the time it has run
+            (celery-once counts from the enqueue), never less than the running lock's own TTL
+            (ours keeps the lock of a run that outlasts its timeout); 0 if it ended meanwhile.
     """
 
     def __init__(

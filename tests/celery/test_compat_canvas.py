@@ -1,8 +1,8 @@
 """The drop-ins in a canvas, side by side with the originals (as test_compat_side_by_side.py):
-a duplicate sent with ``link`` / ``link_error``, as the first step of a chain, or in a group,
-is refused at the caller as the original refuses it (celery-once: ``AlreadyQueued`` raised;
-celery-singleton: nothing published, the existing task's ``AsyncResult`` returned), and
-publishes nothing, so no worker ever turns it into a FAILURE.
+a duplicate sent with ``link`` / ``link_error``, as the first step of a chain, in a group or
+in a chord's header is refused at the caller as the original refuses it (celery-once:
+``AlreadyQueued`` raised; celery-singleton: nothing published, the existing task's
+``AsyncResult`` returned), and publishes nothing, so no worker ever turns it into a FAILURE.
 
 One case differs on purpose, asserted per implementation: a duplicate that the worker sends
 as the next chain step of the task it has just run. The originals raise inside Celery's
@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("celery_singleton")
 
-from celery import chain, group, states
+from celery import chain, chord, group, states
 
 from tests.celery import compat_side, compatapp
 from tests.celery.compat_side import ALREADY_QUEUED, needs_celery_once, running, start_worker
@@ -53,12 +53,17 @@ def _in_a_group(task: Any, key: str) -> Any:
     return group(task.si(key)).apply_async()
 
 
+def _in_a_chord_header(task: Any, key: str) -> Any:
+    return chord([task.si(key)], compatapp.record.si(unique("body"))).apply_async()
+
+
 #: the canvas forms a duplicate is sent in, from the caller
 FORMS: dict[str, Callable[[Any, str], Any]] = {
     "link": _with_link,
     "link_error": _with_link_error,
     "chain": _first_of_a_chain,
     "group": _in_a_group,
+    "chord": _in_a_chord_header,
 }
 
 

@@ -1,6 +1,7 @@
 """celery-singleton's app-wide settings and its ``clear_locks``, side by side with the original
 (as test_compat_side_by_side.py), on a real worker of tests/celery/compatsettingsapp.py, whose
-apps set ``singleton_lock_expiry`` and ``singleton_key_prefix``.
+apps set ``singleton_lock_expiry``, ``singleton_key_prefix`` and (one of them)
+``singleton_raise_on_duplicate``.
 
 ``clear_locks`` differs on purpose, asserted per implementation: celery-singleton deletes the
 lock of a running task too (a duplicate is then published); ours never touches a lock a
@@ -17,7 +18,12 @@ pytest.importorskip("celery_singleton")
 
 from celery_singleton_lock.celery.config.lockers import forget_locker
 from tests.celery import compat_side, compatapp, compatsettingsapp
-from tests.celery.compat_side import CLEAR_LOCKS, assert_a_queued_call_blocks_for, running
+from tests.celery.compat_side import (
+    CLEAR_LOCKS,
+    DUPLICATE_TASK_ERROR,
+    assert_a_queued_call_blocks_for,
+    running,
+)
 from tests.celery.test_enqueue_dedupe import published
 from tests.celery.workers import Servers, unique
 
@@ -56,6 +62,18 @@ def test_singleton_key_prefix_keeps_apps_of_another_prefix_apart(
     assert here.id != elsewhere.id
     assert ids == [elsewhere.id, here.id]
     assert running(key) == [here.id]
+
+
+def test_singleton_raise_on_duplicate_setting_raises_naming_the_existing_task(
+    worker: Any, impl: str, key: str
+) -> None:
+    task = compatsettingsapp.other_on_key[impl]
+    nobody = unique("nobody")
+    first = task.apply_async((key,), queue=nobody)  # never consumed: stays queued
+    with published(task) as ids, pytest.raises(DUPLICATE_TASK_ERROR[impl]) as raised:
+        task.apply_async((key,), queue=nobody)
+    assert raised.value.task_id == first.id
+    assert ids == []
 
 
 def test_clear_locks_lets_a_call_lost_from_the_queue_be_sent_again(

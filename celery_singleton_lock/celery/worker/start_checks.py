@@ -46,6 +46,7 @@ from celery_singleton_lock.celery.config.servers import (
     transport_options,
 )
 from celery_singleton_lock.celery.config.urls import redact
+from celery_singleton_lock.celery.observe import metrics
 from celery_singleton_lock.celery.task.locked_task import LockedTask
 from celery_singleton_lock.celery.worker.server_probe import probe, unusable_at_start
 from celery_singleton_lock.errors import LockConfigurationError, LockError
@@ -78,6 +79,7 @@ def check_configuration(app: Any) -> None:
             + "; the settings are listed in celery_singleton_lock.celery.config.options"
         )
     choose_url(app.conf)  # raises on a lock URL that is not Redis
+    metrics.check_settings(app.conf)
     for task in locked_tasks(app):
         task.resolve_lock_options()
     check_handoff_support(app)

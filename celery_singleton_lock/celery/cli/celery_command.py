@@ -21,6 +21,7 @@ from celery_singleton_lock.celery.cli.commands import (
     release,
     show,
 )
+from celery_singleton_lock.celery.cli.doctor import doctor
 
 
 def app_label(app: Any) -> str:
@@ -56,3 +57,4 @@ locks.add_command(list_command)
 locks.add_command(show)
 locks.add_command(release)
 locks.add_command(clear_queued)
+locks.add_command(doctor)

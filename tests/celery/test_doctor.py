@@ -82,23 +82,15 @@ def test_doctor_counts_fence_counters(redis_server: RedisServer) -> None:
     )
 
 
-@pytest.fixture
-def app(redis_server: RedisServer) -> Iterator[Celery]:
-    app = Celery("doctor-test", broker=redis_server.url, set_as_current=False)
-    app.conf.singleton_lock_url = redis_server.url
-    yield app
-    app.close()
-
-
 def test_doctor_reports_a_lock_whose_holder_node_does_not_answer_a_ping(
-    redis_server: RedisServer, app: Celery
+    redis_server: RedisServer, own_app: Celery
 ) -> None:
     locker = RedisLocker(redis_server.client(), renewer=Renewer(autostart=False))
     owner = Owner(task_id="t-1", host="gone@nowhere", pid=4242)
     locker.try_acquire("proj.job:abc", 60, owner=owner, renew=False)
-    target = open_target(app=app)
+    target = open_target(app=own_app)
     try:
-        findings = run_doctor(target, app, ping_timeout=0.5)
+        findings = run_doctor(target, own_app, ping_timeout=0.5)
     finally:
         target.close()
     orphans = [(f.severity, f.fix) for f in findings if f.check == "orphans"]
@@ -106,14 +98,14 @@ def test_doctor_reports_a_lock_whose_holder_node_does_not_answer_a_ping(
 
 
 def test_doctor_warns_of_a_server_without_aof_when_a_task_uses_fencing(
-    redis_server: RedisServer, app: Celery
+    redis_server: RedisServer, own_app: Celery
 ) -> None:
-    @app.task(base=LockedTask, lock_fencing=True, name="proj.fenced")
+    @own_app.task(base=LockedTask, lock_fencing=True, name="proj.fenced")
     def fenced() -> None: ...
 
-    target = open_target(app=app)
+    target = open_target(app=own_app)
     try:
-        findings = run_doctor(target, app, ping_timeout=0.5)
+        findings = run_doctor(target, own_app, ping_timeout=0.5)
     finally:
         target.close()
     persistence = [f for f in findings if f.check == "persistence"]

@@ -21,6 +21,7 @@ from celery_singleton_lock.celery.cli.commands import (
     release,
     show,
 )
+from celery_singleton_lock.celery.cli.console import serve
 from celery_singleton_lock.celery.cli.doctor import doctor
 
 
@@ -58,3 +59,4 @@ locks.add_command(show)
 locks.add_command(release)
 locks.add_command(clear_queued)
 locks.add_command(doctor)
+locks.add_command(serve)

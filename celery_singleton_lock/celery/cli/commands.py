@@ -29,6 +29,7 @@ from celery_singleton_lock.celery.cli.app_target import (
     load_app,
     open_target,
 )
+from celery_singleton_lock.celery.cli.console import serve
 from celery_singleton_lock.celery.cli.doctor import doctor
 from celery_singleton_lock.celery.cli.lock_listing import (
     describe_holder,
@@ -395,6 +396,7 @@ def clear_queued(settings: Settings, name: str) -> None:
 
 
 main.add_command(doctor)
+main.add_command(serve)
 
 if __name__ == "__main__":
     main()

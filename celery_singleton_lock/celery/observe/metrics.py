@@ -197,7 +197,7 @@ def set_up(app: Any, hostname: Optional[str]) -> Optional[str]:
     """Turn the metrics on for this worker: in its main process, before the pool forks
     (``worker_init``). Returns the multiprocess directory; None when the metrics are off or
     prometheus_client is missing (the configuration check then refuses the worker)."""
-    global _hostname, _metrics
+    global _hostname
     if not enabled(app.conf):
         return None
     try:
@@ -209,21 +209,30 @@ def set_up(app: Any, hostname: Optional[str]) -> Optional[str]:
     # prometheus_client picks its value class at import, which may predate the variable
     values.ValueClass = values.MultiProcessValue()  # type: ignore[no-untyped-call]
     _hostname = hostname or ""
-    if _metrics is None:
-        _metrics = _Metrics()
-    for signal, receiver in _RECEIVERS:
-        signal.connect(receiver, weak=False, dispatch_uid=f"csl-metrics-{receiver.__name__}")
-    timing.connect()
+    connect()
     app.conf.singleton_lock_metrics_dir = directory  # for the console and register_collectors
     return directory
 
 
-def tear_down() -> None:
-    """Disconnect the receivers (tests, the bench); counts already written stay."""
+def connect(sender: Any = None) -> None:
+    """Count from now on (in ``$PROMETHEUS_MULTIPROC_DIR``, set first); the decisions of
+    ``sender`` only if given (the bench's metrics-on contender)."""
+    global _metrics
+    if _metrics is None:
+        _metrics = _Metrics()
+    for signal, receiver in _RECEIVERS:
+        uid = f"csl-metrics-{receiver.__name__}"
+        signal.connect(receiver, sender=sender, weak=False, dispatch_uid=uid)
+    timing.connect(sender)
+
+
+def tear_down(sender: Any = None) -> None:
+    """Disconnect what :func:`connect` with this ``sender`` connected (tests, the bench);
+    counts already written stay."""
     global _metrics
     for signal, receiver in _RECEIVERS:
-        signal.disconnect(dispatch_uid=f"csl-metrics-{receiver.__name__}")
-    timing.disconnect()
+        signal.disconnect(sender=sender, dispatch_uid=f"csl-metrics-{receiver.__name__}")
+    timing.disconnect(sender)
     _metrics = None
 
 

@@ -50,18 +50,25 @@ def held(task_id: Optional[str]) -> Optional[float]:
     return None if acquired is None else max(0.0, time.monotonic() - acquired)
 
 
-def connect() -> None:
-    """Start timing executions (idempotent: ``dispatch_uid``)."""
-    signals.task_prerun.connect(_on_prerun, weak=False, dispatch_uid="csl-timing-prerun")
-    signals.task_postrun.connect(_forget, weak=False, dispatch_uid="csl-timing-postrun")
-    # forgotten at task_postrun, after the release (whose receivers read held())
-    lock_acquired.connect(_on_acquired, weak=False, dispatch_uid="csl-timing-acquired")
+def connect(sender: Any = None) -> None:
+    """Start timing executions (idempotent: ``dispatch_uid``); of ``sender`` only if given
+    (the bench)."""
+    for signal, receiver, uid in (
+        (signals.task_prerun, _on_prerun, "csl-timing-prerun"),
+        # forgotten at task_postrun, after the release (whose receivers read held())
+        (signals.task_postrun, _forget, "csl-timing-postrun"),
+        (lock_acquired, _on_acquired, "csl-timing-acquired"),
+    ):
+        signal.connect(receiver, sender=sender, weak=False, dispatch_uid=uid)
 
 
-def disconnect() -> None:
-    """Stop timing (tests, the bench)."""
-    signals.task_prerun.disconnect(dispatch_uid="csl-timing-prerun")
-    signals.task_postrun.disconnect(dispatch_uid="csl-timing-postrun")
-    lock_acquired.disconnect(dispatch_uid="csl-timing-acquired")
+def disconnect(sender: Any = None) -> None:
+    """Stop timing (tests, the bench): what :func:`connect` with this ``sender`` started."""
+    for signal, uid in (
+        (signals.task_prerun, "csl-timing-prerun"),
+        (signals.task_postrun, "csl-timing-postrun"),
+        (lock_acquired, "csl-timing-acquired"),
+    ):
+        signal.disconnect(sender=sender, dispatch_uid=uid)
     _started.clear()
     _acquired.clear()

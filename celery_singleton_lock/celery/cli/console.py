@@ -162,7 +162,9 @@ class LockConsole:
         prefix = self.target.inspector.prefix
         locks = [
             {**holder_json(holder, prefix), "parked": parked, "alive": self.alive(holder.host)}
-            for holder, parked in zip(listing.holders, listing.parked)
+            for holder, parked in sorted(
+                zip(listing.holders, listing.parked), key=lambda pair: pair[0].key
+            )
         ]
         return {
             "server": self.target.server,

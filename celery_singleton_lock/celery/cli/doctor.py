@@ -78,7 +78,11 @@ def _servers(target: Target) -> list[tuple[str, redis.Redis]]:
             (f"cluster primary {node.name}", client.get_redis_connection(node))
             for node in client.get_primaries()  # type: ignore[no-untyped-call]
         ]
-    return [("lock server", client)]
+    return [("", client)]  # one server: its findings need no label
+
+
+def _on(label: str, text: str) -> str:
+    return f"{label}: {text}" if label else text
 
 
 def _config(client: redis.Redis, name: str) -> str:
@@ -93,13 +97,13 @@ def check_eviction(servers: list[tuple[str, redis.Redis]]) -> list[Finding]:
             policy = _config(client, "maxmemory-policy")
         except redis.RedisError as exc:
             found.append(
-                Finding("warning", "eviction", f"{label}: cannot read maxmemory-policy ({exc})")
+                Finding("warning", "eviction", _on(label, f"cannot read maxmemory-policy ({exc})"))
             )
             continue
         risk = eviction_finding(policy)
         if risk is not None:
             severity = "error" if risk[0] >= logging.ERROR else "warning"
-            found.append(Finding(severity, "eviction", f"{label}: {risk[1]}", EVICTION_FIX))
+            found.append(Finding(severity, "eviction", _on(label, risk[1]), EVICTION_FIX))
     return found
 
 
@@ -111,7 +115,7 @@ def check_persistence(servers: list[tuple[str, redis.Redis]], app: Any) -> list[
         try:
             aof, fsync = _config(client, "appendonly"), _config(client, "appendfsync")
         except redis.RedisError as exc:
-            found.append(Finding("warning", "persistence", f"{label}: cannot read ({exc})"))
+            found.append(Finding("warning", "persistence", _on(label, f"cannot read ({exc})")))
             continue
         if aof == "yes" and fsync != "no":
             continue
@@ -124,11 +128,11 @@ def check_persistence(servers: list[tuple[str, redis.Redis]], app: Any) -> list[
         )
         fix = "appendonly yes with appendfsync everysec (always to lose none)"
         if fenced:
-            message = f"{label}: {what}, so fences can repeat (tasks with lock_fencing: "
+            message = _on(label, f"{what}, so fences can repeat (tasks with lock_fencing: ")
             found.append(Finding("warning", "persistence", f"{message}{', '.join(fenced)})", fix))
         else:
             scope = "no task uses lock_fencing" if fenced is not None else "give -A to know"
-            found.append(Finding("info", "persistence", f"{label}: {what} ({scope})"))
+            found.append(Finding("info", "persistence", _on(label, f"{what} ({scope})")))
     return found
 
 

@@ -114,6 +114,9 @@ def run_scenario(server: RedisServer, worker: Any, client: Any, port: int) -> Ou
         for _ in range(ACQUIRES)
     ]
     pids = {result.get(timeout=60)["pid"] for result in ran}
+    # two calls parked behind a lock of hold_skip that no worker hands on (no queue policy)
+    parked = f"singleton-lock:{{{lockapp.hold_skip.name}:{unique('parked')}}}:parked"
+    server.client().rpush(parked, "t-1", "t-2")
     before = scrape(port)
     killed = children_of(worker.pid)
     for pid in killed:
@@ -150,6 +153,12 @@ def test_every_acquire_is_timed_in_the_acquire_histogram(outcome: Outcome) -> No
 def test_every_release_is_timed_in_the_held_histogram(outcome: Outcome) -> None:
     timed = total(outcome.before_kill, "celery_lock_held_seconds_count", name=SKIP_TASK)
     assert timed == ACQUIRES
+
+
+def test_the_parked_gauge_counts_the_calls_parked_behind_locks_of_the_task(
+    outcome: Outcome,
+) -> None:
+    assert total(outcome.before_kill, "celery_lock_parked", name=SKIP_TASK) == 2
 
 
 def test_killing_every_pool_child_loses_no_acquire_already_counted(outcome: Outcome) -> None:

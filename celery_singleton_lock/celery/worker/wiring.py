@@ -119,8 +119,9 @@ def _prepare_worker_start(sender: Any = None, **_: Any) -> None:
 def _observe(sender: Any = None, **_: Any) -> None:
     # worker_init: before the pool forks, so pool children inherit the receivers and the
     # metrics directory (see observe/metrics.py)
+    # (the app's task modules are imported by then: the loader's init_worker comes first)
     app = getattr(sender, "app", None)
-    if app is None:
+    if app is None or not locked_tasks(app):
         return
     metrics.set_up(app, getattr(sender, "hostname", None))
     tracing.connect(app.conf)

@@ -10,6 +10,13 @@
   it, the lock is handed to the next parked call at once.
 * ``worker_init``: a worker with an invalid lock configuration will not start;
   ``worker_ready``: log the lock server and warn if it may evict locks (see :mod:`.start_checks`).
+* ``worker_ready`` with tasks of policy ``queue``: start the hand-off sweeper in the main
+  process (see :mod:`.handoff_sweeper`); ``worker_shutdown`` stops it.
+* ``worker_process_shutdown`` / ``worker_shutdown``: release whatever this process holds.
+* ``worker_init`` (main process, before the pool forks): turn on the metrics
+  (``singleton_lock_metrics``) and the trace events (opentelemetry installed) by connecting
+  their receivers, so nothing runs for them when they are off; ``worker_ready`` serves
+  ``/metrics`` (``singleton_lock_metrics_port``), ``worker_shutdown`` stops it.
 
 Every ``celery`` process imports this module (the ``celery locks`` command is a
 ``celery.commands`` entry point), so these receivers are connected for every app, ours or not.
@@ -18,13 +25,6 @@ log line, no connection. No opt-in setting is needed: a worker runs only the tas
 by the time it starts (Celery imports the ``-A`` module, ``imports``/``include`` and the
 autodiscovered modules, then finalizes the app, before ``worker_init``), so the registry says
 whether it will take locks.
-* ``worker_ready`` with tasks of policy ``queue``: start the hand-off sweeper in the main
-  process (see :mod:`.handoff_sweeper`); ``worker_shutdown`` stops it.
-* ``worker_process_shutdown`` / ``worker_shutdown``: release whatever this process holds.
-* ``worker_init`` (main process, before the pool forks): turn on the metrics
-  (``singleton_lock_metrics``) and the trace events (opentelemetry installed) by connecting
-  their receivers, so nothing runs for them when they are off; ``worker_ready`` serves
-  ``/metrics`` (``singleton_lock_metrics_port``), ``worker_shutdown`` stops it.
 """
 
 from __future__ import annotations
@@ -119,9 +119,8 @@ def _prepare_worker_start(sender: Any = None, **_: Any) -> None:
 def _observe(sender: Any = None, **_: Any) -> None:
     # worker_init: before the pool forks, so pool children inherit the receivers and the
     # metrics directory (see observe/metrics.py)
-    # (the app's task modules are imported by then: the loader's init_worker comes first)
     app = getattr(sender, "app", None)
-    if app is None or not locked_tasks(app):
+    if app is None or (app.finalized and not locked_tasks(app)):  # as _prepare_worker_start
         return
     metrics.set_up(app, getattr(sender, "hostname", None))
     tracing.connect(app.conf)

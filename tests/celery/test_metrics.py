@@ -17,6 +17,8 @@ from typing import Any, Iterator
 import pytest
 import redis
 
+from celery_singleton_lock.celery.observe import metrics
+from celery_singleton_lock.celery.signals import lock_acquired, lock_duplicate, lock_released
 from celery_singleton_lock.engine import Lease, Owner, RedisLocker
 from celery_singleton_lock.testing import RedisServer, free_port
 from tests.celery import lockapp
@@ -114,6 +116,9 @@ def run_scenario(server: RedisServer, worker: Any, client: Any, port: int) -> Ou
         for _ in range(ACQUIRES)
     ]
     pids = {result.get(timeout=60)["pid"] for result in ran}
+    # a body that deletes its own lock key and waits until it is told the lock is lost
+    lost = client.send_task(lockapp.watches_its_lock.name, args=[unique("lost")])
+    assert lost.get(timeout=30)["lost"]
     # two calls parked behind a lock of hold_skip that no worker hands on (no queue policy)
     parked = f"singleton-lock:{{{lockapp.hold_skip.name}:{unique('parked')}}}:parked"
     server.client().rpush(parked, "t-1", "t-2")
@@ -155,6 +160,11 @@ def test_every_release_is_timed_in_the_held_histogram(outcome: Outcome) -> None:
     assert timed == ACQUIRES
 
 
+def test_a_lock_lost_in_a_pool_child_is_counted(outcome: Outcome) -> None:
+    lost = total(outcome.before_kill, "celery_lock_lost_total", name=lockapp.watches_its_lock.name)
+    assert lost == 1
+
+
 def test_the_parked_gauge_counts_the_calls_parked_behind_locks_of_the_task(
     outcome: Outcome,
 ) -> None:
@@ -168,3 +178,11 @@ def test_killing_every_pool_child_loses_no_acquire_already_counted(outcome: Outc
 def test_killing_every_pool_child_loses_no_skip_already_counted(outcome: Outcome) -> None:
     skips = total(outcome.after_kill, "celery_lock_duplicates_total", name=SKIP_TASK, action="skip")
     assert skips == SKIPS
+
+
+def test_with_the_setting_off_no_receiver_is_connected_to_the_lock_signals(
+    own_app: Any,
+) -> None:
+    before = [len(s.receivers) for s in (lock_acquired, lock_duplicate, lock_released)]
+    metrics.set_up(own_app, "celery@here")
+    assert [len(s.receivers) for s in (lock_acquired, lock_duplicate, lock_released)] == before

@@ -20,6 +20,7 @@ import redis
 from celery_singleton_lock.celery.observe import metrics
 from celery_singleton_lock.celery.signals import lock_acquired, lock_duplicate, lock_released
 from celery_singleton_lock.engine import Lease, Owner, RedisLocker
+from celery_singleton_lock.errors import LockConfigurationError
 from celery_singleton_lock.testing import RedisServer, free_port
 from tests.celery import lockapp
 from tests.celery.workers import (
@@ -186,3 +187,8 @@ def test_with_the_setting_off_no_receiver_is_connected_to_the_lock_signals(
     before = [len(s.receivers) for s in (lock_acquired, lock_duplicate, lock_released)]
     metrics.set_up(own_app, "celery@here")
     assert [len(s.receivers) for s in (lock_acquired, lock_duplicate, lock_released)] == before
+
+
+def test_a_metrics_port_that_is_not_a_port_is_refused_naming_the_setting() -> None:
+    with pytest.raises(LockConfigurationError, match="singleton_lock_metrics_port"):
+        metrics.check_settings({"singleton_lock_metrics_port": "9808"})

@@ -283,6 +283,31 @@ def variant_task(locker_class: type, keyer_class: Optional[type] = None) -> Work
     return build
 
 
+def metrics_task(setup: WorkerSetup, name: str) -> Any:
+    """``LockedTask`` with the lock metrics on (singleton_lock_metrics), for this task only:
+    a locker of its own (as ``locked2``), prometheus_client's multiprocess files in a
+    temporary directory, and the metrics receivers connected with this task as their sender.
+    Every contender's task then finds the lock signals with a receiver, so the others pay
+    Celery's dispatch finding none of theirs (a dict look-up); this one pays the counting."""
+    import os
+    import shutil
+    import tempfile
+
+    from prometheus_client import values
+
+    from celery_singleton_lock.celery.observe import metrics
+
+    directory = tempfile.mkdtemp(prefix="bench-metrics-")
+    os.environ[metrics.MULTIPROC_ENV] = directory
+    values.ValueClass = values.MultiProcessValue()
+    proxy = variant_task(RedisLocker)(setup, name)
+    task = proxy._get_current_object() if hasattr(proxy, "_get_current_object") else proxy
+    metrics.connect(sender=task)
+    setup.closers.append(partial(metrics.tear_down, task))
+    setup.closers.append(partial(shutil.rmtree, directory, ignore_errors=True))
+    return proxy
+
+
 def once_task(setup: WorkerSetup, name: str) -> Any:
     import celery_once.backends.redis as once_redis  # type: ignore[import-untyped]
     from celery_once import QueueOnce

@@ -30,6 +30,7 @@ from ._builds import (
     floor_cycle,
     floor_task,
     locked_task,
+    metrics_task,
     once_cycle,
     once_task,
     plain_task,
@@ -110,6 +111,13 @@ CONTENDERS = [
     Contender("quorum", "", engine_label="Redlock quorum of 3", engine=quorum_cycle),
     Contender(
         "locked2", "LockedTask again (A/A)", variant_task(RedisLocker), lock_keys=_locked_keys
+    ),
+    Contender(
+        "metrics",
+        "LockedTask, metrics on",
+        metrics_task,
+        lock_keys=_locked_keys,
+        needs="prometheus_client",
     ),
     Contender(
         "pooled",

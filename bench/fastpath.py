@@ -21,8 +21,8 @@ from ._paired import Paired
 from ._report import ahead_of, print_requests, print_side_by_side, print_verdicts, trips_verdict
 from ._worker import Lane, run_worker_bench, worker_options
 
-KEYS = ("plain", "floor", "locked", "locked2", "pooled", "fstring", "once", "singleton")
-LOCKED_KEYS = ("locked", "locked2", "pooled", "fstring")
+KEYS = ("plain", "floor", "locked", "locked2", "metrics", "pooled", "fstring", "once", "singleton")
+LOCKED_KEYS = ("locked", "locked2", "metrics", "pooled", "fstring")
 
 #: Targets from issue 9.
 MIN_WORTH_PERCENT = 3.0  # a piece stays if it is worth this much of plain no-op throughput
@@ -33,6 +33,7 @@ PIECES = [
     ("A/A: the same code twice (resolution)", "locked", "locked2"),
     ("kept connections, acquire and release (locked vs pooled)", "locked", "pooled"),
     ("cost: the lock name, vs an f-string (fstring vs locked)", "fstring", "locked"),
+    ("cost: metrics on (metrics vs locked2, own lockers)", "metrics", "locked2"),
 ]
 
 

@@ -3,6 +3,7 @@
 from celery_singleton_lock.celery.config.options import LockOptions
 from celery_singleton_lock.celery.signals import (
     lock_acquired,
+    lock_backend_error,
     lock_duplicate,
     lock_lost,
     lock_released,
@@ -16,6 +17,7 @@ __all__ = [
     "LockOptions",
     "LockedTask",
     "lock_acquired",
+    "lock_backend_error",
     "lock_duplicate",
     "lock_lost",
     "lock_released",

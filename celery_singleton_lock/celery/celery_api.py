@@ -284,12 +284,16 @@ EVENT_ERRORS: tuple[type[BaseException], ...] = (OSError, KombuError, RedisError
 
 def send_event(task: Any, type_: str, *, task_id: str, hostname: str, **fields: Any) -> None:
     """Send a Celery event as ``Task.send_event`` does (even with task events off), from any
-    thread: ``celery events`` and Flower show it. Not sent in eager mode (no worker)."""
+    thread: ``celery events`` and Flower show it. Not sent in eager mode (no worker).
+
+    Every event carries ``name`` (the task name) besides the dispatcher's ``hostname``: a
+    monitor that never saw the task's ``task-received`` (Flower's ``flower_events_total``,
+    celery-exporter) can still label it."""
     if task.app.conf.task_always_eager or task.request.is_eager:
         return
     try:
         with task.app.events.default_dispatcher(hostname=hostname) as dispatcher:
-            dispatcher.send(type_, uuid=task_id, retry=False, **fields)
+            dispatcher.send(type_, uuid=task_id, retry=False, name=task.name, **fields)
     except EVENT_ERRORS as exc:
         log.debug("event %s of task %s not sent: %s", type_, task_id, exc)
 

@@ -4,12 +4,17 @@ Every signal is sent with ``sender`` = the task and these keyword arguments:
 
 ``lock_acquired``: ``task_id``, ``key``, ``fence``
     The lock was taken before the body runs (not sent for reentrant runs).
-``lock_duplicate``: ``task_id``, ``key``, ``holder`` (dict), ``action``
+``lock_duplicate``: ``task_id``, ``key``, ``holder`` (dict), ``action``, ``reason``
     The lock was held; ``action`` is what this execution does about it:
-    ``"skip"``, ``"retry"``, ``"wait"`` (about to block), ``"join"`` or ``"fail"``.
+    ``"skip"``, ``"retry"``, ``"wait"`` (about to block), ``"join"``, ``"queue"`` or
+    ``"fail"``; ``reason`` is why it could not run: ``"held"`` (another execution holds the
+    lock; later limits add their own reasons).
 ``lock_lost``: ``task_id``, ``key``
     Renewal was refused (or Redis unreachable past the TTL) while the body ran. Sent from the
     renewer thread.
+``lock_backend_error``: ``task_id``, ``key``, ``error`` (the ``LockBackendUnavailable``)
+    The lock server could not be asked in ``before_start``; the task's
+    ``lock_on_backend_error`` decides what follows.
 ``lock_released``: ``task_id``, ``key``, ``owned``
     The lock was released after the body; ``owned`` is False if it had already expired or
     been taken over. Also sent, with ``reclaimed=True``, when a worker's main process frees
@@ -20,9 +25,16 @@ from __future__ import annotations
 
 from celery.utils.dispatch import Signal
 
-__all__ = ["lock_acquired", "lock_duplicate", "lock_lost", "lock_released"]
+__all__ = [
+    "lock_acquired",
+    "lock_backend_error",
+    "lock_duplicate",
+    "lock_lost",
+    "lock_released",
+]
 
 lock_acquired = Signal(name="lock_acquired")
+lock_backend_error = Signal(name="lock_backend_error")
 lock_duplicate = Signal(name="lock_duplicate")
 lock_lost = Signal(name="lock_lost")
 lock_released = Signal(name="lock_released")

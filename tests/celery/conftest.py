@@ -17,6 +17,7 @@ from typing import Any, Iterator
 
 import pytest
 import redis
+from celery import Celery
 
 from celery_singleton_lock.celery.config.lockers import forget_locker, locker_for
 from celery_singleton_lock.engine import RedisLocker
@@ -123,3 +124,13 @@ def assert_released(store: redis.Redis, key: str, timeout: float = 5.0) -> None:
     """The lock ``key`` is gone, now or within ``timeout``: a task without successors sends
     its release without waiting for the reply, so a test can look a moment too early."""
     wait_until(lambda: not store.exists(key), timeout=timeout, interval=0.005)
+
+
+@pytest.fixture
+def own_app(redis_server: RedisServer) -> Iterator[Celery]:
+    """A fresh Celery app whose broker and lock server are this test's own ``redis_server``
+    (a worker node it pings answers only if it is really there)."""
+    app = Celery("own-app", broker=redis_server.url, set_as_current=False)
+    app.conf.singleton_lock_url = redis_server.url
+    yield app
+    app.close()

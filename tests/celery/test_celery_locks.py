@@ -149,6 +149,17 @@ def test_celery_lists_locks_among_its_commands(celery: Celery) -> None:
     assert "locks" in result.stdout
 
 
+def test_doctor_warns_that_the_apps_fenced_tasks_run_on_a_server_without_aof(
+    celery: Celery,
+) -> None:
+    result = no_traceback(celery("locks", "doctor"))
+    warnings = [line for line in result.stdout.splitlines() if line.startswith("WARNING")]
+    assert (result.returncode, [w.startswith("WARNING persistence") for w in warnings]) == (
+        1,
+        [True],
+    )
+
+
 def test_the_lock_server_is_the_one_the_app_loaded_by_celery_uses(
     celery: Celery, servers: Servers
 ) -> None:

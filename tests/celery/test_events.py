@@ -68,9 +68,10 @@ def _hold(locker: RedisLocker, task: Any, key: str, task_id: str) -> Lease:
     return lease
 
 
-def test_a_skipped_duplicate_sends_a_lock_duplicate_event_naming_the_holder(
-    worker: Any, celery_app: Any, locker: RedisLocker, unique_key: str
-) -> None:
+def _skipped_duplicate_event(
+    celery_app: Any, locker: RedisLocker, unique_key: str
+) -> tuple[dict[str, Any], Lease]:
+    """The ``task-lock-duplicate`` event of a call skipped behind a lock held from here."""
     lease = _hold(locker, lockapp.hold_skip, unique_key, "the-holder")
     with received_events(celery_app) as events:
         result = lockapp.hold_skip.delay(unique_key)
@@ -78,7 +79,38 @@ def test_a_skipped_duplicate_sends_a_lock_duplicate_event_naming_the_holder(
             result.get(timeout=10)
         event = events.wait_for("task-lock-duplicate", uuid=result.id)
     lease.release()
+    return event, lease
+
+
+def test_a_skipped_duplicate_sends_a_lock_duplicate_event_naming_the_holder(
+    worker: Any, celery_app: Any, locker: RedisLocker, unique_key: str
+) -> None:
+    event, lease = _skipped_duplicate_event(celery_app, locker, unique_key)
     assert (event["action"], event["holder"], event["key"]) == ("skip", "the-holder", lease.key)
+
+
+def test_a_lock_duplicate_event_carries_the_task_name(
+    worker: Any, celery_app: Any, locker: RedisLocker, unique_key: str
+) -> None:
+    event, _ = _skipped_duplicate_event(celery_app, locker, unique_key)
+    assert event["name"] == lockapp.hold_skip.name
+
+
+def test_a_lock_duplicate_event_says_the_reason_held(
+    worker: Any, celery_app: Any, locker: RedisLocker, unique_key: str
+) -> None:
+    event, _ = _skipped_duplicate_event(celery_app, locker, unique_key)
+    assert event["reason"] == "held"
+
+
+def test_a_lost_lock_event_carries_the_task_name(
+    worker: Any, celery_app: Any, unique_key: str
+) -> None:
+    with received_events(celery_app) as events:
+        result = lockapp.watches_its_lock.delay(unique_key)
+        result.get(timeout=10)
+        event = events.wait_for("task-lock-lost", uuid=result.id)
+    assert event["name"] == lockapp.watches_its_lock.name
 
 
 def test_a_retried_duplicate_sends_a_lock_duplicate_event_with_action_retry(

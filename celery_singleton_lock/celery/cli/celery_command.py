@@ -21,6 +21,8 @@ from celery_singleton_lock.celery.cli.commands import (
     release,
     show,
 )
+from celery_singleton_lock.celery.cli.console import serve
+from celery_singleton_lock.celery.cli.doctor import doctor
 
 
 def app_label(app: Any) -> str:
@@ -56,3 +58,5 @@ locks.add_command(list_command)
 locks.add_command(show)
 locks.add_command(release)
 locks.add_command(clear_queued)
+locks.add_command(doctor)
+locks.add_command(serve)

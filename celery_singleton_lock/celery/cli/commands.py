@@ -29,6 +29,8 @@ from celery_singleton_lock.celery.cli.app_target import (
     load_app,
     open_target,
 )
+from celery_singleton_lock.celery.cli.console import serve
+from celery_singleton_lock.celery.cli.doctor import doctor
 from celery_singleton_lock.celery.cli.lock_listing import (
     describe_holder,
     holder_json,
@@ -43,6 +45,7 @@ from celery_singleton_lock.celery.cli.lock_release import (
     PING_TIMEOUT,
     clear_queued_marker,
     node_is_alive,
+    ping_timeout_option,
     release_lock,
 )
 from celery_singleton_lock.engine import LockKeys
@@ -311,13 +314,7 @@ def show(
     is_flag=True,
     help="Release without asking the holder's worker node (the owner check still applies).",
 )
-@click.option(
-    "--ping-timeout",
-    type=click.FloatRange(min=0.1, max=60),
-    default=PING_TIMEOUT,
-    show_default=True,
-    help="Seconds to wait for the holder's worker node to answer a ping.",
-)
+@ping_timeout_option(PING_TIMEOUT, "Seconds to wait for the holder's worker node to answer a ping.")
 @click.pass_obj
 def release(settings: Settings, name: str, force: bool, ping_timeout: float) -> None:
     """Release a lock whose holder is gone.
@@ -397,6 +394,9 @@ def clear_queued(settings: Settings, name: str) -> None:
         raise SystemExit(EXIT_FREE)
     click.echo(f"{name}: enqueue marker of task {cleared} deleted; the next call is published")
 
+
+main.add_command(doctor)
+main.add_command(serve)
 
 if __name__ == "__main__":
     main()

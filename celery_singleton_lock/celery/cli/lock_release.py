@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+import click
+
 from celery_singleton_lock.celery.cli.app_target import ReleaseRefused, Target, asking
 from celery_singleton_lock.celery.cli.lock_listing import describe_holder, is_worker_node
 from celery_singleton_lock.engine import LockHolder, LockKeys
@@ -13,6 +15,17 @@ from celery_singleton_lock.errors import LockBackendUnavailable
 
 #: Seconds ``release`` waits, by default, for the holder's worker node to answer a ping.
 PING_TIMEOUT = 2.0
+
+
+def ping_timeout_option(default: float, help: str) -> Callable[[Any], Any]:
+    """The ``--ping-timeout`` option of the commands that ask worker nodes (a click decorator)."""
+    return click.option(
+        "--ping-timeout",
+        type=click.FloatRange(min=0.1, max=60),
+        default=default,
+        show_default=True,
+        help=help,
+    )
 
 
 def node_is_alive(app: Any, node: str, timeout: float) -> bool:

@@ -184,6 +184,28 @@ APP_SETTINGS: dict[str, Option] = {
         "'queue': seconds between two looks, from each worker, for locks whose holder died "
         "(or whose reservation ran out) with calls parked behind them.",
     ),
+    "singleton_lock_metrics": Option(
+        False, "True or False", "Count lock decisions as Prometheus metrics (extra [metrics])."
+    ),
+    "singleton_lock_metrics_port": Option(
+        None,
+        "None or a TCP port",
+        "With metrics on: the worker serves /metrics on this port; None: you serve them.",
+    ),
+    "singleton_lock_metrics_address": Option(
+        "127.0.0.1", "an IP address", "The address the worker's /metrics port is bound to."
+    ),
+    "singleton_lock_metrics_dir": Option(
+        None,
+        "None or a directory path",
+        "Where pool processes write their counts (emptied at worker start); None: "
+        "$PROMETHEUS_MULTIPROC_DIR if set, else a fresh temporary directory.",
+    ),
+    "singleton_lock_trace_events": Option(
+        True,
+        "True or False",
+        "With opentelemetry-api installed: add lock events to the span around the task.",
+    ),
 }
 
 KNOWN_SETTINGS = frozenset(APP_SETTINGS) | {option.setting for option in TASK_OPTIONS.values()}

@@ -85,8 +85,11 @@ class Duplicate:
     def label(self) -> str:
         return f"{self.task.name}[{self.request.id}]"
 
-    def announce(self, action: str) -> None:
-        """Signal ``lock_duplicate`` and send the ``task-lock-duplicate`` event."""
+    def announce(self, action: str, reason: str = "held") -> None:
+        """Signal ``lock_duplicate`` and send the ``task-lock-duplicate`` event.
+
+        ``reason``: why the call could not run now; ``"held"`` (another execution holds the
+        lock) is the only one today, and the metrics label duplicates with it."""
         request = self.request
         celery_api.send_event(
             self.task,
@@ -96,6 +99,7 @@ class Duplicate:
             key=self.holder.key,
             holder=self.holder.task_id,
             action=action,
+            reason=reason,
         )
         if lock_duplicate.receivers:
             lock_duplicate.send(
@@ -104,6 +108,7 @@ class Duplicate:
                 key=self.holder.key,
                 holder=self.holder.as_dict(),
                 action=action,
+                reason=reason,
             )
 
 

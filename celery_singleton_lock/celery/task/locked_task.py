@@ -27,7 +27,7 @@ from celery_singleton_lock.celery.duplicates import parking as handoff
 from celery_singleton_lock.celery.duplicates.dispatch import handle as handle_duplicate
 from celery_singleton_lock.celery.duplicates.join import rejoin
 from celery_singleton_lock.celery.duplicates.redelivery import already_ran, is_marked_copy
-from celery_singleton_lock.celery.signals import lock_acquired, lock_lost
+from celery_singleton_lock.celery.signals import lock_acquired, lock_backend_error, lock_lost
 from celery_singleton_lock.celery.task.execution import (
     LockScope,
     closes_scope_on_error,
@@ -321,6 +321,8 @@ class LockedTask(Task):  # type: ignore[misc]
     def _on_backend_unavailable(
         self, exc: LockBackendUnavailable, name: str, options: LockOptions, request: Any
     ) -> Optional[Lease]:
+        if lock_backend_error.receivers:
+            lock_backend_error.send(sender=self, task_id=request.id, key=exc.key or name, error=exc)
         if request.is_eager and options.on_backend_error == "retry":
             # apply() callers get the error now rather than a retry loop
             raise LockBackendUnavailable(

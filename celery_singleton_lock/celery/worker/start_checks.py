@@ -46,6 +46,7 @@ from celery_singleton_lock.celery.config.servers import (
     transport_options,
 )
 from celery_singleton_lock.celery.config.urls import redact
+from celery_singleton_lock.celery.observe import metrics
 from celery_singleton_lock.celery.task.locked_task import LockedTask
 from celery_singleton_lock.celery.worker.server_probe import probe, unusable_at_start
 from celery_singleton_lock.errors import LockConfigurationError, LockError
@@ -78,6 +79,7 @@ def check_configuration(app: Any) -> None:
             + "; the settings are listed in celery_singleton_lock.celery.config.options"
         )
     choose_url(app.conf)  # raises on a lock URL that is not Redis
+    metrics.check_settings(app.conf)
     for task in locked_tasks(app):
         task.resolve_lock_options()
     check_handoff_support(app)
@@ -179,8 +181,22 @@ def install_configuration_check(app: Any) -> None:
 # -- eviction -------------------------------------------------------------------------------
 
 
+#: What every eviction finding asks for.
+EVICTION_FIX = (
+    "set maxmemory-policy noeviction on the lock server (or use a lock server of its own)"
+)
+
+
 def eviction_risk(policy: str) -> Optional[tuple[int, str]]:
-    """Log level and message for a lock server's ``maxmemory-policy``; None if it is safe.
+    """Log level and message (ending with :data:`EVICTION_FIX`) for a lock server's
+    ``maxmemory-policy``; None if it is safe (see :func:`eviction_finding`)."""
+    finding = eviction_finding(policy)
+    return None if finding is None else (finding[0], f"{finding[1]}; {EVICTION_FIX}")
+
+
+def eviction_finding(policy: str) -> Optional[tuple[int, str]]:
+    """Log level and what can go wrong with a lock server's ``maxmemory-policy``; None if it
+    is safe.
 
     Only ``noeviction`` keeps every key: when memory is full Redis refuses writes instead, so
     an acquire fails loudly (``lock_on_backend_error``) rather than a held lock vanishing.
@@ -190,25 +206,24 @@ def eviction_risk(policy: str) -> Optional[tuple[int, str]]:
     """
     if policy == "noeviction":
         return None
-    fix = "set maxmemory-policy noeviction on the lock server (or use a lock server of its own)"
     if policy.startswith("volatile-"):
         return logging.WARNING, (
             f"lock server maxmemory-policy is {policy}: when memory is full it evicts keys "
             "that have a TTL, and lock keys have one, so a held lock can vanish and a "
             "duplicate run at the same time (finished-task markers too, so a redelivered "
             "finished task can run again); fence counters have no TTL and are kept, so "
-            f"fences stay monotonic and a fenced store still refuses the older holder; {fix}"
+            "fences stay monotonic and a fenced store still refuses the older holder"
         )
     if policy.startswith("allkeys-"):
         return logging.ERROR, (
             f"lock server maxmemory-policy is {policy}: when memory is full it evicts any "
             "key: a held lock can vanish and a duplicate run at the same time, and a fence "
             "counter can be evicted and restart at 1, so fences go backwards: a fenced store "
-            f"then refuses the new holder and keeps accepting the stale one; {fix}"
+            "then refuses the new holder and keeps accepting the stale one"
         )
     return logging.WARNING, (
         f"lock server maxmemory-policy is {policy!r}, which this package does not know; "
-        f"if it evicts keys, held locks and fence counters can be lost; {fix}"
+        "if it evicts keys, held locks and fence counters can be lost"
     )
 
 

@@ -10,6 +10,13 @@
   it, the lock is handed to the next parked call at once.
 * ``worker_init``: a worker with an invalid lock configuration will not start;
   ``worker_ready``: log the lock server and warn if it may evict locks (see :mod:`.start_checks`).
+* ``worker_ready`` with tasks of policy ``queue``: start the hand-off sweeper in the main
+  process (see :mod:`.handoff_sweeper`); ``worker_shutdown`` stops it.
+* ``worker_process_shutdown`` / ``worker_shutdown``: release whatever this process holds.
+* ``worker_init`` (main process, before the pool forks): turn on the metrics
+  (``singleton_lock_metrics``) and the trace events (opentelemetry installed) by connecting
+  their receivers, so nothing runs for them when they are off; ``worker_ready`` serves
+  ``/metrics`` (``singleton_lock_metrics_port``), ``worker_shutdown`` stops it.
 
 Every ``celery`` process imports this module (the ``celery locks`` command is a
 ``celery.commands`` entry point), so these receivers are connected for every app, ours or not.
@@ -18,9 +25,6 @@ log line, no connection. No opt-in setting is needed: a worker runs only the tas
 by the time it starts (Celery imports the ``-A`` module, ``imports``/``include`` and the
 autodiscovered modules, then finalizes the app, before ``worker_init``), so the registry says
 whether it will take locks.
-* ``worker_ready`` with tasks of policy ``queue``: start the hand-off sweeper in the main
-  process (see :mod:`.handoff_sweeper`); ``worker_shutdown`` stops it.
-* ``worker_process_shutdown`` / ``worker_shutdown``: release whatever this process holds.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from celery.exceptions import TimeLimitExceeded, WorkerLostError
 
 from celery_singleton_lock.celery.config.lockers import all_lockers
 from celery_singleton_lock.celery.duplicates import enqueue
+from celery_singleton_lock.celery.observe import metrics, tracing
 from celery_singleton_lock.celery.task.locked_task import LockedTask
 from celery_singleton_lock.celery.worker.child_renewal import (
     start_child_renewal,
@@ -111,6 +116,26 @@ def _prepare_worker_start(sender: Any = None, **_: Any) -> None:
     install_configuration_check(app)
 
 
+def _observe(sender: Any = None, **_: Any) -> None:
+    # worker_init: before the pool forks, so pool children inherit the receivers and the
+    # metrics directory (see observe/metrics.py)
+    app = getattr(sender, "app", None)
+    if app is None or (app.finalized and not locked_tasks(app)):  # as _prepare_worker_start
+        return
+    metrics.set_up(app, getattr(sender, "hostname", None))
+    tracing.connect(app.conf)
+
+
+def _serve_metrics(sender: Any = None, **_: Any) -> None:
+    app = getattr(sender, "app", None)
+    if app is not None:
+        metrics.serve(app)
+
+
+def _stop_metrics(**_: Any) -> None:
+    metrics.stop_serving()
+
+
 def _report_lock_server(sender: Any = None, **_: Any) -> None:
     # worker_ready, not worker_init: Celery sets up its logging in between.
     app = getattr(sender, "app", None)
@@ -153,3 +178,6 @@ signals.worker_ready.connect(_start_handoff_sweeper, weak=False)
 signals.worker_shutdown.connect(_stop_handoff_sweepers, weak=False)
 signals.worker_process_shutdown.connect(_release_everything_held, weak=False)
 signals.worker_shutdown.connect(_release_everything_held, weak=False)
+signals.worker_init.connect(_observe, weak=False)
+signals.worker_ready.connect(_serve_metrics, weak=False)
+signals.worker_shutdown.connect(_stop_metrics, weak=False)

@@ -1,0 +1,402 @@
+"""``locks doctor``: what makes locks go wrong in production, as seen from here, with the fix.
+
+Each check reads, never writes, and says what it found as :class:`Finding` lines: ``error``
+and ``warning`` make the command exit 1, ``info`` lines only inform (counts, checks that need
+``-A``). The checks: the eviction policy of every lock server, persistence against what
+fencing relies on, Sentinel / Cluster / quorum health, orphaned locks (the holder's worker
+node does not answer a ping), stray enqueue markers, parked calls behind a free lock, and the
+number of fence counters and finish records. Every SCAN is bounded (:data:`SCAN_LIMIT`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+import click
+import redis
+from redis.cluster import RedisCluster
+from redis.sentinel import SentinelConnectionPool
+
+from celery_singleton_lock.celery.cli.app_target import CliError, Target
+from celery_singleton_lock.celery.cli.lock_listing import describe_holder, is_worker_node
+from celery_singleton_lock.celery.cli.lock_release import node_is_alive, ping_timeout_option
+from celery_singleton_lock.celery.config.options import handoff_settings
+from celery_singleton_lock.celery.worker.start_checks import (
+    EVICTION_FIX,
+    eviction_finding,
+    locked_tasks,
+)
+from celery_singleton_lock.engine import Client
+from celery_singleton_lock.errors import LockError
+
+#: No SCAN of the doctor looks at more than this many matching keys.
+SCAN_LIMIT = 100_000
+#: Holders of at most this many distinct worker nodes are pinged.
+NODES_PINGED = 50
+#: Seconds each node has to answer, by default.
+PING_TIMEOUT = 1.0
+EXIT_UNHEALTHY = 1
+
+_ERRORS = (redis.RedisError, LockError, OSError)
+
+
+@dataclass
+class Finding:
+    """One line of the doctor's report."""
+
+    severity: str  #: "error", "warning" or "info"
+    check: str
+    message: str
+    fix: str = ""
+
+    def line(self) -> str:
+        fix = f"; fix: {self.fix}" if self.fix else ""
+        return f"{self.severity.upper()} {self.check}: {self.message}{fix}"
+
+    @property
+    def unhealthy(self) -> bool:
+        return self.severity != "info"
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _servers(target: Target) -> list[tuple[str, redis.Redis]]:
+    """Every Redis server holding locks, as (label, client): a quorum's servers, a
+    Cluster's primaries, or the one server (a Sentinel group's master)."""
+    if target.quorum is not None:
+        return [(f"quorum server {i + 1}", s.client) for i, s in enumerate(target.quorum.servers)]  # type: ignore[misc]
+    client = target.inspector.client
+    if isinstance(client, RedisCluster):
+        return [
+            (f"cluster primary {node.name}", client.get_redis_connection(node))
+            for node in client.get_primaries()  # type: ignore[no-untyped-call]
+        ]
+    return [("", client)]  # one server: its findings need no label
+
+
+def _on(label: str, text: str) -> str:
+    return f"{label}: {text}" if label else text
+
+
+def _config(client: redis.Redis, name: str) -> str:
+    reply = client.config_get(name)
+    return _text({_text(k): v for k, v in reply.items()}.get(name, ""))
+
+
+def check_eviction(servers: list[tuple[str, redis.Redis]]) -> list[Finding]:
+    found = []
+    for label, client in servers:
+        try:
+            policy = _config(client, "maxmemory-policy")
+        except redis.RedisError as exc:
+            found.append(
+                Finding("warning", "eviction", _on(label, f"cannot read maxmemory-policy ({exc})"))
+            )
+            continue
+        risk = eviction_finding(policy)
+        if risk is not None:
+            severity = "error" if risk[0] >= logging.ERROR else "warning"
+            found.append(Finding(severity, "eviction", _on(label, risk[1]), EVICTION_FIX))
+    return found
+
+
+def check_persistence(servers: list[tuple[str, redis.Redis]], app: Any) -> list[Finding]:
+    """Fences are strictly increasing only while the fence counters survive a restart."""
+    fenced = [t.name for t in locked_tasks(app) if t.lock_options.fencing] if app else None
+    found = []
+    for label, client in servers:
+        try:
+            aof, fsync = _config(client, "appendonly"), _config(client, "appendfsync")
+        except redis.RedisError as exc:
+            found.append(Finding("warning", "persistence", _on(label, f"cannot read ({exc})")))
+            continue
+        if aof == "yes" and fsync != "no":
+            continue
+        what = (
+            "appendonly yes but appendfsync no: the last increments of a fence counter can be "
+            "lost with the machine"
+            if aof == "yes"
+            else "appendonly no: a restart loses fence counter increments since the last "
+            "snapshot (all of them without one), and held locks"
+        )
+        fix = "appendonly yes with appendfsync everysec (always to lose none)"
+        if fenced:
+            message = _on(label, f"{what}, so fences can repeat (tasks with lock_fencing: ")
+            found.append(Finding("warning", "persistence", f"{message}{', '.join(fenced)})", fix))
+        else:
+            scope = "no task uses lock_fencing" if fenced is not None else "give -A to know"
+            found.append(Finding("info", "persistence", _on(label, f"{what} ({scope})")))
+    return found
+
+
+def check_topology(target: Target) -> list[Finding]:
+    """What the Sentinels, the Cluster or the quorum say of themselves, from here."""
+    if target.quorum is not None:
+        down = []
+        for label, server in _servers(target):
+            try:
+                server.ping()
+            except _ERRORS as exc:
+                down.append(f"{label} ({type(exc).__name__})")
+        if not down:
+            return []
+        severity = (
+            "error" if len(target.quorum.servers) - len(down) < target.quorum.quorum else "warning"
+        )
+        return [
+            Finding(
+                severity,
+                "quorum",
+                f"{len(down)} of {len(target.quorum.servers)} servers do not answer: "
+                + ", ".join(down),
+                "bring them back: a quorum needs a majority answering to take any lock",
+            )
+        ]
+    client = target.inspector.client
+    if isinstance(client, RedisCluster):
+        return _cluster_health(client)
+    pool = getattr(client, "connection_pool", None)
+    if isinstance(pool, SentinelConnectionPool):
+        return _sentinel_health(pool)
+    return []
+
+
+def _cluster_health(client: RedisCluster) -> list[Finding]:
+    found = []
+    try:
+        info = client.cluster_info()
+        state = _text(info.get("cluster_state", "?")) if isinstance(info, dict) else "?"
+    except _ERRORS as exc:
+        state = f"unreadable ({exc})"
+    if state != "ok":
+        fix = "fix the cluster (redis-cli --cluster check) before trusting its locks"
+        found.append(Finding("error", "cluster", f"cluster_state is {state}", fix))
+    for node in client.get_nodes():  # type: ignore[no-untyped-call]
+        try:
+            client.get_redis_connection(node).ping()
+        except _ERRORS as exc:
+            fix = "bring the node back or remove it from the cluster"
+            found.append(
+                Finding("error", "cluster", f"node {node.name} does not answer ({exc})", fix)
+            )
+    return found
+
+
+def _sentinel_health(pool: SentinelConnectionPool) -> list[Finding]:
+    service = pool.service_name
+    found = []
+    checked = False
+    for sentinel in pool.sentinel_manager.sentinels:
+        where = "{host}:{port}".format(**sentinel.connection_pool.connection_kwargs)
+        try:
+            master = sentinel.sentinel_master(service)
+            if not checked:
+                sentinel.execute_command("SENTINEL CKQUORUM", service)
+                checked = True
+        except _ERRORS as exc:
+            found.append(
+                Finding(
+                    "warning" if not isinstance(exc, redis.ResponseError) else "error",
+                    "sentinel",
+                    f"sentinel {where} about master {service!r}: {exc}",
+                    "bring the sentinels back: a failover needs their quorum",
+                )
+            )
+            continue
+        flags = _text(master.get("flags", "")) if isinstance(master, dict) else ""
+        if "down" in flags:
+            fix = "the master is down as this sentinel sees it: check the failover"
+            found.append(Finding("error", "sentinel", f"sentinel {where}: flags {flags}", fix))
+    return found
+
+
+def _scan(client: Client, match: str, type_: str) -> tuple[list[str], bool]:
+    """Keys matching ``match`` of type ``type_``, at most :data:`SCAN_LIMIT` (and whether it
+    stopped there)."""
+    keys: list[str] = []
+    for raw in client.scan_iter(match=match, count=1000, _type=type_):
+        keys.append(_text(raw))
+        if len(keys) >= SCAN_LIMIT:
+            return keys, True
+    return keys, False
+
+
+def _lock_name(prefix: str, key: str) -> str:
+    return key[len(prefix) + 2 : key.rindex("}")]
+
+
+def check_orphans(target: Target, app: Any, ping_timeout: float) -> list[Finding]:
+    if app is None:
+        return [Finding("info", "orphans", "not checked: give -A to ask worker nodes (a ping)")]
+    holders = [h for h in target.inspector.scan() if is_worker_node(h.host)][:SCAN_LIMIT]
+    alive: dict[str, bool] = {}
+    for node in sorted({h.host for h in holders})[:NODES_PINGED]:
+        alive[node] = node_is_alive(app, node, ping_timeout)
+    found = []
+    for holder in holders:
+        if alive.get(holder.host, True):
+            continue
+        ttl = "no TTL" if holder.ttl is None else f"{holder.ttl:.0f}s left"
+        name = _lock_name(target.inspector.prefix, holder.key)
+        found.append(
+            Finding(
+                "warning",
+                "orphans",
+                f"lock {holder.key} held by {describe_holder(holder)}, whose node does not "
+                f"answer a ping ({ttl})",
+                f"celery locks release {name} (or wait for its TTL)",
+            )
+        )
+    return found
+
+
+def check_markers(target: Target, app: Any) -> list[Finding]:
+    """Enqueue markers (dedupe_on_enqueue) with no TTL, or naming a task that already ran:
+    either blocks new calls of its lock name."""
+    if target.quorum is not None:
+        return []
+    client, prefix = target.inspector.client, target.inspector.prefix
+    keys, _ = _scan(client, f"{prefix}:{{*}}:queued", "string")
+    if not keys:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.get(key)
+        pipe.ttl(key)
+    replies = pipe.execute()
+    found = []
+    for key, task_id, ttl in zip(keys, replies[0::2], replies[1::2]):
+        why = "it has no TTL" if ttl == -1 else None
+        if why is None and app is not None and task_id is not None:
+            # a result backend that cannot be asked leaves the marker unjudged
+            with contextlib.suppress(Exception):
+                if app.AsyncResult(_text(task_id)).ready():
+                    why = f"its task {_text(task_id)} already ran"
+        if why:
+            name = _lock_name(prefix, key)
+            found.append(
+                Finding(
+                    "warning",
+                    "markers",
+                    f"enqueue marker {key} is stray: {why}; calls of this lock name are not "
+                    "published while it is there",
+                    f"celery locks clear-queued {name}",
+                )
+            )
+    return found
+
+
+def _parked_behind_free(target: Target) -> dict[str, int]:
+    client, prefix = target.inspector.client, target.inspector.prefix
+    keys, _ = _scan(client, f"{prefix}:{{*}}:parked", "list")
+    if not keys:
+        return {}
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.exists(key[: -len(":parked")])
+        pipe.llen(key)
+    replies = pipe.execute()
+    return {
+        _lock_name(prefix, key): int(count)
+        for key, held, count in zip(keys, replies[0::2], replies[1::2])
+        if not held and count
+    }
+
+
+def check_parked(
+    target: Target, app: Any, sleep: Callable[[float], None] = time.sleep
+) -> list[Finding]:
+    """Calls parked behind a lock that is free: a hand-off sweeper should have sent the oldest.
+    Looked at twice, a sweep interval apart, so a hand-off under way is not reported."""
+    if target.quorum is not None:
+        return []
+    first = _parked_behind_free(target)
+    if not first:
+        return []
+    interval = handoff_settings(app.conf)[0] if app is not None else 1.0
+    sleep(min(interval, 5.0) + 0.5)
+    still = _parked_behind_free(target)
+    return [
+        Finding(
+            "warning",
+            "parked",
+            f"{count} call(s) parked behind free lock {name}: no hand-off sweeper sent the "
+            "oldest on",
+            f"start a worker that registers {name.rsplit(':', 1)[0]} (its sweeper hands parked "
+            "calls on), or celery locks release the lock if its holder is gone",
+        )
+        for name, count in sorted(still.items())
+        if name in first
+    ]
+
+
+def check_counts(target: Target) -> list[Finding]:
+    if target.quorum is not None:
+        return []
+    client, prefix = target.inspector.client, target.inspector.prefix
+    found = []
+    for what, match in (
+        ("fence counters", f"{prefix}:{{*}}:fence"),
+        ("finish records", f"{prefix}:{{*}}:finished:*"),
+    ):
+        keys, stopped = _scan(client, match, "string")
+        count = f"at least {len(keys)}" if stopped else str(len(keys))
+        found.append(Finding("info", "keys", f"{count} {what} under prefix {prefix!r}"))
+    return found
+
+
+def run_doctor(target: Target, app: Any, ping_timeout: float = PING_TIMEOUT) -> list[Finding]:
+    """Every check, in the order of the report."""
+    servers = _servers(target)
+    return [
+        *check_topology(target),
+        *check_eviction(servers),
+        *check_persistence(servers, app),
+        *check_orphans(target, app, ping_timeout),
+        *check_markers(target, app),
+        *check_parked(target, app),
+        *check_counts(target),
+    ]
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON list of the findings.")
+@ping_timeout_option(
+    PING_TIMEOUT, "Seconds each holder's worker node has to answer a ping (orphaned locks)."
+)
+@click.pass_obj
+def doctor(settings: Any, as_json: bool, ping_timeout: float) -> None:
+    """Check what makes locks go wrong in production, and say how to fix it.
+
+    One line per finding, ERROR, WARNING or INFO, with its fix: the eviction policy,
+    persistence against fencing, Sentinel / Cluster / quorum health, orphaned locks (the
+    holder's node does not answer a ping; needs -A), stray enqueue markers, calls parked
+    behind a free lock, and the counts of fence counters and finish records.
+
+    Exit status: 0 healthy (INFO lines only), 1 an ERROR or WARNING, 2 the server could not
+    be read.
+    """
+    try:
+        target = settings.target()
+        try:
+            findings = run_doctor(target, settings.load_app(), ping_timeout)
+        finally:
+            target.close()
+    except _ERRORS as exc:
+        raise CliError(f"{exc}") from None
+    if as_json:
+        click.echo(json.dumps([asdict(finding) for finding in findings]))
+    else:
+        for finding in findings:
+            click.echo(finding.line())
+    unhealthy = sum(finding.unhealthy for finding in findings)
+    click.echo(f"{unhealthy} problem(s) found on {target.server}", err=True)
+    if unhealthy:
+        raise SystemExit(EXIT_UNHEALTHY)

@@ -1,0 +1,1 @@
+"""What an operator sees besides logs and events: metrics, trace events, the lock console."""

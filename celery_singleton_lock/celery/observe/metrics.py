@@ -1,0 +1,335 @@
+"""Prometheus metrics of lock decisions (extra ``[metrics]``, setting ``singleton_lock_metrics``).
+
+Names follow celery-exporter (``celery_task_*_total{name, hostname}``)::
+
+    celery_lock_acquired_total{name, hostname}
+    celery_lock_duplicates_total{name, hostname, action, reason}
+    celery_lock_lost_total{name, hostname}
+    celery_lock_backend_errors_total{name, hostname}
+    celery_lock_acquire_seconds{name, hostname}   histogram: start of the execution -> lock held
+    celery_lock_held_seconds{name, hostname}      histogram: lock held -> released
+    celery_lock_parked{name}                      gauge: calls parked behind locks now
+
+Why prometheus_client's multiprocess mode rather than aggregating in the main process: a
+prefork pool child counts into a memory-mapped file of its own (``<kind>_<pid>.db`` in one
+directory), and the main process sums every file when scraped. A write is a store into a
+shared mapping, so a child killed with SIGKILL loses nothing it counted; aggregation in the
+main process would need a channel from every child and would lose what a dead child had not
+sent yet. The directory is chosen and exported (``PROMETHEUS_MULTIPROC_DIR``) at
+``worker_init``, in the main process before the pool forks, so every child writes there.
+
+Cost: nothing is connected while the setting is off (the lock signals are sent only when they
+have receivers). On, each decision is a signal dispatch and a locked file-mapping write.
+
+The parked gauge is not counted by processes: it is read from the lock server when scraped
+(a bounded SCAN of the parked lists), the same on every worker of a prefix.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import threading
+from typing import Any, Iterator, Optional
+
+from celery_singleton_lock.celery.config.lockers import locker_for
+from celery_singleton_lock.celery.observe import timing
+from celery_singleton_lock.celery.observe.serving import quiet_server
+from celery_singleton_lock.celery.signals import (
+    lock_acquired,
+    lock_backend_error,
+    lock_duplicate,
+    lock_lost,
+    lock_released,
+)
+from celery_singleton_lock.engine import QuorumLocker
+from celery_singleton_lock.errors import LockConfigurationError, LockError
+
+log = logging.getLogger("celery_singleton_lock.metrics")
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+ACQUIRE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+HELD_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600)
+#: The parked gauge looks at no more than this many parked lists per scrape.
+PARKED_SCAN_LIMIT = 10_000
+
+_hostname = ""
+_metrics: Optional[_Metrics] = None
+_server: Any = None
+#: the directory this worker made for itself, removed at its shutdown
+_temporary: Optional[str] = None
+
+
+def enabled(conf: Any) -> bool:
+    """True when the app turns the metrics on."""
+    return bool(conf.get("singleton_lock_metrics"))
+
+
+def check_settings(conf: Any) -> None:
+    """Validate the metrics settings (at worker start).
+
+    Raises:
+        LockConfigurationError: naming the setting, or the missing extra.
+    """
+    port = conf.get("singleton_lock_metrics_port")
+    if port is not None and (
+        isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535
+    ):
+        raise LockConfigurationError(
+            f"singleton_lock_metrics_port must be None or a TCP port (0-65535), got {port!r}"
+        )
+    if not enabled(conf):
+        return
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        raise LockConfigurationError(
+            "singleton_lock_metrics is on but prometheus_client is not installed: "
+            "pip install 'celery-singleton-lock[metrics]'"
+        ) from None
+
+
+class _Metrics:
+    """The metric objects; their values live in the multiprocess directory."""
+
+    def __init__(self) -> None:
+        from prometheus_client import Counter, Histogram
+
+        labels = ("name", "hostname")
+        # registry=None: multiprocess values are files, collected by MultiProcessCollector
+        self.acquired = Counter(
+            "celery_lock_acquired", "Locks taken before a body ran.", labels, registry=None
+        )
+        self.duplicates = Counter(
+            "celery_lock_duplicates",
+            "Calls that found their lock taken, by what they did (action) and why (reason).",
+            (*labels, "action", "reason"),
+            registry=None,
+        )
+        self.lost = Counter(
+            "celery_lock_lost", "Locks lost while their body ran.", labels, registry=None
+        )
+        self.backend_errors = Counter(
+            "celery_lock_backend_errors",
+            "Acquires that could not reach the lock server.",
+            labels,
+            registry=None,
+        )
+        self.acquire_seconds = Histogram(
+            "celery_lock_acquire_seconds",
+            "Seconds from the start of an execution to its lock held, waits included.",
+            labels,
+            buckets=ACQUIRE_BUCKETS,
+            registry=None,
+        )
+        self.held_seconds = Histogram(
+            "celery_lock_held_seconds",
+            "Seconds a lock was held, from acquire to release.",
+            labels,
+            buckets=HELD_BUCKETS,
+            registry=None,
+        )
+
+
+def _name(sender: Any) -> str:
+    return str(getattr(sender, "name", None) or "")
+
+
+def _on_acquired(sender: Any = None, task_id: Optional[str] = None, **_: Any) -> None:
+    if _metrics is None:
+        return
+    _metrics.acquired.labels(_name(sender), _hostname).inc()
+    waited = timing.waited(task_id)
+    if waited is not None:
+        _metrics.acquire_seconds.labels(_name(sender), _hostname).observe(waited)
+
+
+def _on_duplicate(sender: Any = None, action: str = "", reason: str = "held", **_: Any) -> None:
+    if _metrics is not None:
+        _metrics.duplicates.labels(_name(sender), _hostname, action, reason).inc()
+
+
+def _on_lost(sender: Any = None, **_: Any) -> None:
+    if _metrics is not None:
+        _metrics.lost.labels(_name(sender), _hostname).inc()
+
+
+def _on_backend_error(sender: Any = None, **_: Any) -> None:
+    if _metrics is not None:
+        _metrics.backend_errors.labels(_name(sender), _hostname).inc()
+
+
+def _on_released(sender: Any = None, task_id: Optional[str] = None, **_: Any) -> None:
+    held = timing.held(task_id)
+    if _metrics is not None and held is not None:
+        _metrics.held_seconds.labels(_name(sender), _hostname).observe(held)
+
+
+_RECEIVERS = (
+    (lock_acquired, _on_acquired),
+    (lock_duplicate, _on_duplicate),
+    (lock_lost, _on_lost),
+    (lock_backend_error, _on_backend_error),
+    (lock_released, _on_released),
+)
+
+
+def _choose_directory(conf: Any) -> str:
+    chosen = conf.get("singleton_lock_metrics_dir")
+    if chosen:
+        os.makedirs(chosen, exist_ok=True)
+        # counts of an earlier run would add up with this one's
+        for entry in os.listdir(chosen):
+            if entry.endswith(".db"):
+                os.unlink(os.path.join(chosen, entry))
+        return str(chosen)
+    existing = os.environ.get(MULTIPROC_ENV)
+    if existing:  # the user's own multiprocess setup: their collector serves ours too
+        return existing
+    global _temporary
+    _temporary = tempfile.mkdtemp(prefix="celery-lock-metrics-")
+    return _temporary
+
+
+def set_up(app: Any, hostname: Optional[str]) -> Optional[str]:
+    """Turn the metrics on for this worker: in its main process, before the pool forks
+    (``worker_init``). Returns the multiprocess directory; None when the metrics are off or
+    prometheus_client is missing (the configuration check then refuses the worker)."""
+    global _hostname
+    if not enabled(app.conf):
+        return None
+    try:
+        from prometheus_client import values
+    except ImportError:
+        return None
+    directory = _choose_directory(app.conf)
+    os.environ[MULTIPROC_ENV] = directory
+    # prometheus_client picks its value class at import, which may predate the variable
+    values.ValueClass = values.MultiProcessValue()  # type: ignore[no-untyped-call]
+    _hostname = hostname or ""
+    connect()
+    app.conf.singleton_lock_metrics_dir = directory  # for the console and register_collectors
+    return directory
+
+
+def connect(sender: Any = None) -> None:
+    """Count from now on (in ``$PROMETHEUS_MULTIPROC_DIR``, set first); the decisions of
+    ``sender`` only if given (the bench's metrics-on contender)."""
+    global _metrics
+    if _metrics is None:
+        _metrics = _Metrics()
+    for signal, receiver in _RECEIVERS:
+        uid = f"csl-metrics-{receiver.__name__}"
+        signal.connect(receiver, sender=sender, weak=False, dispatch_uid=uid)
+    timing.connect(sender)
+
+
+def tear_down(sender: Any = None) -> None:
+    """Disconnect what :func:`connect` with this ``sender`` connected (tests, the bench);
+    counts already written stay."""
+    global _metrics
+    for signal, receiver in _RECEIVERS:
+        signal.disconnect(sender=sender, dispatch_uid=f"csl-metrics-{receiver.__name__}")
+    timing.disconnect(sender)
+    _metrics = None
+
+
+class ParkedCollector:
+    """``celery_lock_parked{name}``: calls parked behind locks, read from the lock server at
+    each scrape (bounded SCAN of ``<prefix>:{*}:parked``)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        family = GaugeMetricFamily(
+            "celery_lock_parked",
+            "Calls parked behind locks (on_duplicate='queue').",
+            labels=["name"],
+        )
+        try:
+            counts = parked_by_task(locker_for(self.app))
+        except LockError as exc:
+            log.warning("celery_lock_parked not read: %s", exc)
+            counts = {}
+        for name, count in sorted(counts.items()):
+            family.add_metric([name], count)
+        yield family
+
+
+def parked_by_task(locker: Any) -> dict[str, int]:
+    """Calls parked behind locks now, by task name (the lock name before its digest)."""
+    if isinstance(locker, QuorumLocker):  # a quorum parks nothing ('queue' is refused there)
+        return {}
+    client, prefix = locker.client, locker.prefix
+    keys: list[str] = []
+    for raw in client.scan_iter(match=f"{prefix}:{{*}}:parked", count=500, _type="list"):
+        keys.append(raw.decode() if isinstance(raw, bytes) else str(raw))
+        if len(keys) >= PARKED_SCAN_LIMIT:
+            break
+    if not keys:
+        return {}
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.llen(key)
+    counts: dict[str, int] = {}
+    for key, count in zip(keys, pipe.execute()):
+        lock_name = key[len(prefix) + 2 : key.rindex("}")]
+        task = lock_name.rsplit(":", 1)[0]
+        counts[task] = counts.get(task, 0) + int(count)
+    return counts
+
+
+def register_collectors(registry: Any, app: Any, directory: Optional[str] = None) -> None:
+    """Add the lock metrics to ``registry``, a ``prometheus_client.CollectorRegistry`` you
+    already serve: every pool process's counts (from ``directory``, default the app's
+    ``singleton_lock_metrics_dir``) and the parked gauge."""
+    from prometheus_client import multiprocess
+
+    path = directory or app.conf.get("singleton_lock_metrics_dir") or os.environ.get(MULTIPROC_ENV)
+    if not path:
+        raise LockConfigurationError(
+            "no metrics directory: set singleton_lock_metrics_dir (the one the worker writes)"
+        )
+    multiprocess.MultiProcessCollector(registry, path=path)  # type: ignore[no-untyped-call]
+    registry.register(ParkedCollector(app))
+
+
+def serve(app: Any) -> None:
+    """Serve ``/metrics`` on ``singleton_lock_metrics_port`` from the worker's main process
+    (``worker_ready``); nothing when the port is None or the metrics are off."""
+    global _server
+    port = app.conf.get("singleton_lock_metrics_port")
+    if _metrics is None or port is None or _server is not None:
+        return
+    from prometheus_client import CollectorRegistry, make_wsgi_app
+
+    registry = CollectorRegistry()
+    register_collectors(registry, app)
+    address = app.conf.get("singleton_lock_metrics_address") or "127.0.0.1"
+    try:
+        _server = quiet_server(address, int(port), make_wsgi_app(registry))
+    except OSError as exc:
+        log.error("lock metrics not served on %s:%s: %s", address, port, exc)
+        return
+    threading.Thread(
+        target=_server.serve_forever, name="celery-singleton-lock-metrics", daemon=True
+    ).start()
+    log.info("lock metrics served on http://%s:%s/metrics", address, _server.server_port)
+
+
+def stop_serving() -> None:
+    """Stop the ``/metrics`` server and remove the directory the worker made for its counts
+    (``worker_shutdown``, main process, after the pool has stopped)."""
+    global _server, _temporary
+    if _server is not None:
+        _server.shutdown()
+        _server.server_close()
+        _server = None
+    if _temporary is not None:
+        shutil.rmtree(_temporary, ignore_errors=True)
+        _temporary = None

@@ -1,0 +1,110 @@
+"""OpenTelemetry span events for lock decisions, when ``opentelemetry-api`` is installed.
+
+The OpenTelemetry Celery instrumentation wraps each execution in a ``run/<task>`` span that is
+current in the thread running ``before_start``. The receivers below add to whatever span is
+current and recording there: attributes ``celery.lock.key`` / ``celery.lock.fence`` /
+``celery.lock.waited_seconds`` and the events ``lock.acquired``, ``lock.duplicate`` (action,
+reason, holder) and ``lock.lost``. A lock is lost in the renewer thread, where the task's span
+is not current: the span current at the acquire is kept, by task id, until the release.
+
+Connected at worker start only when ``opentelemetry`` imports and the setting
+``singleton_lock_trace_events`` is not False; no hard dependency.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from celery import signals
+
+from celery_singleton_lock.celery.observe import timing
+from celery_singleton_lock.celery.signals import lock_acquired, lock_duplicate, lock_lost
+
+#: the recording span of each execution holding its lock in this process, by task id
+_spans: dict[str, Any] = {}
+
+
+def available() -> bool:
+    try:
+        from opentelemetry import trace  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _recording_span() -> Any:
+    from opentelemetry import trace
+
+    span = trace.get_current_span()
+    return span if span.is_recording() else None
+
+
+def _on_acquired(
+    task_id: Optional[str] = None, key: str = "", fence: Optional[int] = None, **_: Any
+) -> None:
+    span = _recording_span()
+    if span is None:
+        return
+    attributes: dict[str, Any] = {"celery.lock.key": key}
+    if fence is not None:
+        attributes["celery.lock.fence"] = fence
+    waited = timing.waited(task_id)
+    if waited is not None:
+        attributes["celery.lock.waited_seconds"] = waited
+    span.set_attributes(attributes)
+    span.add_event("lock.acquired", attributes)
+    if task_id:
+        _spans[task_id] = span
+
+
+def _on_duplicate(
+    key: str = "", holder: Any = None, action: str = "", reason: str = "held", **_: Any
+) -> None:
+    span = _recording_span()
+    if span is None:
+        return
+    holder_id = (holder or {}).get("task_id") if isinstance(holder, dict) else None
+    attributes = {
+        "celery.lock.key": key,
+        "celery.lock.action": action,
+        "celery.lock.reason": reason,
+    }
+    if holder_id:
+        attributes["celery.lock.holder"] = str(holder_id)
+    span.add_event("lock.duplicate", attributes)
+
+
+def _on_lost(task_id: Optional[str] = None, key: str = "", **_: Any) -> None:
+    span = _spans.get(task_id) if task_id else None
+    if span is not None and span.is_recording():
+        span.add_event("lock.lost", {"celery.lock.key": key})
+
+
+def _forget(task_id: Optional[str] = None, **_: Any) -> None:
+    if task_id:
+        _spans.pop(task_id, None)
+
+
+_RECEIVERS = (
+    (lock_acquired, _on_acquired),
+    (lock_duplicate, _on_duplicate),
+    (lock_lost, _on_lost),
+    (signals.task_postrun, _forget),
+)
+
+
+def connect(conf: Any) -> bool:
+    """Add lock events to spans from now on; False when opentelemetry is not installed or
+    the setting turns them off."""
+    if conf.get("singleton_lock_trace_events") is False or not available():
+        return False
+    for signal, receiver in _RECEIVERS:
+        signal.connect(receiver, weak=False, dispatch_uid=f"csl-trace-{receiver.__name__}")
+    timing.connect()
+    return True
+
+
+def disconnect() -> None:
+    for signal, receiver in _RECEIVERS:
+        signal.disconnect(dispatch_uid=f"csl-trace-{receiver.__name__}")
+    _spans.clear()

@@ -1,0 +1,194 @@
+"""Prometheus metrics from a real prefork worker (-c 4): counts of every pool child add up in
+the main process's ``/metrics``, and a child's death loses none of them.
+
+One scenario per module (a worker start is the slow part): 7 calls of a key held from here
+(skipped), then 20 calls of 20 keys (acquired), spread over the pool children; ``/metrics`` is
+scraped, every child is killed with SIGKILL, and it is scraped again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import urllib.request
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import pytest
+import redis
+
+from celery_singleton_lock.celery.observe import metrics
+from celery_singleton_lock.celery.signals import lock_acquired, lock_duplicate, lock_released
+from celery_singleton_lock.engine import Lease, Owner, RedisLocker
+from celery_singleton_lock.errors import LockConfigurationError
+from celery_singleton_lock.testing import RedisServer, free_port
+from tests.celery import lockapp
+from tests.celery.workers import (
+    Servers,
+    children_of,
+    client_app,
+    close_client,
+    unique,
+    worker_group,
+)
+from tests.support import wait_until
+
+prometheus_parser = pytest.importorskip("prometheus_client.parser")
+
+SKIP_TASK = lockapp.hold_skip.name
+SKIPS, ACQUIRES = 7, 20
+
+
+@dataclass
+class MetricsServers(Servers):
+    metrics_port: int = 0
+    metrics_dir: str = ""
+
+    def env(self, queue: str, **extra: str) -> dict[str, str]:
+        return super().env(
+            queue,
+            CSL_METRICS_PORT=str(self.metrics_port),
+            CSL_METRICS_DIR=self.metrics_dir,
+            **extra,
+        )
+
+
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of ``/metrics``: (sample name, sorted labels) -> value."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in prometheus_parser.text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def total(samples: dict[Any, float], metric: str, **labels: str) -> float:
+    return sum(
+        value
+        for (sample, sample_labels), value in samples.items()
+        if sample == metric and all((k, v) in sample_labels for k, v in labels.items())
+    )
+
+
+@dataclass
+class Outcome:
+    before_kill: dict[Any, float]
+    after_kill: dict[Any, float]
+    #: pool processes that ran one of the 20 bodies
+    body_pids: set[int]
+    #: pool processes killed
+    killed: list[int]
+
+
+@pytest.fixture(scope="module")
+def outcome(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Outcome]:
+    with RedisServer.running() as server:
+        servers = MetricsServers(
+            broker_url=server.url,
+            lock=server,
+            backend_url=server.url.replace("/0", "/1"),
+            app="tests.celery.metricsapp",
+            metrics_port=free_port(),
+            metrics_dir=str(tmp_path_factory.mktemp("metrics")),
+        )
+        with worker_group(servers) as group:
+            (worker,) = group.start(concurrency=4)
+            client = client_app(servers, worker.queue)
+            try:
+                yield run_scenario(server, worker, client, servers.metrics_port)
+            finally:
+                close_client(client)
+
+
+def run_scenario(server: RedisServer, worker: Any, client: Any, port: int) -> Outcome:
+    held_key = unique("held")
+    name = lockapp.hold_skip.lock_options.keyer.name((held_key,), {})
+    locker = RedisLocker(redis.Redis.from_url(server.url))
+    lease = locker.try_acquire(name, 60, owner=Owner(task_id="the-holder"), renew=False)
+    assert isinstance(lease, Lease)
+    skipped = [client.send_task(SKIP_TASK, args=[held_key]) for _ in range(SKIPS)]
+    for result in skipped:
+        result.get(timeout=30, propagate=False)
+    lease.release()
+    ran = [
+        client.send_task(SKIP_TASK, args=[unique("free")], kwargs={"seconds": 0.2})
+        for _ in range(ACQUIRES)
+    ]
+    pids = {result.get(timeout=60)["pid"] for result in ran}
+    # a body that deletes its own lock key and waits until it is told the lock is lost
+    lost = client.send_task(lockapp.watches_its_lock.name, args=[unique("lost")])
+    assert lost.get(timeout=30)["lost"]
+    # two calls parked behind a lock of hold_skip that no worker hands on (no queue policy)
+    parked = f"singleton-lock:{{{lockapp.hold_skip.name}:{unique('parked')}}}:parked"
+    server.client().rpush(parked, "t-1", "t-2")
+    before = scrape(port)
+    killed = children_of(worker.pid)
+    for pid in killed:
+        os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: not set(children_of(worker.pid)) & set(killed), timeout=20)
+    return Outcome(before, scrape(port), pids, killed)
+
+
+def test_the_twenty_acquires_ran_in_more_than_one_pool_child(outcome: Outcome) -> None:
+    assert len(outcome.body_pids) > 1
+
+
+def test_acquired_total_sums_to_the_acquires_of_every_pool_child(outcome: Outcome) -> None:
+    assert total(outcome.before_kill, "celery_lock_acquired_total", name=SKIP_TASK) == ACQUIRES
+
+
+def test_duplicates_total_of_action_skip_sums_to_the_skips(outcome: Outcome) -> None:
+    skips = total(
+        outcome.before_kill, "celery_lock_duplicates_total", name=SKIP_TASK, action="skip"
+    )
+    assert skips == SKIPS
+
+
+def test_a_duplicate_is_labelled_with_reason_held(outcome: Outcome) -> None:
+    held = total(outcome.before_kill, "celery_lock_duplicates_total", name=SKIP_TASK, reason="held")
+    assert held == SKIPS
+
+
+def test_every_acquire_is_timed_in_the_acquire_histogram(outcome: Outcome) -> None:
+    timed = total(outcome.before_kill, "celery_lock_acquire_seconds_count", name=SKIP_TASK)
+    assert timed == ACQUIRES
+
+
+def test_every_release_is_timed_in_the_held_histogram(outcome: Outcome) -> None:
+    timed = total(outcome.before_kill, "celery_lock_held_seconds_count", name=SKIP_TASK)
+    assert timed == ACQUIRES
+
+
+def test_a_lock_lost_in_a_pool_child_is_counted(outcome: Outcome) -> None:
+    lost = total(outcome.before_kill, "celery_lock_lost_total", name=lockapp.watches_its_lock.name)
+    assert lost == 1
+
+
+def test_the_parked_gauge_counts_the_calls_parked_behind_locks_of_the_task(
+    outcome: Outcome,
+) -> None:
+    assert total(outcome.before_kill, "celery_lock_parked", name=SKIP_TASK) == 2
+
+
+def test_killing_every_pool_child_loses_no_acquire_already_counted(outcome: Outcome) -> None:
+    assert total(outcome.after_kill, "celery_lock_acquired_total", name=SKIP_TASK) == ACQUIRES
+
+
+def test_killing_every_pool_child_loses_no_skip_already_counted(outcome: Outcome) -> None:
+    skips = total(outcome.after_kill, "celery_lock_duplicates_total", name=SKIP_TASK, action="skip")
+    assert skips == SKIPS
+
+
+def test_with_the_setting_off_no_receiver_is_connected_to_the_lock_signals(
+    own_app: Any,
+) -> None:
+    before = [len(s.receivers) for s in (lock_acquired, lock_duplicate, lock_released)]
+    metrics.set_up(own_app, "celery@here")
+    assert [len(s.receivers) for s in (lock_acquired, lock_duplicate, lock_released)] == before
+
+
+def test_a_metrics_port_that_is_not_a_port_is_refused_naming_the_setting() -> None:
+    with pytest.raises(LockConfigurationError, match="singleton_lock_metrics_port"):
+        metrics.check_settings({"singleton_lock_metrics_port": "9808"})

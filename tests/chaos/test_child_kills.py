@@ -15,7 +15,7 @@ from tests.chaos import kill_soak
 from tests.chaos.test_faults import SEED, full
 
 
-@pytest.mark.parametrize("size", full())
+@pytest.mark.parametrize("size", full(pytest.mark.timeout(1200)))
 def test_child_kills_leave_no_call_hung_lost_doubled_or_overlapping(
     size: str, chaos_figures: Callable[[dict[str, Any]], None]
 ) -> None:

@@ -4,7 +4,7 @@ Imports nothing from Celery. This module is the engine's one surface: the Celery
 (:mod:`celery_singleton_lock.celery`) imports the engine only from here (a test pins it).
 """
 
-from .fork_safety import ForkSafeLock, reset_in_forked_children
+from .fork_safety import ForkSafeLock, no_fork, reset_in_forked_children
 from .keys import LockKeys, validate_prefix
 from .lease import Lease, LockHolder, Owner, Parked
 from .locker import AcquireResult, RedisLocker, new_token
@@ -28,6 +28,7 @@ __all__ = [
     "RedisLocker",
     "Renewer",
     "new_token",
+    "no_fork",
     "process_renewer",
     "reset_in_forked_children",
     "subscribe_releases",

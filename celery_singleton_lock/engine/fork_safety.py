@@ -5,6 +5,10 @@ leases, its renewer's registry and thread state, its kept connections. None of i
 child's. The child must never renew or release its parent's locks, and never read replies on
 its parent's sockets. Every object that holds such per-process state registers here, and is
 reset in the child right after the fork, before the child runs any code of its own.
+
+A lock that belongs to a library, not to us, cannot be reset that way: a section of code that
+takes such locks on a thread other than the one that forks runs under :data:`no_fork`, so
+that the fork waits for it to end instead of copying its locks held.
 """
 
 from __future__ import annotations
@@ -53,3 +57,50 @@ class ForkSafeLock:
 
     def __exit__(self, *exc_info: Any) -> None:
         self._lock.release()
+
+
+class NoForkWhile:
+    """Sections of code during which this process does not fork: ``os.fork()`` waits until
+    the section running ends (``with no_fork: ...``), and sections wait while a fork runs.
+
+    For a section that takes locks which a child will need and no fork handler resets, run on
+    a thread other than the one that forks. A thread holding such a lock does not exist in the
+    child, so nothing ever releases the copy there: the child blocks for ever at its next use.
+    The case it is made for: the worker's main process sends messages (kombu, Celery) from
+    background threads while its main thread forks pool children, and every kombu or Celery
+    ``cached_property`` takes a lock, one per property shared by all instances, at each access,
+    dozens per message sent (issue 19: a replacement pool child hung in ``Celery.amqp``
+    handing on its lock after its body). Waiting is the cheap side: a fork waits at most for
+    one section; a child forked in the middle of one would hang for good.
+
+    Nothing under it may fork, nor wait for the thread that forks.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        # ``before`` runs in the forking thread before the interpreter takes its own locks
+        # (import, and logging's, registered earlier, runs after this one), so a section
+        # may import and log.
+        os.register_at_fork(
+            before=self.__enter__,
+            after_in_parent=self._release,
+            after_in_child=self._after_fork_in_child,
+        )
+
+    def _after_fork_in_child(self) -> None:
+        # the forking thread took it; in the child no section runs
+        self._lock = threading.Lock()
+
+    def _release(self) -> None:
+        self._lock.release()
+
+    def __enter__(self) -> NoForkWhile:
+        self._lock.acquire()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._lock.release()
+
+
+#: The one section guard of this process (one lock: a fork waits for one section at most).
+no_fork = NoForkWhile()

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
 import time
+from typing import Any, ContextManager, Optional
 
 import redis
 
@@ -61,27 +63,44 @@ def test_child_does_not_renew_inherited_leases_but_renews_its_own(
     parent_lease.release()
 
 
-def test_a_lock_held_by_another_thread_at_the_fork_is_free_in_the_child() -> None:
-    from celery_singleton_lock.engine import lease as lease_module
-
-    held, release = threading.Event(), threading.Event()
+def _child_forked_while_a_thread_holds(
+    lock: Any, section: Optional[ContextManager[Any]] = None, seconds: float = 0.0
+) -> int:
+    """Exit code of a child forked while another thread, inside ``section``, holds ``lock``
+    (until the child is done, or ``seconds``): 0 if the child takes ``lock``, SIGALRM's after
+    3 s if its copy is held for ever."""
+    held, done = threading.Event(), threading.Event()
 
     def hold_it() -> None:
-        with lease_module._state_lock:
+        with section or contextlib.nullcontext(), lock:
             held.set()
-            release.wait(10)
+            done.wait(seconds or 10)
 
     holder = threading.Thread(target=hold_it)
     holder.start()
     held.wait(5)
     try:
         pid = os.fork()
-        if pid == 0:  # the child: a lock copied while held would hang here forever
+        if pid == 0:
             signal.alarm(3)
-            with lease_module._state_lock:
+            with lock:
                 os._exit(0)
         _, status = os.waitpid(pid, 0)
     finally:
-        release.set()
+        done.set()
         holder.join(5)
-    assert os.waitstatus_to_exitcode(status) == 0
+    return os.waitstatus_to_exitcode(status)
+
+
+def test_a_lock_held_by_another_thread_at_the_fork_is_free_in_the_child() -> None:
+    from celery_singleton_lock.engine import lease as lease_module
+
+    assert _child_forked_while_a_thread_holds(lease_module._state_lock) == 0
+
+
+def test_a_fork_waits_for_a_no_fork_section_and_the_child_finds_its_locks_free() -> None:
+    # A lock of a library that no fork handler resets (kombu's cached properties), taken by
+    # another thread inside a section: the fork waits for the section, lock released.
+    from celery_singleton_lock.engine import no_fork
+
+    assert _child_forked_while_a_thread_holds(threading.RLock(), no_fork, seconds=0.3) == 0

@@ -42,6 +42,7 @@ from kombu.utils import json
 from celery_singleton_lock.celery import celery_api
 from celery_singleton_lock.celery.config.lockers import locker_for
 from celery_singleton_lock.celery.config.options import handoff_settings
+from celery_singleton_lock.engine import no_fork
 from celery_singleton_lock.errors import LockError
 
 log = logging.getLogger("celery_singleton_lock.handoff")
@@ -104,7 +105,11 @@ def publish(app: Any, message: bytes, name: str) -> bool:
     for _ in range(MAX_DROPS):
         task_id = _task_id_of(message)
         try:
-            celery_api.send_message(app, _decoded(message))
+            # The worker's main process sends from its reclaim and sweeper threads while its
+            # main thread forks pool children: a child forked mid-send would keep the locks
+            # kombu and Celery take on the way (one per cached property) held for ever.
+            with no_fork:
+                celery_api.send_message(app, _decoded(message))
         except UNREADABLE as exc:
             log.error(
                 "task %s parked behind lock %s DROPPED: its parked message cannot be read or "

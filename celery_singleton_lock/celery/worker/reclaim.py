@@ -16,6 +16,7 @@ from celery_singleton_lock.celery.config.lockers import locker_for
 from celery_singleton_lock.celery.duplicates import parking as handoff
 from celery_singleton_lock.celery.signals import lock_released
 from celery_singleton_lock.celery.task.locked_task import LockedTask
+from celery_singleton_lock.engine import no_fork
 from celery_singleton_lock.errors import LockError
 
 log = logging.getLogger("celery_singleton_lock.worker")
@@ -94,13 +95,14 @@ def reclaim_dead_holder(task: LockedTask, task_id: str, args: Any, kwargs: Any, 
                     )
                     hand_on(task, locker, name)
                     if lock_released.receivers:
-                        lock_released.send(
-                            sender=task,
-                            task_id=task_id,
-                            key=holder.key,
-                            owned=True,
-                            reclaimed=True,
-                        )
+                        with no_fork:  # Celery's Signal takes a lock (see parking.publish)
+                            lock_released.send(
+                                sender=task,
+                                task_id=task_id,
+                                key=holder.key,
+                                owned=True,
+                                reclaimed=True,
+                            )
                 return freed
             if time.monotonic() > deadline:
                 log.warning(

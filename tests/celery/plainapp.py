@@ -1,8 +1,10 @@
 """An app that takes no locks of this package: plain tasks and celery-singleton's own
 ``Singleton``, configured with every celery-singleton setting (tests/celery/test_plain_app.py).
 
-celery-singleton-lock is merely installed: the ``celery`` command imports it (its ``locks``
-command is a ``celery.commands`` entry point), and it must leave this app alone. The app also
+celery-singleton-lock is installed (the ``celery`` command loads its light ``locks`` group, a
+``celery.commands`` entry point, which imports none of the Celery layer), and this app even
+imports the Celery layer itself, whose import connects the worker-side signal receivers: with
+no locked task declared, they must leave the app alone. The app also
 names a lock server of ours (``singleton_lock_url``): the tests read from that server that no
 worker ever connected to it.
 
@@ -25,6 +27,8 @@ from typing import Any
 import redis
 from celery import Celery, signals
 from celery_singleton import Singleton
+
+import celery_singleton_lock.celery  # noqa: F401  (connects our receivers; no LockedTask here)
 
 app = Celery("plainapp")
 

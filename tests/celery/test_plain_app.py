@@ -137,10 +137,10 @@ def run(
 
 
 @pytest.mark.parametrize("pool", POOLS)
-def test_celery_command_imports_this_package_in_a_plain_worker(
+def test_our_receivers_are_connected_in_the_plain_worker(
     run: Callable[[str], Run], pool: str
 ) -> None:
-    # the condition the other tests are about: our receivers are connected in this worker
+    # the condition the other tests are about: the app imports the Celery layer
     assert run(pool).report.get("ours_imported") is True, run(pool).log
 
 

@@ -50,3 +50,9 @@ def test_the_pytest_plugin_loads_neither_celery_nor_pytest_celery() -> None:
 def test_the_testing_helpers_load_no_pytest() -> None:
     loaded = modules_loaded_by("import celery_singleton_lock.testing")
     assert not top_level(loaded) & {"pytest", "_pytest"}
+
+
+def test_the_celery_command_entry_point_loads_no_celery_layer() -> None:
+    # every `celery` process (a plain app's worker too) loads it: it must connect nothing
+    loaded = modules_loaded_by("import celery_singleton_lock.command_line")
+    assert not {name for name in loaded if name.startswith("celery_singleton_lock.celery")}

@@ -48,6 +48,7 @@ from celery_singleton_lock.celery.cli.lock_release import (
     ping_timeout_option,
     release_lock,
 )
+from celery_singleton_lock.command_line import OneLineGroup
 from celery_singleton_lock.engine import LockKeys
 from celery_singleton_lock.errors import LockConfigurationError, LockError
 
@@ -103,40 +104,7 @@ def _one_line_errors() -> Iterator[None]:
         raise CliError(str(exc)) from None
 
 
-class _OneLineGroup(click.Group):
-    """Says a usage error (unknown option, bad --limit...) in one line, like every other error:
-    click would print the usage and a hint first."""
-
-    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
-        with _usage_in_one_line():
-            return super().make_context(*args, **kwargs)
-
-    def invoke(self, ctx: click.Context) -> Any:
-        with _usage_in_one_line():
-            return super().invoke(ctx)
-
-
-_NO_ARGS_IS_HELP: tuple[type[BaseException], ...] = tuple(
-    getattr(click.exceptions, name)
-    for name in ("NoArgsIsHelpError",)
-    if hasattr(click.exceptions, name)
-)
-
-
-@contextlib.contextmanager
-def _usage_in_one_line() -> Iterator[None]:
-    try:
-        yield
-    except click.UsageError as exc:
-        # no arguments at all: click (8.2+) shows the help, through a UsageError
-        if exc.ctx is None or isinstance(exc, _NO_ARGS_IS_HELP):
-            raise
-        raise click.UsageError(
-            f"{exc.format_message()} (see {exc.ctx.command_path} --help)"
-        ) from None
-
-
-@click.group(cls=_OneLineGroup)
+@click.group(cls=OneLineGroup)
 @click.option(
     "--url", metavar="URL", help="Redis URL of the lock server: redis://, rediss:// or unix://."
 )

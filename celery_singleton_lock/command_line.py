@@ -1,0 +1,107 @@
+"""Click plumbing both lock commands share, importable without the Celery layer.
+
+``celery -A proj locks ...`` is added to Celery's own command through the ``celery.commands``
+entry point (pyproject.toml), which the ``celery`` command loads in EVERY ``celery`` process:
+``celery worker`` of an app that takes no locks included. So the group it loads is this light
+one: its sub-commands (:mod:`celery_singleton_lock.celery.cli`) are imported only when
+``celery locks ...`` itself runs, and a worker of an app with no locked task never imports the
+Celery layer (whose import connects signal receivers). ``list``, ``show``, ``release``... are
+the very command objects of the standalone ``celery-singleton-lock`` command.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from typing import Any, Iterator, Optional
+
+import click
+
+#: ``celery locks`` sub-command name -> (module, attribute), imported on first use.
+SUBCOMMANDS = {
+    "list": ("celery_singleton_lock.celery.cli.commands", "list_command"),
+    "show": ("celery_singleton_lock.celery.cli.commands", "show"),
+    "release": ("celery_singleton_lock.celery.cli.commands", "release"),
+    "clear-queued": ("celery_singleton_lock.celery.cli.commands", "clear_queued"),
+    "doctor": ("celery_singleton_lock.celery.cli.doctor", "doctor"),
+    "serve": ("celery_singleton_lock.celery.cli.console", "serve"),
+}
+
+_NO_ARGS_IS_HELP: tuple[type[BaseException], ...] = tuple(
+    getattr(click.exceptions, name)
+    for name in ("NoArgsIsHelpError",)
+    if hasattr(click.exceptions, name)
+)
+
+
+@contextlib.contextmanager
+def usage_in_one_line() -> Iterator[None]:
+    """A usage error (unknown option, bad --limit...) said in one line, like every other error:
+    click would print the usage and a hint first."""
+    try:
+        yield
+    except click.UsageError as exc:
+        # no arguments at all: click (8.2+) shows the help, through a UsageError
+        if exc.ctx is None or isinstance(exc, _NO_ARGS_IS_HELP):
+            raise
+        raise click.UsageError(
+            f"{exc.format_message()} (see {exc.ctx.command_path} --help)"
+        ) from None
+
+
+class OneLineGroup(click.Group):
+    """A click group whose usage errors are one line (:func:`usage_in_one_line`)."""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        with usage_in_one_line():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with usage_in_one_line():
+            return super().invoke(ctx)
+
+
+class LazyGroup(OneLineGroup):
+    """A group whose sub-commands (:data:`SUBCOMMANDS`) are imported when one is asked for."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(SUBCOMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> Optional[click.Command]:
+        where = SUBCOMMANDS.get(cmd_name)
+        if where is None:
+            return None
+        module, attribute = where
+        command: click.Command = getattr(importlib.import_module(module), attribute)
+        return command
+
+
+def app_label(app: Any) -> str:
+    """How the app Celery loaded is named in messages (``Target.source``)."""
+    return f"app {app.main!r}" if getattr(app, "main", None) else "Celery's default app (no -A)"
+
+
+@click.group(name="locks", cls=LazyGroup)
+@click.option(
+    "--url",
+    metavar="URL",
+    help="Redis URL of the lock server, instead of the one the app's workers use.",
+)
+@click.option("--prefix", help="Key prefix of the locks (default: the app's).")
+@click.pass_context
+def locks(
+    ctx: click.Context, /, url: Optional[str], prefix: Optional[str], **_preload: Any
+) -> None:
+    """List and show celery-singleton-lock locks, release an abandoned one.
+
+    The lock server and key prefix are the ones the app's workers use (its
+    singleton_lock_url, else its Redis broker, else its Redis result backend). Every command
+    names the server it queried on stderr.
+
+    Exit status: 0 done, 1 nothing to do (the lock is free), 2 an error or a refused release.
+    """
+    # ``**_preload``: Celery adds the app's preload options to every sub-command
+    from celery_singleton_lock.celery.cli.commands import Settings  # a locks command runs
+
+    app = ctx.obj.app
+    ctx.obj = Settings(url=url, app_path=None, prefix=prefix, app=app, app_label=app_label(app))

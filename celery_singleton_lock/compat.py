@@ -43,7 +43,7 @@ from celery_singleton_lock.celery.config.lockers import locker_for
 from celery_singleton_lock.celery.config.options import UNSET, LockOptions, queued_seconds
 from celery_singleton_lock.celery.duplicates import enqueue
 from celery_singleton_lock.celery.task.locked_task import LockedTask
-from celery_singleton_lock.engine import LockKeys, RedisLocker
+from celery_singleton_lock.engine import LockBackend, LockKeys
 from celery_singleton_lock.errors import DuplicateTaskError as _DuplicateTaskError
 from celery_singleton_lock.errors import LockConfigurationError, LockError
 
@@ -125,7 +125,7 @@ def _keys_to_lock_on(task_name: str, keys: Any) -> tuple[Optional[Sequence[str]]
     return (tuple(keys), None) if keys else (None, _one_per_task)
 
 
-def _countdown(locker: RedisLocker, name: str, timeout: float) -> float:
+def _countdown(locker: LockBackend, name: str, timeout: float) -> float:
     """:attr:`AlreadyQueued.countdown` for lock ``name`` (see there)."""
     remaining = locker.queued_for(name)
     if remaining is not None:

@@ -30,7 +30,7 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from celery_singleton_lock.engine import Lease, LockHolder, Owner
+from celery_singleton_lock.engine import AcquireRequest, Lease, LockHolder, Owner
 from celery_singleton_lock.errors import DuplicateTaskError, LockConfigurationError, LockLostError
 
 __all__ = ["HOLD_LOCK_TASK_ID", "RedisServer", "find_redis_server", "free_port", "hold_lock"]
@@ -235,8 +235,10 @@ def hold_lock(task: Any, *args: Any, **kwargs: Any) -> Iterator[Lease]:
         )
     options = task.lock_options
     name = options.keyer.name(args, kwargs)
-    outcome = locker_for(task.app).try_acquire(
-        name, options.ttl, owner=Owner(task_id=HOLD_LOCK_TASK_ID), fencing=options.fencing
+    outcome = locker_for(task.app).acquire(
+        AcquireRequest(
+            name, options.ttl, owner=Owner(task_id=HOLD_LOCK_TASK_ID), fencing=options.fencing
+        )
     )
     if isinstance(outcome, LockHolder):
         raise DuplicateTaskError(

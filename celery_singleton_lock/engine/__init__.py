@@ -4,28 +4,47 @@ Imports nothing from Celery. This module is the engine's one surface: the Celery
 (:mod:`celery_singleton_lock.celery`) imports the engine only from here (a test pins it).
 """
 
+from .backend import (
+    AcquireOutcome,
+    AcquireRequest,
+    AcquireResult,
+    Capabilities,
+    LockBackend,
+    LockReader,
+    ReleaseSubscription,
+)
 from .fork_safety import ForkSafeLock, no_fork, reset_in_forked_children
 from .keys import LockKeys, validate_prefix
 from .lease import Lease, LockHolder, Owner, Parked
-from .locker import AcquireResult, RedisLocker, new_token
+from .locker import CLUSTER, SINGLE_SERVER, RedisLocker, new_token
+from .quorum_reading import QUORUM
 from .reading import Client, LockInspector
 from .redlock import MIN_SERVERS, QuorumLocker
 from .renewer import Renewer, process_renewer
 from .waiting import subscribe_releases, wait_for_release
 
 __all__ = [
+    "CLUSTER",
     "MIN_SERVERS",
+    "QUORUM",
+    "SINGLE_SERVER",
+    "AcquireOutcome",
+    "AcquireRequest",
     "AcquireResult",
+    "Capabilities",
     "Client",
     "ForkSafeLock",
     "Lease",
+    "LockBackend",
     "LockHolder",
     "LockInspector",
     "LockKeys",
+    "LockReader",
     "Owner",
     "Parked",
     "QuorumLocker",
     "RedisLocker",
+    "ReleaseSubscription",
     "Renewer",
     "new_token",
     "no_fork",

@@ -15,7 +15,7 @@ from celery_singleton_lock.engine.keys import LockKeys
 from celery_singleton_lock.engine.scripts import TOKEN_LENGTH
 
 if TYPE_CHECKING:
-    from celery_singleton_lock.engine.locker import RedisLocker
+    from celery_singleton_lock.engine.backend import LockBackend
 
 log = logging.getLogger("celery_singleton_lock.renewal")
 
@@ -202,7 +202,7 @@ class Lease:
     def __init__(
         self,
         *,
-        locker: RedisLocker,
+        locker: LockBackend,
         keys: LockKeys,
         token: str,
         ttl: float,
@@ -276,7 +276,7 @@ class Lease:
     def release(self, *, remember_for: Optional[float] = None) -> bool:
         """Release through the locker that granted the lease; True if it was still ours.
 
-        ``remember_for``: see :meth:`RedisLocker.release`.
+        ``remember_for``: see :meth:`~.locker.RedisLocker.release`.
         """
         return self.locker.release(self, remember_for=remember_for)
 

@@ -38,6 +38,15 @@ class LockInspector:
             iter(self._read_many([LockKeys.build(self.prefix, name).lock], strict=True)), None
         )
 
+    def per_server(self, name: str) -> list[tuple[str, Any]]:
+        """``(server, holder or None or the error)`` of lock ``name``: one server's view here
+        (a quorum's inspector gives each of its servers')."""
+        try:
+            seen: Any = self.read(name)
+        except LockBackendUnavailable as exc:
+            seen = exc
+        return [(server_address(self.client), seen)]
+
     def fence(self, name: str) -> int:
         """The last fence handed out for ``name`` (0 if none yet)."""
         key = LockKeys.build(self.prefix, name).fence
@@ -114,3 +123,12 @@ class LockInspector:
             elif strict:
                 raise server_errors.not_a_lock(key)
         return holders
+
+
+def server_address(client: Any) -> str:
+    """``host:port`` (or the socket path) of one server's client, for people."""
+    pool: Any = getattr(client, "connection_pool", None)
+    kwargs = pool.connection_kwargs if pool is not None else {}
+    if "path" in kwargs:
+        return str(kwargs["path"])
+    return f"{kwargs.get('host')}:{kwargs.get('port')}"

@@ -14,7 +14,7 @@ from redis.retry import Retry
 
 from celery_singleton_lock.engine import Lease, LockHolder, Owner, Renewer
 from celery_singleton_lock.engine.redlock import QuorumLocker, drift
-from celery_singleton_lock.engine.waiting import subscribe_releases, wait_for_release
+from celery_singleton_lock.engine.waiting import wait_for_release
 from celery_singleton_lock.errors import (
     AlreadyFinished,
     LockBackendUnavailable,
@@ -291,7 +291,7 @@ def test_a_waiter_is_woken_by_a_release_with_one_server_stopped(
     servers[0].stop()
     lease = quorum.try_acquire("job", 30, renew=False)
     assert isinstance(lease, Lease)
-    pubsub = subscribe_releases(quorum.client, lease.keys.channel)  # type: ignore[arg-type]
+    pubsub = quorum.subscribe_releases("job")
     try:
         releaser = threading.Timer(0.2, lease.release)
         releaser.start()

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, TypeVar
 
 import click
 import redis
 
-from celery_singleton_lock.celery.config.lockers import make_locker
 from celery_singleton_lock.celery.config.options import lock_prefix
 from celery_singleton_lock.celery.config.quorum_settings import quorum_urls
 from celery_singleton_lock.celery.config.servers import (
@@ -21,7 +20,14 @@ from celery_singleton_lock.celery.config.servers import (
     transport_options,
 )
 from celery_singleton_lock.celery.config.urls import redact, redact_loosely
-from celery_singleton_lock.engine import LockInspector, QuorumLocker, RedisLocker, validate_prefix
+from celery_singleton_lock.engine import (
+    Client,
+    LockBackend,
+    LockReader,
+    QuorumLocker,
+    RedisLocker,
+    validate_prefix,
+)
 from celery_singleton_lock.errors import LockBackendUnavailable, LockConfigurationError, LockError
 
 T = TypeVar("T")
@@ -80,16 +86,31 @@ def load_app(app_path: str) -> Any:
 
 @dataclass
 class Target:
-    """An inspector and the server it reads, for the commands below."""
+    """The lock backend of the server(s) the commands below work on."""
 
-    inspector: LockInspector
+    #: the backend made for the command: a ``RedisLocker``, or a quorum's for a Redlock quorum
+    backend: LockBackend
     url: str
     #: where ``url`` came from, for the user: "--url", "-A proj:app, its broker_url"...
     source: str
     app: Any = None
-    #: the quorum's locker when ``url`` names a Redlock quorum (its ``inspect`` is
-    #: ``inspector``); None for one server
-    quorum: Optional[QuorumLocker] = None
+    #: one client per server: a quorum's, in order, or the one server's (a Cluster's client)
+    clients: list[Client] = field(default_factory=list)
+
+    @property
+    def quorum(self) -> bool:
+        """True when ``url`` names a Redlock quorum (``show`` gives each server's view)."""
+        return len(self.clients) > 1
+
+    @property
+    def client(self) -> Client:
+        """The one server's client (a quorum's first), for what is read outside the locks."""
+        return self.clients[0]
+
+    @property
+    def inspector(self) -> LockReader:
+        """Reads the locks under the target's prefix (every server of a quorum)."""
+        return self.backend.inspect
 
     @property
     def server(self) -> str:
@@ -97,16 +118,11 @@ class Target:
         return f"{redact(self.url)} (from {self.source})"
 
     def close(self) -> None:
-        if self.quorum is not None:
-            self.quorum.close()
-        else:
-            self.inspector.client.close()
+        self.backend.close()
 
-    def locker(self) -> RedisLocker:
+    def locker(self) -> LockBackend:
         """A locker writing where ``inspector`` reads (every server of a quorum)."""
-        if self.quorum is not None:
-            return self.quorum
-        return RedisLocker(self.inspector.client, prefix=self.inspector.prefix)
+        return self.backend
 
 
 def open_target(
@@ -143,10 +159,11 @@ def open_target(
     prefix = validate_prefix(prefix if prefix is not None else "singleton-lock")
     sentinel_options = transport_options(app.conf, setting) if app is not None else None
     check_url(url, sentinel_options)
-    if quorum_urls(url) is not None:
-        locker = make_locker(url, options, None, cluster=False, prefix=prefix)
-        assert isinstance(locker, QuorumLocker)
-        return Target(inspector=locker.inspect, url=url, source=source, app=app, quorum=locker)
+    servers = quorum_urls(url)
+    if servers is not None:
+        clients: list[Client] = [make_client(part, options, cluster=False) for part in servers]
+        quorum = QuorumLocker(clients, prefix=prefix)  # type: ignore[arg-type]  # plain clients
+        return Target(backend=quorum, url=url, source=source, app=app, clients=clients)
     try:
         client = make_client(
             url,
@@ -156,7 +173,8 @@ def open_target(
         )
     except (ValueError, TypeError) as exc:  # what redis-py raises for a URL or option it refuses
         raise LockConfigurationError(f"cannot connect to {redact_loosely(url)}: {exc}") from None
-    return Target(inspector=LockInspector(client, prefix=prefix), url=url, source=source, app=app)
+    backend = RedisLocker(client, prefix=prefix)
+    return Target(backend=backend, url=url, source=source, app=app, clients=[client])
 
 
 # -- the commands' work ----------------------------------------------------------------------

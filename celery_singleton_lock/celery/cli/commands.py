@@ -251,9 +251,9 @@ def show(
         try:
             name = lock_name_from_key(target, name)
             holder, fence = read_lock(target, name)
-            views = None if target.quorum is None else target.quorum.inspect.per_server(name)
             inspector = target.inspector
-            parked = [] if views is not None else asking(target, lambda: inspector.parked(name))
+            views = inspector.per_server(name) if target.quorum else None
+            parked = asking(target, lambda: inspector.parked(name))
             if settings.has_app and holder is None and not fence and not parked:
                 # the app's locks are its tasks' (without one, --url alone, a lock may be
                 # the engine's, under a name of its own)

@@ -70,9 +70,9 @@ def _text(value: Any) -> str:
 def _servers(target: Target) -> list[tuple[str, redis.Redis]]:
     """Every Redis server holding locks, as (label, client): a quorum's servers, a
     Cluster's primaries, or the one server (a Sentinel group's master)."""
-    if target.quorum is not None:
-        return [(f"quorum server {i + 1}", s.client) for i, s in enumerate(target.quorum.servers)]  # type: ignore[misc]
-    client = target.inspector.client
+    if target.quorum:
+        return [(f"quorum server {i + 1}", c) for i, c in enumerate(target.clients)]  # type: ignore[misc]
+    client = target.client
     if isinstance(client, RedisCluster):
         return [
             (f"cluster primary {node.name}", client.get_redis_connection(node))
@@ -138,7 +138,7 @@ def check_persistence(servers: list[tuple[str, redis.Redis]], app: Any) -> list[
 
 def check_topology(target: Target) -> list[Finding]:
     """What the Sentinels, the Cluster or the quorum say of themselves, from here."""
-    if target.quorum is not None:
+    if target.quorum:
         down = []
         for label, server in _servers(target):
             try:
@@ -148,18 +148,17 @@ def check_topology(target: Target) -> list[Finding]:
         if not down:
             return []
         severity = (
-            "error" if len(target.quorum.servers) - len(down) < target.quorum.quorum else "warning"
+            "error" if len(target.clients) - len(down) <= len(target.clients) // 2 else "warning"
         )
         return [
             Finding(
                 severity,
                 "quorum",
-                f"{len(down)} of {len(target.quorum.servers)} servers do not answer: "
-                + ", ".join(down),
+                f"{len(down)} of {len(target.clients)} servers do not answer: " + ", ".join(down),
                 "bring them back: a quorum needs a majority answering to take any lock",
             )
         ]
-    client = target.inspector.client
+    client = target.client
     if isinstance(client, RedisCluster):
         return _cluster_health(client)
     pool = getattr(client, "connection_pool", None)
@@ -260,9 +259,9 @@ def check_orphans(target: Target, app: Any, ping_timeout: float) -> list[Finding
 def check_markers(target: Target, app: Any) -> list[Finding]:
     """Enqueue markers (dedupe_on_enqueue) with no TTL, or naming a task that already ran:
     either blocks new calls of its lock name."""
-    if target.quorum is not None:
+    if target.quorum:
         return []
-    client, prefix = target.inspector.client, target.inspector.prefix
+    client, prefix = target.client, target.inspector.prefix
     keys, _ = _scan(client, f"{prefix}:{{*}}:queued", "string")
     if not keys:
         return []
@@ -294,7 +293,7 @@ def check_markers(target: Target, app: Any) -> list[Finding]:
 
 
 def _parked_behind_free(target: Target) -> dict[str, int]:
-    client, prefix = target.inspector.client, target.inspector.prefix
+    client, prefix = target.client, target.inspector.prefix
     keys, _ = _scan(client, f"{prefix}:{{*}}:parked", "list")
     if not keys:
         return {}
@@ -315,7 +314,7 @@ def check_parked(
 ) -> list[Finding]:
     """Calls parked behind a lock that is free: a hand-off sweeper should have sent the oldest.
     Looked at twice, a sweep interval apart, so a hand-off under way is not reported."""
-    if target.quorum is not None:
+    if target.quorum:
         return []
     first = _parked_behind_free(target)
     if not first:
@@ -338,9 +337,9 @@ def check_parked(
 
 
 def check_counts(target: Target) -> list[Finding]:
-    if target.quorum is not None:
+    if target.quorum:
         return []
-    client, prefix = target.inspector.client, target.inspector.prefix
+    client, prefix = target.client, target.inspector.prefix
     found = []
     for what, match in (
         ("fence counters", f"{prefix}:{{*}}:fence"),

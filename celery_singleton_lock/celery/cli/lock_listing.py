@@ -50,13 +50,11 @@ def list_locks(target: Target, limit: int) -> Listing:
             if len(holders) >= limit:
                 return Listing(holders, True, [], parked_counts(holders))
             holders.append(holder)
-        inspector = target.inspector
-        others = [] if holders else lock_shaped_prefixes(inspector.client, inspector.prefix)
+        client, prefix = target.client, target.inspector.prefix
+        others = [] if holders or target.quorum else lock_shaped_prefixes(client, prefix)
         return Listing(holders, False, others, parked_counts(holders))
 
     def parked_counts(holders: list[LockHolder]) -> list[int]:
-        if target.quorum is not None:  # a quorum parks nothing (queue is refused there)
-            return [0] * len(holders)
         return target.inspector.parked_counts([holder.key for holder in holders])
 
     return asking(target, collect)

@@ -101,9 +101,7 @@ def release_lock(
     )
     if released:
         # calls parked behind it: a worker's sweeper hands the lock on at its next tick
-        parked = (
-            0 if target.quorum is not None else asking(target, lambda: locker.hand_off_soon(name))
-        )
+        parked = asking(target, lambda: locker.hand_off_soon(name))
         return Released(holder, True, parked=parked)
     return Released(holder, False, asking(target, lambda: inspector.read(name)))
 

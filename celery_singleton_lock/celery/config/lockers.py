@@ -13,13 +13,13 @@ from celery_singleton_lock.celery.config.options import lock_prefix
 from celery_singleton_lock.celery.config.quorum_settings import quorum_urls
 from celery_singleton_lock.celery.config.servers import (
     choose_url,
-    close_client,
     cluster_setting,
     make_client,
     transport_options,
 )
 from celery_singleton_lock.engine import (
     ForkSafeLock,
+    LockBackend,
     QuorumLocker,
     RedisLocker,
     reset_in_forked_children,
@@ -28,7 +28,7 @@ from celery_singleton_lock.errors import LockConfigurationError
 
 log = logging.getLogger("celery_singleton_lock.worker")
 
-_lockers: weakref.WeakKeyDictionary[Any, RedisLocker] = weakref.WeakKeyDictionary()
+_lockers: weakref.WeakKeyDictionary[Any, LockBackend] = weakref.WeakKeyDictionary()
 _lockers_lock = ForkSafeLock()
 
 
@@ -49,7 +49,7 @@ _child_lockers = _ChildMakesItsOwnLockers()
 reset_in_forked_children(_child_lockers)
 
 
-def locker_for(app: Any) -> RedisLocker:
+def locker_for(app: Any) -> LockBackend:
     """The locker of ``app`` in this process (created on first use; see
     :class:`_ChildMakesItsOwnLockers` for a forked child).
 
@@ -87,7 +87,7 @@ def make_locker(
     *,
     cluster: Optional[bool],
     prefix: str,
-) -> RedisLocker:
+) -> LockBackend:
     """The locker of the server(s) ``url`` names: a :class:`QuorumLocker` over a client per
     server for a quorum (see :mod:`.quorum_settings`), else a ``RedisLocker`` over
     :func:`make_client`.
@@ -111,15 +111,12 @@ def make_locker(
             len(servers) - 1,
         )
     clients = [make_client(part, options, cluster=False) for part in servers]
-    return QuorumLocker(clients, prefix=prefix)  # type: ignore[arg-type]
+    return QuorumLocker(clients, prefix=prefix)  # type: ignore[arg-type]  # plain clients
 
 
-def close_locker(locker: RedisLocker) -> None:
+def close_locker(locker: LockBackend) -> None:
     """Close ``locker``'s connections (every server's, for a quorum)."""
-    if isinstance(locker, QuorumLocker):
-        locker.close()
-    else:
-        close_client(locker.client)
+    locker.close()
 
 
 def forget_locker(app: Any) -> None:
@@ -130,6 +127,6 @@ def forget_locker(app: Any) -> None:
         close_locker(locker)
 
 
-def all_lockers() -> list[RedisLocker]:
+def all_lockers() -> list[LockBackend]:
     with _lockers_lock:
         return list(_lockers.values())

@@ -14,7 +14,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, NamedTuple, Optional
 
 from celery_singleton_lock.arguments import ArgumentKeyer
-from celery_singleton_lock.celery.config.quorum_settings import refuse_on_quorum
+from celery_singleton_lock.celery.config.backend_support import (
+    capabilities_from_settings,
+    refuse_unsupported,
+)
 from celery_singleton_lock.engine import LockKeys, validate_prefix
 from celery_singleton_lock.errors import LockConfigurationError
 
@@ -498,7 +501,8 @@ def resolve(
             f"task {task_name}: dedupe_on_enqueue must be True or False, got {dedupe!r}"
         )
     queued_ttl = queued_seconds(task_name, "lock_queued_ttl", value["lock_queued_ttl"])
-    refuse_on_quorum(task_name, value, conf)  # fences, replicas, markers need one server
+    # fences, replicas, markers, parking: refused here on a quorum (the settings name it)
+    refuse_unsupported(task_name, value, capabilities_from_settings(conf))
     prefix = lock_prefix(conf)
     try:
         validate_prefix(prefix)

@@ -39,7 +39,6 @@ from celery_singleton_lock.engine import (
     Lease,
     LockHolder,
     Parked,
-    subscribe_releases,
     wait_for_release,
 )
 from celery_singleton_lock.errors import (
@@ -240,7 +239,7 @@ def release_notifications(
     now sends the duplicate on a lock retry, as the acquire's own outage does."""
     locker = duplicate.task.lock_locker
     try:
-        pubsub = subscribe_releases(locker.client, locker.keys(duplicate.name).channel)
+        pubsub = locker.subscribe_releases(duplicate.name)
     except LockBackendUnavailable as exc:
         retry(duplicate, exc, extra_headers=extra_headers)
     try:

@@ -36,7 +36,15 @@ from celery_singleton_lock.celery.task.execution import (
 )
 from celery_singleton_lock.celery.task.lock_view import LockHandle
 from celery_singleton_lock.celery.task.replica_pause import PAUSE
-from celery_singleton_lock.engine import Lease, LockHolder, Owner, Parked, RedisLocker
+from celery_singleton_lock.engine import (
+    AcquireRequest,
+    AcquireResult,
+    Lease,
+    LockBackend,
+    LockHolder,
+    Owner,
+    Parked,
+)
 from celery_singleton_lock.errors import (
     AlreadyFinished,
     DuplicateTaskError,
@@ -166,7 +174,7 @@ class LockedTask(Task):  # type: ignore[misc]
         return self._lock_options or self.resolve_lock_options()
 
     @property
-    def lock_locker(self) -> RedisLocker:
+    def lock_locker(self) -> LockBackend:
         """The engine locker this task's app uses."""
         return locker_for(self.app)
 
@@ -257,25 +265,30 @@ class LockedTask(Task):  # type: ignore[misc]
             park = handoff.parked_message(self, request)
             unless_finished = True
 
-        def acquire(park: Optional[bytes] = None) -> Any:
-            return self.lock_locker.try_acquire(
-                name,
-                options.ttl,
-                owner=lock_owner(task_id, request, os.getpid()),
-                fencing=options.fencing,
-                max_lifetime=self._hard_time_limit(request, options),
-                on_lost=self._on_lock_lost,
-                unless_finished=unless_finished,
-                min_replicas=options.min_replicas,
-                replica_timeout=options.min_replicas_timeout,
-                take_queued=take_queued,
-                park=park,
-                reservation_ttl=options.handoff_timeout,
-            )
+        locker = self.lock_locker
+        wanted = AcquireRequest(
+            name,
+            options.ttl,
+            owner=lock_owner(task_id, request, os.getpid()),
+            fencing=options.fencing,
+            max_lifetime=self._hard_time_limit(request, options),
+            on_lost=self._on_lock_lost,
+            unless_finished=unless_finished,
+            min_replicas=options.min_replicas,
+            replica_timeout=options.min_replicas_timeout,
+            take_queued=take_queued,
+            park=park,
+            reservation_ttl=options.handoff_timeout,
+        )
+
+        def acquire() -> AcquireResult:
+            # A duplicate policy acquires again (a wait, a join): never parked then.
+            again = wanted if wanted.park is None else wanted._replace(park=None)
+            return locker.acquire(again)  # type: ignore[return-value]  # no park: not Parked
 
         try:
             try:
-                outcome = acquire(park)
+                outcome: Any = locker.acquire(wanted)
             except LockBackendUnavailable as exc:
                 outcome = self._on_backend_unavailable(exc, name, options, request)
                 if outcome is None:

@@ -36,7 +36,7 @@ from celery_singleton_lock.celery.config.lockers import locker_for
 from celery_singleton_lock.celery.task.locked_task import LockedTask, lock_owner
 from celery_singleton_lock.celery.worker.server_probe import unusable_at_start
 from celery_singleton_lock.celery.worker.ticking import Ticking
-from celery_singleton_lock.engine import Owner, RedisLocker
+from celery_singleton_lock.engine import LockBackend, Owner
 from celery_singleton_lock.errors import LockError
 
 log = logging.getLogger("celery_singleton_lock.renewal")
@@ -46,7 +46,7 @@ log = logging.getLogger("celery_singleton_lock.renewal")
 class Watched:
     """The lock one running request holds, or will hold once its child takes it."""
 
-    locker: RedisLocker
+    locker: LockBackend
     name: str
     owner: Owner
     ttl: float
@@ -87,7 +87,7 @@ class ChildLockSupervisor(Ticking):
         still held by their request (and renewed)."""
         self.ticks += 1
         now = self.clock()
-        batches: dict[RedisLocker, list[tuple[str, Owner, float]]] = defaultdict(list)
+        batches: dict[LockBackend, list[tuple[str, Owner, float]]] = defaultdict(list)
         seen: dict[tuple[str, int], Optional[Watched]] = {}
         for request in self._requests():
             pid, task_id = celery_api.child_pid(request), getattr(request, "id", None)

@@ -30,6 +30,12 @@ from celery.exceptions import WorkerTerminate
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from celery_singleton_lock.celery.config.backend_support import (
+    capabilities_from_settings,
+    refuse_unsupported,
+    requested,
+    supports,
+)
 from celery_singleton_lock.celery.config.lockers import locker_for
 from celery_singleton_lock.celery.config.options import (
     KNOWN_SETTINGS,
@@ -49,6 +55,7 @@ from celery_singleton_lock.celery.config.urls import redact
 from celery_singleton_lock.celery.observe import metrics
 from celery_singleton_lock.celery.task.locked_task import LockedTask
 from celery_singleton_lock.celery.worker.server_probe import probe, unusable_at_start
+from celery_singleton_lock.engine import CLUSTER, SINGLE_SERVER
 from celery_singleton_lock.errors import LockConfigurationError, LockError
 
 log = logging.getLogger("celery_singleton_lock.worker")
@@ -82,29 +89,35 @@ def check_configuration(app: Any) -> None:
     metrics.check_settings(app.conf)
     for task in locked_tasks(app):
         task.resolve_lock_options()
-    check_handoff_support(app)
+    check_backend_support(app)
 
 
-def check_handoff_support(app: Any) -> None:
-    """Policy ``queue`` keeps one hand-off index per prefix: refuse it on a Redis Cluster
-    (asked of the server when ``singleton_lock_cluster`` does not say; a server that cannot
-    be asked is left to the first acquire, which refuses it the same way)."""
-    queued = [task.name for task in locked_tasks(app) if task.lock_options.on_duplicate == "queue"]
-    if not queued:
-        return
-    cluster = cluster_setting(app.conf)
-    if cluster is None:
-        try:
-            cluster = locker_for(app).cluster
-        except LockError as exc:
-            log.warning("lock server not reachable to check on_duplicate='queue': %s", exc)
-            return
-    if cluster:
-        raise LockConfigurationError(
-            f"task {queued[0]}: on_duplicate='queue' is not supported on a Redis Cluster lock "
-            "server (its parked messages are found through one index key per prefix); use "
-            "'retry' or 'wait' there, or a single server or Sentinel for these locks"
-        )
+def check_backend_support(app: Any) -> None:
+    """Refuse a task option the app's lock backend cannot honour, from its capabilities: on a
+    Redis Cluster (``singleton_lock_cluster``, else asked of the server) policy ``queue`` and
+    ``lock_min_replicas``; a quorum's refusals come from the settings, at registration too. A
+    server that cannot be asked is left to the first acquire, which refuses the same way."""
+    asking = [(task.name, requested(task.lock_options)) for task in locked_tasks(app)]
+    asking = [(name, values) for name, values in asking if values]
+    if not asking:
+        return  # nothing any backend refuses: no need to ask the server
+    capabilities = capabilities_from_settings(app.conf)
+    if capabilities is None:
+        cluster = cluster_setting(app.conf)
+        if cluster is None and not any(
+            not supports(CLUSTER, option) for _, values in asking for option in values
+        ):
+            return  # a server of any kind supports them: not worth a round trip now
+        if cluster is None:
+            try:
+                capabilities = locker_for(app).capabilities
+            except LockError as exc:
+                log.warning("lock server not reachable to check the lock options: %s", exc)
+                return
+        else:
+            capabilities = CLUSTER if cluster else SINGLE_SERVER
+    for name, values in asking:
+        refuse_unsupported(name, values, capabilities)
 
 
 def check_lock_servers(app: Any) -> None:

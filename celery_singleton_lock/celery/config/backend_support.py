@@ -1,0 +1,68 @@
+"""Task options a lock backend cannot honour, refused from its capabilities.
+
+Each backend says what it supports in a :class:`~celery_singleton_lock.engine.Capabilities`
+record. An option that needs an unsupported feature is refused, naming the task, the option
+and why: when the task is registered, from what the settings alone say (a Redlock quorum is
+named by ``singleton_lock_url``), and again when the worker starts, from the backend itself
+(a Redis Cluster may only be known once the server is asked). Add an entry to :data:`NEEDS`
+for any new option that needs a feature some backend lacks.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Optional
+
+from celery_singleton_lock.celery.config.quorum_settings import quorum_urls
+from celery_singleton_lock.engine import QUORUM, Capabilities
+from celery_singleton_lock.errors import LockConfigurationError
+
+#: option -> (the capability it needs, whether a resolved value asks for it, its attribute
+#: of the resolved ``LockOptions``)
+NEEDS: dict[str, tuple[str, Callable[[Any], bool], str]] = {
+    "lock_fencing": ("fencing", bool, "fencing"),
+    "dedupe_on_enqueue": ("enqueue_markers", bool, "dedupe_on_enqueue"),
+    "lock_min_replicas": ("replica_acks", bool, "min_replicas"),
+    "on_duplicate": ("parking", lambda policy: policy == "queue", "on_duplicate"),
+}
+
+#: what names the backend in the settings, said after its kind in a refusal
+_NAMED_BY = {QUORUM: " (singleton_lock_url lists several servers)"}
+
+
+def capabilities_from_settings(conf: Mapping[str, Any]) -> Optional[Capabilities]:
+    """The capabilities the settings alone decide, without asking a server: a quorum's; None
+    when the backend must be asked (one server, Sentinel or Cluster)."""
+    return QUORUM if quorum_urls(conf.get("singleton_lock_url")) is not None else None
+
+
+def refuse_unsupported(
+    task_name: str, values: Mapping[str, Any], capabilities: Optional[Capabilities]
+) -> None:
+    """Raise for an option in ``values`` (resolved task options) that a backend of
+    ``capabilities`` cannot honour (nothing when ``capabilities`` is None: not known yet).
+
+    Raises:
+        LockConfigurationError: naming the task, the option, the backend and why.
+    """
+    if capabilities is None:
+        return
+    for option, (feature, asks, _) in NEEDS.items():
+        value = values.get(option)
+        if asks(value) and not supports(capabilities, option):
+            raise LockConfigurationError(
+                f"task {task_name}: {option}={value!r} is not supported on "
+                f"{capabilities.kind}{_NAMED_BY.get(capabilities, '')}: "
+                f"{capabilities.why_not(feature)}; turn it off, or "
+                f"{capabilities.instead} for this app's locks"
+            )
+
+
+def requested(options: Any) -> dict[str, Any]:
+    """The options of :data:`NEEDS` that resolved ``options`` (``LockOptions``) ask for."""
+    values = {option: getattr(options, attribute) for option, (_, _, attribute) in NEEDS.items()}
+    return {option: value for option, value in values.items() if NEEDS[option][1](value)}
+
+
+def supports(capabilities: Capabilities, option: str) -> bool:
+    """Whether a backend of ``capabilities`` honours ``option`` (a key of :data:`NEEDS`)."""
+    return bool(getattr(capabilities, NEEDS[option][0]))

@@ -15,7 +15,7 @@ from celery_singleton_lock.celery.config.quorum_settings import quorum_urls
 from celery_singleton_lock.celery.config.servers import choose_url
 from celery_singleton_lock.celery.config.urls import redact
 from celery_singleton_lock.engine import Lease, Owner, Renewer
-from celery_singleton_lock.engine.redlock import QuorumLocker
+from celery_singleton_lock.engine.redlock import QuorumLease, QuorumLocker
 from celery_singleton_lock.testing import RedisServer
 from tests.celery.test_cli import run_cli
 from tests.celery.test_worker_start import EX_CONFIG, run_worker
@@ -121,9 +121,13 @@ def servers() -> Iterator[list[RedisServer]]:
 
 
 def held_lock(servers: list[RedisServer]) -> tuple[QuorumLocker, Lease]:
+    """A lock held on every server. The acquire returns once a majority answered; the tests
+    then change single servers, so they wait for the last server's write first (a write that
+    landed after the test flushed server 0 once made it hold the lock again)."""
     locker = QuorumLocker([s.client() for s in servers], renewer=Renewer(autostart=False))
     lease = locker.try_acquire("app.job:aa", 30, owner=Owner(task_id="t-1", host="w1", pid=11))
-    assert isinstance(lease, Lease)
+    assert isinstance(lease, QuorumLease)
+    assert lease.settle()
     return locker, lease
 
 

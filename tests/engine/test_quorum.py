@@ -13,7 +13,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from celery_singleton_lock.engine import Lease, LockHolder, Owner, Renewer
-from celery_singleton_lock.engine.redlock import QuorumLocker, drift
+from celery_singleton_lock.engine.redlock import QuorumLease, QuorumLocker, drift
 from celery_singleton_lock.engine.waiting import wait_for_release
 from celery_singleton_lock.errors import (
     AlreadyFinished,
@@ -47,6 +47,14 @@ def quorum(servers: list[RedisServer]) -> Iterator[QuorumLocker]:
     locker.close()
 
 
+def settled(outcome: object) -> QuorumLease:
+    """The lease of an acquire once every server answered: the acquire returns on a majority,
+    and a test that reads or changes each server must not race the last write."""
+    assert isinstance(outcome, QuorumLease)
+    assert outcome.settle()
+    return outcome
+
+
 def holders_on(servers: list[RedisServer], key: str) -> list[bytes]:
     """The token stored at ``key`` on each running server (b"" where absent)."""
     tokens = []
@@ -60,8 +68,7 @@ def holders_on(servers: list[RedisServer], key: str) -> list[bytes]:
 def test_an_acquire_writes_the_same_token_on_every_server(
     quorum: QuorumLocker, servers: list[RedisServer]
 ) -> None:
-    lease = quorum.try_acquire("job", 5, renew=False)
-    assert isinstance(lease, Lease)
+    lease = settled(quorum.try_acquire("job", 5, renew=False))
     assert holders_on(servers, lease.key) == [lease.token.encode()] * 3
 
 
@@ -93,8 +100,7 @@ def test_the_lock_is_free_again_after_a_release(quorum: QuorumLocker) -> None:
 def test_renewal_replaces_the_ttl_on_every_server(
     quorum: QuorumLocker, servers: list[RedisServer]
 ) -> None:
-    lease = quorum.try_acquire("job", 5, renew=False)
-    assert isinstance(lease, Lease)
+    lease = settled(quorum.try_acquire("job", 5, renew=False))
     for server in servers:
         server.client().pexpire(lease.key, 100)
     assert quorum.renew_batch([lease], now=quorum.renewer.clock()) == []
@@ -104,8 +110,7 @@ def test_renewal_replaces_the_ttl_on_every_server(
 def test_a_lease_renewed_on_fewer_than_a_majority_is_lost(
     quorum: QuorumLocker, servers: list[RedisServer]
 ) -> None:
-    lease = quorum.try_acquire("job", 5, renew=False)
-    assert isinstance(lease, Lease)
+    lease = settled(quorum.try_acquire("job", 5, renew=False))
     for server in servers[:2]:  # taken over on two of three
         server.client().delete(lease.key)
     assert quorum.renew_batch([lease], now=quorum.renewer.clock()) == [0]
@@ -253,8 +258,7 @@ def test_fewer_than_three_servers_are_refused(servers: list[RedisServer]) -> Non
 def test_the_inspector_reads_a_lock_held_on_a_majority(
     quorum: QuorumLocker, servers: list[RedisServer]
 ) -> None:
-    lease = quorum.try_acquire("job", 5, owner=Owner(task_id="t1"), renew=False)
-    assert isinstance(lease, Lease)
+    lease = settled(quorum.try_acquire("job", 5, owner=Owner(task_id="t1"), renew=False))
     servers[0].client().delete(lease.key)
     holder = quorum.inspect.read("job")
     assert holder is not None and holder.task_id == "t1"
@@ -278,8 +282,7 @@ def test_renew_by_owner_keeps_a_childs_lock_on_the_quorum(
     quorum: QuorumLocker, servers: list[RedisServer]
 ) -> None:
     owner = Owner(task_id="t1", host="node", pid=4242)
-    lease = quorum.try_acquire("job", 5, owner=owner, renew=False)
-    assert isinstance(lease, Lease)
+    lease = settled(quorum.try_acquire("job", 5, owner=owner, renew=False))
     assert quorum.renew_by_owner([("job", owner, 30)]) == []
     assert all(server.client().pttl(lease.key) > 10_000 for server in servers)
     assert quorum.renew_by_owner([("job", Owner(task_id="t2"), 30)]) == [0]

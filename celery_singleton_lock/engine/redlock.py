@@ -92,6 +92,16 @@ def majority(count: int) -> int:
     return count // 2 + 1
 
 
+def _called(call: Callable[[RedisLocker], T], server: RedisLocker) -> Future[T]:
+    """``call(server)`` made here, as a finished future (each server in turn, not at once)."""
+    future: Future[T] = Future()
+    try:
+        future.set_result(call(server))
+    except Exception as exc:  # noqa: BLE001 - handed to the caller as the future's error
+        future.set_exception(exc)
+    return future
+
+
 class QuorumLease(Lease):
     """A lease held on a majority of a quorum's servers."""
 
@@ -166,7 +176,10 @@ class QuorumLocker(BackendBase):
                     pool = self._pool = ThreadPoolExecutor(
                         max_workers=2 * len(self.servers), thread_name_prefix="csl-quorum"
                     )
-        return [pool.submit(call, server) for server in self.servers]
+        try:
+            return [pool.submit(call, server) for server in self.servers]
+        except RuntimeError:  # the interpreter is exiting (atexit): the pool takes no work
+            return [_called(call, server) for server in self.servers]
 
     def answers(self, futures: Sequence[Future[T]], key: str) -> list[Optional[T]]:
         """The replies of ``futures`` in server order (None where a server did not answer);

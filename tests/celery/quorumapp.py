@@ -65,3 +65,14 @@ def quorum_retry(self: LockedTask, key: str, seconds: float) -> dict[str, Any]:
     finally:
         r.decr(f"gauge:{key}")
     return {"key": key}
+
+
+@app.task(bind=True, base=LockedTask, lock_on=("key",), lock_ttl=60)
+def quorum_hold(self: LockedTask, key: str, seconds: float) -> None:
+    """Records its run in ``runs:<key>`` ("task_id|pid|time"), holds its lock (a TTL of a
+    minute: a lock still there after a shutdown was not released) for ``seconds``, then
+    records its end in ``ends:<key>`` (a body cut short by its process's end records none)."""
+    records().rpush(f"runs:{key}", f"{self.request.id}|{os.getpid()}|{time.time()}")
+    for _ in range(int(seconds * 10)):
+        time.sleep(0.1)
+    records().rpush(f"ends:{key}", f"{self.request.id}|{time.time()}")

@@ -12,7 +12,13 @@
   ``worker_ready``: log the lock server and warn if it may evict locks (see :mod:`.start_checks`).
 * ``worker_ready`` with tasks of policy ``queue``: start the hand-off sweeper in the main
   process (see :mod:`.handoff_sweeper`); ``worker_shutdown`` stops it.
-* ``worker_process_shutdown`` / ``worker_shutdown``: release whatever this process holds.
+* ``worker_process_shutdown`` (a prefork child on its way out, its body done): release
+  whatever this process holds. In the worker's main process (the bodies of a ``threads``,
+  ``solo`` or ``gevent`` pool run there) the same release runs at interpreter exit, after
+  Python has waited for the pool's threads: not at ``worker_shutdown``, which a cold shutdown
+  of a threads pool sends while bodies still run (Celery cannot cancel a thread: its
+  ``terminate_job`` raises ``NotImplementedError``, and the worker then waits for them or
+  leaves them behind as it exits), so their locks stay held as long as they run.
 * ``worker_init`` (main process, before the pool forks): turn on the metrics
   (``singleton_lock_metrics``) and the trace events (opentelemetry installed) by connecting
   their receivers, so nothing runs for them when they are off; ``worker_ready`` serves
@@ -29,6 +35,7 @@ whether it will take locks.
 
 from __future__ import annotations
 
+import atexit
 import logging
 from typing import Any, Optional
 
@@ -114,6 +121,9 @@ def _prepare_worker_start(sender: Any = None, **_: Any) -> None:
         return
     _node_name = getattr(sender, "hostname", None) or _node_name
     install_configuration_check(app)
+    # once per process: releases what a body left behind as the worker's main process exits
+    atexit.unregister(_release_everything_held)
+    atexit.register(_release_everything_held)
 
 
 def _observe(sender: Any = None, **_: Any) -> None:
@@ -177,7 +187,6 @@ signals.worker_ready.connect(_report_lock_server, weak=False)
 signals.worker_ready.connect(_start_handoff_sweeper, weak=False)
 signals.worker_shutdown.connect(_stop_handoff_sweepers, weak=False)
 signals.worker_process_shutdown.connect(_release_everything_held, weak=False)
-signals.worker_shutdown.connect(_release_everything_held, weak=False)
 signals.worker_init.connect(_observe, weak=False)
 signals.worker_ready.connect(_serve_metrics, weak=False)
 signals.worker_shutdown.connect(_stop_metrics, weak=False)

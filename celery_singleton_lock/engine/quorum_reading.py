@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from concurrent.futures import Future
 from typing import (
     TYPE_CHECKING,
     Any,
-    Callable,
     Iterator,
     Optional,
-    Protocol,
     Sequence,
     TypeVar,
     cast,
@@ -22,6 +19,7 @@ import redis
 
 from celery_singleton_lock.engine import server_errors
 from celery_singleton_lock.engine.backend import Capabilities
+from celery_singleton_lock.engine.fan_out import FanOut
 from celery_singleton_lock.engine.lease import LockHolder
 from celery_singleton_lock.engine.reading import server_address
 
@@ -57,23 +55,11 @@ QUORUM = Capabilities(
 )
 
 
-class Servers(Protocol):
-    """What the readers need of a quorum: its servers, its majority, a call on each at once."""
-
-    servers: list[RedisLocker]
-    quorum: int
-    prefix: str
-
-    def each(self, call: Callable[[RedisLocker], T]) -> list[Future[T]]: ...
-
-    def answers(self, futures: Sequence[Future[T]], key: str) -> list[Optional[T]]: ...
-
-
 class QuorumInspector:
     """Reads the locks of a quorum: a lock is held when the same owner holds it on a majority."""
 
-    def __init__(self, quorum: Servers) -> None:
-        self.prefix = quorum.prefix
+    def __init__(self, quorum: FanOut, prefix: str) -> None:
+        self.prefix = prefix
         self._quorum = quorum
 
     def per_server(self, name: str) -> list[tuple[str, Any]]:

@@ -37,11 +37,10 @@ from __future__ import annotations
 import logging
 import os
 import random
-import threading
 import time
 from collections import Counter
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from typing import Any, Callable, Optional, Sequence, TypeVar, Union, cast
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from typing import Any, Callable, Optional, Sequence, Union, cast
 
 import redis
 
@@ -52,7 +51,7 @@ from celery_singleton_lock.engine.backend import (
     BackendBase,
     unsupported,
 )
-from celery_singleton_lock.engine.fork_safety import reset_in_forked_children
+from celery_singleton_lock.engine.fan_out import FanOut
 from celery_singleton_lock.engine.keys import validate_prefix
 from celery_singleton_lock.engine.lease import Lease, LockHolder, Owner
 from celery_singleton_lock.engine.locker import RedisLocker, new_token
@@ -66,8 +65,6 @@ from celery_singleton_lock.errors import (
 )
 
 log = logging.getLogger("celery_singleton_lock.acquire")
-
-T = TypeVar("T")
 
 #: The fewest servers a quorum may have: with 2, a majority is both, and one outage stops it.
 MIN_SERVERS = 3
@@ -86,20 +83,6 @@ PENDING_WAIT = 5.0
 def drift(ttl: float) -> float:
     """Clock-drift allowance for a lock of ``ttl`` seconds (Redlock: ttl * 0.01 + 2 ms)."""
     return ttl * DRIFT_FACTOR + DRIFT_FLOOR
-
-
-def majority(count: int) -> int:
-    return count // 2 + 1
-
-
-def _called(call: Callable[[RedisLocker], T], server: RedisLocker) -> Future[T]:
-    """``call(server)`` made here, as a finished future (each server in turn, not at once)."""
-    future: Future[T] = Future()
-    try:
-        future.set_result(call(server))
-    except Exception as exc:  # noqa: BLE001 - handed to the caller as the future's error
-        future.set_exception(exc)
-    return future
 
 
 class QuorumLease(Lease):
@@ -150,56 +133,11 @@ class QuorumLocker(BackendBase):
             RedisLocker(client, prefix=self.prefix, renewer=renewer, wall_clock=wall_clock)
             for client in clients
         ]
-        #: how many servers must agree
-        self.quorum = majority(len(self.servers))
+        #: asks every server at once; ``quorum``: how many must agree
+        self.fan_out = FanOut(self.servers)
+        self.quorum = self.fan_out.quorum
         #: reads the locks held on a majority, and each server's view
-        self.inspect = QuorumInspector(self)
-        self._pool: Optional[ThreadPoolExecutor] = None
-        self._pool_lock = threading.Lock()
-        reset_in_forked_children(self)
-
-    def after_fork_in_child(self) -> None:
-        # The parent's pool threads do not exist in a child: a new pool is made on first use.
-        self._pool = None
-        self._pool_lock = threading.Lock()
-
-    # -- concurrency --------------------------------------------------------------------------
-
-    def each(self, call: Callable[[RedisLocker], T]) -> list[Future[T]]:
-        """``call(server)`` for every server at once, from this locker's thread pool."""
-        pool = self._pool
-        if pool is None:
-            with self._pool_lock:
-                pool = self._pool
-                if pool is None:
-                    # two threads a server: a renewal tick never queues behind acquires
-                    pool = self._pool = ThreadPoolExecutor(
-                        max_workers=2 * len(self.servers), thread_name_prefix="csl-quorum"
-                    )
-        try:
-            return [pool.submit(call, server) for server in self.servers]
-        except RuntimeError:  # the interpreter is exiting (atexit): the pool takes no work
-            return [_called(call, server) for server in self.servers]
-
-    def answers(self, futures: Sequence[Future[T]], key: str) -> list[Optional[T]]:
-        """The replies of ``futures`` in server order (None where a server did not answer);
-        ``LockBackendUnavailable`` when fewer than a majority answered."""
-        replies: list[Optional[T]] = []
-        failures: list[str] = []
-        for future in futures:
-            try:
-                replies.append(future.result())
-            except LockBackendUnavailable as exc:
-                replies.append(None)
-                failures.append(exc.message)
-        answered = len(futures) - len(failures)
-        if answered < self.quorum:
-            raise LockBackendUnavailable(
-                f"only {answered} of {len(futures)} lock servers answered about {key}, "
-                f"{self.quorum} needed ({'; '.join(failures)})",
-                key,
-            )
-        return replies
+        self.inspect = QuorumInspector(self.fan_out, self.prefix)
 
     # -- acquire ------------------------------------------------------------------------------
 
@@ -242,7 +180,7 @@ class QuorumLocker(BackendBase):
         )
         clock = self.renewer.clock
         sent_at = clock()
-        futures = self.each(lambda server: server.acquire(on_server))
+        futures = self.fan_out.each(lambda server: server.acquire(on_server))
         taken, refused = 0, 0
         pending = set(futures)
         while pending and taken < self.quorum and refused <= len(futures) - self.quorum:
@@ -350,7 +288,7 @@ class QuorumLocker(BackendBase):
         def release_on(server: RedisLocker) -> bool:
             return server.release(self._lease_on(server, lease), remember_for=remember_for)
 
-        replies = self.answers(self.each(release_on), lease.key)
+        replies = self.fan_out.answers(self.fan_out.each(release_on), lease.key)
         return sum(1 for released in replies if released)
 
     @staticmethod
@@ -370,10 +308,10 @@ class QuorumLocker(BackendBase):
     def release_abandoned(self, name: str, *, task_id: str, host: str, pid: int) -> bool:
         """Release the lock ``name`` of a dead execution on every server; True if it was
         released on any (see :meth:`RedisLocker.release_abandoned`)."""
-        futures = self.each(
+        futures = self.fan_out.each(
             lambda server: server.release_abandoned(name, task_id=task_id, host=host, pid=pid)
         )
-        replies: list[Optional[bool]] = self.answers(futures, self.keys(name).lock)
+        replies: list[Optional[bool]] = self.fan_out.answers(futures, self.keys(name).lock)
         return any(replies)
 
     # -- renew --------------------------------------------------------------------------------
@@ -388,15 +326,15 @@ class QuorumLocker(BackendBase):
         """
         if not leases:
             return []
-        futures = self.each(lambda server: server.renew_batch(leases, now=now))
-        return self._lost(self.answers(futures, leases[0].key), len(leases))
+        futures = self.fan_out.each(lambda server: server.renew_batch(leases, now=now))
+        return self._lost(self.fan_out.answers(futures, leases[0].key), len(leases))
 
     def renew_by_owner(self, held: Sequence[tuple[str, Owner, float]]) -> list[int]:
         """:meth:`RedisLocker.renew_by_owner` on every server; lost below a majority."""
         if not held:
             return []
-        futures = self.each(lambda server: server.renew_by_owner(held))
-        return self._lost(self.answers(futures, self.keys(held[0][0]).lock), len(held))
+        futures = self.fan_out.each(lambda server: server.renew_by_owner(held))
+        return self._lost(self.fan_out.answers(futures, self.keys(held[0][0]).lock), len(held))
 
     def _lost(self, replies: list[Optional[list[int]]], count: int) -> list[int]:
         renewed = [0] * count
@@ -459,7 +397,4 @@ class QuorumLocker(BackendBase):
     def close(self) -> None:
         """Stop the thread pool (acquires not yet started are dropped) and close every
         server's connections."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-        for server in self.servers:
-            server.close()
+        self.fan_out.close()

@@ -7,7 +7,7 @@ import os
 import socket
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional
 from urllib.parse import unquote
 
 from celery_singleton_lock.engine.fork_safety import ForkSafeLock
@@ -54,6 +54,9 @@ class Owner:
 @dataclass(frozen=True)
 class LockHolder:
     """Who holds a lock we failed to take (or that we inspected)."""
+
+    #: what an acquire that returns this got (see ``engine.AcquireOutcome``)
+    state: ClassVar[str] = "held"
 
     key: str
     task_id: str
@@ -113,6 +116,9 @@ class LockHolder:
 @dataclass(frozen=True)
 class Parked:
     """A task id parked behind a held lock, to be handed the lock in arrival order."""
+
+    #: what an acquire that returns this got (see ``engine.AcquireOutcome``)
+    state: ClassVar[str] = "parked"
 
     key: str
     #: who holds the lock; None when it was free and just handed to an older parked task id
@@ -179,6 +185,9 @@ class Lease:
 
     ``ttl`` (and ``keys``, ``token``) are fixed when the lease is created.
     """
+
+    #: what an acquire that returns this got (see ``engine.AcquireOutcome``)
+    state: ClassVar[str] = "acquired"
 
     __slots__ = (
         "_lost_callbacks",

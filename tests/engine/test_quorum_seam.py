@@ -8,7 +8,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from celery_singleton_lock.engine import QUORUM, Lease, Owner, Renewer
+from celery_singleton_lock.engine import QUORUM, Owner, Renewer
 from celery_singleton_lock.engine.redlock import QuorumLease, QuorumLocker
 from celery_singleton_lock.errors import LockConfigurationError
 from celery_singleton_lock.testing import RedisServer
@@ -129,28 +129,28 @@ def test_the_quorum_says_what_it_lacks_in_its_capabilities(quorum: QuorumLocker)
 # -- an acquire returns on a majority: the last server's write is still on its way -----------
 
 
-def paused_writes(server: RedisServer, seconds: float) -> None:
-    """Hold every write sent to ``server`` for ``seconds`` (reads still answer)."""
+def acquired_while_paused(quorum: QuorumLocker, server: RedisServer, seconds: float) -> QuorumLease:
+    """A lease taken while every write sent to ``server`` is held for ``seconds`` (reads still
+    answer): the acquire returns on the other two, that server's write still on its way."""
     client = server.client()
     client.client_pause(int(seconds * 1000), all=False)
     client.close()
+    lease = quorum.try_acquire("a", 30)
+    assert isinstance(lease, QuorumLease)
+    return lease
 
 
 def test_an_acquire_returns_before_the_paused_server_has_the_lock(
     quorum: QuorumLocker, servers: list[RedisServer]
 ) -> None:
-    paused_writes(servers[0], 1.5)
-    lease = quorum.try_acquire("a", 30)
-    assert isinstance(lease, QuorumLease)
+    lease = acquired_while_paused(quorum, servers[0], 1.5)
     assert holders_on(servers, lease.key) == [b"", lease.token.encode(), lease.token.encode()]
 
 
 def test_settle_waits_for_the_paused_servers_write(
     quorum: QuorumLocker, servers: list[RedisServer]
 ) -> None:
-    paused_writes(servers[0], 1.0)
-    lease = quorum.try_acquire("a", 30)
-    assert isinstance(lease, QuorumLease)
+    lease = acquired_while_paused(quorum, servers[0], 1.0)
     assert lease.settle(timeout=10)
     assert holders_on(servers, lease.key) == [lease.token.encode()] * 3
 
@@ -158,8 +158,12 @@ def test_settle_waits_for_the_paused_servers_write(
 def test_a_release_right_after_the_acquire_leaves_no_late_write_behind(
     quorum: QuorumLocker, servers: list[RedisServer]
 ) -> None:
-    paused_writes(servers[0], 0.5)
-    lease = quorum.try_acquire("a", 30)
-    assert isinstance(lease, Lease)
+    lease = acquired_while_paused(quorum, servers[0], 0.5)
     assert lease.release() is True  # waits for the acquire held on server 0, then deletes
     assert holders_on(servers, lease.key) == [b""] * 3
+
+
+def test_an_acquire_outcome_says_whether_it_was_acquired_or_held(quorum: QuorumLocker) -> None:
+    first = quorum.try_acquire("a", 30, owner=Owner(task_id="t-1"))
+    second = quorum.try_acquire("a", 30, owner=Owner(task_id="t-2"))
+    assert (first.state, second.state) == ("acquired", "held")

@@ -151,6 +151,9 @@ short_ttl = keyed_task("short_ttl", lock_ttl=1, on_duplicate="skip")
 #: The policy of the queue tasks below: a worker whose locks are on a Redis Cluster refuses
 #: to start with a queue task (tests/celery/test_cluster.py sets "retry").
 QUEUE = os.environ.get("CSL_QUEUE_POLICY", "queue")
+#: lock_min_replicas of the tasks that wait for replicas: a worker whose locks are on a Redis
+#: Cluster refuses to start with one (tests/celery/test_cluster.py sets 0).
+REPLICAS = int(os.environ.get("CSL_MIN_REPLICAS", "1"))
 hold_queue = keyed_task("hold_queue", on_duplicate=QUEUE, lock_ttl=5)
 
 
@@ -397,7 +400,7 @@ def reads_its_request(self: LockedTask, key: str) -> dict[str, Any]:
     bind=True,
     base=LockedTask,
     lock_on=("key",),
-    lock_min_replicas=1,
+    lock_min_replicas=REPLICAS,
     lock_min_replicas_timeout=0.05,
 )
 def needs_a_replica(self: LockedTask, key: str) -> str:
@@ -409,7 +412,7 @@ def needs_a_replica(self: LockedTask, key: str) -> str:
     bind=True,
     base=LockedTask,
     lock_on=("key",),
-    lock_min_replicas=1,
+    lock_min_replicas=REPLICAS,
     lock_min_replicas_timeout=0.05,
     lock_retry_backoff=0.1,
     lock_retry_backoff_max=0.2,
@@ -615,7 +618,7 @@ short_ttl_retry_replicated = keyed_task(
     on_duplicate="retry",
     lock_retry_backoff=0.1,
     lock_retry_backoff_max=0.5,
-    lock_min_replicas=1,
+    lock_min_replicas=REPLICAS,
 )
 late_ack_skip = keyed_task(
     "late_ack_skip",

@@ -50,7 +50,9 @@ class ClusterServers(Servers):
             queue,
             CSL_LOCK_URL=self.group.url,
             CSL_RECORDS_URL=self.lock.url.replace("/0", "/2"),
-            CSL_QUEUE_POLICY="retry",  # a Cluster refuses on_duplicate="queue" at worker start
+            # a Cluster refuses on_duplicate="queue" and lock_min_replicas at worker start
+            CSL_QUEUE_POLICY="retry",
+            CSL_MIN_REPLICAS="0",
             **extra,
         )
 

@@ -168,6 +168,15 @@ INVALID = {
         ),
         words=("task billing.rebuild", "lock_tll (did you mean lock_ttl?)"),
     ),
+    "replica acknowledgement on a Redis Cluster": Invalid(
+        before="app.conf.singleton_lock_cluster = True",
+        after=(
+            '@app.task(base=LockedTask, name="billing.replicated", lock_min_replicas=1)\n'
+            "def replicated(account_id: int) -> None:\n"
+            "    return None"
+        ),
+        words=("task billing.replicated", "lock_min_replicas=1", "Redis Cluster"),
+    ),
     # finalize(): the task is bound (its options validated) before the setting changes
     "option set after registration": Invalid(
         after="app.finalize()\napp.conf.singleton_lock_ttl = -1",

@@ -197,7 +197,7 @@ class LockBackend(Protocol):
     def close(self) -> None: ...
 
 
-#: option of the acquire -> the capability it needs (checked by :func:`refuse_unsupported`)
+#: field of the request -> the capability it needs, and the option it comes from (for people)
 _NEEDS = (
     ("fencing", "fencing", "lock_fencing (a fencing token)"),
     ("min_replicas", "replica_acks", "lock_min_replicas"),

@@ -24,8 +24,14 @@ from typing import Iterator
 import pytest
 import redis
 
-from celery_singleton_lock.testing import RedisServer
-from tests.celery.test_quorum_workers import APP, QuorumServers, _closing, _lock_keys, wait_for
+from tests.celery.test_quorum_workers import (
+    APP,
+    QuorumServers,
+    _closing,
+    _lock_keys,
+    running_quorum,
+    wait_for,
+)
 from tests.celery.workers import client_app, unique, worker_group
 
 HOLD = f"{APP}.quorum_hold"
@@ -39,15 +45,8 @@ COLD = "Hitting Ctrl+C again will terminate all running tasks"
 
 @pytest.fixture
 def quorum_servers() -> Iterator[QuorumServers]:
-    with ExitStack() as stack:
-        plain = stack.enter_context(RedisServer.running())
-        yield QuorumServers(
-            broker_url=plain.url,
-            lock=plain,
-            backend_url=plain.url.replace("/0", "/1"),
-            app=APP,
-            quorum=[stack.enter_context(RedisServer.running()) for _ in range(3)],
-        )
+    with running_quorum() as servers:
+        yield servers
 
 
 @dataclass

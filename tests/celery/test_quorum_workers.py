@@ -254,17 +254,24 @@ def test_workers_check_the_eviction_policy_of_every_lock_server(stream: Stream) 
     assert "the worker starts, and until it answers" not in stream.logs  # the start check
 
 
-def test_a_pool_child_killed_holding_a_quorum_lock_has_it_freed_on_every_server() -> None:
+@contextmanager
+def running_quorum() -> Iterator[QuorumServers]:
+    """Broker, results and records on one throwaway server, locks on a quorum of three."""
     with ExitStack() as stack:
         plain = stack.enter_context(RedisServer.running())
-        quorum = [stack.enter_context(RedisServer.running()) for _ in range(3)]
-        servers = QuorumServers(
+        yield QuorumServers(
             broker_url=plain.url,
             lock=plain,
             backend_url=plain.url.replace("/0", "/1"),
             app=APP,
-            quorum=quorum,
+            quorum=[stack.enter_context(RedisServer.running()) for _ in range(3)],
         )
+
+
+def test_a_pool_child_killed_holding_a_quorum_lock_has_it_freed_on_every_server() -> None:
+    with ExitStack() as stack:
+        servers = stack.enter_context(running_quorum())
+        plain, quorum = servers.lock, servers.quorum
         client = stack.enter_context(_closing(client_app(servers)))
         records = redis.Redis.from_url(plain.url.replace("/0", "/2"), socket_timeout=5)
         stack.callback(records.close)

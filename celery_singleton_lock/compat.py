@@ -40,7 +40,8 @@ from celery import states
 from celery.result import EagerResult
 
 from celery_singleton_lock.celery.config.lockers import locker_for
-from celery_singleton_lock.celery.config.options import UNSET, LockOptions, queued_seconds
+from celery_singleton_lock.celery.config.options import UNSET
+from celery_singleton_lock.celery.config.resolution import LockOptions, queued_seconds
 from celery_singleton_lock.celery.duplicates import enqueue
 from celery_singleton_lock.celery.task.locked_task import LockedTask
 from celery_singleton_lock.engine import LockBackend, LockKeys

@@ -1,6 +1,6 @@
 """The Celery layer: ``LockedTask``, duplicate policies, signals and worker hooks."""
 
-from celery_singleton_lock.celery.config.options import LockOptions
+from celery_singleton_lock.celery.config.resolution import LockOptions
 from celery_singleton_lock.celery.signals import (
     lock_acquired,
     lock_backend_error,

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from celery import Celery
 
-from celery_singleton_lock.celery.config.options import unknown_settings
+from celery_singleton_lock.celery.config.resolution import unknown_settings
 from celery_singleton_lock.compat import Singleton
 from celery_singleton_lock.errors import LockConfigurationError
 

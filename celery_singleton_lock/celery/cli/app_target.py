@@ -9,8 +9,8 @@ from typing import Any, Callable, Optional, TypeVar
 import click
 import redis
 
-from celery_singleton_lock.celery.config.options import lock_prefix
 from celery_singleton_lock.celery.config.quorum_settings import quorum_urls
+from celery_singleton_lock.celery.config.resolution import lock_prefix
 from celery_singleton_lock.celery.config.servers import (
     DEFAULT_URL,
     check_url,

@@ -25,7 +25,7 @@ from redis.sentinel import SentinelConnectionPool
 from celery_singleton_lock.celery.cli.app_target import CliError, Target
 from celery_singleton_lock.celery.cli.lock_listing import describe_holder, is_worker_node
 from celery_singleton_lock.celery.cli.lock_release import node_is_alive, ping_timeout_option
-from celery_singleton_lock.celery.config.options import handoff_settings
+from celery_singleton_lock.celery.config.resolution import handoff_settings
 from celery_singleton_lock.celery.worker.start_checks import (
     EVICTION_FIX,
     eviction_finding,

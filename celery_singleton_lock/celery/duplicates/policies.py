@@ -24,7 +24,7 @@ from celery.exceptions import Ignore
 
 from celery_singleton_lock.celery import celery_api
 from celery_singleton_lock.celery.celery_api import BACKEND_ERRORS, ignores_result
-from celery_singleton_lock.celery.config.options import LockOptions
+from celery_singleton_lock.celery.config.resolution import LockOptions
 from celery_singleton_lock.celery.duplicates import parking as handoff
 from celery_singleton_lock.celery.duplicates.redelivery import (
     COPY_HEADER,

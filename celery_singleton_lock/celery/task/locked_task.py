@@ -14,14 +14,8 @@ from celery.exceptions import Ignore
 
 from celery_singleton_lock.celery import celery_api
 from celery_singleton_lock.celery.config.lockers import locker_for
-from celery_singleton_lock.celery.config.options import (
-    TASK_ONLY_OPTIONS,
-    TASK_OPTIONS,
-    UNSET,
-    LockOptions,
-    check_option_names,
-    resolve,
-)
+from celery_singleton_lock.celery.config.options import TASK_ONLY_OPTIONS, TASK_OPTIONS, UNSET
+from celery_singleton_lock.celery.config.resolution import LockOptions, check_option_names, resolve
 from celery_singleton_lock.celery.duplicates import enqueue, policies
 from celery_singleton_lock.celery.duplicates import parking as handoff
 from celery_singleton_lock.celery.duplicates.dispatch import handle as handle_duplicate
@@ -265,7 +259,6 @@ class LockedTask(Task):  # type: ignore[misc]
             park = handoff.parked_message(self, request)
             unless_finished = True
 
-        locker = self.lock_locker
         wanted = AcquireRequest(
             name,
             options.ttl,
@@ -288,6 +281,8 @@ class LockedTask(Task):  # type: ignore[misc]
 
         try:
             try:
+                # the first call in a process makes the locker: the server is first asked then
+                locker = self.lock_locker
                 outcome: Any = locker.acquire(wanted)
             except LockBackendUnavailable as exc:
                 outcome = self._on_backend_unavailable(exc, name, options, request)

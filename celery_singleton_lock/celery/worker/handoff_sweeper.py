@@ -10,7 +10,7 @@ import logging
 from typing import Any, Optional
 
 from celery_singleton_lock.celery.config.lockers import locker_for
-from celery_singleton_lock.celery.config.options import handoff_settings
+from celery_singleton_lock.celery.config.resolution import handoff_settings
 from celery_singleton_lock.celery.duplicates.parking import SWEEP_BATCH, publish
 from celery_singleton_lock.celery.worker.ticking import Ticking
 

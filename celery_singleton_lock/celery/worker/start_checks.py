@@ -37,13 +37,9 @@ from celery_singleton_lock.celery.config.backend_support import (
     supports,
 )
 from celery_singleton_lock.celery.config.lockers import locker_for
-from celery_singleton_lock.celery.config.options import (
-    KNOWN_SETTINGS,
-    lock_prefix,
-    suggest,
-    unknown_settings,
-)
+from celery_singleton_lock.celery.config.options import KNOWN_SETTINGS
 from celery_singleton_lock.celery.config.quorum_settings import quorum_urls
+from celery_singleton_lock.celery.config.resolution import lock_prefix, suggest, unknown_settings
 from celery_singleton_lock.celery.config.servers import (
     choose_url,
     close_client,

@@ -87,7 +87,7 @@ def check_settings(conf: Any) -> None:
     except ImportError:
         raise LockConfigurationError(
             "singleton_lock_metrics is on but prometheus_client is not installed: "
-            "pip install 'celery-singleton-lock[metrics]'"
+            "install the package's [metrics] extra, or prometheus_client itself"
         ) from None
 
 

@@ -11,7 +11,6 @@ import pytest
 
 from celery_singleton_lock import compat
 from celery_singleton_lock.celery.config.lockers import forget_locker, locker_for
-from celery_singleton_lock.testing import RedisServer
 from tests.celery import compatapp
 from tests.celery.workers import Servers, unique, worker_group
 from tests.support import wait_until
@@ -37,15 +36,6 @@ DUPLICATE_TASK_ERROR = {
 }
 CLEAR_LOCKS = {"original": celery_singleton.clear_locks, "ours": compat.clear_locks}
 APP = "tests.celery.compatapp"
-
-
-@pytest.fixture(scope="module")
-def servers(broker_server: RedisServer, lock_server: RedisServer) -> Servers:
-    return Servers(
-        broker_url=broker_server.url,
-        lock=lock_server,
-        backend_url=broker_server.url.replace("/0", "/1"),
-    )
 
 
 @pytest.fixture(scope="module")

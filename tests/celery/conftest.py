@@ -22,6 +22,8 @@ from celery import Celery
 from celery_singleton_lock.celery.config.lockers import forget_locker, locker_for
 from celery_singleton_lock.engine import RedisLocker
 from celery_singleton_lock.testing import RedisServer
+from tests.celery.registration import app_with
+from tests.celery.workers import Servers
 from tests.support import CountingConnection, wait_until
 
 
@@ -35,6 +37,17 @@ def broker_server() -> Iterator[RedisServer]:
 def lock_server() -> Iterator[RedisServer]:
     with RedisServer.running() as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def servers(broker_server: RedisServer, lock_server: RedisServer) -> Servers:
+    """The session's servers as ``celery worker`` subprocesses are told them (workers.py); a
+    module with servers of its own overrides it."""
+    return Servers(
+        broker_url=broker_server.url,
+        lock=lock_server,
+        backend_url=broker_server.url.replace("/0", "/1"),
+    )
 
 
 @pytest.fixture(scope="session")
@@ -132,5 +145,14 @@ def own_app(redis_server: RedisServer) -> Iterator[Celery]:
     (a worker node it pings answers only if it is really there)."""
     app = Celery("own-app", broker=redis_server.url, set_as_current=False)
     app.conf.singleton_lock_url = redis_server.url
+    yield app
+    app.close()
+
+
+@pytest.fixture
+def registration_app() -> Iterator[Any]:
+    """An app with a result backend (a join task needs one) on which tasks are only
+    registered (tests/celery/registration.py)."""
+    app = app_with(result_backend="cache+memory://")
     yield app
     app.close()

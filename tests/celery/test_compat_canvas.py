@@ -27,7 +27,7 @@ from tests.celery.workers import Servers, unique
 from tests.support import wait_until
 
 # the shared fixtures, by name
-servers, queue = compat_side.servers, compat_side.queue
+queue = compat_side.queue
 impl, key = compat_side.impl, compat_side.key
 
 

@@ -28,7 +28,7 @@ from tests.celery.test_enqueue_dedupe import published
 from tests.celery.workers import Servers, unique
 
 # the shared fixtures, by name
-servers, queue = compat_side.servers, compat_side.queue
+queue = compat_side.queue
 impl, key = compat_side.impl, compat_side.key
 
 

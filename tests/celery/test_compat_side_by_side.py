@@ -41,7 +41,7 @@ from tests.support import wait_until
 APP = "tests.celery.compatapp"
 
 # the shared fixtures, by name
-servers, queue = compat_side.servers, compat_side.queue
+queue = compat_side.queue
 impl, key = compat_side.impl, compat_side.key
 
 

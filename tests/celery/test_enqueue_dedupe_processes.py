@@ -8,13 +8,13 @@ own.
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 from typing import Any, Iterator
 
 import pytest
 
 from celery_singleton_lock.engine import RedisLocker
-from celery_singleton_lock.testing import RedisServer
 from tests.celery import lockapp
 from tests.celery.test_enqueue_dedupe import name_of, published, runs
 from tests.celery.workers import CeleryWorkerProcess, Servers, unique, worker_group
@@ -22,14 +22,9 @@ from tests.support import wait_until
 
 
 @pytest.fixture(scope="module")
-def servers(broker_server: RedisServer, lock_server: RedisServer) -> Servers:
+def servers(servers: Servers) -> Servers:
     # a short visibility timeout: a killed worker's reserved message comes back within 2 s
-    return Servers(
-        broker_url=broker_server.url,
-        lock=lock_server,
-        backend_url=broker_server.url.replace("/0", "/1"),
-        visibility_timeout=2,
-    )
+    return dataclasses.replace(servers, visibility_timeout=2)
 
 
 @pytest.fixture(scope="module")

@@ -2,41 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator
-
 import pytest
 from celery import Celery
 
-from celery_singleton_lock import LockConfigurationError, LockedTask
+from celery_singleton_lock import LockConfigurationError
+from tests.celery.registration import app_with, register
 
 
-def app_with(**conf: Any) -> Celery:
-    app = Celery("join-cfg", set_as_current=False, broker="memory://")
-    app.conf.update(singleton_lock_url="redis://127.0.0.1:1/0", **conf)  # never contacted
-    app.finalize()
-    return app
-
-
-@pytest.fixture
-def app() -> Iterator[Celery]:
-    app = app_with(result_backend="cache+memory://")
-    yield app
-    app.close()
-
-
-def register(app: Celery, **options: Any) -> Any:
-    def job(account_id: int) -> None:
-        return None
-
-    # shared=False: a shared task would be re-registered on every app finalized later
-    return app.task(name="billing.job", base=LockedTask, shared=False, **options)(job)
-
-
-def test_join_task_with_a_result_backend_registers(app: Celery) -> None:
+def test_join_task_with_a_result_backend_registers(registration_app: Celery) -> None:
+    app = registration_app
     assert register(app, on_duplicate="join").lock_options.on_duplicate == "join"
 
 
-def test_join_task_ignoring_its_results_fails_at_registration(app: Celery) -> None:
+def test_join_task_ignoring_its_results_fails_at_registration(registration_app: Celery) -> None:
+    app = registration_app
     with pytest.raises(LockConfigurationError, match=r"billing\.job.*join.*ignore_result=True"):
         register(app, on_duplicate="join", ignore_result=True)
 

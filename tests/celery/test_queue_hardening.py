@@ -15,7 +15,6 @@ from typing import Any, Iterator
 import pytest
 import redis
 
-from celery_singleton_lock.testing import RedisServer
 from tests.celery import lockapp
 from tests.celery.workers import CeleryWorkerProcess, Servers, lock_key, unique, worker_group
 from tests.support import wait_until
@@ -23,15 +22,6 @@ from tests.support import wait_until
 #: seconds a test waits for a parked call: far below the 60 s reservation a stuck hand-off
 #: would have to wait for
 RUN_TIMEOUT = 30
-
-
-@pytest.fixture(scope="module")
-def servers(broker_server: RedisServer, lock_server: RedisServer) -> Servers:
-    return Servers(
-        broker_url=broker_server.url,
-        lock=lock_server,
-        backend_url=broker_server.url.replace("/0", "/1"),
-    )
 
 
 @pytest.fixture(scope="module")

@@ -48,15 +48,6 @@ SHORT = {"reduced": Size(40, 0.05), "full": Size(200, 0.05)}
 
 
 @pytest.fixture(scope="module")
-def servers(broker_server: RedisServer, lock_server: RedisServer) -> Servers:
-    return Servers(
-        broker_url=broker_server.url,
-        lock=lock_server,
-        backend_url=broker_server.url.replace("/0", "/1"),
-    )
-
-
-@pytest.fixture(scope="module")
 def prefork(servers: Servers, celery_app: Any) -> Iterator[CeleryWorkerProcess]:
     with worker_group(servers) as group:
         (worker,) = group.start(1, pool="prefork", concurrency=4)

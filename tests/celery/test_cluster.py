@@ -28,7 +28,7 @@ from celery.result import AsyncResult
 
 from celery_singleton_lock.testing import RedisServer
 from tests.celery import lockapp
-from tests.celery.test_sentinel import _ran, _starts, wait_for
+from tests.celery.streams import ran, starts, wait_for
 from tests.celery.workers import Servers, client_app, close_client, unique, worker_group
 from tests.chaos.conftest import chaos_figures  # noqa: F401 (fixture)
 from tests.cluster_topology import ClusterGroup, Failover
@@ -183,7 +183,7 @@ def send_stream(
         if pause > 0:
             time.sleep(pause)
     driver.join(timeout=60)
-    wait_for(lambda: set(sent) <= _ran(records, keys), DRAIN_BUDGET)
+    wait_for(lambda: set(sent) <= ran(records, keys), DRAIN_BUDGET)
     states: dict[str, str] = {}
     for _ in range(100):
         states = {task_id: AsyncResult(task_id, app=client).state for task_id in sent}
@@ -192,7 +192,7 @@ def send_stream(
         time.sleep(0.2)
     return Stream(
         sent=sent,
-        starts=sorted(_starts(records, keys)),
+        starts=sorted(starts(records, keys)),
         overlaps=sum(int(records.get(f"overlaps:{key}") or 0) for key in keys),
         states=states,
         failover=(failovers or [None])[0],

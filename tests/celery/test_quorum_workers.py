@@ -18,13 +18,14 @@ import time
 from collections import Counter
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import pytest
 import redis
 from celery.result import AsyncResult
 
 from celery_singleton_lock.testing import RedisServer
+from tests.celery.streams import ran, starts, wait_for
 from tests.celery.workers import Servers, client_app, close_client, unique, worker_group
 from tests.chaos.conftest import chaos_figures  # noqa: F401 (fixture)
 
@@ -139,7 +140,7 @@ def run_stream(
         if pause > 0:
             time.sleep(pause)
     events["last_sent"] = time.time()
-    wait_for(lambda: set(sent) <= _ran(records, keys), DRAIN_BUDGET)
+    wait_for(lambda: set(sent) <= ran(records, keys), DRAIN_BUDGET)
     states: dict[str, str] = {}
     for _ in range(100):
         states = {task_id: AsyncResult(task_id, app=client).state for task_id in sent}
@@ -151,7 +152,7 @@ def run_stream(
     return Stream(
         size=size,
         sent=sent,
-        starts=sorted(_starts(records, keys)),
+        starts=sorted(starts(records, keys)),
         overlaps=sum(int(records.get(f"overlaps:{key}") or 0) for key in keys),
         states=states,
         lock_keys_left=_lock_keys(quorum),
@@ -169,28 +170,6 @@ def _lock_keys(quorum: list[RedisServer]) -> list[str]:
         finally:
             client.close()
     return sorted(left)
-
-
-def wait_for(predicate: Callable[[], bool], budget: float) -> bool:
-    deadline = time.monotonic() + budget
-    for _ in range(int(budget / 0.2) + 1):
-        if predicate() or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    return predicate()
-
-
-def _starts(records: redis.Redis, keys: list[str]) -> list[tuple[float, str, str]]:
-    found = []
-    for key in keys:
-        for raw in records.lrange(f"runs:{key}", 0, -1):
-            task_id, _pid, started = raw.decode().split("|")
-            found.append((float(started), task_id, key))
-    return found
-
-
-def _ran(records: redis.Redis, keys: list[str]) -> set[str]:
-    return {task_id for _, task_id, _ in _starts(records, keys)}
 
 
 def figures_of(stream: Stream) -> dict[str, Any]:

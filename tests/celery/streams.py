@@ -1,0 +1,35 @@
+"""A stream of calls sent to real workers while servers fail, read back from the records the
+bodies leave (``runs:<key>``: ``task_id|pid|started``; see ``body`` in lockapp.py): which
+calls ran and when. Shared by the Sentinel, Cluster and Redlock worker tests."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import redis
+
+
+def wait_for(predicate: Callable[[], bool], budget: float) -> bool:
+    """Poll ``predicate`` every 0.2 s for up to ``budget`` seconds; its last answer."""
+    deadline = time.monotonic() + budget
+    for _ in range(int(budget / 0.2) + 1):
+        if predicate() or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    return predicate()
+
+
+def starts(records: redis.Redis, keys: list[str]) -> list[tuple[float, str, str]]:
+    """Every body start recorded for ``keys``: (time started, task id, key)."""
+    found = []
+    for key in keys:
+        for raw in records.lrange(f"runs:{key}", 0, -1):
+            task_id, _pid, started = raw.decode().split("|")
+            found.append((float(started), task_id, key))
+    return found
+
+
+def ran(records: redis.Redis, keys: list[str]) -> set[str]:
+    """Task ids whose body started for one of ``keys``."""
+    return {task_id for _, task_id, _ in starts(records, keys)}

@@ -15,6 +15,7 @@ from .backend import (
 )
 from .fork_safety import ForkSafeLock, no_fork, reset_in_forked_children
 from .keys import LockKeys, validate_prefix
+from .latest import Latest
 from .lease import Lease, LockHolder, Owner, Parked
 from .locker import CLUSTER, SINGLE_SERVER, RedisLocker, new_token
 from .quorum_reading import QUORUM
@@ -34,6 +35,7 @@ __all__ = [
     "Capabilities",
     "Client",
     "ForkSafeLock",
+    "Latest",
     "Lease",
     "LockBackend",
     "LockHolder",

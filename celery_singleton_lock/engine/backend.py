@@ -28,6 +28,7 @@ from typing import (
 )
 
 from celery_singleton_lock.engine.keys import LockKeys
+from celery_singleton_lock.engine.latest import Latest
 from celery_singleton_lock.engine.lease import Lease, LockHolder, LostCallback, Owner, Parked
 from celery_singleton_lock.errors import LockConfigurationError, LockError
 
@@ -98,6 +99,7 @@ class AcquireRequest(NamedTuple):
     park: Optional[bytes] = None
     reservation_ttl: float = 30.0
     token: Optional[str] = None
+    latest: Optional[Latest] = None
 
 
 class ReleaseSubscription(Protocol):
@@ -159,6 +161,10 @@ class LockBackend(Protocol):
     def release(self, lease: Lease, *, remember_for: Optional[float] = None) -> bool: ...
 
     def release_handing_off(
+        self, lease: Lease, *, reservation_ttl: float, remember_for: Optional[float] = None
+    ) -> tuple[bool, Optional[bytes]]: ...
+
+    def release_latest(
         self, lease: Lease, *, reservation_ttl: float, remember_for: Optional[float] = None
     ) -> tuple[bool, Optional[bytes]]: ...
 
@@ -250,6 +256,7 @@ class BackendBase:
         park: Optional[bytes] = None,
         reservation_ttl: float = 30.0,
         token: Optional[str] = None,
+        latest: Optional[Latest] = None,
     ) -> AcquireOutcome:
         """Take the lock ``name`` for ``ttl`` seconds, without waiting: :meth:`acquire` of an
         :class:`AcquireRequest` of these arguments.
@@ -281,6 +288,9 @@ class BackendBase:
             reservation_ttl: with ``park``: seconds a reservation made by this call lives.
             token: the owner token to write (a fresh one by default); a quorum sends the
                 same token to each of its servers (:mod:`.redlock`).
+            latest: with ``park``: the newest call wins (see :class:`~.latest.Latest`): at
+                most one call waits, a newer one takes its place (:attr:`Parked.displaced`
+                names the calls it displaced); release with ``release_latest``.
 
         Raises:
             AlreadyFinished: with ``unless_finished``, that record exists.
@@ -304,6 +314,7 @@ class BackendBase:
                 park,
                 reservation_ttl,
                 token,
+                latest,
             )
         )
 
@@ -316,6 +327,8 @@ class BackendBase:
         if request.max_lifetime is not None and not request.max_lifetime > 0:
             raise ValueError(f"max_lifetime must be positive or None, got {request.max_lifetime!r}")
         owner = request.owner or Owner()
+        if request.latest is not None and request.park is None:
+            raise ValueError("latest needs park: the waiting call's message")
         if (
             request.unless_finished or request.take_queued or request.park is not None
         ) and not owner.task_id:

@@ -128,6 +128,9 @@ class Parked:
     #: the message of the parked task id the lock was just reserved for, which the caller must
     #: publish; None when nothing was handed off
     handed: Optional[bytes]
+    #: the messages of the calls this one took the place of (policy ``replace``), each
+    #: ``<task id>\n<message>``: they will never run
+    displaced: tuple[bytes, ...] = ()
 
 
 LostCallback = Callable[["Lease"], None]

@@ -33,6 +33,7 @@ from celery_singleton_lock.engine.backend import (
     ReleaseSubscription,
 )
 from celery_singleton_lock.engine.keys import LockKeys, validate_prefix
+from celery_singleton_lock.engine.latest import LatestOperations
 from celery_singleton_lock.engine.lease import Lease, LockHolder, Owner
 from celery_singleton_lock.engine.pinned import PinnedConnections
 from celery_singleton_lock.engine.queueing import QueueOperations
@@ -83,7 +84,7 @@ def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
 
 
-class RedisLocker(BackendBase, QueueOperations):
+class RedisLocker(BackendBase, QueueOperations, LatestOperations):
     """Leases on one Redis server (or one primary behind Sentinel), or on a Redis Cluster: the
     single-server backend of :mod:`.backend` (queued markers and parking: :mod:`.queueing`).
 
@@ -119,6 +120,7 @@ class RedisLocker(BackendBase, QueueOperations):
         self._release_abandoned: Script = client.register_script(scripts.RELEASE_ABANDONED)
         self._renew_by_owner: Script = client.register_script(scripts.RENEW_BY_OWNER)
         self._register_queue_scripts(client)
+        self._register_latest_scripts(client)
         #: True for a Redis Cluster client: scripts run through it, renewal per node.
         self.cluster = isinstance(client, RedisCluster)
         self.capabilities = CLUSTER if self.cluster else SINGLE_SERVER
@@ -142,6 +144,9 @@ class RedisLocker(BackendBase, QueueOperations):
         if request.park is None:
             script = self._acquire_script
             script_keys, args = self._acquire_call(request, keys, value, owner)
+        elif request.latest is not None:
+            script = self._acquire_or_replace
+            script_keys, args = self._replace_call(request, request.latest, keys, value, owner)
         else:
             script = self._acquire_or_park
             script_keys, args = self._park_call(request, keys, value, owner)
@@ -154,7 +159,9 @@ class RedisLocker(BackendBase, QueueOperations):
         else:
             reply = self._run(script, keys.lock, script_keys, args, pinned=True)
         if type(reply) is list:
-            return self._parked(keys, reply)
+            return (
+                self._parked(keys, reply) if request.latest is None else self._waiting(keys, reply)
+            )
         if type(reply) is not int:
             text = reply.decode("utf-8", "replace") if isinstance(reply, bytes) else str(reply)
             pttl, _, fields = text.partition("|")

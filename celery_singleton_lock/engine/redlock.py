@@ -280,6 +280,12 @@ class QuorumLocker(BackendBase):
         """:meth:`release`; nothing is parked on a quorum, so there is no message to hand."""
         return self.release(lease, remember_for=remember_for), None
 
+    def release_latest(
+        self, lease: Lease, *, reservation_ttl: float, remember_for: Optional[float] = None
+    ) -> tuple[bool, Optional[bytes]]:
+        """:meth:`release`; nothing waits on a quorum, so there is no message to hand."""
+        return self.release(lease, remember_for=remember_for), None
+
     def _release_everywhere(self, lease: Lease, remember_for: Optional[float]) -> int:
         """Compare-and-delete ``lease``'s token on every server; how many deleted it."""
         if isinstance(lease, QuorumLease):

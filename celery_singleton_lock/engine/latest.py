@@ -1,0 +1,118 @@
+""" "Latest wins" on one server (policy ``replace``, and ``lock_debounce``), as a part of
+:class:`~.locker.RedisLocker`: at most one call waits behind a lock, the newest; a debounced
+call is held until its due time. Scripts in :mod:`.latest_scripts`; the parked list, the
+hand-off index and the sweeper are those of policy ``queue`` (:mod:`.queueing`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional
+
+from redis.commands.core import Script
+
+from celery_singleton_lock.engine import latest_scripts
+from celery_singleton_lock.engine.keys import LockKeys
+from celery_singleton_lock.engine.lease import Lease, Owner, Parked
+from celery_singleton_lock.engine.queueing import QueueOperations, as_bytes
+
+if TYPE_CHECKING:
+    from celery_singleton_lock.engine.backend import AcquireRequest
+    from celery_singleton_lock.engine.reading import Client
+
+
+class Latest(NamedTuple):
+    """How an acquire with ``park`` waits when the newest call wins (``AcquireRequest.latest``).
+
+    ``debounce``: seconds a call is held before it may run, even on a free lock; a newer call
+    within them takes its place and starts them again (0: none, the lock is taken when free).
+    ``debounce_max``: seconds from a burst's first call after which the waiting call is due
+    however many newer ones came (None: no bound).
+    """
+
+    debounce: float = 0.0
+    debounce_max: Optional[float] = None
+
+
+def _ms(seconds: Optional[float]) -> int:
+    return 0 if not seconds else max(1, int(seconds * 1000))
+
+
+def debounce_key(keys: LockKeys) -> str:
+    """Key of the lock's debounce hash (see :mod:`.latest_scripts`)."""
+    return f"{keys.lock}:latest"
+
+
+class LatestOperations:
+    """The newest waiting call wins, on one server (a part of ``RedisLocker``)."""
+
+    if TYPE_CHECKING:  # provided by RedisLocker
+
+        def _release_with(
+            self, lease: Lease, script: Script, script_keys: list[str], args: list[Any]
+        ) -> Any: ...
+
+    def _register_latest_scripts(self, client: Client) -> None:
+        self._acquire_or_replace: Script = client.register_script(latest_scripts.ACQUIRE_OR_REPLACE)
+        self._release_latest: Script = client.register_script(latest_scripts.RELEASE_LATEST)
+
+    @staticmethod
+    def _replace_call(
+        request: AcquireRequest, latest: Latest, keys: LockKeys, value: str, owner: Owner
+    ) -> tuple[list[str], list[Any]]:
+        """KEYS and ARGV of ACQUIRE_OR_REPLACE (its contract in :mod:`.latest_scripts`)."""
+        script_keys = [
+            keys.lock,
+            keys.fence,
+            keys.parked,
+            keys.parked_messages,
+            keys.handoff_due,
+            debounce_key(keys),
+        ]
+        if request.unless_finished:
+            script_keys.append(keys.finished(owner.task_id))
+        args = [
+            _ms(request.ttl),
+            value,
+            "1" if request.fencing else "0",
+            owner.task_id,
+            request.park,
+            keys.name,
+            _ms(request.reservation_ttl),
+            _ms(latest.debounce),
+            _ms(latest.debounce_max),
+        ]
+        return script_keys, args
+
+    @staticmethod
+    def _waiting(keys: LockKeys, reply: list[Any]) -> Parked:
+        """The reply of ACQUIRE_OR_REPLACE when the call waits, as :class:`Parked`."""
+        fields, position, displaced = reply
+        parked = QueueOperations._parked(keys, [fields, position, None])
+        return dataclasses.replace(
+            parked, displaced=tuple(as_bytes(message) for message in displaced)
+        )
+
+    def release_latest(
+        self, lease: Lease, *, reservation_ttl: float, remember_for: Optional[float] = None
+    ) -> tuple[bool, Optional[bytes]]:
+        """Release ``lease`` and, in the same round trip, reserve the lock for the call that
+        waits behind it, unless its debounce runs on (a sweeper then hands it the lock when it
+        is due). Returns whether the lock was still ours, and the message the caller must now
+        publish (None when nothing was handed on)."""
+        keys = lease.keys
+        script_keys = [
+            lease.key,
+            keys.parked,
+            keys.parked_messages,
+            keys.handoff_due,
+            debounce_key(keys),
+        ]
+        args: list[Any] = [lease.token, keys.channel, keys.name, _ms(reservation_ttl)]
+        if remember_for is not None and lease.owner.task_id:
+            script_keys.append(keys.finished(lease.owner.task_id))
+            args.append(_ms(remember_for))
+        reply = self._release_with(lease, self._release_latest, script_keys, args)
+        if isinstance(reply, (bytes, str)):
+            return True, as_bytes(reply)
+        return bool(reply), None

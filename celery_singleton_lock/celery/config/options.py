@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-POLICIES = ("skip", "retry", "wait", "fail", "join", "queue")
+POLICIES = ("skip", "retry", "wait", "fail", "join", "queue", "replace")
 BACKEND_ERROR_POLICIES = ("retry", "run")
 
 MIN_TTL, MAX_TTL = 0.1, 86_400.0
@@ -113,6 +113,20 @@ TASK_OPTIONS: dict[str, TaskOption] = {
         f"1 to {7 * MAX_TTL:g} seconds",
         "dedupe_on_enqueue: how long a call whose message never reaches a worker blocks "
         "duplicates, counted from its countdown or eta.",
+    ),
+    "lock_debounce": TaskOption(
+        "singleton_lock_debounce",
+        None,
+        f"None or 0.05 to {MAX_TTL:g} seconds; needs on_duplicate='replace'",
+        "Hold each call back this long (in Redis, not in a worker slot); a newer call of the "
+        "same lock within it takes its place and starts it again: one run, newest arguments.",
+    ),
+    "lock_debounce_max": TaskOption(
+        "singleton_lock_debounce_max",
+        None,
+        f"None or lock_debounce to {MAX_TTL:g} seconds",
+        "With lock_debounce: a burst's waiting call is due at most this long after the "
+        "burst's first call, however many newer calls keep coming; None: no bound.",
     ),
 }
 

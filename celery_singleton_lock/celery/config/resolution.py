@@ -17,6 +17,7 @@ from celery_singleton_lock.celery.config.backend_support import (
     capabilities_from_settings,
     refuse_unsupported,
 )
+from celery_singleton_lock.celery.config.latest_wins import check_latest_wins
 from celery_singleton_lock.celery.config.options import (
     APP_SETTINGS,
     BACKEND_ERROR_POLICIES,
@@ -68,6 +69,10 @@ class LockOptions:
     queued_ttl: float = 3600.0
     #: policy ``queue``: seconds a lock handed to a parked message stays reserved for it
     handoff_timeout: float = 60.0
+    #: policy ``replace``: seconds each call is held back, and the bound of a burst (None:
+    #: no debounce; no bound)
+    debounce: Optional[float] = None
+    debounce_max: Optional[float] = None
 
 
 def check_option_names(task_name: str, cls: type) -> None:
@@ -308,6 +313,9 @@ def resolve(
         _check_results_stored(task_name, attributes, conf)
     if on_duplicate == "queue":
         _check_queue(task_name, dedupe, finished_ttl)
+    debounce, debounce_max = check_latest_wins(
+        task_name, on_duplicate, value, dedupe=dedupe, finished_ttl=finished_ttl
+    )
     _, handoff_timeout = handoff_settings(conf)
 
     return LockOptions(
@@ -340,4 +348,6 @@ def resolve(
         dedupe_on_enqueue=dedupe,
         queued_ttl=queued_ttl,
         handoff_timeout=handoff_timeout,
+        debounce=debounce,
+        debounce_max=debounce_max,
     )

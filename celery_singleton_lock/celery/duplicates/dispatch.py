@@ -16,11 +16,14 @@ def handle(duplicate: Duplicate, acquire: Callable[[], AcquireResult]) -> Lease:
     """Apply the task's ``on_duplicate`` policy; returns a lease only if ``wait`` got one, or
     ``join`` found the holder gone without an outcome."""
     policy = duplicate.options.on_duplicate
-    if policy in ("retry", "join", "queue") and duplicate.request.is_eager:
+    if policy in ("retry", "join", "queue", "replace") and duplicate.request.is_eager:
         # in eager mode, wait in place up to lock_wait_timeout, then fail (no result is
         # stored to join)
         policy = "wait"
-    if policy in ("fail", "join", "queue") and duplicate.holder.task_id == duplicate.request.id:
+    if (
+        policy in ("fail", "join", "queue", "replace")
+        and duplicate.holder.task_id == duplicate.request.id
+    ):
         # a state stored under the running execution's id would clobber it
         policy = "skip"
     if policy == "skip":
@@ -31,6 +34,6 @@ def handle(duplicate: Duplicate, acquire: Callable[[], AcquireResult]) -> Lease:
         fail(duplicate)
     if policy == "join":
         return join(duplicate, acquire)
-    if policy == "queue":
+    if policy in ("queue", "replace"):
         retry(duplicate)  # a call that could not be parked (see parking.parked_message)
     return wait(duplicate, acquire)

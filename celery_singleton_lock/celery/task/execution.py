@@ -97,14 +97,20 @@ class LockScope(LockHandle):
             del _open.by_name[self.name]
         task = self.task
         options = task.lock_options
-        queue = options.on_duplicate == "queue"
+        queue = options.on_duplicate in ("queue", "replace")
         # a queue task's finish is always recorded: a hand-off sent twice must not run twice
         remember = finished and (task.acks_late or queue)
         remember_for = options.finished_ttl if remember else None
         lease = self.lease
         try:
             if queue:
-                owned, handed = lease.locker.release_handing_off(
+                locker = lease.locker
+                hand_on = (
+                    locker.release_latest
+                    if options.on_duplicate == "replace"
+                    else locker.release_handing_off
+                )
+                owned, handed = hand_on(
                     lease, reservation_ttl=options.handoff_timeout, remember_for=remember_for
                 )
                 if handed is not None:

@@ -16,7 +16,7 @@ from celery_singleton_lock.celery import celery_api
 from celery_singleton_lock.celery.config.lockers import locker_for
 from celery_singleton_lock.celery.config.options import TASK_ONLY_OPTIONS, TASK_OPTIONS, UNSET
 from celery_singleton_lock.celery.config.resolution import LockOptions, check_option_names, resolve
-from celery_singleton_lock.celery.duplicates import enqueue, policies
+from celery_singleton_lock.celery.duplicates import enqueue, latest, policies
 from celery_singleton_lock.celery.duplicates import parking as handoff
 from celery_singleton_lock.celery.duplicates.dispatch import handle as handle_duplicate
 from celery_singleton_lock.celery.duplicates.join import rejoin
@@ -33,6 +33,7 @@ from celery_singleton_lock.celery.task.replica_pause import PAUSE
 from celery_singleton_lock.engine import (
     AcquireRequest,
     AcquireResult,
+    Latest,
     Lease,
     LockBackend,
     LockHolder,
@@ -110,6 +111,8 @@ class LockedTask(Task):  # type: ignore[misc]
 
     dedupe_on_enqueue: Any = UNSET
     lock_queued_ttl: Any = UNSET
+    lock_debounce: Any = UNSET
+    lock_debounce_max: Any = UNSET
 
     _lock_options: Optional[LockOptions] = None
 
@@ -254,10 +257,13 @@ class LockedTask(Task):  # type: ignore[misc]
         take_queued = bool(options.dedupe_on_enqueue and task_id and not request.is_eager)
         # Policy queue: the acquire parks the message when the lock is held. A message
         # handed the lock twice must not run twice: its finish is recorded and looked for.
-        park = None
-        if options.on_duplicate == "queue" and task_id and not request.is_eager:
+        # Policy replace: the same, but the newest call waits alone (and may be debounced).
+        park = newest = None
+        if options.on_duplicate in ("queue", "replace") and task_id and not request.is_eager:
             park = handoff.parked_message(self, request)
             unless_finished = True
+            if options.on_duplicate == "replace" and park is not None:
+                newest = Latest(options.debounce or 0.0, options.debounce_max)
 
         wanted = AcquireRequest(
             name,
@@ -272,11 +278,12 @@ class LockedTask(Task):  # type: ignore[misc]
             take_queued=take_queued,
             park=park,
             reservation_ttl=options.handoff_timeout,
+            latest=newest,
         )
 
         def acquire() -> AcquireResult:
             # A duplicate policy acquires again (a wait, a join): never parked then.
-            again = wanted if wanted.park is None else wanted._replace(park=None)
+            again = wanted if wanted.park is None else wanted._replace(park=None, latest=None)
             return locker.acquire(again)  # type: ignore[return-value]  # no park: not Parked
 
         try:
@@ -291,6 +298,10 @@ class LockedTask(Task):  # type: ignore[misc]
             is_copy = is_marked_copy(request)
             if isinstance(outcome, Parked):
                 holder = outcome.holder or LockHolder.unknown(outcome.key)
+                if newest is not None:
+                    latest.wait_newest(
+                        policies.Duplicate(self, request, options, name, holder), outcome
+                    )
                 policies.queue(policies.Duplicate(self, request, options, name, holder), outcome)
             if not isinstance(outcome, Lease):
                 duplicate = policies.Duplicate(self, request, options, name, outcome)

@@ -46,7 +46,8 @@ class HandOffSweeper(Ticking):
             if message is None:
                 continue
             log.info(
-                "lock %s was left by a holder that did not hand it on; handing it on",
+                "lock %s is free with a call due behind it (its holder did not hand it on, or "
+                "a debounced call's time came); handing it on",
                 locker.keys(name).lock,
             )
             sent += publish(self.app, message, name)

@@ -1,0 +1,105 @@
+"""Latest wins with real ``celery worker`` processes (``-A tests.celery.latestapp``, whose
+sweepers look every 0.1 s): the acceptance runs of issue 22 for ``lock_debounce``.
+
+Times are printed (``-s``); the tests hold them only to bounds a loaded machine cannot break
+(a held call never runs before its due time; a bounded burst runs while it still goes on).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any, Iterator
+
+import pytest
+import redis
+
+from celery_singleton_lock.testing import RedisServer
+from tests.celery import latestapp
+from tests.celery.workers import CeleryWorkerProcess, Servers, lock_key, unique, worker_group
+from tests.support import wait_until
+
+APP = "tests.celery.latestapp"
+
+
+@pytest.fixture(scope="module")
+def servers(broker_server: RedisServer, lock_server: RedisServer) -> Servers:
+    return Servers(
+        broker_url=broker_server.url,
+        lock=lock_server,
+        backend_url=broker_server.url.replace("/0", "/1"),
+        app=APP,
+    )
+
+
+@pytest.fixture(scope="module")
+def prefork(servers: Servers, celery_app: Any) -> Iterator[CeleryWorkerProcess]:
+    with worker_group(servers) as group:
+        (worker,) = group.start(1, pool="prefork", concurrency=2)
+        yield worker
+
+
+def _waiting(store: redis.Redis, task: Any, key: str) -> list[bytes]:
+    return list(store.lrange(lock_key(task, key, 0) + ":parked", 0, -1))
+
+
+def test_a_burst_of_five_runs_once_with_the_last_arguments_after_the_debounce(
+    prefork: CeleryWorkerProcess, store: redis.Redis
+) -> None:
+    key = unique("d")
+    calls = []
+    sent_at = 0.0
+    for value in range(5):  # 0.3 s apart, each once the one before waits
+        if value:
+            time.sleep(0.3)
+        sent_at = time.time()
+        calls.append(latestapp.debounced.apply_async((key, value), queue=prefork.queue))
+        wait_until(
+            lambda c=calls[-1]: _waiting(store, latestapp.debounced, key) == [c.id.encode()], 10
+        )
+    assert calls[-1].get(timeout=30) == 4
+    runs = latestapp.started(key)
+    print(f"\ndebounce 2 s: the body started {runs[0][1] - sent_at:.2f}s after the 5th call")
+    assert [value for value, _ in runs] == ["4"]
+    assert (
+        runs[0][1] - sent_at >= 1.95
+    )  # never before its due time (the server's clock: this host's)
+    assert all(call.state == "REVOKED" for call in calls[:4])
+
+
+def test_a_bounded_debounce_runs_during_a_long_burst_and_once_after_it(
+    prefork: CeleryWorkerProcess, store: redis.Redis
+) -> None:
+    key = unique("b")
+    first_sent = time.time()
+    calls = []
+    for value in range(16):  # a call every 0.5 s for 8 s
+        calls.append(latestapp.debounced_bounded.apply_async((key, value), queue=prefork.queue))
+        time.sleep(0.5)
+    stream_end = time.time()
+    assert calls[-1].get(timeout=30) == 15
+    runs = latestapp.started(key)
+    starts = [first_sent] + [at for _, at in runs]
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    print(f"\ndebounce 2 s, max 4 s, 8 s burst: runs {runs}; gaps {[round(g, 2) for g in gaps]}")
+    values = [value for value, _ in runs]
+    assert len(values) == len(set(values))  # none ran twice
+    assert runs[0][1] < stream_end  # the bound ran one during the burst
+    assert values[-1] == "15"  # and the burst's last call ran after it
+    assert int(store.get(f"overlaps:{key}") or 0) == 0
+
+
+def test_a_held_call_runs_once_after_the_worker_that_received_it_is_killed(
+    servers: Servers, store: redis.Redis, celery_app: Any
+) -> None:
+    key = unique("k")
+    with worker_group(servers) as group:
+        (doomed,) = group.start(1, pool="prefork", concurrency=2)
+        queue = doomed.queue
+        held = latestapp.debounced.apply_async((key, "only"), queue=queue)
+        wait_until(lambda: _waiting(store, latestapp.debounced, key) == [held.id.encode()], 20)
+        doomed.kill_group(signal.SIGKILL)
+        doomed._cleanup()
+        group.start(1, queue=queue, pool="prefork", concurrency=2)  # its sweeper sends it
+        assert held.get(timeout=60) == "only"
+    assert [value for value, _ in latestapp.started(key)] == ["only"]

@@ -58,7 +58,7 @@ def _request_of(message: bytes) -> Context:
     )
 
 
-def supersede(task: Any, message: bytes, by: str, key: str) -> None:
+def supersede(task: Any, message: bytes, by: str, key: str, hostname: str = "") -> None:
     """End the call of the displaced parked ``message`` as REVOKED ("superseded"), and
     broadcast its revoke. Never raises: a failure is logged (the call stays PENDING)."""
     request = _request_of(message)
@@ -77,7 +77,7 @@ def supersede(task: Any, message: bytes, by: str, key: str) -> None:
             exc,
         )
     celery_api.send_event(
-        task, "task-lock-superseded", task_id=request.id, hostname="", key=key, by=by
+        task, "task-lock-superseded", task_id=request.id, hostname=hostname, key=key, by=by
     )
 
 
@@ -85,7 +85,8 @@ def wait_newest(duplicate: Duplicate, parked: Parked) -> NoReturn:
     """This call waits behind the lock (parked by the acquire itself), in place of the calls
     it displaced, which end superseded; end now, holding no worker slot."""
     for message in parked.displaced:
-        supersede(duplicate.task, message, duplicate.request.id, parked.key)
+        request = duplicate.request
+        supersede(duplicate.task, message, request.id, parked.key, request.hostname or "")
     debounce = duplicate.options.debounce
     if parked.holder is not None:
         why = f"held by {describe(parked.holder)}"

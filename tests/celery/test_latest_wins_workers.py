@@ -103,3 +103,29 @@ def test_a_held_call_runs_once_after_the_worker_that_received_it_is_killed(
         group.start(1, queue=queue, pool="prefork", concurrency=2)  # its sweeper sends it
         assert held.get(timeout=60) == "only"
     assert [value for value, _ in latestapp.started(key)] == ["only"]
+
+
+def test_three_duplicates_of_a_running_call_run_one_body_more_with_the_last_arguments(
+    prefork: CeleryWorkerProcess, store: redis.Redis
+) -> None:
+    key = unique("r")
+    first = latestapp.newest.apply_async((key, "v1", 2.0), queue=prefork.queue)
+    wait_until(lambda: len(latestapp.started(key)) == 1, timeout=20)
+    later = []
+    displaced_at = {}
+    for value in ("v2", "v3", "v4"):  # one by one: each waits before the next comes
+        later.append(latestapp.newest.apply_async((key, value), queue=prefork.queue))
+        wait_until(
+            lambda r=later[-1]: _waiting(store, latestapp.newest, key) == [r.id.encode()], 10
+        )
+        if len(later) > 1:
+            displaced_at[later[-2].id] = time.time()
+    v2, v3, v4 = later
+    wait_until(lambda: v2.state == v3.state == "REVOKED", timeout=10)
+    revoked_after = time.time() - min(displaced_at.values())
+    print(f"\nreplace: v2 and v3 REVOKED at most {revoked_after:.2f}s after being displaced")
+    assert len(latestapp.started(key)) == 1  # both ended while v1 still ran
+    assert first.get(timeout=20) == "v1"
+    assert v4.get(timeout=20) == "v4"
+    assert [value for value, _ in latestapp.started(key)] == ["v1", "v4"]
+    assert int(store.get(f"overlaps:{key}") or 0) == 0

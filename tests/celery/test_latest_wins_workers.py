@@ -7,6 +7,7 @@ Times are printed (``-s``); the tests hold them only to bounds a loaded machine 
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import time
 from typing import Any, Iterator
@@ -14,7 +15,6 @@ from typing import Any, Iterator
 import pytest
 import redis
 
-from celery_singleton_lock.testing import RedisServer
 from tests.celery import latestapp
 from tests.celery.workers import CeleryWorkerProcess, Servers, lock_key, unique, worker_group
 from tests.support import wait_until
@@ -23,13 +23,9 @@ APP = "tests.celery.latestapp"
 
 
 @pytest.fixture(scope="module")
-def servers(broker_server: RedisServer, lock_server: RedisServer) -> Servers:
-    return Servers(
-        broker_url=broker_server.url,
-        lock=lock_server,
-        backend_url=broker_server.url.replace("/0", "/1"),
-        app=APP,
-    )
+def servers(servers: Servers) -> Servers:
+    """The session's servers, with workers that load ``tests.celery.latestapp``."""
+    return dataclasses.replace(servers, app=APP)
 
 
 @pytest.fixture(scope="module")

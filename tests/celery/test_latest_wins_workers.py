@@ -96,8 +96,12 @@ def test_a_held_call_runs_once_after_the_worker_that_received_it_is_killed(
         wait_until(lambda: _waiting(store, latestapp.debounced, key) == [held.id.encode()], 20)
         doomed.kill_group(signal.SIGKILL)
         doomed._cleanup()
-        group.start(1, queue=queue, pool="prefork", concurrency=2)  # its sweeper sends it
+        # it died holding the call back: not yet sent (no reservation), still waiting
+        assert not store.exists(lock_key(latestapp.debounced, key, 0))
+        assert _waiting(store, latestapp.debounced, key) == [held.id.encode()]
+        (survivor,) = group.start(1, queue=queue, pool="prefork", concurrency=2)
         assert held.get(timeout=60) == "only"
+        assert survivor.count_in_log("a debounced call's time came") == 1  # its sweeper sent it
     assert [value for value, _ in latestapp.started(key)] == ["only"]
 
 

@@ -10,6 +10,7 @@ import redis
 from celery import chain
 from celery.exceptions import TaskRevokedError
 
+from celery_singleton_lock.celery import lock_duplicate
 from celery_singleton_lock.engine import RedisLocker
 from tests.celery import latestapp
 from tests.celery.conftest import assert_released
@@ -104,3 +105,24 @@ def test_a_superseded_chain_step_sends_none_of_the_steps_after_it(
     assert newest.get(timeout=10) == "v3"
     assert steps.parent.state == "REVOKED"
     assert store.llen(f"callbacks:{unique_key}") == 0
+
+
+def test_a_call_held_back_on_a_free_lock_is_announced_with_the_reason_debounce(
+    worker: Any, locker: RedisLocker, unique_key: str
+) -> None:
+    seen: list[tuple[str, str]] = []
+
+    def on_duplicate(sender: Any = None, action: str = "", reason: str = "", **_: Any) -> None:
+        if getattr(sender, "name", None) == latestapp.debounced.name:
+            seen.append((action, reason))
+
+    lock_duplicate.connect(on_duplicate, weak=False)
+    name = latestapp.debounced.lock_options.keyer.name((unique_key, 0), {})
+    try:
+        held = latestapp.debounced.delay(unique_key, "v1")
+        wait_until(lambda: seen == [("replace", "debounce")], timeout=10)
+    finally:
+        lock_duplicate.disconnect(on_duplicate)
+        # this worker runs no sweeper: take the held call out, no other worker's sweeper sends it
+        locker.drop_parked(name, held.id, reservation_ttl=30)
+    assert latestapp.started(unique_key) == []

@@ -88,13 +88,14 @@ def wait_newest(duplicate: Duplicate, parked: Parked) -> NoReturn:
         request = duplicate.request
         supersede(duplicate.task, message, request.id, parked.key, request.hostname or "")
     debounce = duplicate.options.debounce
+    reason = "held"
     if parked.holder is not None:
         why = f"held by {describe(parked.holder)}"
     elif debounce:
-        why = f"debounced for {debounce:g}s"
+        why, reason = f"free, but calls are debounced for {debounce:g}s", "debounce"
     else:
         why = "left by a holder that did not hand it on"
     log.info("task %s: lock %s %s; waiting as the newest call", duplicate.label, parked.key, why)
-    duplicate.announce("replace")
+    duplicate.announce("replace", reason)
     celery_api.logged_already(duplicate.request.id)
     raise Ignore(f"waiting behind lock {parked.key} as the newest call")

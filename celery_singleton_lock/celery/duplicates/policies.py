@@ -87,8 +87,9 @@ class Duplicate:
     def announce(self, action: str, reason: str = "held") -> None:
         """Signal ``lock_duplicate`` and send the ``task-lock-duplicate`` event.
 
-        ``reason``: why the call could not run now; ``"held"`` (another execution holds the
-        lock) is the only one today, and the metrics label duplicates with it."""
+        ``reason``: why the call could not run now: ``"held"`` (another execution holds the
+        lock), or ``"debounce"`` (a call held back on a free lock, ``lock_debounce``); the
+        metrics label duplicates with it."""
         request = self.request
         celery_api.send_event(
             self.task,

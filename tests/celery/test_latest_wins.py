@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 import redis
-from celery import chain
+from celery import chain, chord, group
 from celery.exceptions import TaskRevokedError
 
 from celery_singleton_lock.celery import lock_duplicate
 from celery_singleton_lock.engine import RedisLocker
 from tests.celery import latestapp
-from tests.celery.conftest import assert_released
+from tests.celery.conftest import assert_released, lock_key_of
 from tests.support import wait_until
 
 
@@ -126,3 +126,16 @@ def test_a_call_held_back_on_a_free_lock_is_announced_with_the_reason_debounce(
         # this worker runs no sweeper: take the held call out, no other worker's sweeper sends it
         locker.drop_parked(name, held.id, reservation_ttl=30)
     assert latestapp.started(unique_key) == []
+
+
+def test_a_chord_whose_header_call_is_superseded_fails_as_superseded_without_its_body(
+    worker: Any, store: redis.Redis, unique_key: str
+) -> None:
+    header = group(latestapp.newest.si(unique_key, f"v{i}", 1.0) for i in range(3))
+    result = chord(header)(latestapp.callback.si(unique_key, "chord body"))
+    with pytest.raises(TaskRevokedError, match="superseded"):
+        result.get(timeout=20)
+    # the first to lock, then the newest: both run, the chord body never
+    wait_until(lambda: len(latestapp.started(unique_key)) == 2, timeout=20)
+    wait_until(lambda: not store.exists(lock_key_of(latestapp.newest, unique_key, 0)), 10)
+    assert store.llen(f"callbacks:{unique_key}") == 0

@@ -7,8 +7,8 @@ the call it displaced will never run, and ends at once as REVOKED with the reaso
 ``"superseded"``, as ``celery.control.revoke`` would end it: ``AsyncResult.get()`` raises
 ``TaskRevokedError('superseded')``; its ``link`` and ``link_error`` callbacks are not called
 and the rest of its chain is not sent (Celery calls no callback of a revoked task); a chord it
-belongs to ends in error, as with any revoked header task. A revoke is also broadcast, so a
-copy of its message delivered again is discarded by the worker.
+belongs to fails without running its body, as with any revoked header task. A revoke is also
+broadcast, so a copy of its message delivered again is discarded by the worker.
 
 When the running call ends, its release reserves the lock for the waiting call and sends its
 message again (the waiting call runs with its own, the newest, arguments). With

@@ -72,6 +72,8 @@ class Capabilities:
     reasons: tuple[tuple[str, str], ...] = ()
     #: what to use instead for an unsupported feature, for people
     instead: str = ""
+    #: up to N holders per lock name (``lock_limit`` > 1, see :mod:`.slots`)
+    slots: bool = True
 
     def why_not(self, feature: str) -> str:
         """Why ``feature`` (a field name above) is not supported here ("" if it is)."""
@@ -100,6 +102,8 @@ class AcquireRequest(NamedTuple):
     reservation_ttl: float = 30.0
     token: Optional[str] = None
     latest: Optional[Latest] = None
+    #: at most this many holders of ``name`` at once (:mod:`.slots`); 1 is the mutex
+    limit: int = 1
 
 
 class ReleaseSubscription(Protocol):
@@ -257,6 +261,7 @@ class BackendBase:
         reservation_ttl: float = 30.0,
         token: Optional[str] = None,
         latest: Optional[Latest] = None,
+        limit: int = 1,
     ) -> AcquireOutcome:
         """Take the lock ``name`` for ``ttl`` seconds, without waiting: :meth:`acquire` of an
         :class:`AcquireRequest` of these arguments.
@@ -291,6 +296,8 @@ class BackendBase:
             latest: with ``park``: the newest call wins (see :class:`~.latest.Latest`): at
                 most one call waits, a newer one takes its place (:attr:`Parked.displaced`
                 names the calls it displaced); release with ``release_latest``.
+            limit: up to this many holders at once, each on its own slot (:mod:`.slots`);
+                not with ``park``, ``take_queued`` or ``min_replicas``.
 
         Raises:
             AlreadyFinished: with ``unless_finished``, that record exists.
@@ -315,6 +322,7 @@ class BackendBase:
                 reservation_ttl,
                 token,
                 latest,
+                limit,
             )
         )
 
@@ -338,7 +346,24 @@ class BackendBase:
             for option, feature, what in _NEEDS:
                 if getattr(request, option) and not getattr(capabilities, feature):
                     raise unsupported(capabilities, what, feature, self.keys(request.name).lock)
+        if request.limit != 1:
+            self._check_limit(request)
         return self._acquire(request, owner)
+
+    def _check_limit(self, request: AcquireRequest) -> None:
+        limit = request.limit
+        if type(limit) is not int or limit < 1:
+            raise ValueError(f"limit must be an integer >= 1, got {limit!r}")
+        if not self.capabilities.slots:
+            raise unsupported(
+                self.capabilities, "lock_limit > 1", "slots", self.keys(request.name).lock
+            )
+        if request.park is not None or request.take_queued or request.min_replicas:
+            raise LockConfigurationError(
+                "a limit above 1 does not combine with parking, queued markers or replica "
+                "acknowledgements (each of them is about one lock key)",
+                self.keys(request.name).lock,
+            )
 
     if TYPE_CHECKING:  # written by each backend
 

@@ -3,6 +3,8 @@
 Layout, for prefix ``P`` and lock name ``N``::
 
     P:{N}            the lock (a string with a TTL, see :mod:`.scripts`)
+    P:{N}:slot:<k>   slot k (2..N) of a lock taken by up to N holders (``lock_limit``; slot 1
+                     is the lock key itself, see slots.py)
     P:{N}:fence      its fence counter (a string that never expires)
     P:{N}:released   the channel its releases are published on
     P:{N}:queued     the task id of the message queued under this name (opt-in enqueue
@@ -99,4 +101,5 @@ class LockKeys:
     @property
     def name(self) -> str:
         """The lock name between the hash-tag braces."""
-        return self.lock[self.lock.index("{") + 1 : -1]
+        # rindex: a slot's key (``P:{N}:slot:k``, see slots.py) goes on after the brace
+        return self.lock[self.lock.index("{") + 1 : self.lock.rindex("}")]

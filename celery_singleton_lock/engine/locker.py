@@ -24,7 +24,7 @@ from redis.cluster import RedisCluster
 from redis.commands.core import Script
 
 from celery_singleton_lock.engine import lease as _lease
-from celery_singleton_lock.engine import script_calls, scripts, server_errors, waiting
+from celery_singleton_lock.engine import script_calls, scripts, server_errors, slots, waiting
 from celery_singleton_lock.engine.backend import (
     AcquireOutcome,
     AcquireRequest,
@@ -80,6 +80,15 @@ def new_token() -> str:
     return os.urandom(16).hex()
 
 
+def _finished(keys: LockKeys, owner: Owner) -> AlreadyFinished:
+    return AlreadyFinished(
+        f"task id {owner.task_id} already ran to the end under lock {keys.lock} "
+        f"(recorded at {keys.finished(owner.task_id)}): nothing was taken",
+        keys.lock,
+        {"task_id": owner.task_id},
+    )
+
+
 def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
 
@@ -119,6 +128,7 @@ class RedisLocker(BackendBase, QueueOperations, LatestOperations):
         self._renew: Script = client.register_script(scripts.RENEW)
         self._release_abandoned: Script = client.register_script(scripts.RELEASE_ABANDONED)
         self._renew_by_owner: Script = client.register_script(scripts.RENEW_BY_OWNER)
+        self._acquire_slot: Script = client.register_script(slots.ACQUIRE_SLOT)
         self._register_queue_scripts(client)
         self._register_latest_scripts(client)
         #: True for a Redis Cluster client: scripts run through it, renewal per node.
@@ -134,8 +144,9 @@ class RedisLocker(BackendBase, QueueOperations, LatestOperations):
     def _acquire(self, request: AcquireRequest, owner: Owner) -> AcquireOutcome:
         """One round trip (see :meth:`~.backend.BackendBase.try_acquire`); the request was
         checked by :meth:`~.backend.BackendBase.acquire`."""
+        if request.limit != 1:
+            return self._acquire_one_of(request, owner)
         keys = self.keys(request.name)
-        ttl = request.ttl
         token = request.token or new_token()
         renewer = self.renewer
         sent_at = renewer.clock()
@@ -170,23 +181,8 @@ class RedisLocker(BackendBase, QueueOperations, LatestOperations):
                 raise server_errors.not_a_lock(keys.lock)
             return holder
         if reply == -1:
-            raise AlreadyFinished(
-                f"task id {owner.task_id} already ran to the end under lock {keys.lock} "
-                f"(recorded at {keys.finished(owner.task_id)}): nothing was taken",
-                keys.lock,
-                {"task_id": owner.task_id},
-            )
-        max_lifetime = request.max_lifetime
-        lease = Lease(
-            locker=self,
-            keys=keys,
-            token=token,
-            ttl=ttl,
-            owner=owner,
-            fence=reply or None,
-            confirmed_at=sent_at,
-            deadline=None if max_lifetime is None else sent_at + max_lifetime,
-        )
+            raise _finished(keys, owner)
+        lease = self._lease(request, keys, token, owner, reply or None, sent_at)
         if acknowledged is not None and acknowledged < min_replicas:
             self.release(lease)
             raise ReplicasUnavailable(
@@ -195,11 +191,63 @@ class RedisLocker(BackendBase, QueueOperations, LatestOperations):
                 "again",
                 keys.lock,
             )
+        return self._hold(request, lease, renewer)
+
+    def _acquire_one_of(self, request: AcquireRequest, owner: Owner) -> AcquireOutcome:
+        """Take one of ``request.limit`` slots (:mod:`.slots`), in one round trip."""
+        keys = self.keys(request.name)
+        token = request.token or new_token()
+        renewer = self.renewer
+        sent_at = renewer.clock()
+        value = f"{token}||{int(self.wall_clock() * 1000)}|{owner.fields}"
+        finished = keys.finished(owner.task_id) if request.unless_finished else None
+        script_keys, args = slots.acquire_call(
+            keys, request.limit, _ms(request.ttl), value, request.fencing, finished
+        )
+        reply = self._run(self._acquire_slot, keys.lock, script_keys, args, pinned=True)
+        if type(reply) is list:
+            slot, fence = int(reply[0]), int(reply[1])
+            lease = self._lease(
+                request, slots.slot_keys(keys, slot), token, owner, fence or None, sent_at
+            )
+            return self._hold(request, lease, renewer)
+        if reply == -1:
+            raise _finished(keys, owner)
+        pttl, _, fields = _lease.as_text(reply).partition("|")
+        holder = LockHolder.parse(keys.lock, fields, pttl)
+        if holder is None:
+            raise server_errors.not_a_lock(keys.lock)
+        return holder
+
+    def _lease(
+        self,
+        request: AcquireRequest,
+        keys: LockKeys,
+        token: str,
+        owner: Owner,
+        fence: Optional[int],
+        sent_at: float,
+    ) -> Lease:
+        max_lifetime = request.max_lifetime
+        return Lease(
+            locker=self,
+            keys=keys,
+            token=token,
+            ttl=request.ttl,
+            owner=owner,
+            fence=fence,
+            confirmed_at=sent_at,
+            deadline=None if max_lifetime is None else sent_at + max_lifetime,
+        )
+
+    @staticmethod
+    def _hold(request: AcquireRequest, lease: Lease, renewer: Renewer) -> Lease:
+        """Watch for the loss of ``lease`` and renew it, as ``request`` asks."""
         if request.on_lost is not None:
             lease.on_lost(request.on_lost)
         if request.renew:
             renewer.add(lease)
-        log_acquire.debug("acquired %s (fence=%s)", keys.lock, lease.fence)
+        log_acquire.debug("acquired %s (fence=%s)", lease.key, lease.fence)
         return lease
 
     @staticmethod

@@ -41,6 +41,7 @@ QUORUM = Capabilities(
     cluster=False,
     kind="a Redlock quorum of independent Redis servers",
     instead="use one Redis server (or Sentinel / Cluster)",
+    slots=False,
     reasons=(
         (
             "fencing",
@@ -51,6 +52,11 @@ QUORUM = Capabilities(
         ("replica_acks", "replica acknowledgement (WAIT) is a property of one master"),
         ("enqueue_markers", "the queued marker would live on one master, not on the quorum"),
         ("parking", "parked messages and the index that hands them the lock live on one server"),
+        (
+            "slots",
+            "N slots taken on each master apart need not be the same N on a majority: two "
+            "majorities may each count a different set of holders, and no proof bounds them",
+        ),
     ),
 )
 

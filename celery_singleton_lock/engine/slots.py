@@ -1,0 +1,106 @@
+"""At most N holders per lock name (``lock_limit``): N slots, each an ordinary lock key.
+
+Slot 1 of a lock is the lock key itself (``P:{N}``); slot ``k`` > 1 is ``P:{N}:slot:k``. Every
+slot holds a lock value of the one shape of :mod:`.scripts` (token, fence, owner fields), so
+everything that works on one lock key by its name works on a slot unchanged: the batched
+RENEW of the pool's renewer (it sends each lease's own key), the owner-checked RELEASE, and
+the key's TTL after ``kill -9``. A slot is released only by its token, so a slot freed by one
+holder is never released by another. The slots share the lock's hash tag (one Cluster slot)
+and its fence counter (a fence strictly increasing per lock name, whichever slot is taken).
+
+A limit of 1 never comes here: it is the mutex of :mod:`.locker`, same script, same keys.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery_singleton_lock.engine.keys import LockKeys
+
+ACQUIRE_SLOT = """
+-- KEYS[1..N]  the N slot keys of one lock, slot 1 first (KEYS[1] is the lock key itself)
+-- KEYS[N+1]   the lock's fence counter (string, never expires)
+-- KEYS[N+2]   optional: the owner's finish record (see RELEASE in scripts.py); when it
+--             exists, nothing is taken
+-- ARGV[1]     ttl in ms
+-- ARGV[2]     the lock value with an empty fence: '<token>||<acquired_at>|<pid>|<host>|<task_id>'
+-- ARGV[3]     '1' to hand out a fence (INCR of KEYS[N+1]), '0' not to
+-- ARGV[4]     N
+-- Returns     {slot, fence}: acquired the 1-based slot, with its fence (0 without fencing).
+--               Also returned when a slot already holds this token: a resend after a lost
+--               reply takes no second slot.
+--             integer -1 (only with KEYS[N+2]): the finish record exists; nothing changed.
+--             string 'pttl|fence|acquired_at|pid|host|task_id': every slot is held; the
+--               holder of the slot that frees first (pttl its remaining TTL in ms).
+--             error NOTLOCK: a slot key holds a string that is not a lock value.
+local n = tonumber(ARGV[4])
+if KEYS[n + 2] and redis.call('EXISTS', KEYS[n + 2]) == 1 then
+  return -1
+end
+local token = string.sub(ARGV[2], 1, 32)
+local free
+for i = 1, n do
+  local v = redis.call('GET', KEYS[i])
+  if not v then
+    free = free or i
+  else
+    if string.sub(v, 33, 33) ~= '|' then
+      return redis.error_reply('NOTLOCK ' .. KEYS[i] .. ' holds a value that is not a lock')
+    end
+    if string.sub(v, 1, 32) == token then
+      return {i, tonumber(string.match(v, '^%d+', 34)) or 0}
+    end
+  end
+end
+if free then
+  local fence = 0
+  local value = ARGV[2]
+  if ARGV[3] == '1' then
+    fence = redis.call('INCR', KEYS[n + 1])
+    value = string.sub(value, 1, 33) .. string.format('%d', fence) .. string.sub(value, 34)
+  end
+  redis.call('SET', KEYS[free], value, 'PX', ARGV[1])
+  return {free, fence}
+end
+local first, first_pttl
+for i = 1, n do
+  local pttl = redis.call('PTTL', KEYS[i])
+  if pttl >= 0 and (not first_pttl or pttl < first_pttl) then
+    first, first_pttl = i, pttl
+  end
+end
+if not first then
+  first, first_pttl = 1, -1
+end
+return first_pttl .. '|' .. string.sub(redis.call('GET', KEYS[first]), 34)
+"""
+
+
+def slot_key(keys: LockKeys, slot: int) -> str:
+    """Key of the 1-based ``slot`` of the lock of ``keys`` (slot 1 is the lock key)."""
+    return keys.lock if slot == 1 else f"{keys.lock}:slot:{slot}"
+
+
+def slot_keys(keys: LockKeys, slot: int) -> LockKeys:
+    """The keys a lease on ``slot`` uses: that slot's key, the lock's counter and channel (a
+    release of any slot wakes the lock's waiters)."""
+    if slot == 1:
+        return keys
+    return LockKeys(lock=slot_key(keys, slot), fence=keys.fence, channel=keys.channel)
+
+
+def slot_of(key: str) -> int:
+    """The 1-based slot of a lock or slot key."""
+    head, _, slot = key.rpartition(":slot:")
+    return int(slot) if head.endswith("}") and slot.isdigit() else 1
+
+
+def acquire_call(
+    keys: LockKeys, limit: int, ttl_ms: int, value: str, fencing: bool, finished: Any
+) -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of :data:`ACQUIRE_SLOT` (``finished``: the finish record key, or None)."""
+    script_keys = [slot_key(keys, slot) for slot in range(1, limit + 1)]
+    script_keys.append(keys.fence)
+    if finished is not None:
+        script_keys.append(finished)
+    return script_keys, [ttl_ms, value, "1" if fencing else "0", limit]

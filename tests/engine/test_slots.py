@@ -1,0 +1,96 @@
+"""``lock_limit``: up to N holders of one lock name, each on its own slot (engine/slots.py)."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from celery_singleton_lock.engine import Lease, LockHolder, Owner, RedisLocker
+from celery_singleton_lock.errors import LockConfigurationError
+
+
+def take(locker: RedisLocker, limit: int, task_id: str = "", **options: object) -> object:
+    return locker.try_acquire(
+        "job",
+        10.0,
+        owner=Owner(task_id=task_id),
+        limit=limit,
+        **options,  # type: ignore[arg-type]
+    )
+
+
+def test_three_slots_take_three_holders_and_refuse_the_fourth(locker: RedisLocker) -> None:
+    taken = [take(locker, 3) for _ in range(4)]
+    assert [type(outcome) for outcome in taken] == [Lease, Lease, Lease, LockHolder]
+    assert len({lease.key for lease in taken[:3]}) == 3  # type: ignore[attr-defined]
+
+
+def test_the_first_slot_is_the_mutex_key(locker: RedisLocker) -> None:
+    lease = take(locker, 3)
+    assert isinstance(lease, Lease)
+    assert lease.key == locker.keys("job").lock
+
+
+def test_a_released_slot_is_taken_again(locker: RedisLocker) -> None:
+    leases = [take(locker, 2) for _ in range(2)]
+    assert isinstance(leases[0], Lease)
+    leases[0].release()
+    again = take(locker, 2)
+    assert isinstance(again, Lease)
+    assert again.key == leases[0].key
+
+
+def test_a_release_frees_only_the_releasers_slot(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    first, second = take(locker, 2), take(locker, 2)
+    assert isinstance(first, Lease) and isinstance(second, Lease)
+    first.release()
+    assert first.release() is False  # a second release frees nothing more
+    assert redis_client.exists(second.key) == 1
+
+
+def test_fences_strictly_increase_across_slots(locker: RedisLocker) -> None:
+    fences = []
+    for _ in range(6):
+        lease = take(locker, 3, fencing=True)
+        assert isinstance(lease, Lease)
+        fences.append(lease.fence)
+        lease.release()
+    assert fences == sorted(set(fences)) and len(fences) == 6
+
+
+def test_a_slot_is_renewed_by_the_batched_renewal(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    take(locker, 2)
+    second = take(locker, 2)
+    assert isinstance(second, Lease)
+    redis_client.pexpire(second.key, 500)
+    assert locker.renew_batch([second], now=locker.renewer.clock()) == []
+    assert redis_client.pttl(second.key) > 5000
+
+
+def test_a_resent_acquire_with_the_same_token_takes_no_second_slot(locker: RedisLocker) -> None:
+    token = "a" * 32
+    first = take(locker, 3, token=token, renew=False)
+    again = take(locker, 3, token=token, renew=False)
+    assert isinstance(first, Lease) and isinstance(again, Lease)
+    assert first.key == again.key
+
+
+def test_all_slots_held_reports_the_holder_that_frees_first(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    take(locker, 2, task_id="long", renew=False)
+    short = take(locker, 2, task_id="short", renew=False)
+    assert isinstance(short, Lease)
+    redis_client.pexpire(short.key, 3000)
+    holder = take(locker, 2)
+    assert isinstance(holder, LockHolder)
+    assert holder.task_id == "short"
+
+
+def test_a_limit_with_parking_is_refused(locker: RedisLocker) -> None:
+    with pytest.raises(LockConfigurationError):
+        take(locker, 2, task_id="t", park=b"message")

@@ -96,7 +96,10 @@ class LockKeys:
 
     def finished(self, task_id: str) -> str:
         """Key recording that the owner running ``task_id`` ran to the end (see module doc)."""
-        return f"{self.lock}:finished:{task_id}"
+        lock = self.lock
+        if lock[-1] != "}":  # a slot's keys (slots.py): the record is the lock's, any slot
+            lock = lock[: lock.rindex("}") + 1]
+        return f"{lock}:finished:{task_id}"
 
     @property
     def name(self) -> str:

@@ -789,3 +789,8 @@ def holds_the_gil(self: LockedTask, key: str, size: int = 0) -> dict[str, Any]:
     finally:
         r.decr(f"gauge:{key}")
     return {"held_gil_s": time.monotonic() - started}
+
+
+# -- tasks with lock_limit: their own module, registered on this app -------------------------
+
+from tests.celery import limit_tasks as limit_tasks  # noqa: E402

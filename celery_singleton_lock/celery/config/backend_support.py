@@ -23,6 +23,7 @@ NEEDS: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     "dedupe_on_enqueue": ("enqueue_markers", bool, "dedupe_on_enqueue"),
     "lock_min_replicas": ("replica_acks", bool, "min_replicas"),
     "on_duplicate": ("parking", lambda policy: policy in ("queue", "replace"), "on_duplicate"),
+    "lock_limit": ("slots", lambda limit: limit != 1, "limit"),
 }
 
 #: what names the backend in the settings, said after its kind in a refusal

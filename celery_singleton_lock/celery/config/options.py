@@ -128,6 +128,13 @@ TASK_OPTIONS: dict[str, TaskOption] = {
         "With lock_debounce: a burst's waiting call is due at most this long after the "
         "burst's first call, however many newer calls keep coming; None: no bound.",
     ),
+    "lock_limit": TaskOption(
+        "singleton_lock_limit",
+        1,
+        "an integer >= 1, or callable(**bound arguments) -> int",
+        "At most this many bodies per lock key at once, across all workers, each holding its "
+        "own slot; a callable gives each call's cap (per tenant). Not with 'join' or 'queue'.",
+    ),
 }
 
 #: Task attributes with no app setting (LockedTask reads them itself).

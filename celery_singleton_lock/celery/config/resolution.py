@@ -18,6 +18,7 @@ from celery_singleton_lock.celery.config.backend_support import (
     refuse_unsupported,
 )
 from celery_singleton_lock.celery.config.latest_wins import check_latest_wins
+from celery_singleton_lock.celery.config.limits import checked_limit
 from celery_singleton_lock.celery.config.options import (
     APP_SETTINGS,
     BACKEND_ERROR_POLICIES,
@@ -73,6 +74,8 @@ class LockOptions:
     #: no debounce; no bound)
     debounce: Optional[float] = None
     debounce_max: Optional[float] = None
+    #: at most this many holders per key (an int >= 1, or a callable of the bound arguments)
+    limit: Any = 1
 
 
 def check_option_names(task_name: str, cls: type) -> None:
@@ -309,6 +312,7 @@ def resolve(
         raise LockConfigurationError(f"task {task_name}: {exc.message}") from None
 
     on_duplicate = _choice(task_name, "on_duplicate", value["on_duplicate"], POLICIES)
+    limit = checked_limit(task_name, value["lock_limit"], value)  # before join's own checks
     if on_duplicate == "join":
         _check_results_stored(task_name, attributes, conf)
     if on_duplicate == "queue":
@@ -350,4 +354,5 @@ def resolve(
         handoff_timeout=handoff_timeout,
         debounce=debounce,
         debounce_max=debounce_max,
+        limit=limit,
     )

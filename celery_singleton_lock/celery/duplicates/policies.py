@@ -72,6 +72,9 @@ class Duplicate:
     options: LockOptions
     name: str
     holder: LockHolder
+    #: why the call cannot run now: "held" (another execution holds the lock), "limit"
+    #: (every one of the key's lock_limit slots is held)
+    reason: str = "held"
 
     @property
     def is_copy(self) -> bool:
@@ -84,13 +87,11 @@ class Duplicate:
     def label(self) -> str:
         return f"{self.task.name}[{self.request.id}]"
 
-    def announce(self, action: str, reason: str = "held") -> None:
-        """Signal ``lock_duplicate`` and send the ``task-lock-duplicate`` event.
-
-        ``reason``: why the call could not run now: ``"held"`` (another execution holds the
-        lock), or ``"debounce"`` (a call held back on a free lock, ``lock_debounce``); the
-        metrics label duplicates with it."""
-        request = self.request
+    def announce(self, action: str, reason: Optional[str] = None) -> None:
+        """Signal ``lock_duplicate`` and send the ``task-lock-duplicate`` event, saying why
+        the call could not run now: ``reason``, else this duplicate's own (``self.reason``);
+        the metrics label duplicates with it."""
+        request, reason = self.request, reason or self.reason
         celery_api.send_event(
             self.task,
             "task-lock-duplicate",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from celery_singleton_lock.engine import Lease
+from celery_singleton_lock.engine import Lease, slot_of
 from celery_singleton_lock.errors import LockLostError
 
 
@@ -42,6 +42,12 @@ class LockHandle:
     def fence(self) -> Optional[int]:
         """The fencing token of this acquisition (strictly increasing per key), if fencing."""
         return None if self._lease is None else self._lease.fence
+
+    @property
+    def slot(self) -> Optional[int]:
+        """Which of the key's ``lock_limit`` slots this execution holds (1-based; always 1
+        with a limit of 1); None without a lock."""
+        return None if self.key is None or not self.locked else slot_of(self.key)
 
     @property
     def lost(self) -> bool:

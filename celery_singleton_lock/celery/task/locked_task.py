@@ -13,6 +13,7 @@ from celery import Task
 from celery.exceptions import Ignore
 
 from celery_singleton_lock.celery import celery_api
+from celery_singleton_lock.celery.config.limits import limit_for
 from celery_singleton_lock.celery.config.lockers import locker_for
 from celery_singleton_lock.celery.config.options import TASK_ONLY_OPTIONS, TASK_OPTIONS, UNSET
 from celery_singleton_lock.celery.config.resolution import LockOptions, check_option_names, resolve
@@ -101,6 +102,7 @@ class LockedTask(Task):  # type: ignore[misc]
     lock_finished_ttl: Any = UNSET
     lock_min_replicas: Any = UNSET
     lock_min_replicas_timeout: Any = UNSET
+    lock_limit: Any = UNSET
 
     #: Celery's ``track_started`` (task attribute or ``task_track_started``), taken over by
     #: the lock: STARTED is stored once the lock is held, not before ``before_start`` as the
@@ -280,6 +282,10 @@ class LockedTask(Task):  # type: ignore[misc]
             reservation_ttl=options.handoff_timeout,
             latest=newest,
         )
+        limit = options.limit
+        if limit != 1:  # up to N holders: each takes a slot (a callable caps each call)
+            bound = options.keyer.bind(request.args, request.kwargs)
+            wanted = wanted._replace(limit=limit_for(self.name, limit, bound))
 
         def acquire() -> AcquireResult:
             # A duplicate policy acquires again (a wait, a join): never parked then.
@@ -305,6 +311,8 @@ class LockedTask(Task):  # type: ignore[misc]
                 policies.queue(policies.Duplicate(self, request, options, name, holder), outcome)
             if not isinstance(outcome, Lease):
                 duplicate = policies.Duplicate(self, request, options, name, outcome)
+                if wanted.limit != 1:
+                    duplicate.reason = "limit"
                 is_copy = is_copy or duplicate.is_copy
                 outcome = handle_duplicate(duplicate, acquire)
         except AlreadyFinished:

@@ -1,0 +1,66 @@
+"""``lock_limit``: checked at registration (a number, or a callable checked per call), and
+what it may not be combined with, each refusal saying why."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from celery_singleton_lock.errors import LockConfigurationError
+
+#: option or policy -> why it has no meaning with more than one holder per key
+_ONE_HOLDER_ONLY = {
+    "join": "on_duplicate='join' waits for THE running execution's outcome, and with several "
+    "holders there is no one execution to join",
+    "queue": "on_duplicate='queue' hands one lock key on to the oldest parked call; slots are "
+    "not handed on yet",
+    "replace": "on_duplicate='replace' hands one lock key on to the newest waiting call; slots "
+    "are not handed on yet",
+    "dedupe_on_enqueue": "dedupe_on_enqueue drops a call while its key is queued or running, "
+    "which would keep a second holder from ever starting",
+    "lock_min_replicas": "lock_min_replicas waits for replicas of one key's write",
+}
+
+
+def _bad(task: str, where: str, value: Any) -> LockConfigurationError:
+    return LockConfigurationError(
+        f"task {task}: {where} must be an integer >= 1 (at most that many bodies per lock key "
+        f"at once), got {value!r}"
+    )
+
+
+def checked_limit(task: str, value: Any, others: Mapping[str, Any]) -> Any:
+    """``value`` of ``lock_limit`` checked: an int >= 1 or a callable; ``others``: the task's
+    resolved ``on_duplicate``, ``dedupe_on_enqueue`` and ``lock_min_replicas``.
+
+    Raises:
+        LockConfigurationError: naming the task, the option and why.
+    """
+    if callable(value) and not isinstance(value, type):
+        pass
+    elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _bad(task, "lock_limit", value)
+    elif value == 1:
+        return 1
+    chosen = [others.get("on_duplicate"), *(name for name in _ONE_HOLDER_ONLY if others.get(name))]
+    for name in chosen:
+        if name in _ONE_HOLDER_ONLY:
+            raise LockConfigurationError(
+                f"task {task}: lock_limit={value!r} does not combine with "
+                f"{_ONE_HOLDER_ONLY[name]}; choose one of the two"
+            )
+    return value
+
+
+def limit_for(task: str, limit: Any, arguments: Mapping[str, Any]) -> int:
+    """The limit of one call: ``limit`` itself, or what the callable ``limit`` returns for the
+    call's bound ``arguments``.
+
+    Raises:
+        LockConfigurationError: the callable returned no integer >= 1 (naming the task).
+    """
+    if type(limit) is int:
+        return limit
+    value = limit(**arguments)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise _bad(task, "lock_limit's callable", value)
+    return value

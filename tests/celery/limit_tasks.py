@@ -1,0 +1,66 @@
+"""Tasks with ``lock_limit`` (tests/celery/test_lock_limit.py), on :mod:`lockapp`'s app.
+
+Their body records, in the records Redis, the most bodies of one key ever inside at once
+(``most:<key>``) besides what :func:`lockapp.body` records (``runs:<key>``, ``gauge:<key>``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from celery_singleton_lock import LockedTask
+from tests.celery.lockapp import app, store
+
+#: KEYS[1] gauge, KEYS[2] most: one more body inside; keep the most ever seen
+_ENTER = """
+local inside = redis.call('INCR', KEYS[1])
+if inside > tonumber(redis.call('GET', KEYS[2]) or '0') then
+  redis.call('SET', KEYS[2], inside)
+end
+return inside
+"""
+
+
+def limited_body(task: LockedTask, key: str, seconds: float) -> dict[str, Any]:
+    r = store()
+    r.eval(_ENTER, 2, f"gauge:{key}", f"most:{key}")
+    r.rpush(f"runs:{key}", f"{task.request.id}|{os.getpid()}|{time.time()}")
+    try:
+        time.sleep(seconds)
+    finally:
+        r.decr(f"gauge:{key}")
+    handle = task.request.lock
+    return {"slot": handle.slot, "key": handle.key, "fence": handle.fence}
+
+
+def limited_task(name: str, **options: Any) -> Any:
+    def run(self: LockedTask, key: str, seconds: float = 0.0) -> dict[str, Any]:
+        return limited_body(self, key, seconds)
+
+    run.__name__ = run.__qualname__ = name
+    return app.task(
+        bind=True, base=LockedTask, name=f"{__name__}.{name}", lock_on=("key",), **options
+    )(run)
+
+
+limit3_skip = limited_task("limit3_skip", lock_limit=3, on_duplicate="skip", lock_ttl=5)
+limit3_retry = limited_task(
+    "limit3_retry",
+    lock_limit=3,
+    on_duplicate="retry",
+    lock_ttl=5,
+    lock_retry_backoff=0.2,
+    lock_retry_backoff_max=1.0,
+    lock_fencing=True,
+)
+limit2_wait = limited_task("limit2_wait", lock_limit=2, on_duplicate="wait", lock_wait_timeout=20)
+
+
+def _tenant_limit(key: str, seconds: float) -> int:
+    """Per-tenant caps: keys starting 'big' get 2, 'zero' a bad 0, the others 1."""
+    return 2 if key.startswith("big") else (0 if key.startswith("zero") else 1)
+
+
+limit_per_tenant = limited_task("limit_per_tenant", lock_limit=_tenant_limit, on_duplicate="skip")

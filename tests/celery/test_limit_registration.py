@@ -1,0 +1,58 @@
+"""``lock_limit``: what is refused at registration, naming the task and the option."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_singleton_lock import LockConfigurationError
+from tests.celery.registration import register
+
+
+def test_a_limit_of_3_registers(registration_app: Celery) -> None:
+    assert register(registration_app, lock_limit=3).lock_options.limit == 3
+
+
+def test_the_limit_defaults_to_1(registration_app: Celery) -> None:
+    assert register(registration_app).lock_options.limit == 1
+
+
+def test_the_limit_comes_from_the_app_setting(registration_app: Celery) -> None:
+    registration_app.conf.singleton_lock_limit = 4
+    assert register(registration_app).lock_options.limit == 4
+
+
+@pytest.mark.parametrize("bad", [0, -2, 2.5, "3", True, None])
+def test_a_limit_that_is_no_integer_of_at_least_1_is_refused(
+    registration_app: Celery, bad: Any
+) -> None:
+    with pytest.raises(
+        LockConfigurationError, match=r"billing\.job: lock_limit must be an integer"
+    ):
+        register(registration_app, lock_limit=bad)
+
+
+@pytest.mark.parametrize("policy", ["join", "queue"])
+def test_a_limit_above_1_with_a_one_holder_policy_is_refused(
+    registration_app: Celery, policy: str
+) -> None:
+    with pytest.raises(LockConfigurationError, match=rf"billing\.job: lock_limit=2.*'{policy}'"):
+        register(registration_app, lock_limit=2, on_duplicate=policy)
+
+
+def test_a_limit_above_1_with_dedupe_on_enqueue_is_refused(registration_app: Celery) -> None:
+    with pytest.raises(LockConfigurationError, match=r"lock_limit=2.*dedupe_on_enqueue"):
+        register(registration_app, lock_limit=2, dedupe_on_enqueue=True)
+
+
+def test_a_callable_limit_with_join_is_refused(registration_app: Celery) -> None:
+    with pytest.raises(LockConfigurationError, match=r"billing\.job: lock_limit=.*'join'"):
+        register(registration_app, lock_limit=lambda account_id: 2, on_duplicate="join")
+
+
+def test_a_limit_above_1_is_refused_on_a_quorum(registration_app: Celery) -> None:
+    registration_app.conf.singleton_lock_url = [f"redis://127.0.0.1:{port}/0" for port in (1, 2, 3)]
+    with pytest.raises(LockConfigurationError, match=r"billing\.job: lock_limit=2.*Redlock quorum"):
+        register(registration_app, lock_limit=2)

@@ -311,18 +311,20 @@ class RedisLocker(BackendBase, QueueOperations, LatestOperations):
             log_release.debug("released %s but it was no longer ours", lease.key)
         return released
 
-    def release_abandoned(self, name: str, *, task_id: str, host: str, pid: int) -> bool:
-        """Release the lock ``name`` if it is held by that (dead) execution; True if released.
+    def release_abandoned(
+        self, name: str, *, task_id: str, host: str, pid: int, slot: int = 1
+    ) -> bool:
+        """Release the lock ``name`` (its ``slot``, :mod:`.slots`) if it is held by that
+        (dead) execution; True if released.
 
         For a supervisor whose child died holding a lock: it cannot know the child's token,
         so the owner metadata stands in for it. Callers must first make sure that ``pid`` on
         ``host`` is really gone.
         """
         keys = self.keys(name)
+        key = slots.slot_key(keys, slot)
         owner = Owner(task_id=task_id, host=host, pid=pid)
-        return bool(
-            self._run(self._release_abandoned, keys.lock, [keys.lock], [owner.fields, keys.channel])
-        )
+        return bool(self._run(self._release_abandoned, key, [key], [owner.fields, keys.channel]))
 
     # -- renew --------------------------------------------------------------------------------
 
@@ -355,7 +357,9 @@ class RedisLocker(BackendBase, QueueOperations, LatestOperations):
         lost = self._run(self._renew, keys[0], keys, args)
         return [int(index) - 1 for index in lost]
 
-    def renew_by_owner(self, held: Sequence[tuple[str, Owner, float]]) -> list[int]:
+    def renew_by_owner(
+        self, held: Sequence[tuple[str, Owner, float]], *, limits: Optional[Sequence[int]] = None
+    ) -> list[int]:
         """Renew, in one round trip, each lock ``name`` whose value names exactly ``owner``,
         for ``ttl`` seconds; return the indices (into ``held``) of the locks NOT renewed.
 
@@ -363,9 +367,13 @@ class RedisLocker(BackendBase, QueueOperations, LatestOperations):
         of its children without knowing their tokens (a child whose body holds the GIL cannot
         renew its own lease). A lock that is gone (released, expired) or held by any other
         owner is left untouched; none is ever created. Each TTL is replaced, never added to.
+        ``limits``: each lock's ``lock_limit`` (default 1): the owner's slot, whichever it is,
+        is renewed (every slot is sent; those of other owners are left untouched).
         """
         if not held:
             return []
+        if limits is not None and any(limit != 1 for limit in limits):
+            return self._renew_slots_by_owner(held, limits)
         keys = [self.keys(name).lock for name, _, _ in held]
         if self.cluster:  # one call per key (one slot each)
             return self._run_each(
@@ -375,6 +383,29 @@ class RedisLocker(BackendBase, QueueOperations, LatestOperations):
         args = [owner.fields for _, owner, _ in held] + [_ms(ttl) for _, _, ttl in held]
         lost = self._run(self._renew_by_owner, keys[0], keys, args)
         return [int(index) - 1 for index in lost]
+
+    def _renew_slots_by_owner(
+        self, held: Sequence[tuple[str, Owner, float]], limits: Sequence[int]
+    ) -> list[int]:
+        """:meth:`renew_by_owner` with a lock's every slot sent: a lock is lost when none of
+        its slots names its owner."""
+        entries: list[tuple[str, Owner, float]] = []
+        of: list[int] = []  # the index into ``held`` of each slot sent
+        for index, ((name, owner, ttl), limit) in enumerate(zip(held, limits)):
+            keys = self.keys(name)
+            for slot in range(1, limit + 1):
+                entries.append((slots.slot_key(keys, slot), owner, ttl))
+                of.append(index)
+        calls = [([key], [owner.fields, _ms(ttl)]) for key, owner, ttl in entries]
+        if self.cluster:
+            lost_slots = set(self._run_each(self._renew_by_owner, calls))
+        else:
+            keys_sent = [key for key, _, _ in entries]
+            args = [owner.fields for _, owner, _ in entries] + [_ms(t) for _, _, t in entries]
+            reply = self._run(self._renew_by_owner, keys_sent[0], keys_sent, args)
+            lost_slots = {int(index) - 1 for index in reply}
+        renewed = {of[index] for index in range(len(entries)) if index not in lost_slots}
+        return [index for index in range(len(held)) if index not in renewed]
 
     # -- plumbing -----------------------------------------------------------------------------
 

@@ -79,6 +79,11 @@ class QuorumInspector:
             )
         return views
 
+    def holders(self, name: str, limit: int) -> list[LockHolder]:
+        """The holder of lock ``name`` (a quorum has one slot: its capabilities refuse more)."""
+        holder = self.read(name)
+        return [] if holder is None else [holder]
+
     def read(self, name: str) -> Optional[LockHolder]:
         """The holder of ``name`` on a majority, or None.
 

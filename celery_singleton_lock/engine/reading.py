@@ -11,7 +11,7 @@ from typing import Any, Iterator, Optional, Union
 import redis
 from redis.cluster import RedisCluster
 
-from celery_singleton_lock.engine import server_errors
+from celery_singleton_lock.engine import server_errors, slots
 from celery_singleton_lock.engine.keys import LockKeys, validate_prefix
 from celery_singleton_lock.engine.lease import LockHolder, as_int, as_text
 from celery_singleton_lock.errors import LockBackendUnavailable
@@ -37,6 +37,17 @@ class LockInspector:
         return next(
             iter(self._read_many([LockKeys.build(self.prefix, name).lock], strict=True)), None
         )
+
+    def holders(self, name: str, limit: int) -> list[LockHolder]:
+        """The holders of the ``limit`` slots of lock ``name`` (:mod:`.slots`), in one round
+        trip; a free slot has none.
+
+        Raises:
+            LockNotOwnedError: a slot's key holds data this package did not write.
+        """
+        keys = LockKeys.build(self.prefix, name)
+        slot_keys = [slots.slot_key(keys, slot) for slot in range(1, limit + 1)]
+        return self._read_many(slot_keys, strict=True)
 
     def per_server(self, name: str) -> list[tuple[str, Any]]:
         """``(server, holder or None or the error)`` of lock ``name``: one server's view here

@@ -311,9 +311,12 @@ class QuorumLocker(BackendBase):
             deadline=None,
         )
 
-    def release_abandoned(self, name: str, *, task_id: str, host: str, pid: int) -> bool:
+    def release_abandoned(
+        self, name: str, *, task_id: str, host: str, pid: int, slot: int = 1
+    ) -> bool:
         """Release the lock ``name`` of a dead execution on every server; True if it was
-        released on any (see :meth:`RedisLocker.release_abandoned`)."""
+        released on any (see :meth:`RedisLocker.release_abandoned`; a quorum has one slot:
+        its capabilities refuse more)."""
         futures = self.fan_out.each(
             lambda server: server.release_abandoned(name, task_id=task_id, host=host, pid=pid)
         )
@@ -335,8 +338,11 @@ class QuorumLocker(BackendBase):
         futures = self.fan_out.each(lambda server: server.renew_batch(leases, now=now))
         return self._lost(self.fan_out.answers(futures, leases[0].key), len(leases))
 
-    def renew_by_owner(self, held: Sequence[tuple[str, Owner, float]]) -> list[int]:
-        """:meth:`RedisLocker.renew_by_owner` on every server; lost below a majority."""
+    def renew_by_owner(
+        self, held: Sequence[tuple[str, Owner, float]], *, limits: Optional[Sequence[int]] = None
+    ) -> list[int]:
+        """:meth:`RedisLocker.renew_by_owner` on every server; lost below a majority (a
+        quorum has one slot per lock: its capabilities refuse more, ``limits`` are all 1)."""
         if not held:
             return []
         futures = self.fan_out.each(lambda server: server.renew_by_owner(held))

@@ -32,7 +32,7 @@ def limited_body(task: LockedTask, key: str, seconds: float) -> dict[str, Any]:
     finally:
         r.decr(f"gauge:{key}")
     handle = task.request.lock
-    return {"slot": handle.slot, "key": handle.key, "fence": handle.fence}
+    return {"slot": handle.slot, "key": handle.key, "fence": handle.fence, "lost": handle.lost}
 
 
 def limited_task(name: str, **options: Any) -> Any:
@@ -55,6 +55,10 @@ limit3_retry = limited_task(
     lock_retry_backoff_max=1.0,
     lock_fencing=True,
 )
+#: kill -9 of a whole worker: its slot must expire by itself, within this TTL
+limit3_short_ttl = limited_task("limit3_short_ttl", lock_limit=3, on_duplicate="skip", lock_ttl=2)
+#: kill -9 of a pool child: only the main process frees its slot this long before the TTL
+limit3_long_ttl = limited_task("limit3_long_ttl", lock_limit=3, on_duplicate="skip", lock_ttl=30)
 limit2_wait = limited_task("limit2_wait", lock_limit=2, on_duplicate="wait", lock_wait_timeout=20)
 
 

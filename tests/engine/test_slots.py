@@ -94,3 +94,39 @@ def test_all_slots_held_reports_the_holder_that_frees_first(
 def test_a_limit_with_parking_is_refused(locker: RedisLocker) -> None:
     with pytest.raises(LockConfigurationError):
         take(locker, 2, task_id="t", park=b"message")
+
+
+def test_renew_by_owner_with_a_limit_renews_the_owners_slot(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    take(locker, 3, task_id="first", renew=False)
+    second = take(locker, 3, task_id="second", renew=False)
+    assert isinstance(second, Lease) and second.key.endswith(":slot:2")
+    redis_client.pexpire(second.key, 500)
+    assert locker.renew_by_owner([("job", second.owner, 20.0)], limits=[3]) == []
+    assert redis_client.pttl(second.key) > 15_000
+
+
+def test_renew_by_owner_with_a_limit_reports_an_owner_holding_no_slot_lost(
+    locker: RedisLocker,
+) -> None:
+    take(locker, 3, task_id="first", renew=False)
+    assert locker.renew_by_owner([("job", Owner(task_id="nobody"), 20.0)], limits=[3]) == [0]
+
+
+def test_release_abandoned_frees_only_the_dead_owners_slot(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    first = take(locker, 3, task_id="first", renew=False)
+    dead = take(locker, 3, task_id="dead", renew=False)
+    assert isinstance(first, Lease) and isinstance(dead, Lease)
+    owner = dead.owner
+    freed = locker.release_abandoned("job", task_id="dead", host=owner.host, pid=owner.pid, slot=2)
+    assert freed is True
+    assert (redis_client.exists(dead.key), redis_client.exists(first.key)) == (0, 1)
+
+
+def test_holders_reads_every_slot(locker: RedisLocker) -> None:
+    for task_id in ("a", "b"):
+        take(locker, 3, task_id=task_id, renew=False)
+    assert sorted(holder.task_id for holder in locker.inspect.holders("job", 3)) == ["a", "b"]

@@ -51,16 +51,24 @@ def checked_limit(task: str, value: Any, others: Mapping[str, Any]) -> Any:
     return value
 
 
-def limit_for(task: str, limit: Any, arguments: Mapping[str, Any]) -> int:
+def limit_for(task: str, limit: Any, keyer: Any, args: Any, kwargs: Any) -> int:
     """The limit of one call: ``limit`` itself, or what the callable ``limit`` returns for the
-    call's bound ``arguments``.
+    call's arguments bound by ``keyer`` (an ``ArgumentKeyer``).
 
     Raises:
-        LockConfigurationError: the callable returned no integer >= 1 (naming the task).
+        LockConfigurationError: the callable raised, or returned no integer >= 1 (naming the
+            task and the option).
+        LockKeyError: the arguments do not fit the task's signature.
     """
     if type(limit) is int:
         return limit
-    value = limit(**arguments)
+    arguments = keyer.bind(args, kwargs)
+    try:
+        value = limit(**arguments)
+    except Exception as exc:  # the user's code: said as the option's error, naming the task
+        raise LockConfigurationError(
+            f"task {task}: lock_limit's callable raised {type(exc).__name__}: {exc}"
+        ) from exc
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise _bad(task, "lock_limit's callable", value)
     return value

@@ -284,8 +284,8 @@ class LockedTask(Task):  # type: ignore[misc]
         )
         limit = options.limit
         if limit != 1:  # up to N holders: each takes a slot (a callable caps each call)
-            bound = options.keyer.bind(request.args, request.kwargs)
-            wanted = wanted._replace(limit=limit_for(self.name, limit, bound))
+            limit = limit_for(self.name, limit, options.keyer, request.args, request.kwargs)
+            wanted = wanted._replace(limit=limit)
 
         def acquire() -> AcquireResult:
             # A duplicate policy acquires again (a wait, a join): never parked then.

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional
 
 from celery_singleton_lock.celery import celery_api
+from celery_singleton_lock.celery.config.limits import limit_for
 from celery_singleton_lock.celery.config.lockers import locker_for
 from celery_singleton_lock.celery.task.locked_task import LockedTask, lock_owner
 from celery_singleton_lock.celery.worker.server_probe import unusable_at_start
@@ -52,6 +53,8 @@ class Watched:
     ttl: float
     #: wall-clock time past which the task's hard time limit has killed it (None: no limit)
     deadline: Optional[float]
+    #: the call's lock_limit: its child holds one of that many slots
+    limit: int = 1
 
 
 class ChildLockSupervisor(Ticking):
@@ -88,6 +91,7 @@ class ChildLockSupervisor(Ticking):
         self.ticks += 1
         now = self.clock()
         batches: dict[LockBackend, list[tuple[str, Owner, float]]] = defaultdict(list)
+        limits: dict[LockBackend, list[int]] = defaultdict(list)
         seen: dict[tuple[str, int], Optional[Watched]] = {}
         for request in self._requests():
             pid, task_id = celery_api.child_pid(request), getattr(request, "id", None)
@@ -106,12 +110,14 @@ class ChildLockSupervisor(Ticking):
             )
             if ttl > 0:
                 batches[watched.locker].append((watched.name, watched.owner, ttl))
+                limits[watched.locker].append(watched.limit)
         self._watched = seen  # requests that left active_requests are forgotten here
         renewed = 0
         for locker, batch in batches.items():
             self.round_trips += 1
             try:
-                renewed += len(batch) - len(locker.renew_by_owner(batch))
+                lost = locker.renew_by_owner(batch, limits=limits[locker])
+                renewed += len(batch) - len(lost)
             except LockError as exc:
                 log.warning("could not renew the pool children's locks: %s", exc)
         return renewed
@@ -126,6 +132,7 @@ def _watch(request: Any, pid: int) -> Optional[Watched]:
     options = task.lock_options
     try:
         name = options.keyer.name(request.args, request.kwargs)
+        limit = limit_for(task.name, options.limit, options.keyer, request.args, request.kwargs)
     except LockError as exc:  # the child fails the same way in before_start, holding nothing
         log.debug("task %s[%s]: no lock name (%s)", task.name, request.id, exc)
         return None
@@ -137,6 +144,7 @@ def _watch(request: Any, pid: int) -> Optional[Watched]:
         owner=lock_owner(request.id, request, pid),
         ttl=options.ttl,
         deadline=float(started) + float(hard) if hard and started else None,
+        limit=limit,
     )
 
 

@@ -12,11 +12,12 @@ import threading
 import time
 from typing import Any, Optional
 
+from celery_singleton_lock.celery.config.limits import limit_for
 from celery_singleton_lock.celery.config.lockers import locker_for
 from celery_singleton_lock.celery.duplicates import parking as handoff
 from celery_singleton_lock.celery.signals import lock_released
 from celery_singleton_lock.celery.task.locked_task import LockedTask
-from celery_singleton_lock.engine import no_fork
+from celery_singleton_lock.engine import no_fork, slot_of
 from celery_singleton_lock.errors import LockError
 
 log = logging.getLogger("celery_singleton_lock.worker")
@@ -76,15 +77,19 @@ def reclaim_dead_holder(task: LockedTask, task_id: str, args: Any, kwargs: Any, 
     that is gone) is deleted, atomically, by the ``RELEASE_ABANDONED`` script.
     """
     try:
-        name = task.lock_options.keyer.name(args, kwargs)
+        options = task.lock_options
+        name = options.keyer.name(args, kwargs)
+        limit = limit_for(task.name, options.limit, options.keyer, args, kwargs)
         locker = locker_for(task.app)
         deadline = time.monotonic() + RECLAIM_WAIT
         while True:
-            holder = locker.inspect.read(name)
-            if holder is None or holder.task_id != task_id or holder.host != node:
+            holder = _held_by(locker, name, limit, task_id, node)
+            if holder is None:
                 return False
             if holder.pid is not None and pid_is_gone(holder.pid):
-                freed = locker.release_abandoned(name, task_id=task_id, host=node, pid=holder.pid)
+                freed = locker.release_abandoned(
+                    name, task_id=task_id, host=node, pid=holder.pid, slot=slot_of(holder.key)
+                )
                 if freed:
                     log.warning(
                         "task %s[%s]: freed lock %s left by dead process %s",
@@ -119,6 +124,16 @@ def reclaim_dead_holder(task: LockedTask, task_id: str, args: Any, kwargs: Any, 
     except LockError as exc:
         log.error("task %s[%s]: could not reclaim its lock: %s", task.name, task_id, exc)
         return False
+
+
+def _held_by(locker: Any, name: str, limit: int, task_id: str, node: str) -> Any:
+    """The holder of lock ``name`` (of one of its ``limit`` slots) that is ``task_id`` on
+    ``node``; None if there is none."""
+    holders = [locker.inspect.read(name)] if limit == 1 else locker.inspect.holders(name, limit)
+    for holder in holders:
+        if holder is not None and holder.task_id == task_id and holder.host == node:
+            return holder
+    return None
 
 
 def hand_on(task: LockedTask, locker: Any, name: str) -> None:

@@ -101,6 +101,22 @@ def engine_cycle(**acquire: Any) -> EngineBuild:
     return build
 
 
+def slots_cycle(limit: int, busy: int = 0) -> EngineBuild:
+    """``lock_limit``: acquire + release of one of ``limit`` slots, ``busy`` of them held by
+    others all along (the acquire reads past them)."""
+
+    def build(setup: EngineSetup, name: str) -> Call:
+        renewer = Renewer(autostart=False)
+        locker = RedisLocker(setup.client, prefix=f"{setup.prefix}-engine", renewer=renewer)
+        for _ in range(busy):
+            held = locker.try_acquire(name, ttl=3600, limit=limit, renew=False)
+            if not isinstance(held, Lease):
+                raise BenchError(f"engine: slot of {name} not taken: {held}")
+        return lease_cycle(locker, name, setup.ttl, limit=limit)
+
+    return build
+
+
 def quorum_cycle(setup: EngineSetup, name: str) -> Call:
     """Acquire and release sent to every server at once from the quorum's thread pool."""
     renewer = Renewer(autostart=False)

@@ -39,6 +39,7 @@ from ._builds import (
     redis_py_cycle,
     singleton_cycle,
     singleton_task,
+    slots_cycle,
     variant_task,
 )
 
@@ -109,6 +110,13 @@ CONTENDERS = [
         engine=engine_cycle(min_replicas=1),
     ),
     Contender("quorum", "", engine_label="Redlock quorum of 3", engine=quorum_cycle),
+    # lock_limit: 1 is the mutex (the same script and keys as "locked"); N > 1 one of N slots
+    Contender("limit1", "", engine_label="lock_limit=1", engine=engine_cycle(limit=1)),
+    Contender("limit3", "", engine_label="lock_limit=3", engine=slots_cycle(3)),
+    Contender("limit10", "", engine_label="lock_limit=10", engine=slots_cycle(10)),
+    Contender(
+        "limit10-busy", "", engine_label="lock_limit=10, 9 held", engine=slots_cycle(10, busy=9)
+    ),
     Contender(
         "locked2", "LockedTask again (A/A)", variant_task(RedisLocker), lock_keys=_locked_keys
     ),

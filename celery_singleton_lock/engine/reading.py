@@ -89,16 +89,17 @@ class LockInspector:
         """Every lock under this prefix, via ``SCAN`` (never ``KEYS``) plus pipelined reads.
 
         The pattern ``prefix:{*}`` only matches lock keys (a fence counter key ends in
-        ``}:fence``); string keys there that are not lock values are skipped.
+        ``}:fence``), then ``prefix:{*}:slot:*`` the further slots of locks taken by several
+        holders (:mod:`.slots`); string keys there that are not lock values are skipped.
         """
-        pattern = f"{self.prefix}:{{*}}"
         batch: list[str] = []
         try:
-            for raw in self.client.scan_iter(match=pattern, count=count, _type="string"):
-                batch.append(as_text(raw))
-                if len(batch) >= count:
-                    yield from self._read_many(batch, strict=False)
-                    batch = []
+            for pattern in (f"{self.prefix}:{{*}}", f"{self.prefix}:{{*}}:slot:*"):
+                for raw in self.client.scan_iter(match=pattern, count=count, _type="string"):
+                    batch.append(as_text(raw))
+                    if len(batch) >= count:
+                        yield from self._read_many(batch, strict=False)
+                        batch = []
         except server_errors.BACKEND_ERRORS as exc:
             raise LockBackendUnavailable(f"lock server unavailable during SCAN: {exc}") from exc
         if batch:

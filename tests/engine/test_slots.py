@@ -130,3 +130,12 @@ def test_holders_reads_every_slot(locker: RedisLocker) -> None:
     for task_id in ("a", "b"):
         take(locker, 3, task_id=task_id, renew=False)
     assert sorted(holder.task_id for holder in locker.inspect.holders("job", 3)) == ["a", "b"]
+
+
+def test_scan_lists_every_held_slot(locker: RedisLocker) -> None:
+    for task_id in ("a", "b", "c"):
+        take(locker, 3, task_id=task_id, renew=False)
+    listed = sorted(holder.key for holder in locker.inspect.scan())
+    assert listed == sorted(
+        [locker.keys("job").lock, *(f"{locker.keys('job').lock}:slot:{k}" for k in (2, 3))]
+    )

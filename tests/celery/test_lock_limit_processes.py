@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 import redis
@@ -15,17 +15,18 @@ from celery.exceptions import WorkerLostError
 
 from celery_singleton_lock.engine import LockHolder, RedisLocker
 from tests.celery import limit_tasks
-from tests.celery.test_real_workers import (  # noqa: F401 (fixtures: this module's servers)
-    client,
-    lock_store,
-    servers,
-    workers,
-)
-from tests.celery.workers import WorkerGroup, unique
+from tests.celery.workers import Servers, WorkerGroup, unique, worker_group
 from tests.support import wait_until
 
 #: seconds the main process may take to free a dead child's slot once Celery reported it
 RECLAIM_WITHIN = 3.0
+
+
+@pytest.fixture
+def workers(servers: Servers, celery_app: Any) -> Iterator[WorkerGroup]:
+    """``celery worker`` processes on the session's servers (``celery_app`` configures them)."""
+    with worker_group(servers) as group:
+        yield group
 
 
 def slots_held(store: redis.Redis, task: Any, key: str) -> list[LockHolder]:
@@ -39,36 +40,36 @@ def send(client: Celery, queue: str, task: Any, *args: Any) -> Any:
 
 
 def test_kill_9_of_a_worker_holding_one_of_3_slots_frees_it_within_ttl_others_keep_theirs(
-    workers: WorkerGroup, client: Celery, lock_store: redis.Redis
+    workers: WorkerGroup, celery_app: Celery, store: redis.Redis
 ) -> None:
     key, task = unique("k"), limit_tasks.limit3_short_ttl  # lock_ttl=2
     (doomed,) = workers.start(1, pool="prefork", concurrency=1)
     (keeper,) = workers.start(1, pool="prefork", concurrency=2)
-    doomed_call = send(client, doomed.queue, task, key, 30)
-    wait_until(lambda: len(slots_held(lock_store, task, key)) == 1, timeout=20)
-    kept = [send(client, keeper.queue, task, key, 6) for _ in range(2)]
-    wait_until(lambda: len(slots_held(lock_store, task, key)) == 3, timeout=20)
-    (doomed_slot,) = (h for h in slots_held(lock_store, task, key) if h.task_id == doomed_call.id)
+    doomed_call = send(celery_app, doomed.queue, task, key, 30)
+    wait_until(lambda: len(slots_held(store, task, key)) == 1, timeout=20)
+    kept = [send(celery_app, keeper.queue, task, key, 6) for _ in range(2)]
+    wait_until(lambda: len(slots_held(store, task, key)) == 3, timeout=20)
+    (doomed_slot,) = (h for h in slots_held(store, task, key) if h.task_id == doomed_call.id)
     doomed.kill_group(signal.SIGKILL)
     killed_at = time.monotonic()
-    wait_until(lambda: not lock_store.exists(doomed_slot.key), timeout=2.0 + 1.0, interval=0.01)
+    wait_until(lambda: not store.exists(doomed_slot.key), timeout=2.0 + 1.0, interval=0.01)
     print(f"slot {doomed_slot.key} gone {time.monotonic() - killed_at:.2f}s after the kill")
     assert [result.get(timeout=30)["lost"] for result in kept] == [False, False]
 
 
 def test_sigkill_of_a_pool_child_holding_slot_2_is_freed_by_the_main_process(
-    workers: WorkerGroup, client: Celery, lock_store: redis.Redis
+    workers: WorkerGroup, celery_app: Celery, store: redis.Redis
 ) -> None:
     key, task = unique("k"), limit_tasks.limit3_long_ttl  # lock_ttl=30
     (worker,) = workers.start(1, pool="prefork", concurrency=2)
-    send(client, worker.queue, task, key, 20)
-    wait_until(lambda: len(slots_held(lock_store, task, key)) == 1, timeout=20)
-    second = send(client, worker.queue, task, key, 20)
-    wait_until(lambda: len(slots_held(lock_store, task, key)) == 2, timeout=20)
-    (holder,) = (h for h in slots_held(lock_store, task, key) if h.task_id == second.id)
+    send(celery_app, worker.queue, task, key, 20)
+    wait_until(lambda: len(slots_held(store, task, key)) == 1, timeout=20)
+    second = send(celery_app, worker.queue, task, key, 20)
+    wait_until(lambda: len(slots_held(store, task, key)) == 2, timeout=20)
+    (holder,) = (h for h in slots_held(store, task, key) if h.task_id == second.id)
     assert holder.key.endswith(":slot:2") and holder.pid in worker.children()
     os.kill(holder.pid, signal.SIGKILL)
     with pytest.raises(WorkerLostError):
         second.get(timeout=15)
-    wait_until(lambda: not lock_store.exists(holder.key), timeout=RECLAIM_WITHIN, interval=0.01)
-    assert len(slots_held(lock_store, task, key)) == 1  # the other holder keeps its slot
+    wait_until(lambda: not store.exists(holder.key), timeout=RECLAIM_WITHIN, interval=0.01)
+    assert len(slots_held(store, task, key)) == 1  # the other holder keeps its slot

@@ -74,6 +74,8 @@ class Capabilities:
     instead: str = ""
     #: up to N holders per lock name (``lock_limit`` > 1, see :mod:`.slots`)
     slots: bool = True
+    #: a release that leaves the key taken for a while (``lock_cooldown``, :mod:`.cooldown`)
+    cooldown: bool = True
 
     def why_not(self, feature: str) -> str:
         """Why ``feature`` (a field name above) is not supported here ("" if it is)."""
@@ -165,6 +167,10 @@ class LockBackend(Protocol):
     def acquire(self, request: AcquireRequest) -> AcquireOutcome: ...
 
     def release(self, lease: Lease, *, remember_for: Optional[float] = None) -> bool: ...
+
+    def release_cooling(
+        self, lease: Lease, cooldown: float, *, remember_for: Optional[float] = None
+    ) -> bool: ...
 
     def release_handing_off(
         self, lease: Lease, *, reservation_ttl: float, remember_for: Optional[float] = None

@@ -65,6 +65,9 @@ class LockHolder:
     acquired_at: Optional[float]  # seconds since the epoch, holder's clock
     fence: Optional[int]
     ttl: Optional[float]  # seconds left; None when the key has no TTL
+    #: the key is in the cooldown after a run (``lock_cooldown``, see cooldown.py): ``ttl`` is
+    #: the cooldown left, the other fields are the run's that ended
+    cooling: bool = False
 
     @classmethod
     def parse(cls, key: str, fields: Any, pttl: Any) -> Optional[LockHolder]:
@@ -84,6 +87,7 @@ class LockHolder:
             acquired_at=None if acquired_ms is None else acquired_ms / 1000.0,
             fence=as_int(fence),
             ttl=None if ttl_ms is None or ttl_ms < 0 else ttl_ms / 1000.0,
+            cooling=pid == "cooldown",  # cooldown.COOLDOWN_PID
         )
 
     @classmethod

@@ -24,7 +24,13 @@ from redis.cluster import RedisCluster
 from redis.commands.core import Script
 
 from celery_singleton_lock.engine import lease as _lease
-from celery_singleton_lock.engine import script_calls, scripts, server_errors, slots, waiting
+from celery_singleton_lock.engine import (
+    script_calls,
+    scripts,
+    server_errors,
+    slots,
+    waiting,
+)
 from celery_singleton_lock.engine.backend import (
     AcquireOutcome,
     AcquireRequest,
@@ -32,6 +38,7 @@ from celery_singleton_lock.engine.backend import (
     Capabilities,
     ReleaseSubscription,
 )
+from celery_singleton_lock.engine.cooldown import RELEASE_INTO_COOLDOWN, CooldownOperations
 from celery_singleton_lock.engine.keys import LockKeys, validate_prefix
 from celery_singleton_lock.engine.latest import LatestOperations
 from celery_singleton_lock.engine.lease import Lease, LockHolder, Owner
@@ -93,7 +100,7 @@ def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
 
 
-class RedisLocker(BackendBase, QueueOperations, LatestOperations):
+class RedisLocker(BackendBase, QueueOperations, LatestOperations, CooldownOperations):
     """Leases on one Redis server (or one primary behind Sentinel), or on a Redis Cluster: the
     single-server backend of :mod:`.backend` (queued markers and parking: :mod:`.queueing`).
 
@@ -129,6 +136,7 @@ class RedisLocker(BackendBase, QueueOperations, LatestOperations):
         self._release_abandoned: Script = client.register_script(scripts.RELEASE_ABANDONED)
         self._renew_by_owner: Script = client.register_script(scripts.RENEW_BY_OWNER)
         self._acquire_slot: Script = client.register_script(slots.ACQUIRE_SLOT)
+        self._release_cooling: Script = client.register_script(RELEASE_INTO_COOLDOWN)
         self._register_queue_scripts(client)
         self._register_latest_scripts(client)
         #: True for a Redis Cluster client: scripts run through it, renewal per node.

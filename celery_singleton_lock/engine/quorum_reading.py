@@ -42,6 +42,7 @@ QUORUM = Capabilities(
     kind="a Redlock quorum of independent Redis servers",
     instead="use one Redis server (or Sentinel / Cluster)",
     slots=False,
+    cooldown=False,
     reasons=(
         (
             "fencing",
@@ -56,6 +57,11 @@ QUORUM = Capabilities(
             "slots",
             "N slots taken on each master apart need not be the same N on a majority: two "
             "majorities may each count a different set of holders, and no proof bounds them",
+        ),
+        (
+            "cooldown",
+            "a cooldown written on a majority is not seen by a later majority that misses "
+            "those masters; no proof bounds it",
         ),
     ),
 )

@@ -274,6 +274,12 @@ class QuorumLocker(BackendBase):
             raise
         return released >= self.quorum
 
+    def release_cooling(
+        self, lease: Lease, cooldown: float, *, remember_for: Optional[float] = None
+    ) -> bool:
+        """Refused: a cooldown is not supported on a quorum (see :data:`QUORUM`)."""
+        raise unsupported(QUORUM, "lock_cooldown", "cooldown", lease.key)
+
     def release_handing_off(
         self, lease: Lease, *, reservation_ttl: float, remember_for: Optional[float] = None
     ) -> tuple[bool, Optional[bytes]]:

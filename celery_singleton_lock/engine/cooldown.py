@@ -1,0 +1,73 @@
+"""A cooldown after each run (``lock_cooldown``): the release leaves the key taken for a while.
+
+The release compares the owner's token, as RELEASE does, then writes the key again with the
+token :data:`COOLDOWN_TOKEN` and the pid field ``cooldown`` for the cooldown's length: an
+acquire finds it held (by the run that just ended, its remaining TTL the cooldown left), no
+one can release or renew it (no owner has that token, no process that pid), and it frees
+itself when the cooldown ends. Nothing is published: a waiter re-checks at the holder's TTL.
+The same works on a slot key (:mod:`.slots`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional
+
+from redis.commands.core import Script
+
+from celery_singleton_lock.engine.lease import Lease
+
+#: The token of a key in its cooldown: 32 characters, never a real token (those are hex).
+COOLDOWN_TOKEN = "cooldown" * 4
+#: The pid field of a key in its cooldown.
+COOLDOWN_PID = "cooldown"
+
+RELEASE_INTO_COOLDOWN = f"""
+-- KEYS[1]  lock (or slot) key
+-- KEYS[2]  optional: the owner's finish record, written as RELEASE writes it
+-- ARGV[1]  token of the releasing owner (32 characters)
+-- ARGV[2]  the cooldown in ms
+-- ARGV[3]  with KEYS[2]: how long the record lives, in ms
+-- Returns  1 released into its cooldown: KEYS[1] holds the released value with the token
+--          '{COOLDOWN_TOKEN}' and the pid '{COOLDOWN_PID}', expiring in ARGV[2] ms;
+--          0 not ours (expired, or taken over): nothing changed.
+local v = redis.call('GET', KEYS[1])
+if not v or string.sub(v, 1, 32) ~= ARGV[1] then
+  return 0
+end
+if KEYS[2] then
+  redis.call('SET', KEYS[2], string.sub(v, 34), 'PX', ARGV[3])
+end
+local fence_end = string.find(v, '|', 34, true)
+local acquired_end = string.find(v, '|', fence_end + 1, true)
+local pid_end = string.find(v, '|', acquired_end + 1, true)
+redis.call('SET', KEYS[1],
+           '{COOLDOWN_TOKEN}' .. string.sub(v, 33, acquired_end) .. '{COOLDOWN_PID}'
+           .. string.sub(v, pid_end), 'PX', ARGV[2])
+return 1
+"""
+
+
+class CooldownOperations:
+    """The cooldown release of one server (a part of ``RedisLocker``, which provides
+    ``_release_cooling``, the registered :data:`RELEASE_INTO_COOLDOWN`, and
+    ``_release_with``)."""
+
+    if TYPE_CHECKING:  # provided by RedisLocker
+        _release_cooling: Script
+
+        def _release_with(
+            self, lease: Lease, script: Script, script_keys: list[str], args: list[Any]
+        ) -> Any: ...
+
+    def release_cooling(
+        self, lease: Lease, cooldown: float, *, remember_for: Optional[float] = None
+    ) -> bool:
+        """Release ``lease`` (as ``release`` does, ``remember_for`` too), leaving its key taken
+        for ``cooldown`` seconds: True if it was still ours (its cooldown then began), False
+        if not (nothing changed)."""
+        script_keys = [lease.key]
+        args: list[Any] = [lease.token, max(1, int(cooldown * 1000))]
+        if remember_for is not None and lease.owner.task_id:
+            script_keys.append(lease.keys.finished(lease.owner.task_id))
+            args.append(max(1, int(remember_for * 1000)))
+        return bool(self._release_with(lease, self._release_cooling, script_keys, args))

@@ -156,3 +156,19 @@ def registration_app() -> Iterator[Any]:
     app = app_with(result_backend="cache+memory://")
     yield app
     app.close()
+
+
+@pytest.fixture
+def duplicates_seen() -> Iterator[list[dict[str, Any]]]:
+    """The keyword arguments of every ``lock_duplicate`` sent while the test runs (an
+    in-process worker's)."""
+    from celery_singleton_lock.celery import lock_duplicate
+
+    seen: list[dict[str, Any]] = []
+
+    def receiver(**kwargs: Any) -> None:
+        seen.append(kwargs)
+
+    lock_duplicate.connect(receiver, weak=False)
+    yield seen
+    lock_duplicate.disconnect(receiver)

@@ -68,3 +68,32 @@ def _tenant_limit(key: str, seconds: float) -> int:
 
 
 limit_per_tenant = limited_task("limit_per_tenant", lock_limit=_tenant_limit, on_duplicate="skip")
+
+
+# -- lock_cooldown ----------------------------------------------------------------------------
+
+cooldown3_skip = limited_task("cooldown3_skip", lock_cooldown=3, on_duplicate="skip")
+cooldown2_retry = limited_task(
+    "cooldown2_retry", lock_cooldown=2, on_duplicate="retry", lock_retry_backoff=0.05
+)
+
+
+def _failing(name: str, after: str) -> Any:
+    def run(self: LockedTask, key: str) -> None:
+        store().rpush(f"runs:{key}", f"{self.request.id}|{os.getpid()}|{time.time()}")
+        raise ValueError("the body fails")
+
+    run.__name__ = run.__qualname__ = name
+    return app.task(
+        bind=True,
+        base=LockedTask,
+        name=f"{__name__}.{name}",
+        lock_on=("key",),
+        lock_cooldown=3,
+        lock_cooldown_after=after,
+        on_duplicate="skip",
+    )(run)
+
+
+cooldown_fails_after_success = _failing("cooldown_fails_after_success", "success")
+cooldown_fails_after_always = _failing("cooldown_fails_after_always", "always")

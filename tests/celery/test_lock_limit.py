@@ -3,26 +3,13 @@ slots, in this process so the lock signals reach the test)."""
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import redis
 
 from celery_singleton_lock import DuplicateTaskSkipped, LockConfigurationError
-from celery_singleton_lock.celery import lock_duplicate
 from tests.celery.limit_tasks import limit2_wait, limit3_retry, limit3_skip, limit_per_tenant
-
-
-@pytest.fixture
-def duplicates_seen() -> Iterator[list[dict[str, Any]]]:
-    seen: list[dict[str, Any]] = []
-
-    def receiver(**kwargs: Any) -> None:
-        seen.append(kwargs)
-
-    lock_duplicate.connect(receiver, weak=False)
-    yield seen
-    lock_duplicate.disconnect(receiver)
 
 
 def outcomes(results: list[Any], timeout: float = 60) -> list[Any]:

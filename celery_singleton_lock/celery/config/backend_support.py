@@ -24,6 +24,7 @@ NEEDS: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     "lock_min_replicas": ("replica_acks", bool, "min_replicas"),
     "on_duplicate": ("parking", lambda policy: policy in ("queue", "replace"), "on_duplicate"),
     "lock_limit": ("slots", lambda limit: limit != 1, "limit"),
+    "lock_cooldown": ("cooldown", bool, "cooldown"),
 }
 
 #: what names the backend in the settings, said after its kind in a refusal

@@ -1,11 +1,14 @@
-"""``lock_limit``: checked at registration (a number, or a callable checked per call), and
-what it may not be combined with, each refusal saying why."""
+"""``lock_limit`` and ``lock_cooldown``: checked at registration (a limit may be a callable,
+checked per call), and what they may not be combined with, each refusal saying why."""
 
 from __future__ import annotations
 
 from typing import Any, Mapping
 
+from celery_singleton_lock.celery.config.options import MAX_TTL
 from celery_singleton_lock.errors import LockConfigurationError
+
+COOLDOWN_AFTER = ("success", "always")
 
 #: option or policy -> why it has no meaning with more than one holder per key
 _ONE_HOLDER_ONLY = {
@@ -49,6 +52,38 @@ def checked_limit(task: str, value: Any, others: Mapping[str, Any]) -> Any:
                 f"{_ONE_HOLDER_ONLY[name]}; choose one of the two"
             )
     return value
+
+
+def checked_cooldown(task: str, value: Any, after: Any, policy: str) -> Any:
+    """``lock_cooldown`` (None, or seconds; 0 is None) and ``lock_cooldown_after`` checked,
+    with the task's ``on_duplicate``: ``(cooldown or None, after)``.
+
+    Raises:
+        LockConfigurationError: naming the task, the option and why.
+    """
+    if after not in COOLDOWN_AFTER:
+        raise LockConfigurationError(
+            f"task {task}: lock_cooldown_after={after!r} is not one of "
+            f"{', '.join(map(repr, COOLDOWN_AFTER))}"
+        )
+    if value is None:
+        return None, after
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_TTL:
+        raise LockConfigurationError(
+            f"task {task}: lock_cooldown must be None or a number of seconds from 0 to "
+            f"{MAX_TTL:g}, got {value!r}"
+        )
+    if value and policy in ("join", "queue"):
+        why = (
+            "a join waits for a running execution, and a cooldown has none"
+            if policy == "join"
+            else "parked calls are handed a released key, and a cooldown releases none"
+        )
+        raise LockConfigurationError(
+            f"task {task}: lock_cooldown={value!r} does not combine with "
+            f"on_duplicate={policy!r} ({why}); choose one of the two"
+        )
+    return (float(value) or None), after
 
 
 def limit_for(task: str, limit: Any, keyer: Any, args: Any, kwargs: Any) -> int:

@@ -135,6 +135,20 @@ TASK_OPTIONS: dict[str, TaskOption] = {
         "At most this many bodies per lock key at once, across all workers, each holding its "
         "own slot; a callable gives each call's cap (per tenant). Not with 'join' or 'queue'.",
     ),
+    "lock_cooldown": TaskOption(
+        "singleton_lock_cooldown",
+        None,
+        f"None or 0 to {MAX_TTL:g} seconds",
+        "After a body ends the key stays taken this long: a call inside it is a duplicate "
+        "(reason 'cooldown'), a lock retry is sent for the cooldown's end. Not with 'join' "
+        "or 'queue'.",
+    ),
+    "lock_cooldown_after": TaskOption(
+        "singleton_lock_cooldown_after",
+        "success",
+        "'success' or 'always'",
+        "Which ends start the cooldown: a success only, or any outcome (a failure too).",
+    ),
 }
 
 #: Task attributes with no app setting (LockedTask reads them itself).

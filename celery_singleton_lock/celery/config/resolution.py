@@ -18,7 +18,7 @@ from celery_singleton_lock.celery.config.backend_support import (
     refuse_unsupported,
 )
 from celery_singleton_lock.celery.config.latest_wins import check_latest_wins
-from celery_singleton_lock.celery.config.limits import checked_limit
+from celery_singleton_lock.celery.config.limits import checked_cooldown, checked_limit
 from celery_singleton_lock.celery.config.options import (
     APP_SETTINGS,
     BACKEND_ERROR_POLICIES,
@@ -76,6 +76,9 @@ class LockOptions:
     debounce_max: Optional[float] = None
     #: at most this many holders per key (an int >= 1, or a callable of the bound arguments)
     limit: Any = 1
+    #: seconds the key stays taken after a body ends (None: not at all), and after which ends
+    cooldown: Optional[float] = None
+    cooldown_after: str = "success"
 
 
 def check_option_names(task_name: str, cls: type) -> None:
@@ -313,6 +316,9 @@ def resolve(
 
     on_duplicate = _choice(task_name, "on_duplicate", value["on_duplicate"], POLICIES)
     limit = checked_limit(task_name, value["lock_limit"], value)  # before join's own checks
+    cooldown, cooldown_after = checked_cooldown(
+        task_name, value["lock_cooldown"], value["lock_cooldown_after"], on_duplicate
+    )
     if on_duplicate == "join":
         _check_results_stored(task_name, attributes, conf)
     if on_duplicate == "queue":
@@ -355,4 +361,6 @@ def resolve(
         debounce=debounce,
         debounce_max=debounce_max,
         limit=limit,
+        cooldown=cooldown,
+        cooldown_after=cooldown_after,
     )

@@ -50,6 +50,9 @@ from celery_singleton_lock.errors import (
 
 log = logging.getLogger("celery_singleton_lock.duplicate")
 
+#: seconds a lock retry for a cooldown's end is sent after it, so that it finds the key gone
+COOLDOWN_MARGIN = 0.05
+
 
 def backoff_delay(
     attempt: int, base: float, cap: float, rng: Callable[[], float] = random.random
@@ -73,7 +76,8 @@ class Duplicate:
     name: str
     holder: LockHolder
     #: why the call cannot run now: "held" (another execution holds the lock), "limit"
-    #: (every one of the key's lock_limit slots is held)
+    #: (every one of the key's lock_limit slots is held), "cooldown" (the key is in the
+    #: cooldown after a run)
     reason: str = "held"
 
     @property
@@ -195,7 +199,10 @@ def retry(
         # apply() would re-run the retry signature recursively, at once: the caller gets the
         # outcome instead (``handle`` has already waited for a held lock).
         raise reason
-    countdown = backoff_delay(attempt, options.retry_backoff, options.retry_backoff_max)
+    if holder.cooling and holder.ttl is not None:  # free at the cooldown's end: no polling
+        countdown = holder.ttl + COOLDOWN_MARGIN
+    else:
+        countdown = backoff_delay(attempt, options.retry_backoff, options.retry_backoff_max)
     if cause is None:
         log.info(
             "task %s: lock held by %s; lock retry %d in %.2fs",

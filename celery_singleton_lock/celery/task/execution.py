@@ -83,12 +83,14 @@ class LockScope(LockHandle):
         self._body_started = True
         return first
 
-    def close(self, *, finished: bool = False) -> None:
+    def close(self, *, finished: bool = False, succeeded: bool = False) -> None:
         """Stop renewal and release the lock; later calls do nothing. Never raises.
 
         Args:
             finished: the body ran to an outcome. For an ``acks_late`` task the release then
                 records the task id for ``lock_finished_ttl`` (see ``LockedTask``).
+            succeeded: the body returned. With ``lock_cooldown`` the key then stays taken for
+                the cooldown (after any outcome with ``lock_cooldown_after="always"``).
         """
         if self._closed:
             return
@@ -115,6 +117,12 @@ class LockScope(LockHandle):
                 )
                 if handed is not None:
                     handoff.publish(task.app, handed, self.name)
+            elif options.cooldown and (
+                succeeded or (finished and options.cooldown_after == "always")
+            ):
+                owned = lease.locker.release_cooling(
+                    lease, options.cooldown, remember_for=remember_for
+                )
             else:
                 owned = lease.release(remember_for=remember_for)
         except (LockError, RedisError) as exc:
@@ -177,10 +185,10 @@ def releases_after_body(call: F) -> F:
         request = celery_api.current_request(self)
         held = getattr(request, "lock", None)
         owns = isinstance(held, LockScope) and held.start_body()
-        finished = False
+        finished = succeeded = False
         try:
             result = call(self, *args, **kwargs)
-            finished = True
+            finished = succeeded = True
             return result
         except (Retry, Ignore, Reject):
             raise  # a retry, or a message meant to come back
@@ -190,7 +198,7 @@ def releases_after_body(call: F) -> F:
         finally:
             if owns:
                 # before Celery publishes successors (callbacks, chain steps): they find it free
-                held.close(finished=finished)  # type: ignore[union-attr]
+                held.close(finished=finished, succeeded=succeeded)  # type: ignore[union-attr]
 
     __call__.releases_lock = True  # type: ignore[attr-defined]
     return __call__  # type: ignore[return-value]

@@ -103,6 +103,8 @@ class LockedTask(Task):  # type: ignore[misc]
     lock_min_replicas: Any = UNSET
     lock_min_replicas_timeout: Any = UNSET
     lock_limit: Any = UNSET
+    lock_cooldown: Any = UNSET
+    lock_cooldown_after: Any = UNSET
 
     #: Celery's ``track_started`` (task attribute or ``task_track_started``), taken over by
     #: the lock: STARTED is stored once the lock is held, not before ``before_start`` as the
@@ -311,7 +313,9 @@ class LockedTask(Task):  # type: ignore[misc]
                 policies.queue(policies.Duplicate(self, request, options, name, holder), outcome)
             if not isinstance(outcome, Lease):
                 duplicate = policies.Duplicate(self, request, options, name, outcome)
-                if wanted.limit != 1:
+                if outcome.cooling:
+                    duplicate.reason = "cooldown"
+                elif wanted.limit != 1:
                     duplicate.reason = "limit"
                 is_copy = is_copy or duplicate.is_copy
                 outcome = handle_duplicate(duplicate, acquire)

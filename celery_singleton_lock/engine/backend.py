@@ -76,6 +76,8 @@ class Capabilities:
     slots: bool = True
     #: a release that leaves the key taken for a while (``lock_cooldown``, :mod:`.cooldown`)
     cooldown: bool = True
+    #: at most N acquisitions per sliding window (``lock_rate``, :mod:`.slots`)
+    rate: bool = True
 
     def why_not(self, feature: str) -> str:
         """Why ``feature`` (a field name above) is not supported here ("" if it is)."""
@@ -106,6 +108,8 @@ class AcquireRequest(NamedTuple):
     latest: Optional[Latest] = None
     #: at most this many holders of ``name`` at once (:mod:`.slots`); 1 is the mutex
     limit: int = 1
+    #: at most ``rate[0]`` acquisitions of ``name`` in any ``rate[1]`` seconds, or None
+    rate: Optional[tuple[int, float]] = None
 
 
 class ReleaseSubscription(Protocol):
@@ -274,6 +278,7 @@ class BackendBase:
         token: Optional[str] = None,
         latest: Optional[Latest] = None,
         limit: int = 1,
+        rate: Optional[tuple[int, float]] = None,
     ) -> AcquireOutcome:
         """Take the lock ``name`` for ``ttl`` seconds, without waiting: :meth:`acquire` of an
         :class:`AcquireRequest` of these arguments.
@@ -310,6 +315,9 @@ class BackendBase:
                 names the calls it displaced); release with ``release_latest``.
             limit: up to this many holders at once, each on its own slot (:mod:`.slots`);
                 not with ``park``, ``take_queued`` or ``min_replicas``.
+            rate: ``(count, seconds)``: at most ``count`` acquisitions in any window of that
+                many seconds (server clock); over it, a :class:`LockHolder` with
+                ``over_rate`` and the wait as its ``ttl``. Not with those three either.
 
         Raises:
             AlreadyFinished: with ``unless_finished``, that record exists.
@@ -335,6 +343,7 @@ class BackendBase:
                 token,
                 latest,
                 limit,
+                rate,
             )
         )
 
@@ -358,7 +367,7 @@ class BackendBase:
             for option, feature, what in _NEEDS:
                 if getattr(request, option) and not getattr(capabilities, feature):
                     raise unsupported(capabilities, what, feature, self.keys(request.name).lock)
-        if request.limit != 1:
+        if request.limit != 1 or request.rate is not None:
             self._check_limit(request)
         return self._acquire(request, owner)
 
@@ -366,14 +375,16 @@ class BackendBase:
         limit = request.limit
         if type(limit) is not int or limit < 1:
             raise ValueError(f"limit must be an integer >= 1, got {limit!r}")
-        if not self.capabilities.slots:
+        if limit != 1 and not self.capabilities.slots:
             raise unsupported(
                 self.capabilities, "lock_limit > 1", "slots", self.keys(request.name).lock
             )
+        if request.rate is not None and not self.capabilities.rate:
+            raise unsupported(self.capabilities, "lock_rate", "rate", self.keys(request.name).lock)
         if request.park is not None or request.take_queued or request.min_replicas:
             raise LockConfigurationError(
-                "a limit above 1 does not combine with parking, queued markers or replica "
-                "acknowledgements (each of them is about one lock key)",
+                "a limit above 1 or a rate does not combine with parking, queued markers or "
+                "replica acknowledgements (each of them is about one lock key)",
                 self.keys(request.name).lock,
             )
 

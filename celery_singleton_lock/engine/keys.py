@@ -5,6 +5,8 @@ Layout, for prefix ``P`` and lock name ``N``::
     P:{N}            the lock (a string with a TTL, see :mod:`.scripts`)
     P:{N}:slot:<k>   slot k (2..N) of a lock taken by up to N holders (``lock_limit``; slot 1
                      is the lock key itself, see slots.py)
+    P:{N}:starts     its recent acquisitions, token scored by the server's clock in ms, trimmed
+                     to the window of ``lock_rate`` (see slots.py)
     P:{N}:fence      its fence counter (a string that never expires)
     P:{N}:released   the channel its releases are published on
     P:{N}:queued     the task id of the message queued under this name (opt-in enqueue
@@ -78,6 +80,11 @@ class LockKeys:
     def queued(self) -> str:
         """Key of the queued marker: the task id published under this name (see module doc)."""
         return f"{self.lock}:queued"
+
+    @property
+    def starts(self) -> str:
+        """Key of the sorted set of this lock's recent body starts (``lock_rate``)."""
+        return f"{self.lock}:starts"
 
     @property
     def parked(self) -> str:

@@ -68,6 +68,9 @@ class LockHolder:
     #: the key is in the cooldown after a run (``lock_cooldown``, see cooldown.py): ``ttl`` is
     #: the cooldown left, the other fields are the run's that ended
     cooling: bool = False
+    #: not held: a slot is free but the lock's rate (``lock_rate``) allows no start before
+    #: ``ttl`` seconds; the other fields are unknown
+    over_rate: bool = False
 
     @classmethod
     def parse(cls, key: str, fields: Any, pttl: Any) -> Optional[LockHolder]:

@@ -152,7 +152,7 @@ class RedisLocker(BackendBase, QueueOperations, LatestOperations, CooldownOperat
     def _acquire(self, request: AcquireRequest, owner: Owner) -> AcquireOutcome:
         """One round trip (see :meth:`~.backend.BackendBase.try_acquire`); the request was
         checked by :meth:`~.backend.BackendBase.acquire`."""
-        if request.limit != 1:
+        if request.limit != 1 or request.rate is not None:
             return self._acquire_one_of(request, owner)
         keys = self.keys(request.name)
         token = request.token or new_token()
@@ -210,11 +210,13 @@ class RedisLocker(BackendBase, QueueOperations, LatestOperations, CooldownOperat
         value = f"{token}||{int(self.wall_clock() * 1000)}|{owner.fields}"
         finished = keys.finished(owner.task_id) if request.unless_finished else None
         script_keys, args = slots.acquire_call(
-            keys, request.limit, _ms(request.ttl), value, request.fencing, finished
+            keys, request.limit, _ms(request.ttl), value, request.fencing, finished, request.rate
         )
         reply = self._run(self._acquire_slot, keys.lock, script_keys, args, pinned=True)
         if type(reply) is list:
             slot, fence = int(reply[0]), int(reply[1])
+            if slot == 0:  # over the rate: ``fence`` is the wait in ms
+                return LockHolder(keys.lock, "", "", None, None, None, fence / 1000.0, False, True)
             lease = self._lease(
                 request, slots.slot_keys(keys, slot), token, owner, fence or None, sent_at
             )

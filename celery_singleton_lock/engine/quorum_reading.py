@@ -43,6 +43,7 @@ QUORUM = Capabilities(
     instead="use one Redis server (or Sentinel / Cluster)",
     slots=False,
     cooldown=False,
+    rate=False,
     reasons=(
         (
             "fencing",
@@ -62,6 +63,11 @@ QUORUM = Capabilities(
             "cooldown",
             "a cooldown written on a majority is not seen by a later majority that misses "
             "those masters; no proof bounds it",
+        ),
+        (
+            "rate",
+            "starts counted on each master apart are not one count: a majority that misses "
+            "the masters of earlier starts would allow more; no proof bounds it",
         ),
     ),
 )

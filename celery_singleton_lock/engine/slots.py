@@ -8,33 +8,44 @@ the key's TTL after ``kill -9``. A slot is released only by its token, so a slot
 holder is never released by another. The slots share the lock's hash tag (one Cluster slot)
 and its fence counter (a fence strictly increasing per lock name, whichever slot is taken).
 
-A limit of 1 never comes here: it is the mutex of :mod:`.locker`, same script, same keys.
+A limit of 1 never comes here unless a rate is asked for (``lock_rate``: the same script
+counts the starts of the lock in a sorted set, ``P:{N}:starts``, by the server's clock); else
+it is the mutex of :mod:`.locker`, same script, same keys.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from celery_singleton_lock.engine.keys import LockKeys
 
 ACQUIRE_SLOT = """
 -- KEYS[1..N]  the N slot keys of one lock, slot 1 first (KEYS[1] is the lock key itself)
 -- KEYS[N+1]   the lock's fence counter (string, never expires)
--- KEYS[N+2]   optional: the owner's finish record (see RELEASE in scripts.py); when it
---             exists, nothing is taken
+-- KEYS[N+2]   without ARGV[5]: optional, the owner's finish record (see RELEASE in
+--             scripts.py); when it exists, nothing is taken
+-- KEYS[N+2]   with ARGV[5]: the lock's body starts (sorted set: token scored by the server's
+--             clock in ms, see lock_rate), and KEYS[N+3] the optional finish record
 -- ARGV[1]     ttl in ms
 -- ARGV[2]     the lock value with an empty fence: '<token>||<acquired_at>|<pid>|<host>|<task_id>'
 -- ARGV[3]     '1' to hand out a fence (INCR of KEYS[N+1]), '0' not to
 -- ARGV[4]     N
+-- ARGV[5]     optional: at most this many starts (acquisitions) in any window of ARGV[6] ms
 -- Returns     {slot, fence}: acquired the 1-based slot, with its fence (0 without fencing).
 --               Also returned when a slot already holds this token: a resend after a lost
 --               reply takes no second slot.
---             integer -1 (only with KEYS[N+2]): the finish record exists; nothing changed.
+--             {0, wait}: a slot is free but ARGV[5] starts fell in the last ARGV[6] ms; the
+--               next start is allowed in wait ms. Nothing changed (old starts are trimmed).
+--             integer -1 (only with a finish record): it exists; nothing changed.
 --             string 'pttl|fence|acquired_at|pid|host|task_id': every slot is held; the
 --               holder of the slot that frees first (pttl its remaining TTL in ms).
 --             error NOTLOCK: a slot key holds a string that is not a lock value.
-local n = tonumber(ARGV[4])
-if KEYS[n + 2] and redis.call('EXISTS', KEYS[n + 2]) == 1 then
+local n, rate = tonumber(ARGV[4]), tonumber(ARGV[5])
+local finished = KEYS[n + 2]
+if rate then
+  finished = KEYS[n + 3]
+end
+if finished and redis.call('EXISTS', finished) == 1 then
   return -1
 end
 local token = string.sub(ARGV[2], 1, 32)
@@ -51,6 +62,18 @@ for i = 1, n do
       return {i, tonumber(string.match(v, '^%d+', 34)) or 0}
     end
   end
+end
+if free and rate then
+  local window, starts = tonumber(ARGV[6]), KEYS[n + 2]
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  redis.call('ZREMRANGEBYSCORE', starts, '-inf', now - window)
+  if redis.call('ZCARD', starts) >= rate then
+    local oldest = redis.call('ZRANGE', starts, 0, 0, 'WITHSCORES')
+    return {0, math.max(1, tonumber(oldest[2]) + window - now)}
+  end
+  redis.call('ZADD', starts, now, token)
+  redis.call('PEXPIRE', starts, window)
 end
 if free then
   local fence = 0
@@ -96,11 +119,22 @@ def slot_of(key: str) -> int:
 
 
 def acquire_call(
-    keys: LockKeys, limit: int, ttl_ms: int, value: str, fencing: bool, finished: Any
+    keys: LockKeys,
+    limit: int,
+    ttl_ms: int,
+    value: str,
+    fencing: bool,
+    finished: Any,
+    rate: Optional[tuple[int, float]] = None,
 ) -> tuple[list[str], list[Any]]:
-    """KEYS and ARGV of :data:`ACQUIRE_SLOT` (``finished``: the finish record key, or None)."""
+    """KEYS and ARGV of :data:`ACQUIRE_SLOT` (``finished``: the finish record key, or None;
+    ``rate``: at most that many starts per that many seconds, or None)."""
     script_keys = [slot_key(keys, slot) for slot in range(1, limit + 1)]
     script_keys.append(keys.fence)
+    args: list[Any] = [ttl_ms, value, "1" if fencing else "0", limit]
+    if rate is not None:
+        script_keys.append(keys.starts)
+        args += [rate[0], max(1, int(rate[1] * 1000))]
     if finished is not None:
         script_keys.append(finished)
-    return script_keys, [ttl_ms, value, "1" if fencing else "0", limit]
+    return script_keys, args

@@ -97,3 +97,11 @@ def _failing(name: str, after: str) -> Any:
 
 cooldown_fails_after_success = _failing("cooldown_fails_after_success", "success")
 cooldown_fails_after_always = _failing("cooldown_fails_after_always", "always")
+
+
+# -- lock_rate --------------------------------------------------------------------------------
+
+rate3_retry = limited_task(
+    "rate3_retry", lock_rate="3/3s", on_duplicate="retry", lock_retry_backoff=0.05
+)
+rate2_skip = limited_task("rate2_skip", lock_rate="2/m", on_duplicate="skip")

@@ -25,6 +25,7 @@ NEEDS: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     "on_duplicate": ("parking", lambda policy: policy in ("queue", "replace"), "on_duplicate"),
     "lock_limit": ("slots", lambda limit: limit != 1, "limit"),
     "lock_cooldown": ("cooldown", bool, "cooldown"),
+    "lock_rate": ("rate", lambda rate: rate is not None, "rate"),
 }
 
 #: what names the backend in the settings, said after its kind in a refusal

@@ -3,12 +3,15 @@ checked per call), and what they may not be combined with, each refusal saying w
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import re
+from typing import Any, Mapping, Optional
 
 from celery_singleton_lock.celery.config.options import MAX_TTL
 from celery_singleton_lock.errors import LockConfigurationError
 
 COOLDOWN_AFTER = ("success", "always")
+_RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d+(?:\.\d+)?)?\s*([smh]?)\s*$")
+_UNIT = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 #: option or policy -> why it has no meaning with more than one holder per key
 _ONE_HOLDER_ONLY = {
@@ -22,6 +25,30 @@ _ONE_HOLDER_ONLY = {
     "which would keep a second holder from ever starting",
     "lock_min_replicas": "lock_min_replicas waits for replicas of one key's write",
 }
+
+
+#: the same for a rate
+_NOT_WITH_RATE = {
+    "join": "on_duplicate='join' waits for THE running execution's outcome, and a call over the "
+    "rate has none",
+    "queue": "on_duplicate='queue' hands a released key on, and the rate's window releases none",
+    "dedupe_on_enqueue": "dedupe_on_enqueue, whose queued markers the rate's acquire does not "
+    "clear (not built)",
+    "lock_min_replicas": "lock_min_replicas, whose WAIT the rate's acquire does not send "
+    "(not built)",
+}
+
+
+def _refuse_combined(
+    task: str, what: str, reasons: Mapping[str, str], others: Mapping[str, Any]
+) -> None:
+    """Raise for the first of ``others`` (the task's options) that ``reasons`` refuses."""
+    chosen = [str(others.get("on_duplicate")), *(name for name in reasons if others.get(name))]
+    for name in chosen:
+        if name in reasons:
+            raise LockConfigurationError(
+                f"task {task}: {what} does not combine with {reasons[name]}; choose one of the two"
+            )
 
 
 def _bad(task: str, where: str, value: Any) -> LockConfigurationError:
@@ -44,13 +71,7 @@ def checked_limit(task: str, value: Any, others: Mapping[str, Any]) -> Any:
         raise _bad(task, "lock_limit", value)
     elif value == 1:
         return 1
-    chosen = [others.get("on_duplicate"), *(name for name in _ONE_HOLDER_ONLY if others.get(name))]
-    for name in chosen:
-        if name in _ONE_HOLDER_ONLY:
-            raise LockConfigurationError(
-                f"task {task}: lock_limit={value!r} does not combine with "
-                f"{_ONE_HOLDER_ONLY[name]}; choose one of the two"
-            )
+    _refuse_combined(task, f"lock_limit={value!r}", _ONE_HOLDER_ONLY, others)
     return value
 
 
@@ -84,6 +105,32 @@ def checked_cooldown(task: str, value: Any, after: Any, policy: str) -> Any:
             f"on_duplicate={policy!r} ({why}); choose one of the two"
         )
     return (float(value) or None), after
+
+
+def checked_rate(task: str, value: Any, others: Mapping[str, Any]) -> Optional[tuple[int, float]]:
+    """``lock_rate`` (None, or ``"N/period"``) as ``(N, seconds)``; ``others``: the task's
+    resolved ``on_duplicate``, ``dedupe_on_enqueue`` and ``lock_min_replicas``.
+
+    Raises:
+        LockConfigurationError: naming the task, the option and why.
+    """
+    if value is None:
+        return None
+    match = _RATE.match(value) if isinstance(value, str) else None
+    count = int(match.group(1)) if match else 0
+    seconds = float(match.group(2) or 1) * _UNIT[match.group(3)] if match else 0.0
+    if (
+        not match
+        or count < 1
+        or not 0.001 <= seconds <= MAX_TTL
+        or not (match.group(2) or match.group(3))
+    ):
+        raise LockConfigurationError(
+            f"task {task}: lock_rate={value!r} is not a rate: write 'N/period' with N >= 1 and "
+            "a period of s, m, h or a number of seconds ('3/m', '10/30s')"
+        )
+    _refuse_combined(task, f"lock_rate={value!r}", _NOT_WITH_RATE, others)
+    return count, seconds
 
 
 def limit_for(task: str, limit: Any, keyer: Any, args: Any, kwargs: Any) -> int:

@@ -149,6 +149,14 @@ TASK_OPTIONS: dict[str, TaskOption] = {
         "'success' or 'always'",
         "Which ends start the cooldown: a success only, or any outcome (a failure too).",
     ),
+    "lock_rate": TaskOption(
+        "singleton_lock_rate",
+        None,
+        "None or 'N/period': period s, m, h or a number of seconds ('10/30s')",
+        "At most N body starts per key in any sliding window of that period, across all "
+        "workers (server clock); over it a call is a duplicate (reason 'rate') and a lock "
+        "retry is sent for when the window allows. Not with 'join' or 'queue'.",
+    ),
 }
 
 #: Task attributes with no app setting (LockedTask reads them itself).

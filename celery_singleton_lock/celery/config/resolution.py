@@ -18,7 +18,11 @@ from celery_singleton_lock.celery.config.backend_support import (
     refuse_unsupported,
 )
 from celery_singleton_lock.celery.config.latest_wins import check_latest_wins
-from celery_singleton_lock.celery.config.limits import checked_cooldown, checked_limit
+from celery_singleton_lock.celery.config.limits import (
+    checked_cooldown,
+    checked_limit,
+    checked_rate,
+)
 from celery_singleton_lock.celery.config.options import (
     APP_SETTINGS,
     BACKEND_ERROR_POLICIES,
@@ -79,6 +83,8 @@ class LockOptions:
     #: seconds the key stays taken after a body ends (None: not at all), and after which ends
     cooldown: Optional[float] = None
     cooldown_after: str = "success"
+    #: at most ``rate[0]`` body starts per key in any ``rate[1]`` seconds, or None
+    rate: Optional[tuple[int, float]] = None
 
 
 def check_option_names(task_name: str, cls: type) -> None:
@@ -316,6 +322,7 @@ def resolve(
 
     on_duplicate = _choice(task_name, "on_duplicate", value["on_duplicate"], POLICIES)
     limit = checked_limit(task_name, value["lock_limit"], value)  # before join's own checks
+    rate = checked_rate(task_name, value["lock_rate"], value)
     cooldown, cooldown_after = checked_cooldown(
         task_name, value["lock_cooldown"], value["lock_cooldown_after"], on_duplicate
     )
@@ -363,4 +370,5 @@ def resolve(
         limit=limit,
         cooldown=cooldown,
         cooldown_after=cooldown_after,
+        rate=rate,
     )

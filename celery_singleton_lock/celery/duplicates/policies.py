@@ -50,7 +50,8 @@ from celery_singleton_lock.errors import (
 
 log = logging.getLogger("celery_singleton_lock.duplicate")
 
-#: seconds a lock retry for a cooldown's end is sent after it, so that it finds the key gone
+#: seconds a lock retry for a cooldown's end (or a rate window's) is sent after it, so that it
+#: finds the key gone (the window slid)
 COOLDOWN_MARGIN = 0.05
 
 
@@ -62,6 +63,8 @@ def backoff_delay(
 
 
 def describe(holder: LockHolder) -> str:
+    if holder.over_rate:
+        return f"no one: the key's lock_rate allows its next start in {holder.ttl or 0:.1f}s"
     ttl = "no TTL" if holder.ttl is None else f"{holder.ttl:.1f}s left"
     return f"task {holder.task_id or '?'} on {holder.host or '?'} pid {holder.pid} ({ttl})"
 
@@ -77,7 +80,7 @@ class Duplicate:
     holder: LockHolder
     #: why the call cannot run now: "held" (another execution holds the lock), "limit"
     #: (every one of the key's lock_limit slots is held), "cooldown" (the key is in the
-    #: cooldown after a run)
+    #: cooldown after a run), "rate" (the key's lock_rate allows no start now)
     reason: str = "held"
 
     @property
@@ -199,8 +202,8 @@ def retry(
         # apply() would re-run the retry signature recursively, at once: the caller gets the
         # outcome instead (``handle`` has already waited for a held lock).
         raise reason
-    if holder.cooling and holder.ttl is not None:  # free at the cooldown's end: no polling
-        countdown = holder.ttl + COOLDOWN_MARGIN
+    if (holder.cooling or holder.over_rate) and holder.ttl is not None:
+        countdown = holder.ttl + COOLDOWN_MARGIN  # the cooldown's end, the window's: no polling
     else:
         countdown = backoff_delay(attempt, options.retry_backoff, options.retry_backoff_max)
     if cause is None:

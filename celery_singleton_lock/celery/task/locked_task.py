@@ -105,6 +105,7 @@ class LockedTask(Task):  # type: ignore[misc]
     lock_limit: Any = UNSET
     lock_cooldown: Any = UNSET
     lock_cooldown_after: Any = UNSET
+    lock_rate: Any = UNSET
 
     #: Celery's ``track_started`` (task attribute or ``task_track_started``), taken over by
     #: the lock: STARTED is stored once the lock is held, not before ``before_start`` as the
@@ -288,6 +289,8 @@ class LockedTask(Task):  # type: ignore[misc]
         if limit != 1:  # up to N holders: each takes a slot (a callable caps each call)
             limit = limit_for(self.name, limit, options.keyer, request.args, request.kwargs)
             wanted = wanted._replace(limit=limit)
+        if options.rate is not None:  # counted by the same acquire (a limit's script)
+            wanted = wanted._replace(rate=options.rate)
 
         def acquire() -> AcquireResult:
             # A duplicate policy acquires again (a wait, a join): never parked then.
@@ -313,7 +316,9 @@ class LockedTask(Task):  # type: ignore[misc]
                 policies.queue(policies.Duplicate(self, request, options, name, holder), outcome)
             if not isinstance(outcome, Lease):
                 duplicate = policies.Duplicate(self, request, options, name, outcome)
-                if outcome.cooling:
+                if outcome.over_rate:
+                    duplicate.reason = "rate"
+                elif outcome.cooling:
                     duplicate.reason = "cooldown"
                 elif wanted.limit != 1:
                     duplicate.reason = "limit"

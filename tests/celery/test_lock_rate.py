@@ -1,0 +1,89 @@
+"""``lock_rate``: at most N body starts per key in any sliding window, on a real worker
+(threads pool, in this process so the lock signals reach the test)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import redis
+
+from celery_singleton_lock import DuplicateTaskSkipped, LockConfigurationError
+from tests.celery import limit_tasks
+from tests.celery.registration import register
+
+#: seconds the workers' clock may read a start early against the lock server's clock
+CLOCKS = 0.1
+
+
+def starts(store: redis.Redis, key: str) -> list[float]:
+    return sorted(float(raw.split(b"|")[2]) for raw in store.lrange(f"runs:{key}", 0, -1))
+
+
+def test_rate_3_per_3s_with_retry_runs_all_9_calls_sent_at_once(
+    worker: Any, store: redis.Redis, unique_key: str
+) -> None:
+    results = [limit_tasks.rate3_retry.delay(unique_key) for _ in range(9)]
+    for result in results:
+        result.get(timeout=60)
+    assert len(starts(store, unique_key)) == 9
+
+
+def test_rate_3_per_3s_never_starts_more_than_3_in_any_3s_window(
+    worker: Any, store: redis.Redis, unique_key: str
+) -> None:
+    for result in [limit_tasks.rate3_retry.delay(unique_key) for _ in range(9)]:
+        result.get(timeout=60)
+    times = starts(store, unique_key)
+    assert all(later - first >= 3.0 - CLOCKS for first, later in zip(times, times[3:]))
+
+
+def test_rate_retries_are_sent_for_when_the_window_allows_not_polled(
+    worker: Any, unique_key: str, duplicates_seen: list[dict[str, Any]]
+) -> None:
+    for result in [limit_tasks.rate3_retry.delay(unique_key) for _ in range(9)]:
+        result.get(timeout=60)
+    rate_retries = [seen for seen in duplicates_seen if seen["reason"] == "rate"]
+    print(f"9 calls at 3/3s: {len(rate_retries)} rate retries")
+    # 6 calls wait one window and 3 of them a second: 9 when every retry lands on time
+    assert len(rate_retries) <= 12
+
+
+def test_a_call_over_the_rate_is_skipped_saying_the_reason_is_the_rate(
+    worker: Any, store: redis.Redis, unique_key: str, duplicates_seen: list[dict[str, Any]]
+) -> None:
+    for _ in range(2):
+        limit_tasks.rate2_skip.delay(unique_key).get(timeout=30)
+    with pytest.raises(DuplicateTaskSkipped, match="lock_rate"):
+        limit_tasks.rate2_skip.delay(unique_key).get(timeout=30)
+    assert [seen["reason"] for seen in duplicates_seen] == ["rate"]
+    assert len(starts(store, unique_key)) == 2
+
+
+@pytest.mark.parametrize("bad", ["3", "0/m", "3/x", "3/", 3, "a/m", "3/0s"])
+def test_an_unparsable_rate_is_refused(registration_app: Any, bad: Any) -> None:
+    with pytest.raises(LockConfigurationError, match=r"billing\.job: lock_rate=.* is not a rate"):
+        register(registration_app, lock_rate=bad)
+
+
+@pytest.mark.parametrize(
+    ("rate", "seconds"), [("3/m", 60.0), ("10/30s", 30.0), ("5/h", 3600.0), ("2/0.5", 0.5)]
+)
+def test_a_rate_registers_as_starts_per_seconds(
+    registration_app: Any, rate: str, seconds: float
+) -> None:
+    assert register(registration_app, lock_rate=rate).lock_options.rate[1] == seconds
+
+
+@pytest.mark.parametrize("policy", ["join", "queue"])
+def test_a_rate_with_a_policy_waiting_for_a_release_is_refused(
+    registration_app: Any, policy: str
+) -> None:
+    with pytest.raises(LockConfigurationError, match=rf"lock_rate='3/m' .*'{policy}'"):
+        register(registration_app, lock_rate="3/m", on_duplicate=policy)
+
+
+def test_a_rate_is_refused_on_a_quorum(registration_app: Any) -> None:
+    registration_app.conf.singleton_lock_url = [f"redis://127.0.0.1:{port}/0" for port in (1, 2, 3)]
+    with pytest.raises(LockConfigurationError, match=r"lock_rate='3/m'.*Redlock quorum"):
+        register(registration_app, lock_rate="3/m")

@@ -13,6 +13,7 @@ import redis
 from celery import Celery
 from celery.exceptions import WorkerLostError
 
+from celery_singleton_lock import DuplicateTaskSkipped
 from celery_singleton_lock.engine import LockHolder, RedisLocker
 from tests.celery import limit_tasks
 from tests.celery.workers import Servers, WorkerGroup, unique, worker_group
@@ -73,3 +74,19 @@ def test_sigkill_of_a_pool_child_holding_slot_2_is_freed_by_the_main_process(
         second.get(timeout=15)
     wait_until(lambda: not store.exists(holder.key), timeout=RECLAIM_WITHIN, interval=0.01)
     assert len(slots_held(store, task, key)) == 1  # the other holder keeps its slot
+
+
+def test_limit_3_with_skip_on_a_prefork_worker_runs_exactly_3_of_6_calls_sent_at_once(
+    workers: WorkerGroup, celery_app: Celery, store: redis.Redis
+) -> None:
+    key, task = unique("k"), limit_tasks.limit3_skip
+    (worker,) = workers.start(1, pool="prefork", concurrency=4)
+    results = [send(celery_app, worker.queue, task, key, 1.5) for _ in range(6)]
+    ran = 0
+    for result in results:
+        try:
+            result.get(timeout=60)
+            ran += 1
+        except DuplicateTaskSkipped:
+            pass
+    assert (ran, store.llen(f"runs:{key}")) == (3, 3)

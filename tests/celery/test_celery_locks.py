@@ -188,6 +188,8 @@ def test_list_json_is_one_document_of_holders(
         "acquired_at",
         "ttl",
         "fence",
+        "slot",
+        "cooldown",
         "parked",
     ]
     assert (holder["name"], holder["task_id"], holder["host"], holder["pid"]) == (
@@ -196,6 +198,16 @@ def test_list_json_is_one_document_of_holders(
         "w1@box",
         42,
     )
+
+
+def test_list_json_names_the_lock_and_the_slot_of_each_holder_of_a_limited_lock(
+    celery: Celery, locker: RedisLocker, name: str
+) -> None:
+    for task_id in ("s1", "s2"):
+        locker.try_acquire(name, 60, owner=Owner(task_id=task_id), limit=3, renew=False)
+    result = no_traceback(celery("locks", "list", "--json"))
+    listed = [h for h in json.loads(result.stdout) if h["name"] == name]
+    assert sorted((h["task_id"], h["slot"]) for h in listed) == [("s1", 1), ("s2", 2)]
 
 
 def test_show_names_the_holder(celery: Celery, locker: RedisLocker, name: str) -> None:

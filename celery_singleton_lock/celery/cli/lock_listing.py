@@ -12,7 +12,7 @@ import redis
 
 from celery_singleton_lock.celery.cli.app_target import Target, asking
 from celery_singleton_lock.celery.task.locked_task import LockedTask
-from celery_singleton_lock.engine import Client, LockHolder, LockKeys
+from celery_singleton_lock.engine import Client, LockHolder, LockKeys, slot_of
 from celery_singleton_lock.errors import LockConfigurationError, LockError
 
 #: The name of every lock a task takes: ``<task name>:<SHA-256 of its arguments, in hex>``
@@ -178,17 +178,21 @@ def holder_row(holder: LockHolder, now: float) -> str:
     age = "-" if holder.acquired_at is None else f"{max(0.0, now - holder.acquired_at):.1f}s"
     ttl = "none" if holder.ttl is None else f"{holder.ttl:.1f}s"
     fence = "-" if holder.fence is None else str(holder.fence)
-    return (
+    row = (
         f"{holder.key}  task={holder.task_id or '-'}  host={holder.host or '-'}  "
         f"pid={holder.pid or '-'}  age={age}  ttl={ttl}  fence={fence}"
     )
+    # a key in its lock_cooldown: the run named has ended, ttl is the cooldown left
+    return f"{row}  cooldown" if holder.cooling else row
 
 
 def holder_json(holder: LockHolder, prefix: str) -> dict[str, Any]:
     """``holder`` as ``list --json`` prints it (``name`` is the lock name inside the key)."""
-    name = holder.key[len(prefix) + 2 : -1] if holder.key.startswith(f"{prefix}:{{") else ""
+    key = holder.key
+    # a slot of a lock_limit (``...}:slot:k``) goes on after the name's closing brace
+    name = key[len(prefix) + 2 : key.rindex("}")] if key.startswith(f"{prefix}:{{") else ""
     return {
-        "key": holder.key,
+        "key": key,
         "name": name,
         "task_id": holder.task_id,
         "host": holder.host,
@@ -196,6 +200,8 @@ def holder_json(holder: LockHolder, prefix: str) -> dict[str, Any]:
         "acquired_at": holder.acquired_at,
         "ttl": holder.ttl,
         "fence": holder.fence,
+        "slot": slot_of(key),  # of a lock_limit; 1 for a plain lock
+        "cooldown": holder.cooling,  # in its lock_cooldown: the run named has ended
     }
 
 

@@ -32,6 +32,8 @@ _NOT_WITH_RATE = {
     "join": "on_duplicate='join' waits for THE running execution's outcome, and a call over the "
     "rate has none",
     "queue": "on_duplicate='queue' hands a released key on, and the rate's window releases none",
+    "replace": "on_duplicate='replace' hands a released key on, and the rate's window releases "
+    "none",
     "dedupe_on_enqueue": "dedupe_on_enqueue, whose queued markers the rate's acquire does not "
     "clear (not built)",
     "lock_min_replicas": "lock_min_replicas, whose WAIT the rate's acquire does not send "
@@ -94,11 +96,11 @@ def checked_cooldown(task: str, value: Any, after: Any, policy: str) -> Any:
             f"task {task}: lock_cooldown must be None or a number of seconds from 0 to "
             f"{MAX_TTL:g}, got {value!r}"
         )
-    if value and policy in ("join", "queue"):
+    if value and policy in ("join", "queue", "replace"):
         why = (
             "a join waits for a running execution, and a cooldown has none"
             if policy == "join"
-            else "parked calls are handed a released key, and a cooldown releases none"
+            else "waiting calls are handed a released key, and a cooldown releases none"
         )
         raise LockConfigurationError(
             f"task {task}: lock_cooldown={value!r} does not combine with "

@@ -139,3 +139,13 @@ def test_scan_lists_every_held_slot(locker: RedisLocker) -> None:
     assert listed == sorted(
         [locker.keys("job").lock, *(f"{locker.keys('job').lock}:slot:{k}" for k in (2, 3))]
     )
+
+
+def test_every_key_of_a_limited_rated_lock_shares_one_cluster_slot(locker: RedisLocker) -> None:
+    from redis.crc import key_slot
+
+    from celery_singleton_lock.engine.slots import acquire_call
+
+    keys = locker.keys("job")
+    script_keys, _ = acquire_call(keys, 10, 1000, "v", True, keys.finished("t"), (3, 1.0))
+    assert len({key_slot(key.encode()) for key in script_keys}) == 1

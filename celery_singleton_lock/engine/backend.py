@@ -110,6 +110,7 @@ class AcquireRequest(NamedTuple):
     limit: int = 1
     #: at most ``rate[0]`` acquisitions of ``name`` in any ``rate[1]`` seconds, or None
     rate: Optional[tuple[int, float]] = None
+    finished_ttl: float = 3600.0
 
 
 class ReleaseSubscription(Protocol):
@@ -279,6 +280,7 @@ class BackendBase:
         latest: Optional[Latest] = None,
         limit: int = 1,
         rate: Optional[tuple[int, float]] = None,
+        finished_ttl: float = 3600.0,
     ) -> AcquireOutcome:
         """Take the lock ``name`` for ``ttl`` seconds, without waiting: :meth:`acquire` of an
         :class:`AcquireRequest` of these arguments.
@@ -295,6 +297,8 @@ class BackendBase:
             unless_finished: take nothing if ``owner.task_id`` already ran to the end under
                 this lock (a release with ``remember_for`` recorded it), in the same round
                 trip.
+            finished_ttl: with ``unless_finished``: the ``remember_for`` of the releases
+                whose records are looked for (records are kept in buckets of that width).
             min_replicas: hold the lock only once this many replicas acknowledged it (and its
                 fence), waiting up to ``replica_timeout`` seconds (``WAIT``, sent with the
                 acquire in the same round trip); otherwise it is released again and
@@ -344,6 +348,7 @@ class BackendBase:
                 latest,
                 limit,
                 rate,
+                finished_ttl,
             )
         )
 

@@ -47,6 +47,7 @@ from celery_singleton_lock.engine.queueing import QueueOperations
 from celery_singleton_lock.engine.reading import Client, LockInspector
 from celery_singleton_lock.engine.renewer import Renewer
 from celery_singleton_lock.engine.script_calls import Acknowledged, EachKey
+from celery_singleton_lock.engine.shared_keys import SharedKeys
 from celery_singleton_lock.errors import (
     AlreadyFinished,
     LockError,
@@ -124,8 +125,12 @@ class RedisLocker(BackendBase, QueueOperations, LatestOperations, CooldownOperat
         prefix: str = "singleton-lock",
         renewer: Optional[Renewer] = None,
         wall_clock: Callable[[], float] = time.time,
+        upgrading: bool = False,
     ) -> None:
         self.client = client
+        #: True while workers of the previous version (per-name fence counters and finish
+        #: records) run beside this one: the per-name keys are written too (see shared_keys).
+        self.upgrading = upgrading
         self.prefix = validate_prefix(prefix)
         self._renewer = renewer
         self.wall_clock = wall_clock
@@ -142,6 +147,7 @@ class RedisLocker(BackendBase, QueueOperations, LatestOperations, CooldownOperat
         #: True for a Redis Cluster client: scripts run through it, renewal per node.
         self.cluster = isinstance(client, RedisCluster)
         self.capabilities = CLUSTER if self.cluster else SINGLE_SERVER
+        self.shared = SharedKeys(self.prefix, cluster=self.cluster)
         #: Acquire and release run here: connections kept checked out of the client's pool.
         #: None on a cluster, which has a pool per node and routes each call by its key.
         self.connections = None if isinstance(client, RedisCluster) else PinnedConnections(client)
@@ -260,23 +266,46 @@ class RedisLocker(BackendBase, QueueOperations, LatestOperations, CooldownOperat
         log_acquire.debug("acquired %s (fence=%s)", lease.key, lease.fence)
         return lease
 
-    @staticmethod
     def _acquire_call(
-        request: AcquireRequest, keys: LockKeys, value: str, owner: Owner
+        self, request: AcquireRequest, keys: LockKeys, value: str, owner: Owner
     ) -> tuple[list[str], list[Any]]:
         """KEYS and ARGV of the acquire script (see its contract in :mod:`.scripts`) for the
         lock ``value`` (its fence empty)."""
-        fencing, take_queued = request.fencing, request.take_queued
-        if not (fencing or request.unless_finished or take_queued):
+        fencing, unless_finished, take_queued = (
+            request.fencing,
+            request.unless_finished,
+            request.take_queued,
+        )
+        if not (fencing or unless_finished or take_queued):
             return [keys.lock], [_ms(request.ttl), value]
-        script_keys = [keys.lock, keys.fence]
-        if request.unless_finished:
-            script_keys.append(keys.finished(owner.task_id))
-        args: list[Any] = [_ms(request.ttl), value, "1" if fencing else "0"]
-        if take_queued:
-            script_keys.append(keys.queued)
-            args.append(owner.task_id)
+        counter, finished = self.shared.of(keys.lock)
+        task_id = owner.task_id
+        script_keys = [
+            keys.lock,
+            counter,
+            keys.fence,
+            finished,
+            # the previous version's record, looked for only with unless_finished
+            keys.finished(task_id) if unless_finished else keys.lock,
+            keys.queued,
+        ]
+        args: list[Any] = [
+            _ms(request.ttl),
+            value,
+            "1" if fencing else "0",
+            task_id,
+            _ms(request.finished_ttl) if unless_finished else "",
+            "1" if take_queued else "0",
+            "1" if self.upgrading else "0",
+        ]
         return script_keys, args
+
+    def _finish_record(self, lease: Lease, remember_for: float) -> tuple[list[str], list[Any]]:
+        """The KEYS and ARGV a release script appends to record that ``lease``'s owner ran to
+        the end, for ``remember_for`` seconds (see RELEASE in :mod:`.scripts`)."""
+        task_id = lease.owner.task_id
+        keys = [self.shared.of(lease.key)[1], lease.keys.finished(task_id)]
+        return keys, [_ms(remember_for), task_id, "1" if self.upgrading else "0"]
 
     # -- release ------------------------------------------------------------------------------
 
@@ -296,8 +325,9 @@ class RedisLocker(BackendBase, QueueOperations, LatestOperations, CooldownOperat
         script_keys = [lease.key]
         args: list[Any] = [lease.token, lease.keys.channel]
         if remember_for is not None and lease.owner.task_id:
-            script_keys.append(lease.keys.finished(lease.owner.task_id))
-            args.append(_ms(remember_for))
+            record_keys, record_args = self._finish_record(lease, remember_for)
+            script_keys += record_keys
+            args += record_args
         return bool(self._release_with(lease, self._release, script_keys, args))
 
     def _release_with(

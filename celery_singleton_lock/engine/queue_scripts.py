@@ -9,6 +9,7 @@ these extend. A Redlock quorum runs none of them (see its capabilities in :mod:`
 from __future__ import annotations
 
 from celery_singleton_lock.engine.scripts import TOKEN_LENGTH
+from celery_singleton_lock.engine.shared_keys import FUNCTIONS
 
 ENQUEUE = """
 -- Before a message is published (opt-in ``dedupe_on_enqueue``): is this lock name already
@@ -126,10 +127,12 @@ ACQUIRE_OR_PARK = (
 -- ACQUIRE for a task whose duplicates queue behind the holder: take the lock, or park this
 -- task id's message in arrival order, in one round trip. Arrival order is kept: a free lock
 -- with task ids parked before this one goes to the oldest of them, not to this caller.
--- KEYS[1]  lock key               KEYS[2]  fence counter key
+-- KEYS[1]  lock key               KEYS[2]  shared fence counter key (as ACQUIRE's)
 -- KEYS[3]  parked task ids (list) KEYS[4]  parked messages (hash)
 -- KEYS[5]  hand-off index (sorted set, see above)
--- KEYS[6]  optional: this owner's finish record (as ACQUIRE's KEYS[3])
+-- KEYS[6]  the lock's per-name fence counter of the previous version (as ACQUIRE's KEYS[3])
+-- KEYS[7]  optional: the finish-record bucket prefix (as ACQUIRE's KEYS[4])
+-- KEYS[8]  with KEYS[7]: the previous version's finish record (as ACQUIRE's KEYS[5])
 -- ARGV[1]  ttl in ms
 -- ARGV[2]  the lock value with an empty fence (as ACQUIRE)
 -- ARGV[3]  '1' to hand out a fence, '0' not
@@ -137,6 +140,8 @@ ACQUIRE_OR_PARK = (
 -- ARGV[5]  this task id's message, stored if it is parked (opaque bytes)
 -- ARGV[6]  the lock name (member of the index)
 -- ARGV[7]  ms a reservation made here lives (see hand_off)
+-- ARGV[8]  '1': an upgrade is under way (as ACQUIRE's ARGV[7])
+-- ARGV[9]  with KEYS[7]: the finish records' lifetime in ms (as ACQUIRE's ARGV[5])
 -- Returns  integer >= 0: acquired, as ACQUIRE (a reservation for this task id is taken over;
 --                   this id leaves the parked list).
 --          integer -1: the finish record exists; nothing changed.
@@ -150,10 +155,11 @@ ACQUIRE_OR_PARK = (
 --          error NOTLOCK: the key holds a string that is not a lock value.
 """
     + _HANDOFF_FUNCTIONS
+    + FUNCTIONS
     + """
 local lock, parked, messages, index = KEYS[1], KEYS[3], KEYS[4], KEYS[5]
 local id, name, reserve_ms = ARGV[4], ARGV[6], ARGV[7]
-if KEYS[6] and redis.call('EXISTS', KEYS[6]) == 1 then
+if KEYS[7] and is_finished(KEYS[7], ARGV[9], id, KEYS[8]) then
   return -1
 end
 local v = redis.call('GET', lock)
@@ -197,7 +203,7 @@ if take then
   local fence = 0
   local value = ARGV[2]
   if ARGV[3] == '1' then
-    fence = redis.call('INCR', KEYS[2])
+    fence = next_fence(KEYS[2], KEYS[6], ARGV[8])
     value = string.sub(value, 1, 33) .. string.format('%d', fence) .. string.sub(value, 34)
   end
   redis.call('SET', lock, value, 'PX', ARGV[1])
@@ -233,18 +239,21 @@ RELEASE_AND_HAND_OFF = (
 -- that is free (its holder died and it expired, or a reservation ran out) and has parked ids.
 -- KEYS[1]  lock key               KEYS[2]  parked task ids (list)
 -- KEYS[3]  parked messages (hash) KEYS[4]  hand-off index
--- KEYS[5]  optional: the owner's finish record (as RELEASE's KEYS[2])
+-- KEYS[5]  optional: the finish-record bucket prefix (as RELEASE's KEYS[2])
+-- KEYS[6]  with KEYS[5]: the previous version's finish record (as RELEASE's KEYS[3])
 -- ARGV[1]  token of the releasing owner, or '' for a sweeper
 -- ARGV[2]  channel to publish the release on
 -- ARGV[3]  the lock name (member of the index)
 -- ARGV[4]  ms the reservation lives
--- ARGV[5]  with KEYS[5]: ms the finish record lives
+-- ARGV[5..7]  with KEYS[5]: as RELEASE's ARGV[3..5] (record lifetime in ms, the owner's
+--          task id, '1' while upgrading)
 -- Returns  0: not ours (expired, taken over), or, for a sweeper, held: nothing released (a
 --             sweeper re-schedules the name at the holder's TTL).
 --          1: released (sweeper: found free), nothing parked.
 --          string: released and reserved for the oldest parked id; its message, to publish.
 """
     + _HANDOFF_FUNCTIONS
+    + FUNCTIONS
     + """
 local lock, parked, messages, index = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local name, reserve_ms = ARGV[3], ARGV[4]
@@ -267,7 +276,10 @@ else
     return 0
   end
   if KEYS[5] then
-    redis.call('SET', KEYS[5], string.sub(v, 34), 'PX', ARGV[5])
+    record_finished(KEYS[5], ARGV[5], ARGV[6])
+    if ARGV[7] == '1' then
+      redis.call('SET', KEYS[6], string.sub(v, 34), 'PX', ARGV[5])
+    end
   end
   redis.call('DEL', lock)
   redis.call('PUBLISH', ARGV[2], lock)

@@ -16,6 +16,7 @@ from celery_singleton_lock.engine import lease as _lease
 from celery_singleton_lock.engine import queue_scripts, server_errors
 from celery_singleton_lock.engine.keys import LockKeys, handoff_index
 from celery_singleton_lock.engine.lease import Lease, LockHolder, Owner, Parked
+from celery_singleton_lock.engine.shared_keys import SharedKeys
 
 if TYPE_CHECKING:
     from celery_singleton_lock.engine.backend import AcquireRequest
@@ -50,6 +51,12 @@ class QueueOperations:
 
     if TYPE_CHECKING:  # provided by RedisLocker
         wall_clock: Callable[[], float]
+        shared: SharedKeys
+        upgrading: bool
+
+        def _finish_record(
+            self, lease: Lease, remember_for: float
+        ) -> tuple[list[str], list[Any]]: ...
 
         def keys(self, name: str) -> LockKeys: ...
 
@@ -72,9 +79,15 @@ class QueueOperations:
     ) -> tuple[list[str], list[Any]]:
         """KEYS and ARGV of ACQUIRE_OR_PARK (see its contract in :mod:`.queue_scripts`) for
         the lock ``value`` (its fence empty)."""
-        script_keys = [keys.lock, keys.fence, keys.parked, keys.parked_messages, keys.handoff_due]
-        if request.unless_finished:
-            script_keys.append(keys.finished(owner.task_id))
+        counter, finished = self.shared.of(keys.lock)
+        script_keys = [
+            keys.lock,
+            counter,
+            keys.parked,
+            keys.parked_messages,
+            keys.handoff_due,
+            keys.fence,
+        ]
         args = [
             _ms(request.ttl),
             value,
@@ -83,7 +96,11 @@ class QueueOperations:
             request.park,
             keys.name,
             _ms(request.reservation_ttl),
+            "1" if self.upgrading else "0",
         ]
+        if request.unless_finished:
+            script_keys += (finished, keys.finished(owner.task_id))
+            args.append(_ms(request.finished_ttl))
         return script_keys, args
 
     @staticmethod
@@ -168,8 +185,9 @@ class QueueOperations:
         script_keys = [lease.key, keys.parked, keys.parked_messages, keys.handoff_due]
         args: list[Any] = [lease.token, keys.channel, keys.name, _ms(reservation_ttl)]
         if remember_for is not None and lease.owner.task_id:
-            script_keys.append(keys.finished(lease.owner.task_id))
-            args.append(_ms(remember_for))
+            record_keys, record_args = self._finish_record(lease, remember_for)
+            script_keys += record_keys
+            args += record_args
         reply = self._release_with(lease, self._release_and_hand_off, script_keys, args)
         if isinstance(reply, (bytes, str)):
             return True, as_bytes(reply)

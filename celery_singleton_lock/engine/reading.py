@@ -14,6 +14,7 @@ from redis.cluster import RedisCluster
 from celery_singleton_lock.engine import server_errors, slots
 from celery_singleton_lock.engine.keys import LockKeys, validate_prefix
 from celery_singleton_lock.engine.lease import LockHolder, as_int, as_text
+from celery_singleton_lock.engine.shared_keys import SharedKeys
 from celery_singleton_lock.errors import LockBackendUnavailable
 
 #: What the engine talks to: one Redis (or a Sentinel group's master), or a Redis Cluster
@@ -59,9 +60,21 @@ class LockInspector:
         return [(server_address(self.client), seen)]
 
     def fence(self, name: str) -> int:
-        """The last fence handed out for ``name`` (0 if none yet)."""
-        key = LockKeys.build(self.prefix, name).fence
-        return as_int(server_errors.call(lambda: self.client.get(key), key)) or 0
+        """The counter the fences of ``name`` come from (0 if none yet): every fence handed out
+        for ``name`` is at most this and the next is above it. The counter is shared by many
+        names (see :mod:`.shared_keys`), so it is ``name``'s last fence only if no other name
+        was fenced since; a per-name counter of the previous version counts too."""
+        keys = LockKeys.build(self.prefix, name)
+        shared = SharedKeys(self.prefix, cluster=isinstance(self.client, RedisCluster))
+        counter = shared.of(keys.lock)[0]
+
+        def fetch() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.get(counter)
+            pipe.get(keys.fence)
+            return pipe.execute()
+
+        return max(as_int(value) or 0 for value in server_errors.call(fetch, keys.lock))
 
     def parked(self, name: str) -> list[str]:
         """The task ids parked behind lock ``name`` (policy ``queue``), oldest first."""

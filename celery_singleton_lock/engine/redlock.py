@@ -176,7 +176,13 @@ class QuorumLocker(BackendBase):
         keys = self.keys(name)
         token = request.token or new_token()
         on_server = AcquireRequest(
-            name, ttl, owner, renew=False, unless_finished=request.unless_finished, token=token
+            name,
+            ttl,
+            owner,
+            renew=False,
+            unless_finished=request.unless_finished,
+            token=token,
+            finished_ttl=request.finished_ttl,
         )
         clock = self.renewer.clock
         sent_at = clock()

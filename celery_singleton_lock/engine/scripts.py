@@ -19,12 +19,11 @@ single ``SET key value NX PX ttl`` inside the script. A key at a lock's name who
 have this shape (no ``|`` after 32 characters) was not written by this package: acquiring
 raises a ``NOTLOCK`` error instead of reporting it as a holder.
 
-The fence counter is a separate string key sharing the lock's hash tag, so every key ACQUIRE,
-RELEASE, RELEASE_ABANDONED, ENQUEUE and CLEAR_QUEUED touch lives in one Redis Cluster slot
-(RENEW and RENEW_BY_OWNER take all the due locks of a process at once, hence a single node or
-Sentinel). The counter
-never expires: a counter that reset would hand out fences lower than ones a store has already
-seen.
+The fence counter and the finish records are shared by many locks (see shared_keys.py); on a
+cluster they are per hash slot, so every key ACQUIRE, RELEASE, RELEASE_ABANDONED, ENQUEUE and
+CLEAR_QUEUED touch lives in one Redis Cluster slot (RENEW and RENEW_BY_OWNER take all the due
+locks of a process at once, hence a single node or Sentinel). The counter never expires: a
+counter that reset would hand out fences lower than ones a store has already seen.
 
 All scripts are registered as redis-py ``Script`` objects and run with EVALSHA; on NOSCRIPT
 the script is loaded (``SCRIPT LOAD``) and the call sent again.
@@ -32,32 +31,42 @@ the script is loaded (``SCRIPT LOAD``) and the call sent again.
 
 from __future__ import annotations
 
+from celery_singleton_lock.engine.shared_keys import FUNCTIONS
+
 #: Width of the token at the start of a lock value (hex of 128 random bits).
 TOKEN_LENGTH = 32
 
-ACQUIRE = """
+ACQUIRE = (
+    """
 -- KEYS[1]  lock key (string)
--- KEYS[2]  optional: fence counter key (string, never expires). With one key the script
---          neither reads nor writes a counter.
--- KEYS[3]  optional: the finish record of this owner (see RELEASE). When it exists, nothing
---          is taken: this owner already ran to the end under this lock.
--- KEYS[#KEYS] with ARGV[4] only: the lock's queued marker (see ENQUEUE); then KEYS[3] is the
---          finish record only when there are 4 keys.
+-- With one key the script is a SET NX PX and reads no other key. Otherwise all six:
+-- KEYS[2]  the shared fence counter (see shared_keys.py; a string that never expires)
+-- KEYS[3]  the lock's per-name fence counter of the previous version (see next_fence)
+-- KEYS[4]  the finish-record bucket prefix (see shared_keys.py)
+-- KEYS[5]  this owner's per-name finish record of the previous version
+-- KEYS[6]  the lock's queued marker (see ENQUEUE)
 -- ARGV[1]  ttl in ms
 -- ARGV[2]  the lock value with an empty fence: '<token>||<acquired_at>|<pid>|<host>|<task_id>'
--- ARGV[3]  optional, with KEYS[2]: '0' to take the lock without handing out a fence
--- ARGV[4]  optional, with KEYS[2] and ARGV[3]: the owner's task id. The queued marker is
---          deleted if it holds exactly this id, WHATEVER the outcome below (acquired, held
---          by someone else, finished): this message has reached a worker, so it is no longer
---          queued (a lock retry it sends writes a marker again, see ENQUEUE).
+-- ARGV[3]  '1' to hand out a fence, '0' not
+-- ARGV[4]  the owner's task id ('' without ARGV[5] and ARGV[6])
+-- ARGV[5]  the finish records' lifetime in ms: when this task id has one, nothing is taken
+--          (this owner already ran to the end under this lock); '' not to look
+-- ARGV[6]  '1': the queued marker is deleted if it holds exactly this task id, WHATEVER the
+--          outcome below (acquired, held by someone else, finished): this message has
+--          reached a worker, so it is no longer queued (a lock retry it sends writes a marker
+--          again, see ENQUEUE)
+-- ARGV[7]  '1': an upgrade is under way, keep the per-name fence counter written
 -- Returns  integer >= 0: acquired; the fence (>= 1), or 0 without fencing. Also returned
 --                   when the lock already holds this token: a resend after a lost reply is
 --                   not a duplicate.
---          integer -1 (only with KEYS[3]): the finish record exists; nothing changed.
+--          integer -1 (only with ARGV[5]): the finish record exists; nothing changed.
 --          string 'pttl|fence|acquired_at|pid|host|task_id': held by someone else (pttl is the
 --                   remaining TTL in ms, -1 without one; the holder's token is not returned).
 --          error NOTLOCK: the key holds a string that is not a lock value (WRONGTYPE if it is
 --                   not a string at all).
+"""
+    + FUNCTIONS
+    + """
 local v
 if #KEYS == 1 then
   if redis.call('SET', KEYS[1], ARGV[2], 'NX', 'PX', ARGV[1]) then
@@ -65,17 +74,10 @@ if #KEYS == 1 then
   end
   v = redis.call('GET', KEYS[1])
 else
-  local finished = KEYS[3]
-  if ARGV[4] then
-    local queued = KEYS[#KEYS]
-    if #KEYS == 3 then
-      finished = nil
-    end
-    if redis.call('GET', queued) == ARGV[4] then
-      redis.call('DEL', queued)
-    end
+  if ARGV[6] == '1' and redis.call('GET', KEYS[6]) == ARGV[4] then
+    redis.call('DEL', KEYS[6])
   end
-  if finished and redis.call('EXISTS', finished) == 1 then
+  if ARGV[5] ~= '' and is_finished(KEYS[4], ARGV[5], ARGV[4], KEYS[5]) then
     return -1
   end
   v = redis.call('GET', KEYS[1])
@@ -84,7 +86,7 @@ else
       redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[1])
       return 0
     end
-    local fence = redis.call('INCR', KEYS[2])
+    local fence = next_fence(KEYS[2], KEYS[3], ARGV[7])
     redis.call('SET', KEYS[1],
                string.sub(ARGV[2], 1, 33) .. string.format('%d', fence) .. string.sub(ARGV[2], 34),
                'PX', ARGV[1])
@@ -99,16 +101,25 @@ if string.sub(v, 1, 32) == string.sub(ARGV[2], 1, 32) then
 end
 return redis.call('PTTL', KEYS[1]) .. '|' .. string.sub(v, 34)
 """
+)
 
-RELEASE = """
+RELEASE = (
+    """
 -- KEYS[1]  lock key
--- KEYS[2]  optional: the owner's finish record (see keys.py). Passed ONLY to record that the
---          owner ran to the end: set to the released value without its token, for ARGV[3] ms.
---          ACQUIRE given that record takes nothing while it lives.
+-- KEYS[2]  optional: the finish-record bucket prefix (see shared_keys.py). Passed ONLY to
+--          record that the owner ran to the end, for at least ARGV[3] ms (at most twice
+--          that). ACQUIRE asked to look for it takes nothing while it lives.
+-- KEYS[3]  with KEYS[2]: the owner's per-name finish record of the previous version, written
+--          (the released value without its token, for ARGV[3] ms) only with ARGV[5] == '1'
 -- ARGV[1]  token of the releasing owner (32 characters)
 -- ARGV[2]  channel to publish the release on (waiters subscribe to it)
 -- ARGV[3]  with KEYS[2]: how long the record lives, in ms
+-- ARGV[4]  with KEYS[2]: the owner's task id
+-- ARGV[5]  with KEYS[2]: '1' an upgrade is under way (see KEYS[3]), '0' not
 -- Returns  1 released; 0 not ours (expired, or taken over by another owner): nothing changed.
+"""
+    + FUNCTIONS
+    + """
 if #KEYS == 1 then
   if redis.call('GETRANGE', KEYS[1], '0', '31') ~= ARGV[1] then
     return 0
@@ -118,12 +129,16 @@ else
   if not v or string.sub(v, 1, 32) ~= ARGV[1] then
     return 0
   end
-  redis.call('SET', KEYS[2], string.sub(v, 34), 'PX', ARGV[3])
+  record_finished(KEYS[2], ARGV[3], ARGV[4])
+  if ARGV[5] == '1' then
+    redis.call('SET', KEYS[3], string.sub(v, 34), 'PX', ARGV[3])
+  end
 end
 redis.call('DEL', KEYS[1])
 redis.call('PUBLISH', ARGV[2], KEYS[1])
 return 1
 """
+)
 
 RENEW = """
 -- KEYS[1..N]  lock keys

@@ -5,7 +5,7 @@ from typing import Iterator, Optional
 import pytest
 import redis
 
-from celery_singleton_lock.engine import LockHolder, RedisLocker, Renewer
+from celery_singleton_lock.engine import RedisLocker, Renewer
 from celery_singleton_lock.testing import RedisServer
 from tests.support import CountingConnection
 
@@ -67,10 +67,10 @@ def stored_fields(client: redis.Redis, key: str) -> dict[str, bytes]:
     }
 
 
-def finish_record(locker: RedisLocker, name: str, task_id: str) -> Optional[LockHolder]:
-    """The record that ``task_id`` ran to the end under lock ``name`` (its ``ttl`` is the
-    record's remaining life), or None: written by a release with ``remember_for``."""
-    keys = locker.keys(name)
-    record = keys.finished(task_id)
-    value = locker.client.get(record)
-    return None if value is None else LockHolder.parse(keys.lock, value, locker.client.pttl(record))
+def finish_record(locker: RedisLocker, task_id: str) -> Optional[float]:
+    """The remaining life in seconds of the finish record of ``task_id`` (written by a
+    release with ``remember_for``; the bucket set holding it), or None when there is none."""
+    for key in locker.client.scan_iter(f"{locker.prefix}:finished:*", count=1000):
+        if locker.client.sismember(key, task_id):
+            return float(locker.client.pttl(key)) / 1000
+    return None

@@ -151,6 +151,7 @@ def test_keys_share_one_hash_tag(locker: RedisLocker) -> None:
     keys = locker.keys("task.name:abc")
     assert keys.lock == "t:{task.name:abc}"
     assert keys.fence.startswith(keys.lock) and keys.channel.startswith(keys.lock)
+    assert keys.queued.startswith(keys.lock) and keys.finished("t").startswith(keys.lock)
 
 
 def test_a_resent_acquire_with_the_same_token_is_idempotent(redis_client: redis.Redis) -> None:
@@ -160,13 +161,21 @@ def test_a_resent_acquire_with_the_same_token_is_idempotent(redis_client: redis.
     value = f"{token}||1700000000000|42|w1|t-1"
     assert acquire(keys=["t:{plain}"], args=[5000, value]) == 0
     assert acquire(keys=["t:{plain}"], args=[5000, value]) == 0
-    fenced_keys = ["t:{fenced}", "t:{fenced}:fence"]
-    assert acquire(keys=fenced_keys, args=[5000, value]) == 1
+    fenced_keys = [
+        "t:{fenced}",
+        "t:fence",
+        "t:{fenced}:fence",
+        "t:finished",
+        "t:{fenced}:finished:t-1",
+        "t:{fenced}:queued",
+    ]
+    fenced_args = ["1", "t-1", "", "0", "0"]
+    assert acquire(keys=fenced_keys, args=[5000, value, *fenced_args]) == 1
     stored = redis_client.get("t:{fenced}")
-    assert acquire(keys=fenced_keys, args=[5000, value]) == 1
+    assert acquire(keys=fenced_keys, args=[5000, value, *fenced_args]) == 1
     assert redis_client.get("t:{fenced}") == stored == f"{token}|1|1700000000000|42|w1|t-1".encode()
-    assert redis_client.get("t:{fenced}:fence") == b"1"  # no fence burnt by the resend
-    other = acquire(keys=fenced_keys, args=[5000, f"{'b' * 32}||1|2|w2|t-2"])
+    assert redis_client.get("t:fence") == b"1"  # no fence burnt by the resend
+    other = acquire(keys=fenced_keys, args=[5000, f"{'b' * 32}||1|2|w2|t-2", *fenced_args])
     pttl, holder = other.split(b"|", 1)  # someone else's token: the holder, without its token
     assert 0 < int(pttl) <= 5000 and holder == b"1|1700000000000|42|w1|t-1"
 
@@ -230,20 +239,21 @@ def test_scripts_are_loaded_again_after_a_script_flush(counting_client: redis.Re
     assert CountingConnection.sent == ["EVALSHA"]
 
 
-def test_a_release_that_remembers_records_the_owner_for_that_long(locker: RedisLocker) -> None:
+def test_a_release_that_remembers_records_the_task_id_for_at_least_that_long(
+    locker: RedisLocker,
+) -> None:
     lease = locker.try_acquire("job", ttl=5, owner=Owner(task_id="t-1", host="w1", pid=42))
     assert isinstance(lease, Lease)
     assert lease.release(remember_for=60)
-    record = finish_record(locker, "job", "t-1")
-    assert record is not None
-    assert (record.task_id, record.host, record.pid) == ("t-1", "w1", 42)
-    assert record.ttl is not None and 5 < record.ttl <= 60
+    ttl = finish_record(locker, "t-1")
+    # a bucket of 60 s lives until the end of the next bucket: at least 60 s, at most 120 s
+    assert ttl is not None and 59 < ttl <= 120
 
 
 def test_a_plain_release_remembers_nothing(locker: RedisLocker) -> None:
     lease = locker.try_acquire("job", ttl=30, owner=Owner(task_id="t-1"))
     assert isinstance(lease, Lease) and lease.release()
-    assert finish_record(locker, "job", "t-1") is None
+    assert finish_record(locker, "t-1") is None
 
 
 def test_a_release_of_a_lock_no_longer_ours_remembers_nothing(
@@ -255,7 +265,7 @@ def test_a_release_of_a_lock_no_longer_ours_remembers_nothing(
     second = locker.try_acquire("job", ttl=30, owner=Owner(task_id="second"))
     assert isinstance(second, Lease)
     assert first.release(remember_for=60) is False
-    assert finish_record(locker, "job", "first") is None
+    assert finish_record(locker, "first") is None
     assert redis_client.exists(second.key)
 
 
@@ -266,7 +276,7 @@ def test_an_owner_that_finished_takes_nothing_when_acquiring_unless_finished(
     lease = locker.try_acquire("job", ttl=30, owner=owner)
     assert isinstance(lease, Lease) and lease.release(remember_for=60)
     with pytest.raises(AlreadyFinished) as info:
-        locker.try_acquire("job", ttl=30, owner=owner, unless_finished=True)
+        locker.try_acquire("job", ttl=30, owner=owner, unless_finished=True, finished_ttl=60)
     assert "t-1" in str(info.value) and info.value.key == lease.key
     assert not redis_client.exists(lease.key)
 
@@ -274,14 +284,18 @@ def test_an_owner_that_finished_takes_nothing_when_acquiring_unless_finished(
 def test_another_owner_acquires_unless_finished_as_usual(locker: RedisLocker) -> None:
     first = locker.try_acquire("job", ttl=30, owner=Owner(task_id="t-1"))
     assert isinstance(first, Lease) and first.release(remember_for=60)
-    second = locker.try_acquire("job", ttl=30, owner=Owner(task_id="t-2"), unless_finished=True)
+    second = locker.try_acquire(
+        "job", ttl=30, owner=Owner(task_id="t-2"), unless_finished=True, finished_ttl=60
+    )
     assert isinstance(second, Lease) and second.fence is None
 
 
 def test_unless_finished_still_reports_the_holder(locker: RedisLocker) -> None:
     holder = locker.try_acquire("job", ttl=30, owner=Owner(task_id="holder"))
     assert isinstance(holder, Lease)
-    found = locker.try_acquire("job", ttl=30, owner=Owner(task_id="t-2"), unless_finished=True)
+    found = locker.try_acquire(
+        "job", ttl=30, owner=Owner(task_id="t-2"), unless_finished=True, finished_ttl=60
+    )
     assert isinstance(found, LockHolder) and found.task_id == "holder"
 
 
@@ -289,7 +303,12 @@ def test_unless_finished_with_fencing_hands_out_the_next_fence(locker: RedisLock
     first = locker.try_acquire("job", ttl=30, owner=Owner(task_id="t-1"), fencing=True)
     assert isinstance(first, Lease) and first.release()
     second = locker.try_acquire(
-        "job", ttl=30, owner=Owner(task_id="t-2"), fencing=True, unless_finished=True
+        "job",
+        ttl=30,
+        owner=Owner(task_id="t-2"),
+        fencing=True,
+        unless_finished=True,
+        finished_ttl=60,
     )
     assert isinstance(second, Lease) and second.fence == (first.fence or 0) + 1
 
@@ -298,8 +317,8 @@ def test_the_finish_record_expires_after_its_time(locker: RedisLocker) -> None:
     owner = Owner(task_id="t-1")
     lease = locker.try_acquire("job", ttl=30, owner=owner)
     assert isinstance(lease, Lease) and lease.release(remember_for=0.2)
-    wait_until(lambda: finish_record(locker, "job", "t-1") is None, timeout=5)
-    again = locker.try_acquire("job", ttl=30, owner=owner, unless_finished=True)
+    wait_until(lambda: finish_record(locker, "t-1") is None, timeout=5)
+    again = locker.try_acquire("job", ttl=30, owner=owner, unless_finished=True, finished_ttl=0.2)
     assert isinstance(again, Lease)
 
 

@@ -178,7 +178,7 @@ def test_a_reservation_that_ran_out_is_handed_to_the_same_task_id_again(
 def test_a_finished_task_id_takes_nothing_and_is_not_parked(locker: RedisLocker) -> None:
     lease = attempt(locker, "a")
     assert isinstance(lease, Lease)
-    locker.release_handing_off(lease, reservation_ttl=5, remember_for=60)
+    locker.release_handing_off(lease, reservation_ttl=5, remember_for=3600)  # the default
     with pytest.raises(AlreadyFinished):
         attempt(locker, "a", unless_finished=True)
     assert parked_ids(locker) == []

@@ -103,7 +103,12 @@ def test_take_queued_and_unless_finished_work_together(
     locker.enqueue("job", "t-1", ttl=60)
     with pytest.raises(AlreadyFinished):
         locker.try_acquire(
-            "job", ttl=30, owner=Owner(task_id="t-1"), unless_finished=True, take_queued=True
+            "job",
+            ttl=30,
+            owner=Owner(task_id="t-1"),
+            unless_finished=True,
+            take_queued=True,
+            finished_ttl=60,
         )
     assert not redis_client.exists(locker.keys("job").queued)
 

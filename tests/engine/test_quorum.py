@@ -237,7 +237,9 @@ def test_a_finish_record_on_a_server_refuses_the_acquire(quorum: QuorumLocker) -
     assert isinstance(lease, Lease)
     lease.release(remember_for=60)
     with pytest.raises(AlreadyFinished):
-        quorum.try_acquire("job", 5, owner=owner, renew=False, unless_finished=True)
+        quorum.try_acquire(
+            "job", 5, owner=owner, renew=False, unless_finished=True, finished_ttl=60
+        )
 
 
 def test_fencing_is_refused_on_a_quorum(quorum: QuorumLocker) -> None:

@@ -284,6 +284,7 @@ class LockedTask(Task):  # type: ignore[misc]
             park=park,
             reservation_ttl=options.handoff_timeout,
             latest=newest,
+            finished_ttl=options.finished_ttl or 3600.0,
         )
         limit = options.limit
         if limit != 1:  # up to N holders: each takes a slot (a callable caps each call)

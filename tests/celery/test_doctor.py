@@ -15,7 +15,7 @@ from celery_singleton_lock.celery import LockedTask
 from celery_singleton_lock.celery.cli.app_target import open_target
 from celery_singleton_lock.celery.cli.commands import main
 from celery_singleton_lock.celery.cli.doctor import run_doctor
-from celery_singleton_lock.engine import Owner, RedisLocker, Renewer
+from celery_singleton_lock.engine import Lease, Owner, RedisLocker, Renewer
 from celery_singleton_lock.testing import RedisServer
 
 
@@ -74,12 +74,22 @@ def test_doctor_reports_an_enqueue_marker_without_ttl_as_stray(redis_server: Red
     assert "fix: celery locks clear-queued proj.job:abc" in line
 
 
-def test_doctor_counts_fence_counters(redis_server: RedisServer) -> None:
+def test_doctor_counts_one_fence_counter_for_two_fenced_names(redis_server: RedisServer) -> None:
     locker = RedisLocker(redis_server.client(), renewer=Renewer(autostart=False))
     for name in ("proj.job:a", "proj.job:b"):
         locker.try_acquire(name, 30, owner=Owner(task_id="t"), fencing=True, renew=False)
     assert (
-        "INFO keys: 2 fence counters under prefix 'singleton-lock'" in doctor(redis_server).stdout
+        "INFO keys: 1 fence counters under prefix 'singleton-lock'" in doctor(redis_server).stdout
+    )
+
+
+def test_doctor_counts_finish_records_by_task_id(redis_server: RedisServer) -> None:
+    locker = RedisLocker(redis_server.client(), renewer=Renewer(autostart=False))
+    for name in ("proj.job:a", "proj.job:b", "proj.job:c"):
+        lease = locker.try_acquire(name, 30, owner=Owner(task_id=name), renew=False)
+        assert isinstance(lease, Lease) and lease.release(remember_for=60)
+    assert (
+        "INFO keys: 3 finish records under prefix 'singleton-lock'" in doctor(redis_server).stdout
     )
 
 

@@ -14,13 +14,18 @@ import pytest
 import redis
 from celery import Celery
 from redis.cluster import RedisCluster
+from redis.crc import key_slot
 
 from celery_singleton_lock.celery.config.lockers import forget_locker, locker_for
 from celery_singleton_lock.celery.config.servers import close_client, make_client
 from celery_singleton_lock.engine import Lease, LockHolder, RedisLocker, Renewer
 from celery_singleton_lock.engine.lease import Owner
 from celery_singleton_lock.engine.waiting import subscribe_releases, wait_for_release
-from celery_singleton_lock.errors import LockBackendUnavailable, LockConfigurationError
+from celery_singleton_lock.errors import (
+    AlreadyFinished,
+    LockBackendUnavailable,
+    LockConfigurationError,
+)
 from celery_singleton_lock.testing import RedisServer, free_port
 from tests.celery.test_cli import run_cli
 from tests.cluster_topology import ClusterGroup
@@ -190,6 +195,32 @@ def test_the_celery_locks_command_lists_the_locks_of_every_primary(
     result = run_cli("--url", cluster.url, "list")
     assert result.returncode == 0, result.stderr
     assert all(f"singleton-lock:{{{name}}}  task={name}" in result.stdout for name in names)
+
+
+def test_fences_on_a_cluster_increase_per_lock_with_one_counter_per_slot(
+    locker: RedisLocker, client: RedisCluster
+) -> None:
+    names = [fresh("many") for _ in range(200)]
+    firsts = {}
+    for name in names:
+        lease = take(locker, name, fencing=True)
+        firsts[name] = lease.fence
+        locker.release(lease)
+    for name in names:
+        lease = take(locker, name, fencing=True)
+        assert lease.fence is not None and lease.fence > (firsts[name] or 0)
+        locker.release(lease)
+    counters = set(client.scan_iter(match="t:fence:*"))
+    slots = {key_slot(locker.keys(name).lock.encode()) for name in names}
+    assert len(counters) <= len(slots) + 20  # other tests' slots; never one per name
+    assert not set(client.scan_iter(match="t:{many-*}:fence"))
+
+
+def test_a_finish_record_on_a_cluster_drops_the_redelivered_copy(locker: RedisLocker) -> None:
+    name, owner = fresh("done"), Owner(task_id="t-1")
+    assert locker.release(take(locker, name, owner=owner), remember_for=60)
+    with pytest.raises(AlreadyFinished):
+        locker.try_acquire(name, TTL, owner=owner, unless_finished=True, finished_ttl=60)
 
 
 def test_singleton_lock_cluster_false_gives_a_plain_client(cluster: ClusterGroup) -> None:

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import pytest
 import redis
+from celery import Celery
 from redis.crc import key_slot
 
+from celery_singleton_lock.celery.config.lockers import forget_locker, locker_for
 from celery_singleton_lock.engine import Lease, Owner, RedisLocker, Renewer
 from celery_singleton_lock.engine.shared_keys import slot_tag
-from celery_singleton_lock.errors import AlreadyFinished
+from celery_singleton_lock.errors import AlreadyFinished, LockConfigurationError
+from celery_singleton_lock.testing import RedisServer
 
 
 def finish(locker: RedisLocker, name: str, task_id: str, remember_for: float = 3600) -> None:
@@ -117,3 +120,22 @@ def test_while_upgrading_a_release_also_writes_the_previous_versions_record(
 def test_every_cluster_slot_has_a_tag_hashing_to_it() -> None:
     assert all(key_slot(slot_tag(slot).encode()) == slot for slot in range(16384))
     assert max(len(slot_tag(slot)) for slot in range(16384)) <= 4
+
+
+def test_singleton_lock_upgrading_makes_a_locker_that_writes_the_per_name_keys(
+    redis_server: RedisServer,
+) -> None:
+    app = Celery(set_as_current=False)
+    app.conf.update(singleton_lock_url=redis_server.url, singleton_lock_upgrading=True)
+    try:
+        locker = locker_for(app)
+        assert isinstance(locker, RedisLocker) and locker.upgrading
+    finally:
+        forget_locker(app)
+
+
+def test_singleton_lock_upgrading_must_be_a_boolean() -> None:
+    app = Celery(set_as_current=False)
+    app.conf.update(singleton_lock_url="redis://127.0.0.1:1/0", singleton_lock_upgrading="yes")
+    with pytest.raises(LockConfigurationError, match="singleton_lock_upgrading must be True"):
+        locker_for(app)

@@ -341,12 +341,22 @@ def check_counts(target: Target) -> list[Finding]:
         return []
     client, prefix = target.client, target.inspector.prefix
     found = []
-    for what, match in (
-        ("fence counters", f"{prefix}:{{*}}:fence"),
-        ("finish records", f"{prefix}:{{*}}:finished:*"),
+    # The shared keys (engine/shared_keys.py: one counter per server or Cluster slot, finish
+    # records as task ids in bucket sets), then the previous version's per-name keys.
+    for what, match, type_ in (
+        ("fence counters", f"{prefix}:fence*", "string"),
+        ("finish records", f"{prefix}:finished*", "set"),
+        ("per-name fence counters of 0.x", f"{prefix}:{{*}}:fence", "string"),
+        ("per-name finish records of 0.x", f"{prefix}:{{*}}:finished:*", "string"),
     ):
-        keys, stopped = _scan(client, match, "string")
-        count = f"at least {len(keys)}" if stopped else str(len(keys))
+        keys, stopped = _scan(client, match, type_)
+        counted = len(keys)
+        if type_ == "set" and keys:
+            pipe = client.pipeline(transaction=False)
+            for key in keys:
+                pipe.scard(key)
+            counted = sum(int(size) for size in pipe.execute())
+        count = f"at least {counted}" if stopped else str(counted)
         found.append(Finding("info", "keys", f"{count} {what} under prefix {prefix!r}"))
     return found
 

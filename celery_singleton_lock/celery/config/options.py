@@ -204,6 +204,12 @@ APP_SETTINGS: dict[str, Option] = {
         "True, False or None",
         "True: the lock URL names a Redis Cluster node; False: one server; None: ask it.",
     ),
+    "singleton_lock_upgrading": Option(
+        False,
+        "True or False",
+        "True while workers of 0.x (per-name fence counters and finish records) still run: "
+        "this version writes those keys too, so theirs stay in step (see how-to/upgrade).",
+    ),
     "singleton_lock_handoff_timeout": Option(
         60.0,
         f"1 to {MAX_TTL:g} seconds",

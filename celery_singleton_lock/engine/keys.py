@@ -7,7 +7,9 @@ Layout, for prefix ``P`` and lock name ``N``::
                      is the lock key itself, see slots.py)
     P:{N}:starts     its recent acquisitions, token scored by the server's clock in ms, trimmed
                      to the window of ``lock_rate`` (see slots.py)
-    P:{N}:fence      its fence counter (a string that never expires)
+    P:{N}:fence      its fence counter in earlier builds (a string that never expires): read,
+                     and kept in step, by ACQUIRE; fences now come from a counter shared by
+                     every name (see shared_keys.py)
     P:{N}:released   the channel its releases are published on
     P:{N}:queued     the task id of the message queued under this name (opt-in enqueue
                      deduplication): written by ENQUEUE with its own TTL, deleted by the
@@ -18,13 +20,13 @@ Layout, for prefix ``P`` and lock name ``N``::
     P:handoff-due    (one per prefix, no hash tag) lock names a hand-off sweeper should look
                      at, scored by when (see scripts.py)
     P:{N}:finished:<owner task id>
-                     that owner ran to the end under this lock: written by a release that asks
-                     for it ('fence|acquired_at|pid|host|task_id', with a TTL), and read by an
-                     acquire that asks for it (a redelivered copy of a finished task takes
-                     nothing)
+                     that owner ran to the end under this lock, as earlier builds recorded it
+                     ('fence|acquired_at|pid|host|task_id', with a TTL): still read by an
+                     acquire that asks for it, written only while upgrading; records now go
+                     to time-bucketed sets shared by every name (see shared_keys.py)
 
-``{N}`` is a Redis Cluster hash tag: the lock and its counter always share a slot, so one
-script may touch both.
+``{N}`` is a Redis Cluster hash tag: the lock and its keys always share a slot, so one
+script may touch them all (the shared keys carry a tag of the same slot).
 """
 
 from __future__ import annotations

@@ -346,8 +346,8 @@ def check_counts(target: Target) -> list[Finding]:
     for what, match, type_ in (
         ("fence counters", f"{prefix}:fence*", "string"),
         ("finish records", f"{prefix}:finished*", "set"),
-        ("per-name fence counters of 0.x", f"{prefix}:{{*}}:fence", "string"),
-        ("per-name finish records of 0.x", f"{prefix}:{{*}}:finished:*", "string"),
+        ("per-name fence counters (earlier builds)", f"{prefix}:{{*}}:fence", "string"),
+        ("per-name finish records (earlier builds)", f"{prefix}:{{*}}:finished:*", "string"),
     ):
         keys, stopped = _scan(client, match, type_)
         counted = len(keys)

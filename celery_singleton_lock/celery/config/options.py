@@ -207,8 +207,8 @@ APP_SETTINGS: dict[str, Option] = {
     "singleton_lock_upgrading": Option(
         False,
         "True or False",
-        "True while workers of 0.x (per-name fence counters and finish records) still run: "
-        "this version writes those keys too, so theirs stay in step (see how-to/upgrade).",
+        "True while workers of an earlier build (per-name fence counters and finish records) "
+        "still run: this one writes those keys too, so theirs stay in step (how-to: Upgrade).",
     ),
     "singleton_lock_handoff_timeout": Option(
         60.0,

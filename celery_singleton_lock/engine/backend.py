@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import (
     TYPE_CHECKING,
     Any,
+    Callable,
     NamedTuple,
     Optional,
     Protocol,
@@ -176,6 +177,16 @@ class LockBackend(Protocol):
     def release_cooling(
         self, lease: Lease, cooldown: float, *, remember_for: Optional[float] = None
     ) -> bool: ...
+
+    def release_later(
+        self,
+        lease: Lease,
+        then: Callable[[Optional[bool], Optional[LockError]], None],
+        *,
+        remember_for: Optional[float] = None,
+    ) -> bool: ...
+
+    def settle(self) -> None: ...
 
     def release_handing_off(
         self, lease: Lease, *, reservation_ttl: float, remember_for: Optional[float] = None
@@ -401,6 +412,21 @@ class BackendBase:
 
         def hand_off_soon(self, name: str) -> int: ...
 
+    def release_later(
+        self,
+        lease: Lease,
+        then: Callable[[Optional[bool], Optional[LockError]], None],
+        *,
+        remember_for: Optional[float] = None,
+    ) -> bool:
+        """Send the release of ``lease`` without waiting for its reply, then report it through
+        ``then``; False (nothing sent) where the backend cannot: call :meth:`release` then.
+        This base cannot (a quorum waits for its majority)."""
+        return False
+
+    def settle(self) -> None:
+        """Read the replies of releases sent with :meth:`release_later` (nothing here)."""
+
     def release_all(self) -> int:
         """Release every lease this process still holds through this backend; returns how
         many were released here.
@@ -411,6 +437,7 @@ class BackendBase:
         rather than at the old holder's TTL. One lease that cannot be released is logged and
         the others are still released.
         """
+        self.settle()  # the deferred releases are reported before the process goes
         released = 0
         parking = self.capabilities.parking
         me: object = self

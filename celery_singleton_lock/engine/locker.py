@@ -22,6 +22,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from redis.cluster import RedisCluster
 from redis.commands.core import Script
+from redis.exceptions import NoScriptError
 
 from celery_singleton_lock.engine import lease as _lease
 from celery_singleton_lock.engine import (
@@ -322,13 +323,78 @@ class RedisLocker(BackendBase, QueueOperations, LatestOperations, CooldownOperat
             LockBackendUnavailable: the server could not be reached; the lease keeps its
                 token (and stays unrenewed), so ``release`` may simply be called again.
         """
+        script_keys, args = self._release_call(lease, remember_for)
+        return bool(self._release_with(lease, self._release, script_keys, args))
+
+    def _release_call(
+        self, lease: Lease, remember_for: Optional[float]
+    ) -> tuple[list[str], list[Any]]:
+        """KEYS and ARGV of the release script (see its contract in :mod:`.scripts`)."""
         script_keys = [lease.key]
         args: list[Any] = [lease.token, lease.keys.channel]
         if remember_for is not None and lease.owner.task_id:
             record_keys, record_args = self._finish_record(lease, remember_for)
             script_keys += record_keys
             args += record_args
-        return bool(self._release_with(lease, self._release, script_keys, args))
+        return script_keys, args
+
+    def release_later(
+        self,
+        lease: Lease,
+        then: Callable[[Optional[bool], Optional[LockError]], None],
+        *,
+        remember_for: Optional[float] = None,
+    ) -> bool:
+        """Send the release of ``lease`` (as :meth:`release`) without waiting for its reply;
+        ``then(released, None)``, or ``then(None, error)``, once the reply is read: before the
+        next command on that kept connection, at the renewer's next tick (within a second),
+        or when the locker is closed. Saves the release's wait (~100 us per task).
+
+        Returns False, having sent nothing, when this locker cannot defer (a cluster, a
+        ``BlockingConnectionPool``, or the send failed): call :meth:`release` then.
+        """
+        connections = self.connections
+        if connections is None or not connections.keeps_connections:
+            return False
+        if lease.pid != os.getpid():  # inherited from the parent: never touched here
+            then(False, None)
+            return True
+        with _lease._state_lock:
+            if lease.released:
+                then(False, None)
+                return True
+            lease.released = True  # from here a failed renewal is not reported as a loss
+        script_keys, args = self._release_call(lease, remember_for)
+        script = self._release
+
+        def settle(reply: Any, error: Optional[BaseException]) -> None:
+            if isinstance(error, NoScriptError):  # a restarted server: load it, send again
+                try:
+                    reply, error = (
+                        self._run(script, lease.key, script_keys, args, pinned=True),
+                        None,
+                    )
+                except LockError as exc:
+                    error = exc
+            if error is None:
+                then(bool(reply), None)
+                return
+            translated = server_errors.translate(error, lease.key)  # type: ignore[arg-type]
+            then(None, translated if isinstance(translated, LockError) else LockError(str(error)))
+
+        self.renewer.discard(lease)
+        command = ("EVALSHA", script.sha, len(script_keys), *script_keys, *args)
+        if not connections.send_later(command, settle):
+            lease.released = False
+            return False
+        self.renewer.settle_soon(self)
+        return True
+
+    def settle(self) -> None:
+        """Read the replies of releases sent with :meth:`release_later` and still owed by an
+        idle kept connection (their ``then`` is called here)."""
+        if self.connections is not None:
+            self.connections.settle_idle()
 
     def _release_with(
         self, lease: Lease, script: Script, script_keys: list[str], args: list[Any]

@@ -14,19 +14,32 @@ are still redis-py's own, and scripts still run through redis-py's ``Script`` ob
 With a ``BlockingConnectionPool`` (a hard cap on connections) nothing is kept checked out: each
 command takes a connection from the pool and gives it back, so the locker never starves the
 renewer or the application of one.
+
+A command sent with :meth:`PinnedConnections.send_later` (a release) does not wait for its
+reply: the connection goes back to the idle list with the reply owed, and the reply is read
+before anything else is sent on that connection (the next acquire of the same thread takes the
+same, most recently used, connection), or by :meth:`PinnedConnections.settle_idle` (the
+renewer's next tick, a close). Measured: ~100 us per task, the release's wait (see
+``python -m bench fastpath``).
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+import logging
 from collections import deque
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import redis
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
 
 from celery_singleton_lock.engine.fork_safety import reset_in_forked_children
+
+log = logging.getLogger("celery_singleton_lock.release")
+
+#: Called with a deferred command's reply (or its error) once read.
+Settle = Callable[[Any, Optional[BaseException]], None]
 
 
 def _connection_getter(pool: Any) -> Callable[[], Any]:
@@ -59,10 +72,13 @@ class PinnedConnections:
         #: False for a BlockingConnectionPool: connections go back to the pool after each use.
         self.keeps_connections = not isinstance(self._pool, redis.BlockingConnectionPool)
         self._idle: deque[Any] = deque()  # pop and append are atomic: no lock needed
+        #: connection -> what to call with the reply it still owes (see send_later)
+        self._owed: dict[Any, Settle] = {}
         reset_in_forked_children(self)
 
     def after_fork_in_child(self) -> None:
         self._idle = deque()
+        self._owed = {}  # the parent's replies are the parent's to read
 
     def call(self, *command: Any) -> Any:
         """Send ``command`` and return its reply, as ``client.execute_command`` would.
@@ -79,6 +95,8 @@ class PinnedConnections:
             connection = self._idle.pop()  # the most recently used: its socket is warm
         except IndexError:
             connection = self._get_connection()
+        if self._owed:
+            self._settle(connection)
         try:
             return connection.retry.call_with_retry(
                 lambda: exchange(connection),
@@ -94,6 +112,70 @@ class PinnedConnections:
                 self._idle.append(connection)
             else:
                 self._pool.release(connection)
+
+    def send_later(self, command: tuple[Any, ...], settle: Settle) -> bool:
+        """Send ``command`` without waiting for its reply; ``settle(reply, error)`` is called
+        once it is read: before the next command on that connection, or by
+        :meth:`settle_idle`. False (nothing sent) when connections are not kept (a
+        ``BlockingConnectionPool``) or the send failed: then send it the usual way.
+        """
+        if not self.keeps_connections:
+            return False
+        try:
+            connection = self._idle.pop()
+        except IndexError:
+            connection = self._get_connection()
+        if self._owed:
+            self._settle(connection)
+        try:
+            connection.send_command(*command)
+        except (RedisError, OSError):
+            connection.disconnect()  # part of the command may have gone: never read it
+            self._idle.append(connection)
+            return False
+        except BaseException:  # interrupted (a time limit): the caller gets it
+            connection.disconnect()
+            self._idle.append(connection)
+            raise
+        self._owed[connection] = settle
+        self._idle.append(connection)
+        return True
+
+    def _settle(self, connection: Any) -> None:
+        """Read the reply ``connection`` owes, if any, and hand it over. Never raises: the
+        caller's own command comes next (a connection that failed is reconnected by it)."""
+        settle = self._owed.pop(connection, None)
+        if settle is None:
+            return
+        reply: Any = None
+        error: Optional[BaseException] = None
+        try:
+            reply = connection.read_response()
+        except ResponseError as exc:
+            error = exc
+        except (RedisError, OSError) as exc:  # unusable: a fresh one for what follows
+            connection.disconnect()
+            error = exc
+        except BaseException:  # interrupted (a time limit) mid-read: never read it later
+            connection.disconnect()
+            raise
+        try:
+            settle(reply, error)
+        except Exception:  # a receiver's bug must not fail the next acquire
+            log.exception("reporting a deferred reply failed")
+
+    def settle_idle(self) -> None:
+        """Read every reply still owed by an idle connection (each taken in turn, so a thread
+        needing one meanwhile takes another)."""
+        for _ in range(len(self._idle)):
+            if not self._owed:
+                return
+            try:
+                connection = self._idle.popleft()
+            except IndexError:
+                return
+            self._settle(connection)
+            self._idle.append(connection)
 
     @staticmethod
     def _round_trip(connection: Any, command: tuple[Any, ...]) -> Any:
@@ -129,7 +211,8 @@ class PinnedConnections:
         return sha.decode("ascii") if isinstance(sha, bytes) else str(sha)
 
     def close(self) -> None:
-        """Give every idle connection back to the pool."""
+        """Read the replies still owed, then give every idle connection back to the pool."""
+        self.settle_idle()
         while True:
             try:
                 connection = self._idle.pop()

@@ -24,7 +24,7 @@ import math
 import threading
 import time
 from operator import attrgetter
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from celery_singleton_lock.engine.fork_safety import ForkSafeLock, reset_in_forked_children
 from celery_singleton_lock.engine.lease import Lease
@@ -36,6 +36,8 @@ Clock = Callable[[], float]
 
 #: Seconds to wait before trying again after the lock server could not be reached.
 RETRY_AFTER_ERROR = 0.2
+#: seconds within which the reply of a release sent without waiting is read, at the latest
+SETTLE_WITHIN = 1.0
 
 _lease_ttl = attrgetter("ttl")
 
@@ -72,6 +74,8 @@ class Renewer:
         self._wake_at = math.inf
         #: renewal interval of the last lease added: how long the thread sleeps when idle.
         self._idle_interval = math.inf
+        #: lockers that sent a release whose reply may still be unread (see settle_soon)
+        self._unsettled: dict[int, Any] = {}
 
     # -- registry -----------------------------------------------------------------------------
 
@@ -86,11 +90,27 @@ class Renewer:
                 self._wake_at = lease.renew_due
                 self.wakeups += 1
                 self._wakeup.notify()
-            if self.autostart and self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="celery-singleton-lock-renewer", daemon=True
-                )
-                self._thread.start()
+            self._start_locked()
+
+    def settle_soon(self, locker: Any) -> None:
+        """Have ``locker.settle()`` called at a tick within :data:`SETTLE_WITHIN` seconds: a
+        release sent without waiting (``release_later``) is reported even when no other
+        command follows it on its connection (an idle worker)."""
+        with self._lock:
+            self._unsettled[id(locker)] = locker
+            due = self.clock() + SETTLE_WITHIN
+            if due < self._wake_at:
+                self._wake_at = due
+                self._wakeup.notify()
+            self._start_locked()
+
+    def _start_locked(self) -> None:
+        """Start the thread if it is not running (called holding ``_lock``)."""
+        if self.autostart and self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name="celery-singleton-lock-renewer", daemon=True
+            )
+            self._thread.start()
 
     def discard(self, lease: Lease) -> None:
         """Stop renewing ``lease`` (released, lost or handed over)."""
@@ -110,6 +130,12 @@ class Renewer:
         with self._lock:
             leases = list(self._leases.values())
             self._wake_at = math.inf
+            unsettled, self._unsettled = list(self._unsettled.values()), {}
+        for locker in unsettled:
+            try:
+                locker.settle()
+            except Exception:  # one locker's trouble must not stop the renewal of the others
+                log.exception("reading the replies of deferred releases failed")
         next_due = math.inf
         if leases:
             interval = min(map(_lease_ttl, leases)) / 3.0

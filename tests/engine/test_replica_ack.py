@@ -41,7 +41,7 @@ def test_the_fence_of_a_lock_held_with_min_replicas_is_already_on_the_replica(
     locker = locker_on(primary)
     lease = locker.try_acquire("job-f", 30, fencing=True, min_replicas=1)
     assert isinstance(lease, Lease)
-    assert int(replica.client().get(locker.keys("job-f").fence)) == lease.fence
+    assert int(replica.client().get(locker.shared.counter)) == lease.fence
     lease.release()
 
 

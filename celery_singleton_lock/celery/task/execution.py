@@ -3,9 +3,12 @@
 After a successful acquire, a :class:`LockScope` owns the lock until it is closed, and every
 path closes it: the body's outcome (``LockedTask.__call__``), ``self.retry()``, and any
 exception raised after the acquire, by ``before_start`` itself or by a subclass's
-``before_start`` around it. Closing stops renewal, releases the lock (waiting for Redis's reply),
-and takes the scope out of its thread's registry. It never raises: a release problem is
-logged and signalled, and the body's outcome stands.
+``before_start`` around it. Closing stops renewal, releases the lock, and takes the scope out
+of its thread's registry. In a worker on one server (or Sentinel) the release is sent without
+waiting: its reply is read before the next command on that connection (the next task's
+acquire), or by the renewer within a second, and reported then (``lock_released``, the
+"expired before its release" warning); an eager call waits for it. It never raises: a release
+problem is logged and signalled, and the body's outcome stands.
 
 The registry of a thread maps lock names to the scopes open in it. A run that finds its own
 lock name there is nested inside a run of the same thread (e.g. ``.apply()`` from a body) and
@@ -123,19 +126,33 @@ class LockScope(LockHandle):
                 owned = lease.locker.release_cooling(
                     lease, options.cooldown, remember_for=remember_for
                 )
+            elif not task.request.is_eager and lease.locker.release_later(
+                lease, self._settled, remember_for=remember_for
+            ):
+                return  # reported once the reply is read (the next command on the connection)
             else:
                 owned = lease.release(remember_for=remember_for)
         except (LockError, RedisError) as exc:
-            log.error(
-                "task %s[%s]: could not release %s (%s); it frees itself within %.1fs",
-                task.name,
-                self.task_id,
-                self.key,
-                exc,
-                lease.ttl,
-            )
+            self._not_released(exc)
             return
         self._released(owned)
+
+    def _settled(self, owned: Optional[bool], error: Optional[LockError]) -> None:
+        """The reply of a release sent without waiting, read later: reported as if waited."""
+        if error is not None:
+            self._not_released(error)
+        else:
+            self._released(bool(owned))
+
+    def _not_released(self, exc: BaseException) -> None:
+        log.error(
+            "task %s[%s]: could not release %s (%s); it frees itself within %.1fs",
+            self.task.name,
+            self.task_id,
+            self.key,
+            exc,
+            self.lease.ttl,
+        )
 
     def _released(self, owned: bool) -> None:
         """Log and signal the outcome of the release Redis answered."""

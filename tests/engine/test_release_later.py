@@ -1,0 +1,101 @@
+"""A release sent without waiting: its reply read later on the same kept connection, and
+reported then exactly as a waited release reports it."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import pytest
+import redis
+
+from celery_singleton_lock.engine import Lease, Owner, RedisLocker, Renewer
+from celery_singleton_lock.errors import AlreadyFinished, LockError
+from tests.support import CountingConnection, wait_until
+
+Reports = list[tuple[Optional[bool], Optional[LockError]]]
+
+
+def held(locker: RedisLocker, name: str = "job", **kwargs: object) -> Lease:
+    lease = locker.try_acquire(name, 30, renew=False, **kwargs)  # type: ignore[arg-type]
+    assert isinstance(lease, Lease)
+    return lease
+
+
+def release_later(locker: RedisLocker, lease: Lease, **kwargs: object) -> Reports:
+    reports: Reports = []
+    assert locker.release_later(
+        lease,
+        lambda owned, error: reports.append((owned, error)),
+        **kwargs,  # type: ignore[arg-type]
+    )
+    return reports
+
+
+def test_a_deferred_release_is_reported_when_the_next_command_reads_its_reply(
+    redis_client: redis.Redis,
+) -> None:
+    locker = RedisLocker(redis_client, prefix="t", renewer=Renewer(autostart=False))
+    reports = release_later(locker, held(locker))
+    assert reports == []  # sent, not read
+    held(locker, "next")
+    assert reports == [(True, None)]
+
+
+def test_a_deferred_release_frees_the_lock_for_another_owner(redis_client: redis.Redis) -> None:
+    locker = RedisLocker(redis_client, prefix="t", renewer=Renewer(autostart=False))
+    release_later(locker, held(locker))
+    other = RedisLocker(redis.Redis(port=redis_client.connection_pool.connection_kwargs["port"]))
+    assert isinstance(other.try_acquire("job", 30, renew=False), Lease)
+
+
+def test_a_deferred_release_of_a_lock_no_longer_ours_reports_it(
+    redis_client: redis.Redis,
+) -> None:
+    locker = RedisLocker(redis_client, prefix="t", renewer=Renewer(autostart=False))
+    lease = held(locker)
+    redis_client.delete(lease.key)  # it expired, say
+    reports = release_later(locker, lease)
+    locker.settle()
+    assert reports == [(False, None)]
+
+
+def test_the_renewer_reads_a_deferred_release_of_an_idle_process(
+    redis_client: redis.Redis,
+) -> None:
+    locker = RedisLocker(redis_client, prefix="t", renewer=Renewer())
+    reports = release_later(locker, held(locker))
+    wait_until(lambda: reports == [(True, None)], timeout=5)
+
+
+def test_a_deferred_release_after_a_script_flush_loads_the_script_and_releases(
+    redis_client: redis.Redis,
+) -> None:
+    locker = RedisLocker(redis_client, prefix="t", renewer=Renewer(autostart=False))
+    lease = held(locker)
+    redis_client.script_flush()
+    reports = release_later(locker, lease)
+    locker.settle()
+    assert reports == [(True, None)] and not redis_client.exists(lease.key)
+
+
+def test_a_deferred_release_records_the_finish_for_the_next_acquire(
+    redis_client: redis.Redis,
+) -> None:
+    locker = RedisLocker(redis_client, prefix="t", renewer=Renewer(autostart=False))
+    owner = Owner(task_id="t-1")
+    release_later(locker, held(locker, owner=owner), remember_for=60)
+    with pytest.raises(AlreadyFinished):
+        locker.try_acquire("job", 30, owner=owner, unless_finished=True, finished_ttl=60)
+
+
+def test_an_uncontended_acquire_and_deferred_release_send_two_commands(
+    counting_client: redis.Redis,
+) -> None:
+    locker = RedisLocker(counting_client, prefix="t", renewer=Renewer(autostart=False))
+    release_later(locker, held(locker, "warm"))
+    held(locker, "warm-2").release()  # scripts loaded, replies read
+    CountingConnection.reset()
+    reports = release_later(locker, held(locker))
+    held(locker, "after")
+    assert CountingConnection.sent == ["EVALSHA", "EVALSHA", "EVALSHA"]  # acquire, release, next
+    assert reports == [(True, None)]

@@ -185,6 +185,10 @@ class LostFlag:
         return f"<LostFlag {'set' if self._set else 'unset'}>"
 
 
+#: ``Lease._lost_callbacks`` while ``mark_lost`` reports a loss (never appended to)
+_REPORTING: list[LostCallback] = []
+
+
 class Lease:
     """A lock this process holds.
 
@@ -268,7 +272,7 @@ class Lease:
     def on_lost(self, callback: LostCallback) -> None:
         """Call ``callback(lease)`` once when the lease is lost (immediately if it already is)."""
         with _state_lock:
-            if not self.lost._set:
+            if not self.lost._set and self._lost_callbacks is not _REPORTING:
                 if self._lost_callbacks is None:
                     self._lost_callbacks = []
                 self._lost_callbacks.append(callback)
@@ -276,21 +280,21 @@ class Lease:
         callback(self)
 
     def mark_lost(self, reason: str) -> None:
-        """Flag the lease lost and fire its callbacks; later calls do nothing."""
+        """Fire the lease's lost callbacks, then flag it lost; later calls do nothing.
+
+        Callbacks first: a body waiting on the flag returns at once when it is set, and its
+        task's end must not come before the loss is reported (signal, trace event)."""
         with _state_lock:
-            if self.lost._set or self.released:
+            if self.lost._set or self.released or self._lost_callbacks is _REPORTING:
                 return
-            self.lost._set = True
-            event = self.lost._event
-            callbacks, self._lost_callbacks = self._lost_callbacks or [], None
-        if event is not None:
-            event.set()
+            callbacks, self._lost_callbacks = self._lost_callbacks or [], _REPORTING
         log.error("lease on %s lost: %s", self.key, reason)
         for callback in callbacks:
             try:
                 callback(self)
             except Exception:
                 log.exception("lost-lease callback for %s raised", self.key)
+        self.lost.set()
 
     def release(self, *, remember_for: Optional[float] = None) -> bool:
         """Release through the locker that granted the lease; True if it was still ours.

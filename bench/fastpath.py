@@ -14,14 +14,17 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 from typing import List, Optional, Sequence
 
+from . import _chart as chart
 from ._common import BenchError, fill_defaults, med_iqr, median, verdict
 from ._paired import Paired
 from ._report import ahead_of, print_requests, print_side_by_side, print_verdicts, trips_verdict
 from ._worker import Lane, run_worker_bench, worker_options
 
 KEYS = ("plain", "floor", "locked", "locked2", "metrics", "pooled", "fstring", "once", "singleton")
+CHART_KEYS = ("plain", "floor", "locked", "once", "singleton")
 LOCKED_KEYS = ("locked", "locked2", "metrics", "pooled", "fstring")
 
 #: Targets from issue 9.
@@ -103,6 +106,12 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
         help="locks on a throwaway redis-server of their own (default: the broker's Redis)",
     )
     parser.add_argument(
+        "--chart",
+        type=Path,
+        help="also draw where the time per task goes (plain, floor, LockedTask, peers) as an "
+        "SVG at this path (needs matplotlib, in the bench extra)",
+    )
+    parser.add_argument(
         "--only",
         help="comma-separated contender keys (plain is always in): " + ",".join(KEYS),
     )
@@ -135,6 +144,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print_side_by_side(paired, lane)
     print_requests(paired, lane)
     print_pieces(paired)
+    if args.chart is not None:
+        labels = {key: entry.label for key, entry in lane.by_key().items()}
+        chart.draw(paired, CHART_KEYS, labels, args.chart)
+        print(f"\nchart: {args.chart}")
     print(f"\ndone in {time.perf_counter() - started:.1f} s")
     print_verdicts(verdicts(paired, lane))
     return 0

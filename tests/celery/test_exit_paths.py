@@ -105,3 +105,15 @@ def test_unsupported_argument_fails_naming_task_and_argument_and_takes_no_lock(
     assert "tests.celery.lockapp.takes_anything" in message
     assert "value" in message and "set" in message and "lock_on" in message
     assert set(store.scan_iter(match="singleton-lock:*")) == before
+
+
+def test_a_worker_release_is_signalled_once_even_with_no_task_after_it(
+    worker: Any, unique_key: str
+) -> None:
+    """The release is sent without waiting; its reply is read by the renewer when no other
+    command follows it on that connection, and reported then."""
+    with releases_seen() as released:
+        result = lockapp.hold_skip.delay(unique_key)
+        result.get(timeout=10)
+        wait_until(lambda: result.id in released, timeout=5)
+    assert released.count(result.id) == 1

@@ -15,6 +15,7 @@ from celery_singleton_lock.engine import latest_scripts
 from celery_singleton_lock.engine.keys import LockKeys
 from celery_singleton_lock.engine.lease import Lease, Owner, Parked
 from celery_singleton_lock.engine.queueing import QueueOperations, as_bytes
+from celery_singleton_lock.engine.shared_keys import SharedKeys
 
 if TYPE_CHECKING:
     from celery_singleton_lock.engine.backend import AcquireRequest
@@ -47,6 +48,12 @@ class LatestOperations:
     """The newest waiting call wins, on one server (a part of ``RedisLocker``)."""
 
     if TYPE_CHECKING:  # provided by RedisLocker
+        shared: SharedKeys
+        upgrading: bool
+
+        def _finish_record(
+            self, lease: Lease, remember_for: float
+        ) -> tuple[list[str], list[Any]]: ...
 
         def _release_with(
             self, lease: Lease, script: Script, script_keys: list[str], args: list[Any]
@@ -56,21 +63,20 @@ class LatestOperations:
         self._acquire_or_replace: Script = client.register_script(latest_scripts.ACQUIRE_OR_REPLACE)
         self._release_latest: Script = client.register_script(latest_scripts.RELEASE_LATEST)
 
-    @staticmethod
     def _replace_call(
-        request: AcquireRequest, latest: Latest, keys: LockKeys, value: str, owner: Owner
+        self, request: AcquireRequest, latest: Latest, keys: LockKeys, value: str, owner: Owner
     ) -> tuple[list[str], list[Any]]:
         """KEYS and ARGV of ACQUIRE_OR_REPLACE (its contract in :mod:`.latest_scripts`)."""
+        counter, finished = self.shared.of(keys.lock)
         script_keys = [
             keys.lock,
-            keys.fence,
+            counter,
             keys.parked,
             keys.parked_messages,
             keys.handoff_due,
             debounce_key(keys),
+            keys.fence,
         ]
-        if request.unless_finished:
-            script_keys.append(keys.finished(owner.task_id))
         args = [
             _ms(request.ttl),
             value,
@@ -81,7 +87,11 @@ class LatestOperations:
             _ms(request.reservation_ttl),
             _ms(latest.debounce),
             _ms(latest.debounce_max),
+            "1" if self.upgrading else "0",
         ]
+        if request.unless_finished:
+            script_keys += (finished, keys.finished(owner.task_id))
+            args.append(_ms(request.finished_ttl))
         return script_keys, args
 
     @staticmethod
@@ -110,8 +120,9 @@ class LatestOperations:
         ]
         args: list[Any] = [lease.token, keys.channel, keys.name, _ms(reservation_ttl)]
         if remember_for is not None and lease.owner.task_id:
-            script_keys.append(keys.finished(lease.owner.task_id))
-            args.append(_ms(remember_for))
+            record_keys, record_args = self._finish_record(lease, remember_for)
+            script_keys += record_keys
+            args += record_args
         reply = self._release_with(lease, self._release_latest, script_keys, args)
         if isinstance(reply, (bytes, str)):
             return True, as_bytes(reply)

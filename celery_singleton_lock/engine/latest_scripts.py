@@ -15,6 +15,7 @@ even when the lock is free. One more key per lock, beside the others (same hash 
 from __future__ import annotations
 
 from celery_singleton_lock.engine.queue_scripts import _HANDOFF_FUNCTIONS
+from celery_singleton_lock.engine.shared_keys import FUNCTIONS
 
 _DISPLACE = """
 -- Take out of the parked list every waiting call but `keep` and `reserved` (whose message is
@@ -36,10 +37,12 @@ ACQUIRE_OR_REPLACE = (
     """
 -- ACQUIRE for a task whose newest duplicate wins: take the lock, or become the one call that
 -- waits behind it, displacing the call that waited there, in one round trip.
--- KEYS[1]  lock key               KEYS[2]  fence counter key
+-- KEYS[1]  lock key               KEYS[2]  shared fence counter key (as ACQUIRE's)
 -- KEYS[3]  parked task ids (list) KEYS[4]  parked messages (hash)
 -- KEYS[5]  hand-off index         KEYS[6]  the lock's debounce hash (see the module doc)
--- KEYS[7]  optional: this owner's finish record (as ACQUIRE's KEYS[3])
+-- KEYS[7]  the lock's per-name fence counter of earlier builds (as ACQUIRE's KEYS[3])
+-- KEYS[8]  optional: the finish-record bucket prefix (as ACQUIRE's KEYS[4])
+-- KEYS[9]  with KEYS[8]: the earlier builds' finish record (as ACQUIRE's KEYS[5])
 -- ARGV[1]  ttl in ms              ARGV[2]  the lock value with an empty fence (as ACQUIRE)
 -- ARGV[3]  '1' to hand out a fence, '0' not
 -- ARGV[4]  the owner's task id (not empty)
@@ -48,6 +51,8 @@ ACQUIRE_OR_REPLACE = (
 -- ARGV[7]  unused (ms a reservation lives: this script makes none)
 -- ARGV[8]  debounce in ms; '0': none (a free lock is taken at once)
 -- ARGV[9]  debounce max in ms (from the burst's first call); '0': none
+-- ARGV[10] '1': an upgrade is under way (as ACQUIRE's ARGV[7])
+-- ARGV[11] with KEYS[8]: the finish records' lifetime in ms (as ACQUIRE's ARGV[5])
 -- Returns  integer >= 0: acquired, as ACQUIRE: the lock was free with nothing waiting (no
 --                   debounce), or reserved for this id (a call waiting behind it stays).
 --          integer -1: the finish record exists; nothing changed.
@@ -63,12 +68,13 @@ ACQUIRE_OR_REPLACE = (
 --          error NOTLOCK: the key holds a string that is not a lock value.
 """
     + _HANDOFF_FUNCTIONS
+    + FUNCTIONS
     + _DISPLACE
     + """
 local lock, parked, messages, index, burst = KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local id, name = ARGV[4], ARGV[6]
 local debounce, debounce_max = tonumber(ARGV[8]), tonumber(ARGV[9])
-if KEYS[7] and redis.call('EXISTS', KEYS[7]) == 1 then
+if KEYS[8] and is_finished(KEYS[8], ARGV[11], id, KEYS[9]) then
   return -1
 end
 local v = redis.call('GET', lock)
@@ -107,7 +113,7 @@ if take then
   local fence = 0
   local value = ARGV[2]
   if ARGV[3] == '1' then
-    fence = redis.call('INCR', KEYS[2])
+    fence = next_fence(KEYS[2], KEYS[7], ARGV[10])
     value = string.sub(value, 1, 33) .. string.format('%d', fence) .. string.sub(value, 34)
   end
   redis.call('SET', lock, value, 'PX', ARGV[1])
@@ -152,17 +158,20 @@ RELEASE_LATEST = (
 -- KEYS[1]  lock key               KEYS[2]  parked task ids (list)
 -- KEYS[3]  parked messages (hash) KEYS[4]  hand-off index
 -- KEYS[5]  the lock's debounce hash
--- KEYS[6]  optional: the owner's finish record (as RELEASE's KEYS[2])
+-- KEYS[6]  optional: the finish-record bucket prefix (as RELEASE's KEYS[2])
+-- KEYS[7]  with KEYS[6]: the earlier builds' finish record (as RELEASE's KEYS[3])
 -- ARGV[1]  token of the releasing owner
 -- ARGV[2]  channel to publish the release on
 -- ARGV[3]  the lock name (member of the index)
 -- ARGV[4]  ms the reservation lives
--- ARGV[5]  with KEYS[6]: ms the finish record lives
+-- ARGV[5..7]  with KEYS[6]: as RELEASE's ARGV[3..5] (record lifetime in ms, the owner's
+--          task id, '1' while upgrading)
 -- Returns  0: not ours (expired, taken over): nothing released.
 --          1: released; nothing waits, or the waiting call is not due yet.
 --          string: released and reserved for the waiting call; its message, to publish.
 """
     + _HANDOFF_FUNCTIONS
+    + FUNCTIONS
     + """
 local lock, parked, messages, index, burst = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local name, reserve_ms = ARGV[3], ARGV[4]
@@ -171,7 +180,10 @@ if not v or string.sub(v, 1, 32) ~= ARGV[1] then
   return 0
 end
 if KEYS[6] then
-  redis.call('SET', KEYS[6], string.sub(v, 34), 'PX', ARGV[5])
+  record_finished(KEYS[6], ARGV[5], ARGV[6])
+  if ARGV[7] == '1' then
+    redis.call('SET', KEYS[7], string.sub(v, 34), 'PX', ARGV[5])
+  end
 end
 redis.call('DEL', lock)
 redis.call('PUBLISH', ARGV[2], lock)

@@ -22,7 +22,6 @@ from typing import Any, Callable, Optional, Sequence
 
 from redis.cluster import RedisCluster
 from redis.commands.core import Script
-from redis.exceptions import NoScriptError
 
 from celery_singleton_lock.engine import lease as _lease
 from celery_singleton_lock.engine import (
@@ -368,14 +367,6 @@ class RedisLocker(BackendBase, QueueOperations, LatestOperations, CooldownOperat
         script = self._release
 
         def settle(reply: Any, error: Optional[BaseException]) -> None:
-            if isinstance(error, NoScriptError):  # a restarted server: load it, send again
-                try:
-                    reply, error = (
-                        self._run(script, lease.key, script_keys, args, pinned=True),
-                        None,
-                    )
-                except LockError as exc:
-                    error = exc
             if error is None:
                 then(bool(reply), None)
                 return
@@ -383,7 +374,9 @@ class RedisLocker(BackendBase, QueueOperations, LatestOperations, CooldownOperat
             then(None, translated if isinstance(translated, LockError) else LockError(str(error)))
 
         self.renewer.discard(lease)
-        command = ("EVALSHA", script.sha, len(script_keys), *script_keys, *args)
+        # EVAL, not EVALSHA: a server that lost its scripts (restart, failover) must still
+        # release now; a NOSCRIPT read later would leave the lock held until then.
+        command = ("EVAL", script.script, len(script_keys), *script_keys, *args)
         if not connections.send_later(command, settle):
             lease.released = False
             return False

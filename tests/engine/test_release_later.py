@@ -97,5 +97,5 @@ def test_an_uncontended_acquire_and_deferred_release_send_two_commands(
     CountingConnection.reset()
     reports = release_later(locker, held(locker))
     held(locker, "after")
-    assert CountingConnection.sent == ["EVALSHA", "EVALSHA", "EVALSHA"]  # acquire, release, next
+    assert CountingConnection.sent == ["EVALSHA", "EVAL", "EVALSHA"]  # acquire, release, next
     assert reports == [(True, None)]

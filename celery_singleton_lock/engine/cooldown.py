@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from redis.commands.core import Script
 
 from celery_singleton_lock.engine.lease import Lease
+from celery_singleton_lock.engine.shared_keys import FUNCTIONS
 
 #: The token of a key in its cooldown: 32 characters, never a real token (those are hex).
 COOLDOWN_TOKEN = "cooldown" * 4
@@ -23,19 +24,27 @@ COOLDOWN_PID = "cooldown"
 
 RELEASE_INTO_COOLDOWN = f"""
 -- KEYS[1]  lock (or slot) key
--- KEYS[2]  optional: the owner's finish record, written as RELEASE writes it
+-- KEYS[2]  optional: the finish-record bucket prefix (as RELEASE's KEYS[2])
+-- KEYS[3]  with KEYS[2]: the earlier builds' finish record (as RELEASE's KEYS[3])
 -- ARGV[1]  token of the releasing owner (32 characters)
 -- ARGV[2]  the cooldown in ms
--- ARGV[3]  with KEYS[2]: how long the record lives, in ms
+-- ARGV[3..5]  with KEYS[2]: as RELEASE's ARGV[3..5] (record lifetime in ms, the owner's
+--          task id, '1' while upgrading)
 -- Returns  1 released into its cooldown: KEYS[1] holds the released value with the token
 --          '{COOLDOWN_TOKEN}' and the pid '{COOLDOWN_PID}', expiring in ARGV[2] ms;
 --          0 not ours (expired, or taken over): nothing changed.
+"""
+RELEASE_INTO_COOLDOWN += FUNCTIONS
+RELEASE_INTO_COOLDOWN += f"""
 local v = redis.call('GET', KEYS[1])
 if not v or string.sub(v, 1, 32) ~= ARGV[1] then
   return 0
 end
 if KEYS[2] then
-  redis.call('SET', KEYS[2], string.sub(v, 34), 'PX', ARGV[3])
+  record_finished(KEYS[2], ARGV[3], ARGV[4])
+  if ARGV[5] == '1' then
+    redis.call('SET', KEYS[3], string.sub(v, 34), 'PX', ARGV[3])
+  end
 end
 local fence_end = string.find(v, '|', 34, true)
 local acquired_end = string.find(v, '|', fence_end + 1, true)
@@ -55,6 +64,10 @@ class CooldownOperations:
     if TYPE_CHECKING:  # provided by RedisLocker
         _release_cooling: Script
 
+        def _finish_record(
+            self, lease: Lease, remember_for: float
+        ) -> tuple[list[str], list[Any]]: ...
+
         def _release_with(
             self, lease: Lease, script: Script, script_keys: list[str], args: list[Any]
         ) -> Any: ...
@@ -68,6 +81,7 @@ class CooldownOperations:
         script_keys = [lease.key]
         args: list[Any] = [lease.token, max(1, int(cooldown * 1000))]
         if remember_for is not None and lease.owner.task_id:
-            script_keys.append(lease.keys.finished(lease.owner.task_id))
-            args.append(max(1, int(remember_for * 1000)))
+            record_keys, record_args = self._finish_record(lease, remember_for)
+            script_keys += record_keys
+            args += record_args
         return bool(self._release_with(lease, self._release_cooling, script_keys, args))

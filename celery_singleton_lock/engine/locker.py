@@ -214,9 +214,17 @@ class RedisLocker(BackendBase, QueueOperations, LatestOperations, CooldownOperat
         renewer = self.renewer
         sent_at = renewer.clock()
         value = f"{token}||{int(self.wall_clock() * 1000)}|{owner.fields}"
-        finished = keys.finished(owner.task_id) if request.unless_finished else None
         script_keys, args = slots.acquire_call(
-            keys, request.limit, _ms(request.ttl), value, request.fencing, finished, request.rate
+            keys,
+            request.limit,
+            _ms(request.ttl),
+            value,
+            request.fencing,
+            request.rate,
+            self.shared.of(keys.lock),
+            owner.task_id,
+            _ms(request.finished_ttl) if request.unless_finished else None,
+            self.upgrading,
         )
         reply = self._run(self._acquire_slot, keys.lock, script_keys, args, pinned=True)
         if type(reply) is list:

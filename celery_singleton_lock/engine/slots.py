@@ -18,19 +18,26 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from celery_singleton_lock.engine.keys import LockKeys
+from celery_singleton_lock.engine.shared_keys import FUNCTIONS
 
-ACQUIRE_SLOT = """
+ACQUIRE_SLOT = (
+    """
 -- KEYS[1..N]  the N slot keys of one lock, slot 1 first (KEYS[1] is the lock key itself)
--- KEYS[N+1]   the lock's fence counter (string, never expires)
--- KEYS[N+2]   without ARGV[5]: optional, the owner's finish record (see RELEASE in
---             scripts.py); when it exists, nothing is taken
--- KEYS[N+2]   with ARGV[5]: the lock's body starts (sorted set: token scored by the server's
---             clock in ms, see lock_rate), and KEYS[N+3] the optional finish record
+-- KEYS[N+1]   the shared fence counter (see shared_keys.py; string, never expires)
+-- KEYS[N+2]   the lock's per-name fence counter of earlier builds (see next_fence)
+-- KEYS[N+3]   the lock's body starts (sorted set: token scored by the server's clock in ms,
+--             see lock_rate), used with ARGV[5] only
+-- KEYS[N+4]   the finish-record bucket prefix, KEYS[N+5] the earlier builds' finish record
+--             of this owner, both used with ARGV[8] only: when the record exists, nothing is
+--             taken
 -- ARGV[1]     ttl in ms
 -- ARGV[2]     the lock value with an empty fence: '<token>||<acquired_at>|<pid>|<host>|<task_id>'
--- ARGV[3]     '1' to hand out a fence (INCR of KEYS[N+1]), '0' not to
+-- ARGV[3]     '1' to hand out a fence (from KEYS[N+1]), '0' not to
 -- ARGV[4]     N
--- ARGV[5]     optional: at most this many starts (acquisitions) in any window of ARGV[6] ms
+-- ARGV[5]     at most this many starts (acquisitions) in any window of ARGV[6] ms; '' none
+-- ARGV[7]     the owner's task id
+-- ARGV[8]     the finish records' lifetime in ms (as ACQUIRE's ARGV[5]); '' not to look
+-- ARGV[9]     '1': an upgrade is under way (as ACQUIRE's ARGV[7])
 -- Returns     {slot, fence}: acquired the 1-based slot, with its fence (0 without fencing).
 --               Also returned when a slot already holds this token: a resend after a lost
 --               reply takes no second slot.
@@ -40,12 +47,11 @@ ACQUIRE_SLOT = """
 --             string 'pttl|fence|acquired_at|pid|host|task_id': every slot is held; the
 --               holder of the slot that frees first (pttl its remaining TTL in ms).
 --             error NOTLOCK: a slot key holds a string that is not a lock value.
+"""
+    + FUNCTIONS
+    + """
 local n, rate = tonumber(ARGV[4]), tonumber(ARGV[5])
-local finished = KEYS[n + 2]
-if rate then
-  finished = KEYS[n + 3]
-end
-if finished and redis.call('EXISTS', finished) == 1 then
+if ARGV[8] ~= '' and is_finished(KEYS[n + 4], ARGV[8], ARGV[7], KEYS[n + 5]) then
   return -1
 end
 local token = string.sub(ARGV[2], 1, 32)
@@ -64,7 +70,7 @@ for i = 1, n do
   end
 end
 if free and rate then
-  local window, starts = tonumber(ARGV[6]), KEYS[n + 2]
+  local window, starts = tonumber(ARGV[6]), KEYS[n + 3]
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   redis.call('ZREMRANGEBYSCORE', starts, '-inf', now - window)
@@ -79,7 +85,7 @@ if free then
   local fence = 0
   local value = ARGV[2]
   if ARGV[3] == '1' then
-    fence = redis.call('INCR', KEYS[n + 1])
+    fence = next_fence(KEYS[n + 1], KEYS[n + 2], ARGV[9])
     value = string.sub(value, 1, 33) .. string.format('%d', fence) .. string.sub(value, 34)
   end
   redis.call('SET', KEYS[free], value, 'PX', ARGV[1])
@@ -97,6 +103,7 @@ if not first then
 end
 return first_pttl .. '|' .. string.sub(redis.call('GET', KEYS[first]), 34)
 """
+)
 
 
 def slot_key(keys: LockKeys, slot: int) -> str:
@@ -124,17 +131,19 @@ def acquire_call(
     ttl_ms: int,
     value: str,
     fencing: bool,
-    finished: Any,
-    rate: Optional[tuple[int, float]] = None,
+    rate: Optional[tuple[int, float]],
+    shared: tuple[str, str],
+    task_id: str,
+    finished_ms: Optional[int],
+    upgrading: bool,
 ) -> tuple[list[str], list[Any]]:
-    """KEYS and ARGV of :data:`ACQUIRE_SLOT` (``finished``: the finish record key, or None;
-    ``rate``: at most that many starts per that many seconds, or None)."""
+    """KEYS and ARGV of :data:`ACQUIRE_SLOT` (``rate``: at most that many starts per that many
+    seconds, or None; ``shared``: the fence counter and finish-record prefix of the lock's
+    server or slot; ``finished_ms``: the finish records' lifetime to look for, or None)."""
     script_keys = [slot_key(keys, slot) for slot in range(1, limit + 1)]
-    script_keys.append(keys.fence)
+    counter, finished = shared
+    script_keys += (counter, keys.fence, keys.starts, finished, keys.finished(task_id))
     args: list[Any] = [ttl_ms, value, "1" if fencing else "0", limit]
-    if rate is not None:
-        script_keys.append(keys.starts)
-        args += [rate[0], max(1, int(rate[1] * 1000))]
-    if finished is not None:
-        script_keys.append(finished)
+    args += ("", "") if rate is None else (rate[0], max(1, int(rate[1] * 1000)))
+    args += (task_id, "" if finished_ms is None else finished_ms, "1" if upgrading else "0")
     return script_keys, args

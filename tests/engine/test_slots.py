@@ -144,8 +144,10 @@ def test_scan_lists_every_held_slot(locker: RedisLocker) -> None:
 def test_every_key_of_a_limited_rated_lock_shares_one_cluster_slot(locker: RedisLocker) -> None:
     from redis.crc import key_slot
 
+    from celery_singleton_lock.engine.shared_keys import SharedKeys
     from celery_singleton_lock.engine.slots import acquire_call
 
     keys = locker.keys("job")
-    script_keys, _ = acquire_call(keys, 10, 1000, "v", True, keys.finished("t"), (3, 1.0))
+    shared = SharedKeys("t", cluster=True).of(keys.lock)  # the counter and records of its slot
+    script_keys, _ = acquire_call(keys, 10, 1000, "v", True, (3, 1.0), shared, "t", 60000, False)
     assert len({key_slot(key.encode()) for key in script_keys}) == 1

@@ -41,7 +41,7 @@ def draw(paired: Paired, keys: Sequence[str], labels: Dict[str, str], path: Path
         raise BenchError("the chart needs matplotlib: pip install -e '.[bench]'") from exc
     shown = [key for key in keys if key in paired.keys]
     figures = {key: stage_medians(paired, key) for key in shown}
-    fig, ax = plt.subplots(figsize=(8, 0.6 * len(shown) + 1.4))
+    fig, ax = plt.subplots(figsize=(8, 0.6 * len(shown) + 1.9))
     rows = list(range(len(shown)))[::-1]  # first contender on top
     left = [0.0] * len(shown)
     for index, (stage, colour) in enumerate(zip(STAGES, COLOURS)):
@@ -54,7 +54,9 @@ def draw(paired: Paired, keys: Sequence[str], labels: Dict[str, str], path: Path
     ax.set_yticklabels([labels.get(key, key) for key in shown])
     ax.set_xlabel(f"microseconds per task (median of {len(paired.rounds)} rounds)")
     ax.set_title("Where the time per task goes (python -m bench fastpath)")
-    ax.legend(loc="lower right", fontsize=8)
+    # below the axes: inside, it covers the longest bar and its total
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=len(STAGES), fontsize=8)
+    ax.set_xlim(0, max(left) * 1.12)  # room for the totals written after each bar
     fig.tight_layout()
     fig.savefig(path, format="svg", metadata={"Date": None})
     plt.close(fig)

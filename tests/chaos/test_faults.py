@@ -34,6 +34,7 @@ import pytest
 import redis
 from celery.result import AsyncResult
 
+from celery_singleton_lock.engine import LockInspector
 from celery_singleton_lock.testing import RedisServer
 from tests.celery import lockapp
 from tests.celery.workers import (
@@ -148,8 +149,13 @@ def holders(client: redis.Redis) -> dict[str, str]:
 
 
 def fence_counters(client: redis.Redis, keys: dict[str, str]) -> dict[str, int]:
-    """Account -> its fence counter on the lock server (``keys``: lock key -> account)."""
-    return {account: int(client.get(f"{key}:fence") or 0) for key, account in keys.items()}
+    """Account -> the counter its fences come from on the lock server, as the engine reads it
+    (``keys``: lock key -> account; one counter per server, so the accounts share it)."""
+    inspector = LockInspector(client, prefix=LOCK_PREFIX.rstrip(":"))
+    # a lock key is <prefix>:{<name>}
+    return {
+        account: inspector.fence(key[len(LOCK_PREFIX) + 1 : -1]) for key, account in keys.items()
+    }
 
 
 def wait_no_locks(client: redis.Redis, timeout: float) -> tuple[int, float]:

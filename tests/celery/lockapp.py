@@ -413,7 +413,9 @@ def needs_a_replica(self: LockedTask, key: str) -> str:
     base=LockedTask,
     lock_on=("key",),
     lock_min_replicas=REPLICAS,
-    lock_min_replicas_timeout=0.05,
+    # 0.5 s, not 0.05: a replica that has just attached may take longer than 50 ms to
+    # acknowledge, and each such acquire would pause (and log) again
+    lock_min_replicas_timeout=0.5,
     lock_retry_backoff=0.1,
     lock_retry_backoff_max=0.2,
 )

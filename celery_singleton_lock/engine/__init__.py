@@ -4,15 +4,8 @@ Imports nothing from Celery. This module is the engine's one surface: the Celery
 (:mod:`celery_singleton_lock.celery`) imports the engine only from here (a test pins it).
 """
 
-from .backend import (
-    AcquireOutcome,
-    AcquireRequest,
-    AcquireResult,
-    Capabilities,
-    LockBackend,
-    LockReader,
-    ReleaseSubscription,
-)
+from .acquire_request import AcquireOutcome, AcquireRequest, AcquireResult
+from .backend import Capabilities, LockBackend, LockReader, ReleaseSubscription
 from .fork_safety import ForkSafeLock, no_fork, reset_in_forked_children
 from .keys import LockKeys, validate_prefix
 from .latest import Latest

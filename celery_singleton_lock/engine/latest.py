@@ -18,7 +18,7 @@ from celery_singleton_lock.engine.queueing import QueueOperations, as_bytes
 from celery_singleton_lock.engine.shared_keys import SharedKeys
 
 if TYPE_CHECKING:
-    from celery_singleton_lock.engine.backend import AcquireRequest
+    from celery_singleton_lock.engine.acquire_request import AcquireRequest
     from celery_singleton_lock.engine.reading import Client
 
 

@@ -31,13 +31,9 @@ from celery_singleton_lock.engine import (
     slots,
     waiting,
 )
-from celery_singleton_lock.engine.backend import (
-    AcquireOutcome,
-    AcquireRequest,
-    BackendBase,
-    Capabilities,
-    ReleaseSubscription,
-)
+from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
+from celery_singleton_lock.engine.backend import Capabilities, ReleaseSubscription
+from celery_singleton_lock.engine.backend_base import BackendBase
 from celery_singleton_lock.engine.cooldown import RELEASE_INTO_COOLDOWN, CooldownOperations
 from celery_singleton_lock.engine.deferred import DeferredRelease
 from celery_singleton_lock.engine.keys import LockKeys, validate_prefix

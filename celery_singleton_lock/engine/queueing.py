@@ -19,7 +19,7 @@ from celery_singleton_lock.engine.lease import Lease, LockHolder, Owner, Parked
 from celery_singleton_lock.engine.shared_keys import SharedKeys
 
 if TYPE_CHECKING:
-    from celery_singleton_lock.engine.backend import AcquireRequest
+    from celery_singleton_lock.engine.acquire_request import AcquireRequest
     from celery_singleton_lock.engine.reading import Client
 
 

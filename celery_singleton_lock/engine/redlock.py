@@ -45,12 +45,8 @@ from typing import Any, Callable, Optional, Sequence, Union, cast
 import redis
 
 from celery_singleton_lock.engine import lease as _lease
-from celery_singleton_lock.engine.backend import (
-    AcquireOutcome,
-    AcquireRequest,
-    BackendBase,
-    unsupported,
-)
+from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
+from celery_singleton_lock.engine.backend_base import BackendBase, unsupported
 from celery_singleton_lock.engine.fan_out import FanOut
 from celery_singleton_lock.engine.keys import validate_prefix
 from celery_singleton_lock.engine.lease import Lease, LockHolder, Owner

@@ -1,0 +1,50 @@
+"""What one acquire asks of a backend (:class:`AcquireRequest`) and what it answers.
+
+Apart from the seam (:mod:`.backend`) because the engine's own modules build and read these
+on the hot path (:mod:`.locker`, :mod:`.queueing`, :mod:`.latest`), while the protocols are
+read by the Celery layer.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional, Union
+
+from celery_singleton_lock.engine.latest import Latest
+from celery_singleton_lock.engine.lease import Lease, LockHolder, LostCallback, Owner, Parked
+
+#: What an acquire returns: the :class:`Lease` when acquired, the current :class:`LockHolder`
+#: when someone else holds the lock, :class:`Parked` when the call was parked behind it (only
+#: with ``park``). Each says which it is in ``state`` ("acquired", "held", "parked"); no object
+#: is made to wrap it (the acquire is the hot path).
+AcquireOutcome = Union[Lease, LockHolder, Parked]
+#: What an acquire without ``park`` returns.
+AcquireResult = Union[Lease, LockHolder]
+
+
+class AcquireRequest(NamedTuple):
+    """One acquire (see :meth:`.backend_base.BackendBase.try_acquire` for what each field asks).
+
+    A named tuple, not a dataclass: immutable, and as cheap to make as a tuple (it is made for
+    every task execution); Python 3.9 has no slotted dataclasses.
+    """
+
+    name: str
+    ttl: float
+    owner: Optional[Owner] = None
+    fencing: bool = False
+    renew: bool = True
+    max_lifetime: Optional[float] = None
+    on_lost: Optional[LostCallback] = None
+    unless_finished: bool = False
+    min_replicas: int = 0
+    replica_timeout: float = 1.0
+    take_queued: bool = False
+    park: Optional[bytes] = None
+    reservation_ttl: float = 30.0
+    token: Optional[str] = None
+    latest: Optional[Latest] = None
+    #: at most this many holders of ``name`` at once (:mod:`.slots`); 1 is the mutex
+    limit: int = 1
+    #: at most ``rate[0]`` acquisitions of ``name`` in any ``rate[1]`` seconds, or None
+    rate: Optional[tuple[int, float]] = None
+    finished_ttl: float = 3600.0

@@ -19,7 +19,8 @@ from typing import Any
 
 from celery import Celery
 
-from tests.celery.lockapp import app, store
+from tests.celery.lockapp import app
+from tests.celery.tasks.core import store
 
 __all__ = ["HOLD_TIMEOUT", "app"]
 

@@ -10,7 +10,8 @@ import time
 from typing import Any
 
 from celery_singleton_lock import LockedTask
-from tests.celery.lockapp import app, store
+from tests.celery.lockapp import app
+from tests.celery.tasks.core import store
 
 if os.environ.get("CSL_BROKER_URL"):  # a worker process: hand on held calls promptly
     app.conf.singleton_lock_handoff_sweep_interval = 0.1

@@ -1,5 +1,5 @@
 """A stream of calls sent to real workers while servers fail, read back from the records the
-bodies leave (``runs:<key>``: ``task_id|pid|started``; see ``body`` in lockapp.py): which
+bodies leave (``runs:<key>``: ``task_id|pid|started``; see ``body`` in tasks/core.py): which
 calls ran and when. Shared by the Sentinel, Cluster and Redlock worker tests."""
 
 from __future__ import annotations

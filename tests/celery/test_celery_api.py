@@ -14,7 +14,7 @@ from celery.app.task import Context
 from celery.exceptions import Ignore
 
 from celery_singleton_lock.celery import celery_api
-from tests.celery import lockapp
+from tests.celery.tasks import adapter, canvas, join
 
 
 @pytest.fixture
@@ -71,27 +71,27 @@ def test_ignore_raised_in_before_start_ends_the_task_ignored_without_its_body(
 
 
 def test_a_custom_header_reaches_the_running_request(worker: Any, unique_key: str) -> None:
-    result = lockapp.reads_its_request.apply_async((unique_key,), headers={"csl_test_header": 7})
+    result = adapter.reads_its_request.apply_async((unique_key,), headers={"csl_test_header": 7})
     assert result.get(timeout=10)["header"] == 7
 
 
 def test_the_hard_time_limit_of_the_message_reaches_the_request(
     worker: Any, unique_key: str
 ) -> None:
-    result = lockapp.reads_its_request.apply_async((unique_key,), time_limit=42)
+    result = adapter.reads_its_request.apply_async((unique_key,), time_limit=42)
     assert result.get(timeout=10)["hard_time_limit"] == 42.0
 
 
 def test_a_first_delivery_is_not_redelivered(worker: Any, unique_key: str) -> None:
-    assert lockapp.reads_its_request.delay(unique_key).get(timeout=10)["redelivered"] is False
+    assert adapter.reads_its_request.delay(unique_key).get(timeout=10)["redelivered"] is False
 
 
 def test_the_current_request_is_the_top_of_the_request_stack(worker: Any, unique_key: str) -> None:
-    assert lockapp.reads_its_request.delay(unique_key).get(timeout=10)["is_current"] is True
+    assert adapter.reads_its_request.delay(unique_key).get(timeout=10)["is_current"] is True
 
 
 def test_stored_states_are_read_back_as_outcomes(celery_app: Any) -> None:
-    task = lockapp.reads_its_request
+    task = adapter.reads_its_request
     request = Context({"id": str(uuid.uuid4()), "task": task.name})
     celery_api.store_started(task, request.id, request, {"pid": 1, "hostname": "h"})
     assert not celery_api.outcome_is_stored(task, request.id)
@@ -102,7 +102,7 @@ def test_stored_states_are_read_back_as_outcomes(celery_app: Any) -> None:
 
 
 def test_sending_again_keeps_the_task_id_and_adds_the_headers(worker: Any, unique_key: str) -> None:
-    task = lockapp.reads_its_request
+    task = adapter.reads_its_request
     task_id = str(uuid.uuid4())
     request = Context(
         {
@@ -190,7 +190,7 @@ def a_request(task: Any, **fields: Any) -> Context:
 
 
 def test_a_stored_outcome_is_read_back_with_its_state(celery_app: Any) -> None:
-    task = lockapp.reads_its_request
+    task = adapter.reads_its_request
     request = a_request(task)
     celery_api.store_started(task, request.id, request, {"pid": 1, "hostname": "h"})
     assert celery_api.stored_outcome(task, request.id) is None
@@ -199,43 +199,43 @@ def test_a_stored_outcome_is_read_back_with_its_state(celery_app: Any) -> None:
 
 
 def test_a_stored_failure_is_read_back_as_its_exception(celery_app: Any) -> None:
-    task = lockapp.reads_its_request
+    task = adapter.reads_its_request
     request = a_request(task)
-    celery_api.store_failure_quietly(task, request, lockapp.AccountMissing("no account 7"))
+    celery_api.store_failure_quietly(task, request, join.AccountMissing("no account 7"))
     state, error = celery_api.stored_outcome(task, request.id) or ("", None)
     assert state == "FAILURE"
-    assert type(error) is lockapp.AccountMissing and str(error) == "no account 7"
+    assert type(error) is join.AccountMissing and str(error) == "no account 7"
 
 
 def test_finishing_as_success_stores_the_value_under_the_requests_own_id(celery_app: Any) -> None:
-    task = lockapp.reads_its_request
+    task = adapter.reads_its_request
     request = a_request(task)
     celery_api.finish_as(task, request, "SUCCESS", [1, "a"])
     assert task.AsyncResult(request.id).get(timeout=5) == [1, "a"]
 
 
 def test_finishing_as_failure_stores_the_same_exception(celery_app: Any) -> None:
-    task = lockapp.reads_its_request
+    task = adapter.reads_its_request
     request = a_request(task)
-    celery_api.finish_as(task, request, "FAILURE", lockapp.AccountMissing("no account 8"))
-    with pytest.raises(lockapp.AccountMissing, match="no account 8"):
+    celery_api.finish_as(task, request, "FAILURE", join.AccountMissing("no account 8"))
+    with pytest.raises(join.AccountMissing, match="no account 8"):
         task.AsyncResult(request.id).get(timeout=5)
 
 
 def test_callbacks_and_the_next_chain_step_are_sent_as_the_tracer_sends_them(
     worker: Any,
 ) -> None:
-    task = lockapp.reads_its_request
+    task = adapter.reads_its_request
     linked, nxt, after = (str(uuid.uuid4()) for _ in range(3))
     request = a_request(
         task,
-        callbacks=[lockapp.tags.s("linked").set(task_id=linked)],
+        callbacks=[canvas.tags.s("linked").set(task_id=linked)],
         # the last entry is the next step; the rest travel with it
-        chain=[lockapp.tags.s("after").set(task_id=after), lockapp.tags.s("next").set(task_id=nxt)],
+        chain=[canvas.tags.s("after").set(task_id=after), canvas.tags.s("next").set(task_id=nxt)],
     )
     celery_api.dispatch_callbacks_and_chain(task, request, "value")
-    assert lockapp.tags.AsyncResult(linked).get(timeout=10) == ["linked", "value"]
-    assert lockapp.tags.AsyncResult(after).get(timeout=10) == ["after", ["next", "value"]]
+    assert canvas.tags.AsyncResult(linked).get(timeout=10) == ["linked", "value"]
+    assert canvas.tags.AsyncResult(after).get(timeout=10) == ["after", ["next", "value"]]
 
 
 def test_a_running_request_is_among_the_workers_running_requests_with_what_renewal_reads(
@@ -243,7 +243,7 @@ def test_a_running_request_is_among_the_workers_running_requests_with_what_renew
 ) -> None:
     # what the prefork main process reads to renew its children's locks (worker/child_renewal.py)
     before = time.time()
-    seen = lockapp.finds_its_worker_request.apply_async((unique_key,), time_limit=42).get(
+    seen = adapter.finds_its_worker_request.apply_async((unique_key,), time_limit=42).get(
         timeout=10
     )
     assert seen["found"] and seen["task_is_this"]

@@ -23,7 +23,7 @@ import redis
 from celery_singleton_lock.celery.cli.app_target import open_target
 from celery_singleton_lock.celery.cli.lock_release import release_lock
 from celery_singleton_lock.engine import LockKeys, Owner, RedisLocker, Renewer
-from tests.celery import lockapp
+from tests.celery.tasks import exits, runtime
 from tests.celery.workers import Servers, client_app, close_client, lock_key, unique, worker_group
 from tests.support import wait_until
 
@@ -221,23 +221,23 @@ def test_show_task_computes_the_name_with_the_app_celery_loaded(
     celery: Celery, locker: RedisLocker
 ) -> None:
     account = unique("acct")
-    lock_name = lockapp.fenced.lock_options.keyer.name([account], {})
+    lock_name = runtime.fenced.lock_options.keyer.name([account], {})
     key = held_by(locker, lock_name, task_id="t-task", host="w1@box", pid=8)
     result = no_traceback(
-        celery("locks", "show", "--task", lockapp.fenced.name, "--args", json.dumps([account]))
+        celery("locks", "show", "--task", runtime.fenced.name, "--args", json.dumps([account]))
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(f"{key}  task=t-task  ")
 
 
-@pytest.mark.parametrize("given", ["not-a-lock-name", "tests.celery.lockapp.fenced:42"])
+@pytest.mark.parametrize("given", ["not-a-lock-name", "tests.celery.tasks.runtime.fenced:42"])
 def test_show_of_a_name_no_task_takes_is_one_error_line(celery: Celery, given: str) -> None:
     line = the_error(celery("locks", "show", given))
     assert f"{given!r} is not a lock name" in line and "--task" in line
 
 
 def test_show_of_a_free_lock_of_a_task_exits_1_saying_free(celery: Celery) -> None:
-    lock_name = lockapp.fenced.lock_options.keyer.name([unique("acct")], {})
+    lock_name = runtime.fenced.lock_options.keyer.name([unique("acct")], {})
     result = no_traceback(celery("locks", "show", lock_name))
     assert result.returncode == 1, result.stderr
     assert result.stdout.strip() == f"singleton-lock:{{{lock_name}}}: free (last fence 0)"
@@ -323,7 +323,7 @@ def held_by_a_worker(celery: Celery, servers: Servers, lock_store: redis.Redis) 
     """Two ``long_running`` tasks hold their locks on a real prefork worker; ``release`` runs
     on the first without and with ``--force`` while the worker answers pings, and on the
     second after the worker was killed (SIGKILL: the lock stays until its TTL)."""
-    task = lockapp.long_running
+    task = exits.long_running
     key, orphan = unique("k"), unique("k")
     lock, orphan_lock = (lock_key(task, k, seconds=60) for k in (key, orphan))
     client = client_app(servers)

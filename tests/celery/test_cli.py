@@ -22,8 +22,8 @@ import redis
 from celery_singleton_lock.celery import lock_acquired
 from celery_singleton_lock.engine import Owner, RedisLocker, Renewer
 from celery_singleton_lock.testing import RedisServer
-from tests.celery import lockapp
 from tests.celery.conftest import lock_key_of
+from tests.celery.tasks import exits
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -211,7 +211,7 @@ def test_show_task_finds_the_lock_a_running_task_holds(
     celery_app: Any, broker_server: RedisServer, lock_server: RedisServer, unique_key: str
 ) -> None:
     """The CLI runs while the task holds its lock (from the ``lock_acquired`` signal)."""
-    task = lockapp.long_running
+    task = exits.long_running
     seen: list[tuple[str, subprocess.CompletedProcess[str]]] = []
 
     def run_the_cli(sender: Any = None, key: str = "", **_: Any) -> None:

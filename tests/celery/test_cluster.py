@@ -27,8 +27,8 @@ import redis
 from celery.result import AsyncResult
 
 from celery_singleton_lock.testing import RedisServer
-from tests.celery import lockapp
 from tests.celery.streams import ran, starts, wait_for
+from tests.celery.tasks import expiry
 from tests.celery.workers import Servers, client_app, close_client, unique, worker_group
 from tests.chaos.conftest import chaos_figures  # noqa: F401 (fixture)
 from tests.cluster_topology import ClusterGroup, Failover
@@ -177,7 +177,7 @@ def send_stream(
         seconds = LONG_BODY if index % 10 == 0 else 0.05
         key = keys[index % len(keys)]
         sent.append(
-            client.send_task(lockapp.short_ttl_retry.name, args=(key, seconds), queue=queue).id
+            client.send_task(expiry.short_ttl_retry.name, args=(key, seconds), queue=queue).id
         )
         pause = began + (index + 1) * size.interval - time.monotonic()
         if pause > 0:

@@ -18,6 +18,7 @@ from celery_singleton_lock.celery.config.lockers import forget_locker, locker_fo
 from celery_singleton_lock.engine import Lease, Owner, RedisLocker
 from celery_singleton_lock.testing import RedisServer, free_port
 from tests.celery import lockapp
+from tests.celery.tasks import core, dedupe
 from tests.support import CountingConnection, wait_until
 
 
@@ -42,15 +43,15 @@ def published(task: Any) -> Iterator[list[str]]:
 
 
 def runs(key: str) -> list[str]:
-    return [run.decode() for run in lockapp.store().lrange(f"runs:{key}", 0, -1)]
+    return [run.decode() for run in core.store().lrange(f"runs:{key}", 0, -1)]
 
 
 def test_a_thousand_duplicate_sends_publish_one_message(worker: Any, unique_key: str) -> None:
     started = time.perf_counter()
-    with published(lockapp.dedupe_gated) as ids:
-        results = [lockapp.dedupe_gated.delay(unique_key) for _ in range(1000)]
+    with published(dedupe.dedupe_gated) as ids:
+        results = [dedupe.dedupe_gated.delay(unique_key) for _ in range(1000)]
     took = time.perf_counter() - started
-    lockapp.open_gate(unique_key)
+    core.open_gate(unique_key)
     print(f"1,000 duplicate delay() calls: {len(ids)} published, {took * 1000:.0f} ms in all")
     assert len(ids) == 1
     assert {result.id for result in results} == {ids[0]}
@@ -61,12 +62,12 @@ def test_a_thousand_duplicate_sends_publish_one_message(worker: Any, unique_key:
 def test_a_duplicate_of_a_running_task_gets_the_running_tasks_result(
     worker: Any, locker: RedisLocker, unique_key: str
 ) -> None:
-    first = lockapp.dedupe_gated.delay(unique_key)
+    first = dedupe.dedupe_gated.delay(unique_key)
     wait_until(lambda: runs(unique_key))  # running: its acquire took the queued marker
-    assert locker.queued(name_of(lockapp.dedupe_gated, unique_key)) is None
-    with published(lockapp.dedupe_gated) as ids:
-        second = lockapp.dedupe_gated.delay(unique_key)
-    lockapp.open_gate(unique_key)
+    assert locker.queued(name_of(dedupe.dedupe_gated, unique_key)) is None
+    with published(dedupe.dedupe_gated) as ids:
+        second = dedupe.dedupe_gated.delay(unique_key)
+    core.open_gate(unique_key)
     assert ids == []
     assert second.id == first.id
     assert second.get(timeout=20) == first.id
@@ -74,7 +75,7 @@ def test_a_duplicate_of_a_running_task_gets_the_running_tasks_result(
 
 def assert_a_call_after_the_end_is_published(task: Any, key: str) -> None:
     """A call of gated ``task`` sent once the previous one ended is published and runs."""
-    lockapp.open_gate(key, 2)
+    core.open_gate(key, 2)
     first = task.delay(key)
     first.get(timeout=20)
     second = task.delay(key)
@@ -89,20 +90,20 @@ def assert_a_queued_call_blocks_for(task: Any, key: str, seconds: float) -> None
         remaining = locker_for(task.app).queued_for(name_of(task, key))
         assert remaining is not None and seconds < remaining <= seconds + 1
     finally:
-        lockapp.open_gate(key)
+        core.open_gate(key)
     first.get(timeout=20)
 
 
 def test_a_call_after_the_task_ended_is_published(worker: Any, unique_key: str) -> None:
-    assert_a_call_after_the_end_is_published(lockapp.dedupe_gated, unique_key)
+    assert_a_call_after_the_end_is_published(dedupe.dedupe_gated, unique_key)
 
 
 def test_countdown_calls_are_deduplicated_like_any_other(worker: Any, unique_key: str) -> None:
-    with published(lockapp.dedupe_gated) as ids:
-        first = lockapp.dedupe_gated.apply_async((unique_key,), countdown=0.5)
-        second = lockapp.dedupe_gated.apply_async((unique_key,), countdown=0.5)
-        third = lockapp.dedupe_gated.delay(unique_key)
-    lockapp.open_gate(unique_key)
+    with published(dedupe.dedupe_gated) as ids:
+        first = dedupe.dedupe_gated.apply_async((unique_key,), countdown=0.5)
+        second = dedupe.dedupe_gated.apply_async((unique_key,), countdown=0.5)
+        third = dedupe.dedupe_gated.delay(unique_key)
+    core.open_gate(unique_key)
     assert ids == [first.id] and second.id == third.id == first.id
     assert first.get(timeout=20) == first.id
 
@@ -110,10 +111,10 @@ def test_countdown_calls_are_deduplicated_like_any_other(worker: Any, unique_key
 def test_the_queued_marker_of_a_countdown_call_outlives_its_countdown(
     worker: Any, store: redis.Redis, locker: RedisLocker, unique_key: str
 ) -> None:
-    result = lockapp.dedupe_gated.apply_async((unique_key,), countdown=7200)
+    result = dedupe.dedupe_gated.apply_async((unique_key,), countdown=7200)
     try:
-        queued = locker.keys(name_of(lockapp.dedupe_gated, unique_key)).queued
-        ttl = lockapp.dedupe_gated.lock_options.queued_ttl
+        queued = locker.keys(name_of(dedupe.dedupe_gated, unique_key)).queued
+        ttl = dedupe.dedupe_gated.lock_options.queued_ttl
         assert store.pttl(queued) > (ttl + 7000) * 1000
     finally:
         lockapp.app.control.revoke(result.id)
@@ -122,21 +123,21 @@ def test_the_queued_marker_of_a_countdown_call_outlives_its_countdown(
 def test_a_revoked_queued_task_has_its_marker_cleared_by_the_worker(
     worker: Any, locker: RedisLocker, unique_key: str
 ) -> None:
-    name = name_of(lockapp.dedupe_gated, unique_key)
-    result = lockapp.dedupe_gated.apply_async((unique_key,), countdown=1)
+    name = name_of(dedupe.dedupe_gated, unique_key)
+    result = dedupe.dedupe_gated.apply_async((unique_key,), countdown=1)
     assert locker.queued(name) == result.id
     lockapp.app.control.revoke(result.id)
     wait_until(lambda: locker.queued(name) is None, timeout=15)
     wait_until(lambda: result.state == "REVOKED", timeout=10)
     assert runs(unique_key) == []
-    lockapp.open_gate(unique_key)
-    after = lockapp.dedupe_gated.delay(unique_key)
+    core.open_gate(unique_key)
+    after = dedupe.dedupe_gated.delay(unique_key)
     assert after.id != result.id
     assert after.get(timeout=20) == after.id
 
 
 def test_self_retry_is_not_blocked_by_its_own_marker(worker: Any, unique_key: str) -> None:
-    result = lockapp.dedupe_retries_itself.delay(unique_key)
+    result = dedupe.dedupe_retries_itself.delay(unique_key)
     assert result.get(timeout=20) == 1
     assert runs(unique_key) == [result.id, result.id]
 
@@ -146,11 +147,11 @@ def test_a_lock_retry_is_sent_again_while_the_lock_is_held(
 ) -> None:
     # Queued while the lock is free; by the time it runs, another execution holds the lock.
     # Its lock retries re-send its own id and must be published (not merged into the holder).
-    name = name_of(lockapp.dedupe_lock_retry, unique_key)
-    result = lockapp.dedupe_lock_retry.apply_async((unique_key,), countdown=0.5)
+    name = name_of(dedupe.dedupe_lock_retry, unique_key)
+    result = dedupe.dedupe_lock_retry.apply_async((unique_key,), countdown=0.5)
     holder = locker.try_acquire(name, 30, owner=Owner(task_id="holder"), renew=False)
     assert isinstance(holder, Lease)
-    with published(lockapp.dedupe_lock_retry) as ids:
+    with published(dedupe.dedupe_lock_retry) as ids:
         wait_until(lambda: len(ids) >= 2, timeout=15)
     holder.release()
     assert result.get(timeout=20) == result.id
@@ -161,26 +162,26 @@ def test_a_lock_retry_is_sent_again_while_the_lock_is_held(
 def test_send_task_by_name_is_not_deduplicated_but_still_locked(
     worker: Any, unique_key: str
 ) -> None:
-    task = lockapp.dedupe_gated
+    task = dedupe.dedupe_gated
     with published(task) as ids:
         first = lockapp.app.send_task(task.name, (unique_key,))
         wait_until(lambda: runs(unique_key))
         second = lockapp.app.send_task(task.name, (unique_key,))
         with pytest.raises(DuplicateTaskSkipped):
             second.get(timeout=20)
-    lockapp.open_gate(unique_key)
+    core.open_gate(unique_key)
     assert ids == [first.id, second.id]
     assert first.get(timeout=20) == first.id
     assert runs(unique_key) == [first.id]
 
 
 def test_calls_inside_a_group_are_not_deduplicated_at_enqueue(worker: Any, unique_key: str) -> None:
-    with published(lockapp.dedupe_gated) as ids:
-        result = group(lockapp.dedupe_gated.s(unique_key) for _ in range(3)).apply_async()
+    with published(dedupe.dedupe_gated) as ids:
+        result = group(dedupe.dedupe_gated.s(unique_key) for _ in range(3)).apply_async()
     assert len(ids) == 3
     # the run-time lock still applies: one runs (held at its gate), the two others skip
     wait_until(lambda: [r.state for r in result.results].count("FAILURE") == 2, timeout=15)
-    lockapp.open_gate(unique_key)
+    core.open_gate(unique_key)
     outcomes = result.join(timeout=20, propagate=False)
     assert sum(isinstance(outcome, DuplicateTaskSkipped) for outcome in outcomes) == 2
     assert len(runs(unique_key)) == 1
@@ -189,11 +190,11 @@ def test_calls_inside_a_group_are_not_deduplicated_at_enqueue(worker: Any, uniqu
 def test_a_deduplicated_task_costs_one_round_trip_to_enqueue_and_two_to_run(
     worker: Any, unique_key: str
 ) -> None:
-    lockapp.open_gate(unique_key, 26)
-    lockapp.dedupe_gated.delay(f"{unique_key}").get(timeout=10)  # scripts loaded once
+    core.open_gate(unique_key, 26)
+    dedupe.dedupe_gated.delay(f"{unique_key}").get(timeout=10)  # scripts loaded once
     CountingConnection.reset()
     for _ in range(25):
-        lockapp.dedupe_gated.delay(unique_key).get(timeout=10)
+        dedupe.dedupe_gated.delay(unique_key).get(timeout=10)
     wait_until(lambda: CountingConnection.count() >= 75, timeout=5)  # last release: threaded
     # enqueue (client), acquire + release (worker): the same counting pool serves both here
     assert CountingConnection.sent == ["EVALSHA", "EVALSHA", "EVAL"] * 25
@@ -220,15 +221,15 @@ def test_a_failed_publish_removes_its_marker_before_the_error_reaches_the_caller
     dead_broker_app: Celery, unique_key: str
 ) -> None:
     @dead_broker_app.task(base=LockedTask, dedupe_on_enqueue=True, name="dead.dedupe")
-    def dedupe(key: str) -> None:
+    def dead_dedupe(key: str) -> None:
         pass
 
     locker = locker_for(dead_broker_app)
-    name = dedupe.lock_options.keyer.name((unique_key,), {})
+    name = dead_dedupe.lock_options.keyer.name((unique_key,), {})
     seen: list[Any] = []
     for _ in range(2):  # the second call is not blocked by the first one's marker
         with pytest.raises(OperationalError):
-            dedupe.delay(unique_key)
+            dead_dedupe.delay(unique_key)
         seen.append(locker.queued(name))
     assert seen == [None, None]
 
@@ -237,14 +238,14 @@ def test_beat_sends_through_apply_async_and_is_deduplicated(worker: Any, unique_
     scheduler = Scheduler(lockapp.app, lazy=True)
     entry = ScheduleEntry(
         name=f"every-tick-{unique_key}",
-        task=lockapp.dedupe_gated.name,
+        task=dedupe.dedupe_gated.name,
         schedule=60.0,
         args=(unique_key,),
         app=lockapp.app,
     )
-    with published(lockapp.dedupe_gated) as ids:
+    with published(dedupe.dedupe_gated) as ids:
         results = [scheduler.apply_async(entry) for _ in range(3)]
-    lockapp.open_gate(unique_key)
+    core.open_gate(unique_key)
     assert len(ids) == 1
     assert {result.id for result in results} == {ids[0]}
     assert results[0].get(timeout=20) == ids[0]

@@ -16,6 +16,7 @@ import pytest
 
 from celery_singleton_lock.engine import RedisLocker
 from tests.celery import lockapp
+from tests.celery.tasks import core, dedupe
 from tests.celery.test_enqueue_dedupe import name_of, published, runs
 from tests.celery.workers import CeleryWorkerProcess, Servers, unique, worker_group
 from tests.support import wait_until
@@ -38,11 +39,11 @@ def test_a_thousand_duplicate_sends_publish_one_message_and_run_once_on_prefork(
     prefork: CeleryWorkerProcess,
 ) -> None:
     key = unique("k")
-    with published(lockapp.dedupe_gated) as ids:
+    with published(dedupe.dedupe_gated) as ids:
         results = [
-            lockapp.dedupe_gated.apply_async((key,), queue=prefork.queue) for _ in range(1000)
+            dedupe.dedupe_gated.apply_async((key,), queue=prefork.queue) for _ in range(1000)
         ]
-    lockapp.open_gate(key)
+    core.open_gate(key)
     assert len(ids) == 1
     assert {result.id for result in results} == {ids[0]}
     assert results[0].get(timeout=30) == ids[0]
@@ -53,8 +54,8 @@ def test_the_prefork_main_process_clears_the_marker_of_a_revoked_message(
     prefork: CeleryWorkerProcess, locker: RedisLocker
 ) -> None:
     key = unique("k")
-    name = name_of(lockapp.dedupe_gated, key)
-    result = lockapp.dedupe_gated.apply_async((key,), queue=prefork.queue, countdown=1)
+    name = name_of(dedupe.dedupe_gated, key)
+    result = dedupe.dedupe_gated.apply_async((key,), queue=prefork.queue, countdown=1)
     assert locker.queued(name) == result.id
     lockapp.app.control.revoke(result.id, destination=[prefork.name])
     wait_until(lambda: locker.queued(name) is None, timeout=15)
@@ -66,21 +67,21 @@ def test_a_redelivered_message_takes_its_own_marker_and_runs_once(
     servers: Servers, locker: RedisLocker, celery_app: Any
 ) -> None:
     busy, key = unique("busy"), unique("k")
-    name = name_of(lockapp.dedupe_gated, key)
+    name = name_of(dedupe.dedupe_gated, key)
     with worker_group(servers) as group:
         (first,) = group.start(1, pool="prefork", concurrency=1)
         queue = first.queue
-        lockapp.dedupe_gated.apply_async((busy,), queue=queue)  # occupies the only child
+        dedupe.dedupe_gated.apply_async((busy,), queue=queue)  # occupies the only child
         wait_until(lambda: runs(busy), timeout=15)
-        queued = lockapp.dedupe_gated.apply_async((key,), queue=queue)  # reserved behind it
-        wait_until(lambda: f"Task {lockapp.dedupe_gated.name}[{queued.id}] received" in first.log())
+        queued = dedupe.dedupe_gated.apply_async((key,), queue=queue)  # reserved behind it
+        wait_until(lambda: f"Task {dedupe.dedupe_gated.name}[{queued.id}] received" in first.log())
         first.kill_group(signal.SIGKILL)
         first._cleanup()
         assert runs(key) == []
         # the message is lost for now: its marker still stands for it
         assert locker.queued(name) == queued.id
-        assert lockapp.dedupe_gated.apply_async((key,), queue=queue).id == queued.id
-        lockapp.open_gate(key)
+        assert dedupe.dedupe_gated.apply_async((key,), queue=queue).id == queued.id
+        core.open_gate(key)
         group.start(1, queue=queue, pool="prefork", concurrency=1)  # restores it
         assert queued.get(timeout=30) == queued.id
     assert runs(key) == [queued.id]

@@ -12,7 +12,7 @@ import pytest
 
 from celery_singleton_lock import DuplicateTaskSkipped
 from celery_singleton_lock.engine import Lease, Owner, RedisLocker
-from tests.celery import lockapp
+from tests.celery.tasks import policies, runtime
 from tests.support import wait_until
 
 
@@ -72,9 +72,9 @@ def _skipped_duplicate_event(
     celery_app: Any, locker: RedisLocker, unique_key: str
 ) -> tuple[dict[str, Any], Lease]:
     """The ``task-lock-duplicate`` event of a call skipped behind a lock held from here."""
-    lease = _hold(locker, lockapp.hold_skip, unique_key, "the-holder")
+    lease = _hold(locker, policies.hold_skip, unique_key, "the-holder")
     with received_events(celery_app) as events:
-        result = lockapp.hold_skip.delay(unique_key)
+        result = policies.hold_skip.delay(unique_key)
         with pytest.raises(DuplicateTaskSkipped):
             result.get(timeout=10)
         event = events.wait_for("task-lock-duplicate", uuid=result.id)
@@ -93,7 +93,7 @@ def test_a_lock_duplicate_event_carries_the_task_name(
     worker: Any, celery_app: Any, locker: RedisLocker, unique_key: str
 ) -> None:
     event, _ = _skipped_duplicate_event(celery_app, locker, unique_key)
-    assert event["name"] == lockapp.hold_skip.name
+    assert event["name"] == policies.hold_skip.name
 
 
 def test_a_lock_duplicate_event_says_the_reason_held(
@@ -107,18 +107,18 @@ def test_a_lost_lock_event_carries_the_task_name(
     worker: Any, celery_app: Any, unique_key: str
 ) -> None:
     with received_events(celery_app) as events:
-        result = lockapp.watches_its_lock.delay(unique_key)
+        result = runtime.watches_its_lock.delay(unique_key)
         result.get(timeout=10)
         event = events.wait_for("task-lock-lost", uuid=result.id)
-    assert event["name"] == lockapp.watches_its_lock.name
+    assert event["name"] == runtime.watches_its_lock.name
 
 
 def test_a_retried_duplicate_sends_a_lock_duplicate_event_with_action_retry(
     worker: Any, celery_app: Any, locker: RedisLocker, unique_key: str
 ) -> None:
-    lease = _hold(locker, lockapp.hold_retry, unique_key, "the-holder")
+    lease = _hold(locker, policies.hold_retry, unique_key, "the-holder")
     with received_events(celery_app) as events:
-        result = lockapp.hold_retry.delay(unique_key)
+        result = policies.hold_retry.delay(unique_key)
         event = events.wait_for("task-lock-duplicate", uuid=result.id)
         lease.release()
         result.get(timeout=20)
@@ -127,7 +127,7 @@ def test_a_retried_duplicate_sends_a_lock_duplicate_event_with_action_retry(
 
 def test_a_lost_lock_sends_a_lock_lost_event(worker: Any, celery_app: Any, unique_key: str) -> None:
     with received_events(celery_app) as events:
-        result = lockapp.watches_its_lock.delay(unique_key)
+        result = runtime.watches_its_lock.delay(unique_key)
         result.get(timeout=10)
         event = events.wait_for("task-lock-lost", uuid=result.id)
     assert event["key"].startswith("singleton-lock:{")
@@ -137,7 +137,7 @@ def test_a_release_that_finds_the_lock_gone_sends_a_released_late_event(
     worker: Any, celery_app: Any, unique_key: str
 ) -> None:
     with received_events(celery_app) as events:
-        result = lockapp.watches_its_lock.delay(unique_key)  # deletes its own lock key
+        result = runtime.watches_its_lock.delay(unique_key)  # deletes its own lock key
         result.get(timeout=10)
         events.wait_for("task-lock-released-late", uuid=result.id)
 
@@ -145,9 +145,9 @@ def test_a_release_that_finds_the_lock_gone_sends_a_released_late_event(
 def test_a_skipped_duplicate_logs_its_decision_once_and_no_ignored_line(
     worker: Any, locker: RedisLocker, unique_key: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    lease = _hold(locker, lockapp.hold_skip, unique_key, "the-holder")
+    lease = _hold(locker, policies.hold_skip, unique_key, "the-holder")
     with caplog.at_level(logging.INFO):
-        result = lockapp.hold_skip.delay(unique_key)
+        result = policies.hold_skip.delay(unique_key)
         with pytest.raises(DuplicateTaskSkipped):
             result.get(timeout=10)
     lease.release()

@@ -11,8 +11,8 @@ import pytest
 import redis
 
 from celery_singleton_lock.celery import lock_released
-from tests.celery import lockapp
 from tests.celery.conftest import assert_released, lock_key_of
+from tests.celery.tasks import exits, policies
 from tests.support import wait_until
 
 
@@ -32,29 +32,29 @@ def releases_seen() -> Iterator[list[str]]:
 
 
 def test_success_releases_the_lock(worker: Any, store: redis.Redis, unique_key: str) -> None:
-    lockapp.hold_skip.delay(unique_key).get(timeout=10)
-    assert_released(store, lock_key_of(lockapp.hold_skip, unique_key))
+    policies.hold_skip.delay(unique_key).get(timeout=10)
+    assert_released(store, lock_key_of(policies.hold_skip, unique_key))
 
 
 def test_failure_releases_the_lock(worker: Any, store: redis.Redis, unique_key: str) -> None:
     with pytest.raises(ValueError):
-        lockapp.raises.delay(unique_key).get(timeout=10)
-    assert_released(store, lock_key_of(lockapp.raises, unique_key))
+        exits.raises.delay(unique_key).get(timeout=10)
+    assert_released(store, lock_key_of(exits.raises, unique_key))
 
 
 def test_a_subclass_call_that_skips_super_still_releases_the_lock(
     worker: Any, store: redis.Redis, unique_key: str
 ) -> None:
-    assert lockapp.own_call.delay(unique_key).get(timeout=10) is True  # held in the body
-    assert_released(store, lock_key_of(lockapp.own_call, unique_key))
+    assert exits.own_call.delay(unique_key).get(timeout=10) is True  # held in the body
+    assert_released(store, lock_key_of(exits.own_call, unique_key))
 
 
 def test_a_subclass_call_that_calls_super_holds_the_lock_until_it_returns(
     worker: Any, store: redis.Redis, unique_key: str
 ) -> None:
     # [held in the body, held in the subclass's __call__ after super() returned]
-    assert lockapp.own_call_super.delay(unique_key).get(timeout=10) == [True, True]
-    assert_released(store, lock_key_of(lockapp.own_call_super, unique_key))
+    assert exits.own_call_super.delay(unique_key).get(timeout=10) == [True, True]
+    assert_released(store, lock_key_of(exits.own_call_super, unique_key))
 
 
 def test_self_retry_releases_before_the_next_attempt_which_runs(
@@ -62,34 +62,34 @@ def test_self_retry_releases_before_the_next_attempt_which_runs(
 ) -> None:
     # countdown=0: the next attempt starts at once and would be skipped as a duplicate of
     # its own previous attempt if the lock were still held.
-    assert lockapp.retries_once.delay(unique_key).get(timeout=10) == "second attempt"
-    assert_released(store, lock_key_of(lockapp.retries_once, unique_key))
+    assert exits.retries_once.delay(unique_key).get(timeout=10) == "second attempt"
+    assert_released(store, lock_key_of(exits.retries_once, unique_key))
 
 
 def test_autoretry_releases_and_the_next_attempt_runs(
     worker: Any, store: redis.Redis, unique_key: str
 ) -> None:
-    assert lockapp.autoretries.delay(unique_key).get(timeout=10) == "second attempt"
-    assert_released(store, lock_key_of(lockapp.autoretries, unique_key))
+    assert exits.autoretries.delay(unique_key).get(timeout=10) == "second attempt"
+    assert_released(store, lock_key_of(exits.autoretries, unique_key))
 
 
 def test_ignore_raised_by_the_body_releases_the_lock(
     worker: Any, store: redis.Redis, unique_key: str
 ) -> None:
     with releases_seen() as released:
-        result = lockapp.ignores.delay(unique_key)
+        result = exits.ignores.delay(unique_key)
         wait_until(lambda: result.id in released, timeout=10)  # IGNORED stores no state
-    assert_released(store, lock_key_of(lockapp.ignores, unique_key))
+    assert_released(store, lock_key_of(exits.ignores, unique_key))
 
 
 def test_reject_raised_by_the_body_releases_the_lock(
     worker: Any, store: redis.Redis, unique_key: str
 ) -> None:
     with releases_seen() as released:
-        result = lockapp.rejects.delay(unique_key)
+        result = exits.rejects.delay(unique_key)
         # Celery < 5.7 stores no state for a message rejected without requeue (5.7: FAILURE)
         wait_until(lambda: result.id in released, timeout=10)
-    assert_released(store, lock_key_of(lockapp.rejects, unique_key))
+    assert_released(store, lock_key_of(exits.rejects, unique_key))
 
 
 def test_unsupported_argument_fails_naming_task_and_argument_and_takes_no_lock(
@@ -97,12 +97,12 @@ def test_unsupported_argument_fails_naming_task_and_argument_and_takes_no_lock(
 ) -> None:
     before = set(store.scan_iter(match="singleton-lock:*"))
     # apply(): a set would not survive the JSON serializer on its way to a worker
-    result = lockapp.takes_anything.apply(args=({1, 2},))
+    result = exits.takes_anything.apply(args=({1, 2},))
     with pytest.raises(Exception) as info:
         result.get()
     assert type(info.value).__name__ == "UnsupportedArgumentError"
     message = str(info.value)
-    assert "tests.celery.lockapp.takes_anything" in message
+    assert "tests.celery.tasks.exits.takes_anything" in message
     assert "value" in message and "set" in message and "lock_on" in message
     assert set(store.scan_iter(match="singleton-lock:*")) == before
 
@@ -113,7 +113,7 @@ def test_a_worker_release_is_signalled_once_even_with_no_task_after_it(
     """The release is sent without waiting; its reply is read by the renewer when no other
     command follows it on that connection, and reported then."""
     with releases_seen() as released:
-        result = lockapp.hold_skip.delay(unique_key)
+        result = policies.hold_skip.delay(unique_key)
         result.get(timeout=10)
         wait_until(lambda: result.id in released, timeout=5)
     assert released.count(result.id) == 1

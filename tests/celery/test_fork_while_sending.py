@@ -21,7 +21,7 @@ import pytest
 import redis
 
 from celery_singleton_lock.testing import RedisServer
-from tests.celery import lockapp
+from tests.celery.tasks import queueing
 from tests.celery.workers import CeleryWorkerProcess, Servers, lock_key, unique, worker_group
 from tests.support import wait_until
 
@@ -44,12 +44,12 @@ def worker(broker_server: RedisServer, lock_server: RedisServer) -> Iterator[Cel
 
 
 def _park_behind_a_holder(worker: CeleryWorkerProcess, store: redis.Redis, key: str) -> list[Any]:
-    lockapp.queued_in_order.apply_async((key, 0, 30), queue=worker.queue)
+    queueing.queued_in_order.apply_async((key, 0, 30), queue=worker.queue)
     wait_until(lambda: store.llen(f"order:{key}") == 1, timeout=20)
-    parked = lock_key(lockapp.queued_in_order, key, 0) + ":parked"
+    parked = lock_key(queueing.queued_in_order, key, 0) + ":parked"
     duplicates = []
     for index in (1, 2, 3):  # one by one: their arrival order is their index order
-        duplicates.append(lockapp.queued_in_order.apply_async((key, index), queue=worker.queue))
+        duplicates.append(queueing.queued_in_order.apply_async((key, index), queue=worker.queue))
         wait_until(lambda index=index: store.llen(parked) == index, timeout=20)
     return duplicates
 

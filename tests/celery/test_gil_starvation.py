@@ -23,7 +23,7 @@ from celery.result import AsyncResult
 from celery_singleton_lock import DuplicateTaskSkipped
 from celery_singleton_lock.engine import scripts
 from celery_singleton_lock.testing import RedisServer
-from tests.celery import lockapp
+from tests.celery.tasks import gil, policies
 from tests.celery.workers import Servers, client_app, close_client, unique, worker_group
 from tests.support import sleep_for, wait_until
 
@@ -57,7 +57,7 @@ def scene() -> Iterator[Scene]:
 
 def size_holding_the_gil_for(seconds: float) -> int:
     """The input size for which holds_the_gil's match takes about ``seconds`` here."""
-    pattern, size = re.compile(lockapp.GIL_PATTERN), 24
+    pattern, size = re.compile(gil.GIL_PATTERN), 24
     took = 0.0
     for _ in range(12):  # at most 24..35: well under a second in all
         started = time.perf_counter()
@@ -70,7 +70,7 @@ def size_holding_the_gil_for(seconds: float) -> int:
 
 
 def send(client: Celery, queue: str, *args: Any) -> AsyncResult:
-    return client.send_task(lockapp.holds_the_gil.name, args=args, queue=queue)
+    return client.send_task(gil.holds_the_gil.name, args=args, queue=queue)
 
 
 def test_duplicate_never_runs_beside_a_body_that_holds_the_gil_past_the_ttl(scene: Scene) -> None:
@@ -104,7 +104,7 @@ def test_main_process_renews_every_childs_lock_in_one_round_trip_per_tick(scene:
     with worker_group(servers) as group:
         (worker,) = group.start(1, pool="prefork", concurrency=children)
         for key in keys:
-            client.send_task(lockapp.hold_skip.name, args=(key, 4.0), queue=worker.queue)
+            client.send_task(policies.hold_skip.name, args=(key, 4.0), queue=worker.queue)
         for key in keys:
             wait_until(lambda key=key: lock_store.llen(f"runs:{key}"), timeout=20)
         lock_store.config_set("slowlog-max-len", 10000)

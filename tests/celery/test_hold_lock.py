@@ -19,24 +19,24 @@ from celery_singleton_lock import (
 from celery_singleton_lock.celery import lock_duplicate
 from celery_singleton_lock.engine import RedisLocker
 from celery_singleton_lock.testing import HOLD_LOCK_TASK_ID, hold_lock
-from tests.celery import lockapp
 from tests.celery.conftest import lock_key_of
+from tests.celery.tasks import policies
 from tests.support import wait_until
 
 
 def test_hold_lock_holds_the_lock_that_call_would_take(
     celery_app: Any, store: redis.Redis, unique_key: str
 ) -> None:
-    with hold_lock(lockapp.hold_skip, unique_key) as lease:
-        assert lease.key == lock_key_of(lockapp.hold_skip, unique_key)
+    with hold_lock(policies.hold_skip, unique_key) as lease:
+        assert lease.key == lock_key_of(policies.hold_skip, unique_key)
         assert store.exists(lease.key)
 
 
 def test_hold_lock_holds_under_task_id_hold_lock(
     celery_app: Any, locker: RedisLocker, unique_key: str
 ) -> None:
-    name = lockapp.hold_skip.lock_options.keyer.name((unique_key,), {})
-    with hold_lock(lockapp.hold_skip, unique_key):
+    name = policies.hold_skip.lock_options.keyer.name((unique_key,), {})
+    with hold_lock(policies.hold_skip, unique_key):
         holder = locker.inspect.read(name)
     assert holder is not None
     assert holder.task_id == HOLD_LOCK_TASK_ID == "hold_lock"
@@ -45,7 +45,7 @@ def test_hold_lock_holds_under_task_id_hold_lock(
 def test_hold_lock_releases_its_lock_when_the_block_ends(
     celery_app: Any, store: redis.Redis, unique_key: str
 ) -> None:
-    with hold_lock(lockapp.hold_skip, unique_key) as lease:
+    with hold_lock(policies.hold_skip, unique_key) as lease:
         pass
     assert not store.exists(lease.key)
 
@@ -53,7 +53,7 @@ def test_hold_lock_releases_its_lock_when_the_block_ends(
 def test_hold_lock_releases_its_lock_when_the_block_raises(
     celery_app: Any, store: redis.Redis, unique_key: str
 ) -> None:
-    with pytest.raises(ZeroDivisionError), hold_lock(lockapp.hold_skip, unique_key) as lease:
+    with pytest.raises(ZeroDivisionError), hold_lock(policies.hold_skip, unique_key) as lease:
         1 / 0  # noqa: B018
     assert not store.exists(lease.key)
 
@@ -61,7 +61,7 @@ def test_hold_lock_releases_its_lock_when_the_block_raises(
 def test_hold_lock_renews_its_lock_only_while_held(
     celery_app: Any, locker: RedisLocker, unique_key: str
 ) -> None:
-    with hold_lock(lockapp.hold_skip, unique_key) as lease:
+    with hold_lock(policies.hold_skip, unique_key) as lease:
         assert lease in locker.renewer.leases()
     assert lease not in locker.renewer.leases()
 
@@ -69,8 +69,8 @@ def test_hold_lock_renews_its_lock_only_while_held(
 def test_a_worker_run_under_hold_lock_is_skipped_naming_hold_lock(
     worker: Any, store: redis.Redis, unique_key: str
 ) -> None:
-    with hold_lock(lockapp.hold_skip, unique_key), pytest.raises(DuplicateTaskSkipped) as skipped:
-        lockapp.hold_skip.delay(unique_key).get(timeout=10)
+    with hold_lock(policies.hold_skip, unique_key), pytest.raises(DuplicateTaskSkipped) as skipped:
+        policies.hold_skip.delay(unique_key).get(timeout=10)
     assert skipped.value.holder is not None
     assert skipped.value.holder["task_id"] == "hold_lock"
     assert store.llen(f"runs:{unique_key}") == 0
@@ -79,8 +79,8 @@ def test_a_worker_run_under_hold_lock_is_skipped_naming_hold_lock(
 def test_apply_under_hold_lock_fails_with_the_fail_policy(
     celery_app: Any, store: redis.Redis, unique_key: str
 ) -> None:
-    with hold_lock(lockapp.hold_fail, unique_key):
-        result = lockapp.hold_fail.apply(args=(unique_key,))
+    with hold_lock(policies.hold_fail, unique_key):
+        result = policies.hold_fail.apply(args=(unique_key,))
     assert isinstance(result.result, DuplicateTaskError)
     assert store.llen(f"runs:{unique_key}") == 0
 
@@ -96,8 +96,8 @@ def test_a_waiting_duplicate_runs_once_hold_lock_ends(
 
     lock_duplicate.connect(record, weak=False)
     try:
-        with hold_lock(lockapp.hold_wait, unique_key):
-            result = lockapp.hold_wait.delay(unique_key)
+        with hold_lock(policies.hold_wait, unique_key):
+            result = policies.hold_wait.delay(unique_key)
             wait_until(lambda: result.id in waiting)
             assert store.llen(f"runs:{unique_key}") == 0
     finally:
@@ -109,10 +109,10 @@ def test_a_waiting_duplicate_runs_once_hold_lock_ends(
 def test_hold_lock_refuses_a_lock_someone_else_holds(
     celery_app: Any, store: redis.Redis, unique_key: str
 ) -> None:
-    with hold_lock(lockapp.hold_skip, unique_key) as first:
+    with hold_lock(policies.hold_skip, unique_key) as first:
         value = store.get(first.key)
         expected = pytest.raises(DuplicateTaskError, match="already held by task id 'hold_lock'")
-        with expected as refused, hold_lock(lockapp.hold_skip, unique_key):
+        with expected as refused, hold_lock(policies.hold_skip, unique_key):
             pytest.fail("the block ran without the lock")
         assert refused.value.key == first.key
         assert store.get(first.key) == value  # the first hold is untouched
@@ -122,7 +122,7 @@ def test_hold_lock_reports_a_lock_lost_while_the_block_ran(
     celery_app: Any, store: redis.Redis, unique_key: str
 ) -> None:
     lost = pytest.raises(LockLostError, match="was lost while the block ran")
-    with lost, hold_lock(lockapp.hold_skip, unique_key) as lease:
+    with lost, hold_lock(policies.hold_skip, unique_key) as lease:
         store.delete(lease.key)
 
 

@@ -23,7 +23,7 @@ from celery.result import AsyncResult
 
 from celery_singleton_lock import DuplicateTaskSkipped
 from celery_singleton_lock.testing import RedisServer
-from tests.celery import lockapp
+from tests.celery.tasks import canvas, join, policies
 from tests.celery.workers import (
     Servers,
     WorkerGroup,
@@ -87,7 +87,7 @@ def running_holder(client: Celery, store: redis.Redis, task: Any, key: str) -> A
 
 
 def callback(client: Celery) -> Any:
-    return client.signature(lockapp.collects.name)
+    return client.signature(canvas.collects.name)
 
 
 # -- a chord of identical join calls ----------------------------------------------------------
@@ -96,7 +96,7 @@ def callback(client: Celery) -> Any:
 @pytest.fixture(scope="module")
 def joined_chord(client: Celery, store: redis.Redis) -> tuple[str, list[Any]]:
     key = unique("join-chord")
-    result = chord(identical_calls(client, lockapp.join_value, key, 3.0))(callback(client))
+    result = chord(identical_calls(client, join.join_value, key, 3.0))(callback(client))
     return key, result.get(timeout=60)
 
 
@@ -120,7 +120,7 @@ def test_group_of_identical_join_calls_stores_success_under_every_id(
     client: Celery, store: redis.Redis
 ) -> None:
     key = unique("join-group")
-    result = identical_calls(client, lockapp.join_value, key, 2.0).apply_async()
+    result = identical_calls(client, join.join_value, key, 2.0).apply_async()
     values = result.get(timeout=60)
     assert values == [values[0]] * CALLS
     assert [each.state for each in result.results] == ["SUCCESS"] * CALLS
@@ -131,10 +131,10 @@ def test_join_duplicate_in_a_chain_sends_the_next_step_with_the_joined_value(
     client: Celery, store: redis.Redis
 ) -> None:
     key = unique("join-chain")
-    holder = running_holder(client, store, lockapp.join_value, key)
+    holder = running_holder(client, store, join.join_value, key)
     steps = chain(
-        client.signature(lockapp.join_value.name, args=(key, 2.0)),
-        client.signature(lockapp.tags.name, args=("next",)),
+        client.signature(join.join_value.name, args=(key, 2.0)),
+        client.signature(canvas.tags.name, args=("next",)),
     ).apply_async()
     assert steps.get(timeout=30) == ["next", holder.get(timeout=30)]
     assert body_runs(store, key) == 1
@@ -144,9 +144,9 @@ def test_join_duplicate_sends_its_link_callback_with_the_joined_value(
     client: Celery, store: redis.Redis
 ) -> None:
     key = unique("join-link")
-    holder = running_holder(client, store, lockapp.join_value, key)
-    link = client.signature(lockapp.tags.name, args=("linked",))
-    duplicate = client.send_task(lockapp.join_value.name, args=(key, 2.0), link=link)
+    holder = running_holder(client, store, join.join_value, key)
+    link = client.signature(canvas.tags.name, args=("linked",))
+    duplicate = client.send_task(join.join_value.name, args=(key, 2.0), link=link)
     duplicate.get(timeout=30)
     (child,) = AsyncResult(duplicate.id, app=client).children or []
     assert child.get(timeout=30) == ["linked", holder.get(timeout=30)]
@@ -158,7 +158,7 @@ def test_join_duplicate_sends_its_link_callback_with_the_joined_value(
 @pytest.fixture(scope="module")
 def joined_failure(client: Celery, store: redis.Redis) -> tuple[str, list[BaseException]]:
     key = unique("join-raises")
-    result = identical_calls(client, lockapp.join_raises, key, 2.0).apply_async()
+    result = identical_calls(client, join.join_raises, key, 2.0).apply_async()
     errors: list[BaseException] = []
     for each in result.results:
         with pytest.raises(Exception) as caught:
@@ -192,9 +192,9 @@ def test_join_duplicate_of_a_failing_holder_calls_its_errback_once(
     client: Celery, store: redis.Redis
 ) -> None:
     key = unique("join-errback")
-    holder = running_holder(client, store, lockapp.join_raises, key)
-    errback = client.signature(lockapp.records_errback.name, kwargs={"key": key})
-    duplicate = client.send_task(lockapp.join_raises.name, args=(key, 2.0), link_error=errback)
+    holder = running_holder(client, store, join.join_raises, key)
+    errback = client.signature(canvas.records_errback.name, kwargs={"key": key})
+    duplicate = client.send_task(join.join_raises.name, args=(key, 2.0), link_error=errback)
     with pytest.raises(Exception, match=f"no account {key}"):
         duplicate.get(timeout=30)
     with pytest.raises(Exception, match=f"no account {key}"):
@@ -209,7 +209,7 @@ def test_join_duplicate_of_a_failing_holder_calls_its_errback_once(
 @pytest.fixture(scope="module")
 def skipped_chord(client: Celery) -> tuple[str, AsyncResult, BaseException]:
     key = unique("skip-chord")
-    result = chord(identical_calls(client, lockapp.hold_skip, key, 2.0))(callback(client))
+    result = chord(identical_calls(client, policies.hold_skip, key, 2.0))(callback(client))
     with pytest.raises(DuplicateTaskSkipped) as caught:  # get() raises a member's error first
         result.get(timeout=60)
     wait_until(lambda: result.state == "FAILURE", timeout=15)
@@ -237,7 +237,7 @@ def test_chord_of_identical_retry_calls_completes_with_every_body_run(
     client: Celery, store: redis.Redis
 ) -> None:
     key = unique("retry-chord")
-    result = chord(identical_calls(client, lockapp.hold_retry, key, 0.3))(callback(client))
+    result = chord(identical_calls(client, policies.hold_retry, key, 0.3))(callback(client))
     assert len(result.get(timeout=90)) == CALLS
     assert body_runs(store, key) == CALLS
 
@@ -246,7 +246,7 @@ def test_skip_tasks_own_retry_finding_a_newer_duplicate_holding_the_lock_ends_sk
     client: Celery, store: redis.Redis
 ) -> None:
     key = unique("skip-own-retry")
-    task = lockapp.retries_in_two_seconds.name
+    task = join.retries_in_two_seconds.name
     retrying = client.send_task(task, args=(key, True))
     wait_until(lambda: retrying.state == "RETRY", timeout=15)  # the lock is released
     newer = client.send_task(task, args=(key, False))
@@ -272,16 +272,14 @@ def holder_killed(
     sender = client_app(servers)
     try:
         holder = sender.send_task(
-            lockapp.join_short_ttl.name, args=(key, 30.0), queue=holder_worker.queue
+            join.join_short_ttl.name, args=(key, 30.0), queue=holder_worker.queue
         )
         wait_until(lambda: body_runs(store, key) == 1, timeout=15)
         joiners = [
-            sender.send_task(
-                lockapp.join_short_ttl.name, args=(key, 1.0), queue=joiners_worker.queue
-            )
+            sender.send_task(join.join_short_ttl.name, args=(key, 1.0), queue=joiners_worker.queue)
             for _ in range(3)
         ]
-        name = lock_key(lockapp.join_short_ttl, key)
+        name = lock_key(join.join_short_ttl, key)
         wait_until(lambda: store.exists(name) == 1, timeout=5)
         holder_worker.kill_group(signal.SIGKILL)
         killed_at = time.time()
@@ -328,16 +326,14 @@ def holder_child_killed(
     sender = client_app(servers)
     try:
         holder = sender.send_task(
-            lockapp.join_short_ttl.name, args=(key, 30.0), queue=holder_worker.queue
+            join.join_short_ttl.name, args=(key, 30.0), queue=holder_worker.queue
         )
         wait_until(lambda: body_runs(store, key) == 1, timeout=15)
         joiners = [
-            sender.send_task(
-                lockapp.join_short_ttl.name, args=(key, 1.0), queue=joiners_worker.queue
-            )
+            sender.send_task(join.join_short_ttl.name, args=(key, 1.0), queue=joiners_worker.queue)
             for _ in range(JOINERS)
         ]
-        channel = lock_key(lockapp.join_short_ttl, key) + ":released"
+        channel = lock_key(join.join_short_ttl, key) + ":released"
         # every joiner waits on the lock's release channel before the holder dies
         wait_until(lambda: store.pubsub_numsub(channel)[0][1] >= JOINERS, timeout=20)
         holder_pid = int(store.lindex(f"runs:{key}", 0).split(b"|")[1])

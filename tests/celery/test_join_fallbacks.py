@@ -10,7 +10,7 @@ import redis
 from celery_singleton_lock.celery import lock_duplicate
 from celery_singleton_lock.celery.duplicates.join import JOIN_HEADER
 from celery_singleton_lock.celery.duplicates.redelivery import RETRY_HEADER
-from tests.celery import lockapp
+from tests.celery.tasks import join
 from tests.support import wait_until
 
 
@@ -29,9 +29,9 @@ def test_joiner_waiting_past_its_timeout_lock_retries_and_still_gets_the_holders
 
     lock_duplicate.connect(record, weak=False)
     try:
-        holder = lockapp.join_value.delay(unique_key, 3.0)  # lock_wait_timeout=1
+        holder = join.join_value.delay(unique_key, 3.0)  # lock_wait_timeout=1
         wait_until(lambda: body_runs(store, unique_key) == 1, timeout=15)
-        duplicate = lockapp.join_value.delay(unique_key, 3.0)
+        duplicate = join.join_value.delay(unique_key, 3.0)
         assert duplicate.get(timeout=30) == holder.get(timeout=30)
     finally:
         lock_duplicate.disconnect(record)
@@ -42,9 +42,9 @@ def test_joiner_waiting_past_its_timeout_lock_retries_and_still_gets_the_holders
 def test_lock_retry_arriving_after_its_holder_ended_takes_the_stored_outcome(
     worker: Any, store: redis.Redis, unique_key: str
 ) -> None:
-    holder = lockapp.join_value.delay(unique_key, 0.0)
+    holder = join.join_value.delay(unique_key, 0.0)
     value = holder.get(timeout=15)
-    retried = lockapp.join_value.apply_async(
+    retried = join.join_value.apply_async(
         (unique_key, 0.0), headers={JOIN_HEADER: holder.id, RETRY_HEADER: 1}
     )
     assert retried.get(timeout=15) == value
@@ -55,7 +55,7 @@ def test_lock_retry_arriving_after_its_holder_ended_takes_the_stored_outcome(
 def test_lock_retry_whose_holder_left_no_outcome_runs_the_body(
     worker: Any, store: redis.Redis, unique_key: str
 ) -> None:
-    retried = lockapp.join_value.apply_async(
+    retried = join.join_value.apply_async(
         (unique_key, 0.0), headers={JOIN_HEADER: "a-holder-killed-before-its-outcome"}
     )
     assert retried.get(timeout=15)["key"] == unique_key

@@ -10,8 +10,8 @@ import pytest
 import redis
 
 from celery_singleton_lock import DuplicateTaskSkipped, LockConfigurationError
-from tests.celery import limit_tasks
 from tests.celery.registration import register
+from tests.celery.tasks import limits
 
 
 def runs(store: redis.Redis, key: str) -> int:
@@ -21,35 +21,35 @@ def runs(store: redis.Redis, key: str) -> int:
 def test_a_call_1s_after_the_end_of_a_run_inside_a_3s_cooldown_is_skipped(
     worker: Any, store: redis.Redis, unique_key: str
 ) -> None:
-    limit_tasks.cooldown3_skip.delay(unique_key).get(timeout=30)
+    limits.cooldown3_skip.delay(unique_key).get(timeout=30)
     time.sleep(1.0)
     with pytest.raises(DuplicateTaskSkipped):
-        limit_tasks.cooldown3_skip.delay(unique_key).get(timeout=30)
+        limits.cooldown3_skip.delay(unique_key).get(timeout=30)
     assert runs(store, unique_key) == 1
 
 
 def test_a_call_3_5s_after_the_end_of_a_run_past_a_3s_cooldown_runs(
     worker: Any, store: redis.Redis, unique_key: str
 ) -> None:
-    limit_tasks.cooldown3_skip.delay(unique_key).get(timeout=30)
+    limits.cooldown3_skip.delay(unique_key).get(timeout=30)
     time.sleep(3.5)
-    limit_tasks.cooldown3_skip.delay(unique_key).get(timeout=30)
+    limits.cooldown3_skip.delay(unique_key).get(timeout=30)
     assert runs(store, unique_key) == 2
 
 
 def test_a_duplicate_inside_the_cooldown_says_the_reason_is_the_cooldown(
     worker: Any, unique_key: str, duplicates_seen: list[dict[str, Any]]
 ) -> None:
-    limit_tasks.cooldown3_skip.delay(unique_key).get(timeout=30)
+    limits.cooldown3_skip.delay(unique_key).get(timeout=30)
     with pytest.raises(DuplicateTaskSkipped):
-        limit_tasks.cooldown3_skip.delay(unique_key).get(timeout=30)
+        limits.cooldown3_skip.delay(unique_key).get(timeout=30)
     assert [seen["reason"] for seen in duplicates_seen] == ["cooldown"]
 
 
 def test_a_failed_run_leaves_no_cooldown_with_cooldown_after_success(
     worker: Any, store: redis.Redis, unique_key: str
 ) -> None:
-    task = limit_tasks.cooldown_fails_after_success
+    task = limits.cooldown_fails_after_success
     for _ in range(2):
         with pytest.raises(ValueError):
             task.delay(unique_key).get(timeout=30)
@@ -59,7 +59,7 @@ def test_a_failed_run_leaves_no_cooldown_with_cooldown_after_success(
 def test_a_failed_run_leaves_a_cooldown_with_cooldown_after_always(
     worker: Any, store: redis.Redis, unique_key: str
 ) -> None:
-    task = limit_tasks.cooldown_fails_after_always
+    task = limits.cooldown_fails_after_always
     with pytest.raises(ValueError):
         task.delay(unique_key).get(timeout=30)
     with pytest.raises(DuplicateTaskSkipped):
@@ -70,8 +70,8 @@ def test_a_failed_run_leaves_a_cooldown_with_cooldown_after_always(
 def test_a_retry_inside_the_cooldown_is_sent_once_for_its_end_and_runs(
     worker: Any, store: redis.Redis, unique_key: str, duplicates_seen: list[dict[str, Any]]
 ) -> None:
-    limit_tasks.cooldown2_retry.delay(unique_key).get(timeout=30)
-    limit_tasks.cooldown2_retry.delay(unique_key).get(timeout=30)
+    limits.cooldown2_retry.delay(unique_key).get(timeout=30)
+    limits.cooldown2_retry.delay(unique_key).get(timeout=30)
     assert runs(store, unique_key) == 2
     assert [seen["action"] for seen in duplicates_seen] == ["retry"]
 

@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from celery_singleton_lock import DuplicateTaskSkipped, LockConfigurationError
-from tests.celery.limit_tasks import limit2_wait, limit3_retry, limit3_skip, limit_per_tenant
+from tests.celery.tasks.limits import limit2_wait, limit3_retry, limit3_skip, limit_per_tenant
 
 
 def outcomes(results: list[Any], timeout: float = 60) -> list[Any]:

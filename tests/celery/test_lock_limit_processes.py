@@ -15,7 +15,7 @@ from celery.exceptions import WorkerLostError
 
 from celery_singleton_lock import DuplicateTaskSkipped
 from celery_singleton_lock.engine import LockHolder, RedisLocker
-from tests.celery import limit_tasks
+from tests.celery.tasks import limits
 from tests.celery.workers import Servers, WorkerGroup, unique, worker_group
 from tests.support import wait_until
 
@@ -43,7 +43,7 @@ def send(client: Celery, queue: str, task: Any, *args: Any) -> Any:
 def test_kill_9_of_a_worker_holding_one_of_3_slots_frees_it_within_ttl_others_keep_theirs(
     workers: WorkerGroup, celery_app: Celery, store: redis.Redis
 ) -> None:
-    key, task = unique("k"), limit_tasks.limit3_short_ttl  # lock_ttl=2
+    key, task = unique("k"), limits.limit3_short_ttl  # lock_ttl=2
     (doomed,) = workers.start(1, pool="prefork", concurrency=1)
     (keeper,) = workers.start(1, pool="prefork", concurrency=2)
     doomed_call = send(celery_app, doomed.queue, task, key, 30)
@@ -61,7 +61,7 @@ def test_kill_9_of_a_worker_holding_one_of_3_slots_frees_it_within_ttl_others_ke
 def test_sigkill_of_a_pool_child_holding_slot_2_is_freed_by_the_main_process(
     workers: WorkerGroup, celery_app: Celery, store: redis.Redis
 ) -> None:
-    key, task = unique("k"), limit_tasks.limit3_long_ttl  # lock_ttl=30
+    key, task = unique("k"), limits.limit3_long_ttl  # lock_ttl=30
     (worker,) = workers.start(1, pool="prefork", concurrency=2)
     send(celery_app, worker.queue, task, key, 20)
     wait_until(lambda: len(slots_held(store, task, key)) == 1, timeout=20)
@@ -79,7 +79,7 @@ def test_sigkill_of_a_pool_child_holding_slot_2_is_freed_by_the_main_process(
 def test_limit_3_with_skip_on_a_prefork_worker_runs_exactly_3_of_6_calls_sent_at_once(
     workers: WorkerGroup, celery_app: Celery, store: redis.Redis
 ) -> None:
-    key, task = unique("k"), limit_tasks.limit3_skip
+    key, task = unique("k"), limits.limit3_skip
     (worker,) = workers.start(1, pool="prefork", concurrency=4)
     results = [send(celery_app, worker.queue, task, key, 1.5) for _ in range(6)]
     ran = 0

@@ -9,8 +9,8 @@ import pytest
 import redis
 
 from celery_singleton_lock import DuplicateTaskSkipped, LockConfigurationError
-from tests.celery import limit_tasks
 from tests.celery.registration import register
+from tests.celery.tasks import limits
 
 #: seconds the workers' clock may read a start early against the lock server's clock
 CLOCKS = 0.1
@@ -23,7 +23,7 @@ def starts(store: redis.Redis, key: str) -> list[float]:
 def test_rate_3_per_3s_with_retry_runs_all_9_calls_sent_at_once(
     worker: Any, store: redis.Redis, unique_key: str
 ) -> None:
-    results = [limit_tasks.rate3_retry.delay(unique_key) for _ in range(9)]
+    results = [limits.rate3_retry.delay(unique_key) for _ in range(9)]
     for result in results:
         result.get(timeout=60)
     assert len(starts(store, unique_key)) == 9
@@ -32,7 +32,7 @@ def test_rate_3_per_3s_with_retry_runs_all_9_calls_sent_at_once(
 def test_rate_3_per_3s_never_starts_more_than_3_in_any_3s_window(
     worker: Any, store: redis.Redis, unique_key: str
 ) -> None:
-    for result in [limit_tasks.rate3_retry.delay(unique_key) for _ in range(9)]:
+    for result in [limits.rate3_retry.delay(unique_key) for _ in range(9)]:
         result.get(timeout=60)
     times = starts(store, unique_key)
     assert all(later - first >= 3.0 - CLOCKS for first, later in zip(times, times[3:]))
@@ -41,7 +41,7 @@ def test_rate_3_per_3s_never_starts_more_than_3_in_any_3s_window(
 def test_rate_retries_are_sent_for_when_the_window_allows_not_polled(
     worker: Any, unique_key: str, duplicates_seen: list[dict[str, Any]]
 ) -> None:
-    for result in [limit_tasks.rate3_retry.delay(unique_key) for _ in range(9)]:
+    for result in [limits.rate3_retry.delay(unique_key) for _ in range(9)]:
         result.get(timeout=60)
     rate_retries = [seen for seen in duplicates_seen if seen["reason"] == "rate"]
     print(f"9 calls at 3/3s: {len(rate_retries)} rate retries")
@@ -53,9 +53,9 @@ def test_a_call_over_the_rate_is_skipped_saying_the_reason_is_the_rate(
     worker: Any, store: redis.Redis, unique_key: str, duplicates_seen: list[dict[str, Any]]
 ) -> None:
     for _ in range(2):
-        limit_tasks.rate2_skip.delay(unique_key).get(timeout=30)
+        limits.rate2_skip.delay(unique_key).get(timeout=30)
     with pytest.raises(DuplicateTaskSkipped, match="lock_rate"):
-        limit_tasks.rate2_skip.delay(unique_key).get(timeout=30)
+        limits.rate2_skip.delay(unique_key).get(timeout=30)
     assert [seen["reason"] for seen in duplicates_seen] == ["rate"]
     assert len(starts(store, unique_key)) == 2
 

@@ -13,25 +13,25 @@ from celery import Celery
 from celery_singleton_lock import LockConfigurationError, LockedTask
 from celery_singleton_lock.celery import lock_lost
 from celery_singleton_lock.engine import RedisLocker
-from tests.celery import lockapp
 from tests.celery.conftest import assert_released, lock_key_of
+from tests.celery.tasks import core, scope
 
 
 def test_a_failure_in_before_start_after_the_acquire_releases_the_lock(
     celery_app: Any, locker: RedisLocker, store: redis.Redis, unique_key: str
 ) -> None:
     store.set(f"setup-fails:{unique_key}", 1)
-    result = lockapp.fails_after_its_lock.apply(args=(unique_key,))
+    result = scope.fails_after_its_lock.apply(args=(unique_key,))
     assert result.state == "FAILURE"
-    assert not store.exists(lock_key_of(lockapp.fails_after_its_lock, unique_key))
+    assert not store.exists(lock_key_of(scope.fails_after_its_lock, unique_key))
 
 
 def test_a_failure_in_before_start_after_the_acquire_stops_renewal(
     celery_app: Any, locker: RedisLocker, store: redis.Redis, unique_key: str
 ) -> None:
     store.set(f"setup-fails:{unique_key}", 1)
-    lockapp.fails_after_its_lock.apply(args=(unique_key,))
-    key = lock_key_of(lockapp.fails_after_its_lock, unique_key)
+    scope.fails_after_its_lock.apply(args=(unique_key,))
+    key = lock_key_of(scope.fails_after_its_lock, unique_key)
     assert key not in {lease.key for lease in locker.renewer.leases()}
 
 
@@ -39,16 +39,16 @@ def test_after_a_failed_before_start_the_next_run_on_that_thread_takes_a_lock_of
     celery_app: Any, store: redis.Redis, unique_key: str
 ) -> None:
     store.set(f"setup-fails:{unique_key}", 1)
-    lockapp.fails_after_its_lock.apply(args=(unique_key,))
+    scope.fails_after_its_lock.apply(args=(unique_key,))
     store.delete(f"setup-fails:{unique_key}")
-    outcome = lockapp.fails_after_its_lock.apply(args=(unique_key,)).get()
+    outcome = scope.fails_after_its_lock.apply(args=(unique_key,)).get()
     assert outcome == {"reentrant": False, "key_held": True}
 
 
 def test_a_release_error_does_not_replace_the_outcome_of_a_body_that_returned(
     celery_app: Any, store: redis.Redis, unique_key: str
 ) -> None:
-    result = lockapp.corrupts_its_lock.apply(args=(unique_key,))
+    result = scope.corrupts_its_lock.apply(args=(unique_key,))
     assert result.state == "SUCCESS"
     assert result.get() == "body done"
 
@@ -57,15 +57,15 @@ def test_a_release_error_is_logged_naming_the_task(
     celery_app: Any, store: redis.Redis, unique_key: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.WARNING, logger="celery_singleton_lock.release"):
-        lockapp.corrupts_its_lock.apply(args=(unique_key,))
+        scope.corrupts_its_lock.apply(args=(unique_key,))
     messages = [r.getMessage() for r in caplog.records if r.name == "celery_singleton_lock.release"]
-    assert any(lockapp.corrupts_its_lock.name in message for message in messages), messages
+    assert any(scope.corrupts_its_lock.name in message for message in messages), messages
 
 
 def test_a_lease_that_outlives_the_hard_time_limit_on_the_threads_pool_is_reported_lost(
     worker: Any, unique_key: str
 ) -> None:
-    assert lockapp.outlives_its_time_limit.delay(unique_key).get(timeout=15) == {
+    assert scope.outlives_its_time_limit.delay(unique_key).get(timeout=15) == {
         "lost": True,
         "key_exists": False,
     }
@@ -81,7 +81,7 @@ def test_a_lease_that_outlives_the_hard_time_limit_sends_lock_lost(
 
     lock_lost.connect(receiver, weak=False)
     try:
-        result = lockapp.outlives_its_time_limit.delay(unique_key)
+        result = scope.outlives_its_time_limit.delay(unique_key)
         result.get(timeout=15)
     finally:
         lock_lost.disconnect(receiver)
@@ -91,12 +91,12 @@ def test_a_lease_that_outlives_the_hard_time_limit_sends_lock_lost(
 def test_a_class_based_task_registered_without_a_name_runs_under_its_lock(
     worker: Any, store: redis.Redis, unique_key: str
 ) -> None:
-    assert lockapp.sync_account.name == "tests.celery.lockapp.SyncAccount"
-    assert lockapp.sync_account.delay(unique_key).get(timeout=10) == {
+    assert core.sync_account.name == "tests.celery.tasks.core.SyncAccount"
+    assert core.sync_account.delay(unique_key).get(timeout=10) == {
         "held": True,
         "key_held": True,
     }
-    assert_released(store, lock_key_of(lockapp.sync_account, unique_key))
+    assert_released(store, lock_key_of(core.sync_account, unique_key))
 
 
 def test_a_class_based_task_registered_without_a_name_is_validated_at_registration() -> None:

@@ -23,7 +23,7 @@ from celery_singleton_lock.celery.signals import lock_acquired, lock_duplicate, 
 from celery_singleton_lock.engine import Lease, Owner, RedisLocker
 from celery_singleton_lock.errors import LockConfigurationError
 from celery_singleton_lock.testing import RedisServer, free_port
-from tests.celery import lockapp
+from tests.celery.tasks import policies, runtime
 from tests.celery.workers import (
     Servers,
     children_of,
@@ -36,7 +36,7 @@ from tests.support import wait_until
 
 prometheus_parser = pytest.importorskip("prometheus_client.parser")
 
-SKIP_TASK = lockapp.hold_skip.name
+SKIP_TASK = policies.hold_skip.name
 SKIPS, ACQUIRES = 7, 20
 
 
@@ -122,7 +122,7 @@ def outcome(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Outcome]:
 
 def run_scenario(server: RedisServer, worker: Any, client: Any, port: int) -> Outcome:
     held_key = unique("held")
-    name = lockapp.hold_skip.lock_options.keyer.name((held_key,), {})
+    name = policies.hold_skip.lock_options.keyer.name((held_key,), {})
     locker = RedisLocker(redis.Redis.from_url(server.url))
     lease = locker.try_acquire(name, 60, owner=Owner(task_id="the-holder"), renew=False)
     assert isinstance(lease, Lease)
@@ -136,10 +136,10 @@ def run_scenario(server: RedisServer, worker: Any, client: Any, port: int) -> Ou
     ]
     pids = {result.get(timeout=60)["pid"] for result in ran}
     # a body that deletes its own lock key and waits until it is told the lock is lost
-    lost = client.send_task(lockapp.watches_its_lock.name, args=[unique("lost")])
+    lost = client.send_task(runtime.watches_its_lock.name, args=[unique("lost")])
     assert lost.get(timeout=30)["lost"]
     # two calls parked behind a lock of hold_skip that no worker hands on (no queue policy)
-    parked = f"singleton-lock:{{{lockapp.hold_skip.name}:{unique('parked')}}}:parked"
+    parked = f"singleton-lock:{{{policies.hold_skip.name}:{unique('parked')}}}:parked"
     server.client().rpush(parked, "t-1", "t-2")
     before = scrape_once_released(port)
     killed = children_of(worker.pid)
@@ -180,7 +180,7 @@ def test_every_release_is_timed_in_the_held_histogram(outcome: Outcome) -> None:
 
 
 def test_a_lock_lost_in_a_pool_child_is_counted(outcome: Outcome) -> None:
-    lost = total(outcome.before_kill, "celery_lock_lost_total", name=lockapp.watches_its_lock.name)
+    lost = total(outcome.before_kill, "celery_lock_lost_total", name=runtime.watches_its_lock.name)
     assert lost == 1
 
 

@@ -20,6 +20,7 @@ from celery_singleton_lock.engine import Lease, Owner, RedisLocker
 from celery_singleton_lock.testing import RedisServer
 from tests.celery import lockapp
 from tests.celery.conftest import assert_released, lock_key_of
+from tests.celery.tasks import policies
 from tests.support import wait_until
 
 
@@ -37,8 +38,8 @@ def _hold(
 def test_skipped_duplicate_raises_skipped_naming_the_holder(
     worker: Any, locker: RedisLocker, unique_key: str
 ) -> None:
-    lease = _hold(locker, lockapp.hold_skip, unique_key, task_id="the-holder")
-    result = lockapp.hold_skip.delay(unique_key)
+    lease = _hold(locker, policies.hold_skip, unique_key, task_id="the-holder")
+    result = policies.hold_skip.delay(unique_key)
     with pytest.raises(DuplicateTaskSkipped) as info:
         result.get(timeout=10)
     assert "the-holder" in str(info.value)
@@ -49,9 +50,9 @@ def test_skipped_duplicate_raises_skipped_naming_the_holder(
 def test_skipped_duplicate_does_not_run_the_body(
     worker: Any, locker: RedisLocker, store: redis.Redis, unique_key: str
 ) -> None:
-    lease = _hold(locker, lockapp.hold_skip, unique_key)
+    lease = _hold(locker, policies.hold_skip, unique_key)
     with pytest.raises(DuplicateTaskSkipped):
-        lockapp.hold_skip.delay(unique_key).get(timeout=10)
+        policies.hold_skip.delay(unique_key).get(timeout=10)
     assert store.llen(f"runs:{unique_key}") == 0
     lease.release()
 
@@ -59,9 +60,9 @@ def test_skipped_duplicate_does_not_run_the_body(
 def test_skipped_duplicate_leaves_the_holders_lock_untouched(
     worker: Any, locker: RedisLocker, store: redis.Redis, unique_key: str
 ) -> None:
-    lease = _hold(locker, lockapp.hold_skip, unique_key, ttl=30)
+    lease = _hold(locker, policies.hold_skip, unique_key, ttl=30)
     with pytest.raises(DuplicateTaskSkipped):
-        lockapp.hold_skip.delay(unique_key).get(timeout=10)
+        policies.hold_skip.delay(unique_key).get(timeout=10)
     assert store.getrange(lease.key, 0, 31) == lease.token.encode()
     assert store.pttl(lease.key) > 25_000  # not renewed by the duplicate either
     assert lease.release() is True
@@ -75,9 +76,9 @@ def test_skip_sends_the_duplicate_signal(worker: Any, locker: RedisLocker, uniqu
 
     lock_duplicate.connect(receiver, weak=False)
     try:
-        lease = _hold(locker, lockapp.hold_skip, unique_key, task_id="h1")
+        lease = _hold(locker, policies.hold_skip, unique_key, task_id="h1")
         with pytest.raises(DuplicateTaskSkipped):
-            lockapp.hold_skip.delay(unique_key).get(timeout=10)
+            policies.hold_skip.delay(unique_key).get(timeout=10)
     finally:
         lock_duplicate.disconnect(receiver)
     assert [(s["action"], s["holder"]["task_id"], s["key"]) for s in seen] == [
@@ -89,9 +90,9 @@ def test_skip_sends_the_duplicate_signal(worker: Any, locker: RedisLocker, uniqu
 def test_two_concurrent_skip_tasks_run_one_body(
     worker: Any, store: redis.Redis, unique_key: str
 ) -> None:
-    first = lockapp.hold_skip.delay(unique_key, 1.0)
+    first = policies.hold_skip.delay(unique_key, 1.0)
     wait_until(lambda: store.llen(f"runs:{unique_key}") == 1)
-    second = lockapp.hold_skip.delay(unique_key, 1.0)
+    second = policies.hold_skip.delay(unique_key, 1.0)
     with pytest.raises(DuplicateTaskSkipped) as info:
         second.get(timeout=10)
     assert info.value.holder is not None and info.value.holder["task_id"] == first.id
@@ -102,9 +103,9 @@ def test_two_concurrent_skip_tasks_run_one_body(
 def test_retried_duplicate_runs_after_the_holder_finishes(
     worker: Any, store: redis.Redis, unique_key: str
 ) -> None:
-    first = lockapp.hold_retry.delay(unique_key, 0.8)
+    first = policies.hold_retry.delay(unique_key, 0.8)
     wait_until(lambda: store.llen(f"runs:{unique_key}") == 1)
-    second = lockapp.hold_retry.delay(unique_key, 0.1)
+    second = policies.hold_retry.delay(unique_key, 0.1)
     second.get(timeout=20)
     first.get(timeout=20)
     assert store.llen(f"runs:{unique_key}") == 2
@@ -114,8 +115,8 @@ def test_retried_duplicate_runs_after_the_holder_finishes(
 def test_retry_does_not_consume_the_tasks_own_retries(
     worker: Any, locker: RedisLocker, store: redis.Redis, unique_key: str
 ) -> None:
-    lease = _hold(locker, lockapp.hold_retry, unique_key)
-    result = lockapp.hold_retry.delay(unique_key)
+    lease = _hold(locker, policies.hold_retry, unique_key)
+    result = policies.hold_retry.delay(unique_key)
     wait_until(lambda: result.state == "RETRY")
     time.sleep(0.5)  # a few lock retries happen
     lease.release()
@@ -136,10 +137,10 @@ def test_a_lock_retry_stores_retry_before_it_sends_its_new_message(
             meta = lockapp.app.backend.get_task_meta(headers["id"])
             states_when_sent.append(meta["status"])
 
-    lease = _hold(locker, lockapp.hold_retry, unique_key)
+    lease = _hold(locker, policies.hold_retry, unique_key)
     before_task_publish.connect(record, weak=False)
     try:
-        result = lockapp.hold_retry.delay(unique_key)
+        result = policies.hold_retry.delay(unique_key)
         wait_until(lambda: len(states_when_sent) >= 2)
     finally:
         before_task_publish.disconnect(record)
@@ -173,9 +174,9 @@ def test_a_retried_duplicate_is_stored_started_only_once_it_holds_the_lock(
     worker: Any, locker: RedisLocker, broker_server: RedisServer, unique_key: str
 ) -> None:
     task_id = str(uuid.uuid4())
-    lease = _hold(locker, lockapp.hold_retry, unique_key)
+    lease = _hold(locker, policies.hold_retry, unique_key)
     with states_stored(broker_server, task_id) as stored:
-        result = lockapp.hold_retry.apply_async((unique_key,), task_id=task_id)
+        result = policies.hold_retry.apply_async((unique_key,), task_id=task_id)
         wait_until(lambda: result.state == "RETRY")
         time.sleep(0.3)  # a few lock retries
         lease.release()
@@ -186,8 +187,8 @@ def test_a_retried_duplicate_is_stored_started_only_once_it_holds_the_lock(
 def test_retry_budget_spent_fails_with_duplicate_task_error(
     worker: Any, locker: RedisLocker, unique_key: str
 ) -> None:
-    lease = _hold(locker, lockapp.hold_retry_twice, unique_key)
-    result = lockapp.hold_retry_twice.delay(unique_key)
+    lease = _hold(locker, policies.hold_retry_twice, unique_key)
+    result = policies.hold_retry_twice.delay(unique_key)
     with pytest.raises(DuplicateTaskError, match="after 2 lock retries"):
         result.get(timeout=20)
     lease.release()
@@ -196,7 +197,7 @@ def test_retry_budget_spent_fails_with_duplicate_task_error(
 def test_waiting_duplicate_runs_as_soon_as_the_lock_is_released(
     worker: Any, locker: RedisLocker, store: redis.Redis, unique_key: str
 ) -> None:
-    lease = _hold(locker, lockapp.hold_wait, unique_key, ttl=30)
+    lease = _hold(locker, policies.hold_wait, unique_key, ttl=30)
     waiting: list[str] = []
 
     def record(task_id: str = "", action: str = "", **_: Any) -> None:
@@ -205,7 +206,7 @@ def test_waiting_duplicate_runs_as_soon_as_the_lock_is_released(
 
     lock_duplicate.connect(record, weak=False)
     try:
-        result = lockapp.hold_wait.delay(unique_key)
+        result = policies.hold_wait.delay(unique_key)
         wait_until(lambda: result.id in waiting)
     finally:
         lock_duplicate.disconnect(record)
@@ -221,18 +222,18 @@ def test_waiting_duplicate_runs_as_soon_as_the_lock_is_released(
 def test_waiting_duplicate_notices_a_crashed_holder_at_its_ttl(
     worker: Any, locker: RedisLocker, store: redis.Redis, unique_key: str
 ) -> None:
-    _hold(locker, lockapp.hold_wait, unique_key, ttl=1.0)  # never released: a crash
+    _hold(locker, policies.hold_wait, unique_key, ttl=1.0)  # never released: a crash
     start = time.time()
-    lockapp.hold_wait.delay(unique_key).get(timeout=10)
+    policies.hold_wait.delay(unique_key).get(timeout=10)
     assert time.time() - start < 3.0
 
 
 def test_fail_policy_raises_duplicate_task_error(
     worker: Any, locker: RedisLocker, unique_key: str
 ) -> None:
-    lease = _hold(locker, lockapp.hold_fail, unique_key, task_id="busy")
+    lease = _hold(locker, policies.hold_fail, unique_key, task_id="busy")
     with pytest.raises(DuplicateTaskError, match="busy") as info:
-        lockapp.hold_fail.delay(unique_key).get(timeout=10)
+        policies.hold_fail.delay(unique_key).get(timeout=10)
     assert not isinstance(info.value, DuplicateTaskSkipped)
     lease.release()
 
@@ -240,9 +241,9 @@ def test_fail_policy_raises_duplicate_task_error(
 def test_lock_key_is_released_after_a_duplicate_finally_runs(
     worker: Any, store: redis.Redis, unique_key: str
 ) -> None:
-    results = [lockapp.hold_retry.delay(unique_key, 0.05) for _ in range(5)]
+    results = [policies.hold_retry.delay(unique_key, 0.05) for _ in range(5)]
     for result in results:
         result.get(timeout=30)
     assert store.llen(f"runs:{unique_key}") == 5
     assert int(store.get(f"overlaps:{unique_key}") or 0) == 0
-    assert_released(store, lock_key_of(lockapp.hold_retry, unique_key))
+    assert_released(store, lock_key_of(policies.hold_retry, unique_key))

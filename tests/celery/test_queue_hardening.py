@@ -15,7 +15,7 @@ from typing import Any, Iterator
 import pytest
 import redis
 
-from tests.celery import lockapp
+from tests.celery.tasks import core, queueing
 from tests.celery.workers import CeleryWorkerProcess, Servers, lock_key, unique, worker_group
 from tests.support import wait_until
 
@@ -36,20 +36,20 @@ def started_order(store: redis.Redis, key: str) -> list[int]:
 
 
 def parked_list(key: str) -> str:
-    return lock_key(lockapp.queued_in_order, key, 0) + ":parked"
+    return lock_key(queueing.queued_in_order, key, 0) + ":parked"
 
 
 def park(worker: CeleryWorkerProcess, key: str, index: int, **options: Any) -> Any:
     """Send call ``index`` on ``key`` and wait until it is parked."""
-    store = lockapp.store()
+    store = core.store()
     before = store.llen(parked_list(key))
-    result = lockapp.queued_in_order.apply_async((key, index, 0.05), queue=worker.queue, **options)
+    result = queueing.queued_in_order.apply_async((key, index, 0.05), queue=worker.queue, **options)
     wait_until(lambda: store.llen(parked_list(key)) == before + 1, timeout=20)
     return result
 
 
 def hold(worker: CeleryWorkerProcess, store: redis.Redis, key: str, seconds: float) -> Any:
-    holder = lockapp.queued_in_order.apply_async((key, 0, seconds), queue=worker.queue)
+    holder = queueing.queued_in_order.apply_async((key, 0, seconds), queue=worker.queue)
     wait_until(lambda: started_order(store, key) == [0], timeout=20)
     return holder
 
@@ -82,4 +82,4 @@ def test_a_parked_call_that_expired_meanwhile_is_dropped_and_the_next_one_runs(
     assert expiring.state == "REVOKED"
     assert started_order(store, key) == [0, 2]
     assert store.llen(parked_list(key)) == 0
-    wait_until(lambda: not store.exists(lock_key(lockapp.queued_in_order, key, 0)), timeout=10)
+    wait_until(lambda: not store.exists(lock_key(queueing.queued_in_order, key, 0)), timeout=10)

@@ -15,8 +15,8 @@ from celery.utils import uuid
 from celery_singleton_lock.celery.duplicates import parking as handoff
 from celery_singleton_lock.engine import Lease, Owner, RedisLocker
 from celery_singleton_lock.engine.lease import Parked
-from tests.celery import lockapp
 from tests.celery.conftest import assert_released, lock_key_of
+from tests.celery.tasks import canvas, queueing
 from tests.support import wait_until
 
 
@@ -31,10 +31,10 @@ def _hold(locker: RedisLocker, task: Any, key: str, ttl: float = 30) -> Lease:
 def test_every_duplicate_runs_once_in_arrival_order(
     worker: Any, store: redis.Redis, unique_key: str
 ) -> None:
-    parked = lock_key_of(lockapp.queued_in_order, unique_key, 0) + ":parked"
+    parked = lock_key_of(queueing.queued_in_order, unique_key, 0) + ":parked"
     results = []
     for index in range(6):  # one by one, each once the one before reached the lock
-        results.append(lockapp.queued_in_order.delay(unique_key, index, 0.5))
+        results.append(queueing.queued_in_order.delay(unique_key, index, 0.5))
         if index == 0:
             wait_until(lambda: store.llen(f"order:{unique_key}") == 1, timeout=10)
         else:
@@ -42,17 +42,17 @@ def test_every_duplicate_runs_once_in_arrival_order(
     assert [result.get(timeout=30) for result in results] == list(range(6))
     assert store.lrange(f"order:{unique_key}", 0, -1) == [str(i).encode() for i in range(6)]
     assert int(store.get(f"overlaps:{unique_key}") or 0) == 0
-    assert_released(store, lock_key_of(lockapp.queued_in_order, unique_key, 0))
+    assert_released(store, lock_key_of(queueing.queued_in_order, unique_key, 0))
 
 
 def test_a_parked_duplicate_holds_no_worker_slot(
     worker: Any, locker: RedisLocker, store: redis.Redis, unique_key: str
 ) -> None:
-    lease = _hold(locker, lockapp.hold_queue, unique_key)
-    parked = [lockapp.hold_queue.delay(unique_key) for _ in range(6)]  # more than the 4 slots
-    other = lockapp.hold_queue.delay(f"{unique_key}-other")
+    lease = _hold(locker, queueing.hold_queue, unique_key)
+    parked = [queueing.hold_queue.delay(unique_key) for _ in range(6)]  # more than the 4 slots
+    other = queueing.hold_queue.delay(f"{unique_key}-other")
     other.get(timeout=10)  # a slot was free: the six parked ones hold none
-    keys = locker.keys(lockapp.hold_queue.lock_options.keyer.name((unique_key,), {}))
+    keys = locker.keys(queueing.hold_queue.lock_options.keyer.name((unique_key,), {}))
     wait_until(lambda: store.llen(keys.parked) == 6, timeout=10)
     assert all(result.state == "PENDING" for result in parked)
     assert store.llen(f"runs:{unique_key}") == 0
@@ -63,9 +63,9 @@ def test_a_parked_duplicate_holds_no_worker_slot(
 def test_the_holders_release_starts_the_oldest_parked_duplicate(
     worker: Any, store: redis.Redis, unique_key: str
 ) -> None:
-    first = lockapp.hold_queue.delay(unique_key, 0.5)
+    first = queueing.hold_queue.delay(unique_key, 0.5)
     wait_until(lambda: store.llen(f"runs:{unique_key}") == 1, timeout=10)
-    second = lockapp.hold_queue.delay(unique_key, 0.0)
+    second = queueing.hold_queue.delay(unique_key, 0.0)
     first.get(timeout=10)
     second.get(timeout=10)
     runs = store.lrange(f"runs:{unique_key}", 0, -1)
@@ -78,8 +78,8 @@ def test_the_holders_release_starts_the_oldest_parked_duplicate(
 def test_a_chord_of_identical_queued_calls_completes_with_every_result(
     worker: Any, store: redis.Redis, unique_key: str
 ) -> None:
-    header = group(lockapp.queued_in_order.s(unique_key, index, 0.05) for index in range(5))
-    result = chord(header)(lockapp.collects.s())
+    header = group(queueing.queued_in_order.s(unique_key, index, 0.05) for index in range(5))
+    result = chord(header)(canvas.collects.s())
     assert sorted(result.get(timeout=30)) == list(range(5))
     assert int(store.get(f"overlaps:{unique_key}") or 0) == 0
 
@@ -91,7 +91,7 @@ def test_a_parked_call_whose_message_cannot_be_read_is_dropped_and_the_next_one_
     unique_key: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    task = lockapp.queued_in_order
+    task = queueing.queued_in_order
     name = task.lock_options.keyer.name((unique_key, 0), {})
     holder = task.delay(unique_key, 0, 1.0)
     wait_until(lambda: store.llen(f"order:{unique_key}") == 1, timeout=10)
@@ -126,7 +126,7 @@ def test_a_parked_message_sent_again_keeps_its_place_and_runs_once(
     worker: Any, locker: RedisLocker, store: redis.Redis, unique_key: str
 ) -> None:
     # an acks_late message redelivered while parked, then again after it ran
-    task = lockapp.queued_acks_late
+    task = queueing.queued_acks_late
     keys = locker.keys(task.lock_options.keyer.name((unique_key, 0), {}))
     holder = task.delay(unique_key, 0, 1.0)
     wait_until(lambda: store.llen(f"order:{unique_key}") == 1, timeout=10)
@@ -148,7 +148,7 @@ def test_a_parked_message_sent_again_keeps_its_place_and_runs_once(
 def test_a_queued_task_retrying_itself_hands_on_and_its_retry_runs_later(
     worker: Any, locker: RedisLocker, store: redis.Redis, unique_key: str
 ) -> None:
-    task = lockapp.queued_retries_once
+    task = queueing.queued_retries_once
     keys = locker.keys(task.lock_options.keyer.name((unique_key, 0), {}))
     first = task.delay(unique_key, 0, 0.3)
     wait_until(lambda: store.llen(f"order:{unique_key}") == 1, timeout=10)
@@ -168,7 +168,7 @@ def test_a_queued_task_retrying_itself_hands_on_and_its_retry_runs_later(
 def test_a_chain_goes_on_after_its_parked_step_runs(
     worker: Any, locker: RedisLocker, store: redis.Redis, unique_key: str
 ) -> None:
-    task = lockapp.queued_in_order
+    task = queueing.queued_in_order
     keys = locker.keys(task.lock_options.keyer.name((unique_key, 0), {}))
     holder = task.delay(unique_key, 0, 0.5)
     wait_until(lambda: store.llen(f"order:{unique_key}") == 1, timeout=10)
@@ -184,13 +184,13 @@ def test_a_call_whose_arguments_json_cannot_hold_is_not_parked(
 ) -> None:
     request = Context(id="t-1", args=["k", 1, object()], kwargs={}, delivery_info={})
     with caplog.at_level(logging.WARNING, logger="celery_singleton_lock.handoff"):
-        assert handoff.parked_message(lockapp.queued_in_order, request) is None
+        assert handoff.parked_message(queueing.queued_in_order, request) is None
     assert "queued_in_order[t-1]: cannot park this call" in caplog.text
 
 
 def test_a_parked_message_is_its_task_id_then_json(celery_app: Any) -> None:
     request = Context(id="t-2", args=["k", 1, 0.5], kwargs={}, delivery_info={})
-    message = handoff.parked_message(lockapp.queued_in_order, request)
+    message = handoff.parked_message(queueing.queued_in_order, request)
     assert message is not None
     task_id, body = message.split(b"\n", 1)
     assert task_id == b"t-2"
@@ -200,11 +200,11 @@ def test_a_parked_message_is_its_task_id_then_json(celery_app: Any) -> None:
 def test_a_call_json_cannot_hold_keeps_its_serializer_on_its_lock_retry(
     worker: Any, locker: RedisLocker, store: redis.Redis, unique_key: str
 ) -> None:
-    task = lockapp.queued_colour
-    name = task.lock_options.keyer.name((unique_key, lockapp.Colour.RED), {})
+    task = queueing.queued_colour
+    name = task.lock_options.keyer.name((unique_key, queueing.Colour.RED), {})
     lease = locker.try_acquire(name, 30, owner=Owner(task_id="holder"), renew=False)
     assert isinstance(lease, Lease)
-    result = task.apply_async((unique_key, lockapp.Colour.RED), serializer="pickle")
+    result = task.apply_async((unique_key, queueing.Colour.RED), serializer="pickle")
     wait_until(lambda: result.state == "RETRY", timeout=10)  # not parked: a lock retry
     lease.release()
     assert result.get(timeout=30) == "RED"

@@ -24,7 +24,7 @@ import pytest
 import redis
 
 from celery_singleton_lock.testing import RedisServer
-from tests.celery import lockapp
+from tests.celery.tasks import queueing
 from tests.celery.workers import (
     CeleryWorkerProcess,
     Servers,
@@ -63,7 +63,7 @@ def started_order(store: redis.Redis, key: str) -> list[int]:
 
 
 def parked_list(key: str) -> str:
-    return lock_key(lockapp.queued_in_order, key, 0) + ":parked"
+    return lock_key(queueing.queued_in_order, key, 0) + ":parked"
 
 
 def send_in_order(
@@ -80,7 +80,7 @@ def send_in_order(
     results = []
     for index in range(first, first + calls):
         results.append(
-            lockapp.queued_in_order.apply_async((key, index, seconds), queue=worker.queue)
+            queueing.queued_in_order.apply_async((key, index, seconds), queue=worker.queue)
         )
         if index == 0:
             wait_until(lambda: started_order(store, key) == [0], timeout=20)
@@ -123,7 +123,7 @@ def test_many_short_calls_on_one_key_run_within_their_summed_time(
     key = unique("k")
     started = time.monotonic()
     results = [
-        lockapp.queued_in_order.apply_async((key, index, wanted.seconds), queue=prefork.queue)
+        queueing.queued_in_order.apply_async((key, index, wanted.seconds), queue=prefork.queue)
         for index in range(wanted.calls)
     ]
     for result in results:
@@ -149,7 +149,7 @@ def _parked_behind_a_holder(
     worker: CeleryWorkerProcess, store: redis.Redis, key: str, parked: int, seconds: float
 ) -> tuple[Any, list[Any]]:
     """A holder running for ``seconds`` and ``parked`` duplicates parked behind it."""
-    holder = lockapp.queued_in_order.apply_async((key, 0, seconds), queue=worker.queue)
+    holder = queueing.queued_in_order.apply_async((key, 0, seconds), queue=worker.queue)
     wait_until(lambda: started_order(store, key) == [0], timeout=20)
     duplicates = send_in_order(worker, store, key, parked, 0.05, first=1)
     return holder, duplicates

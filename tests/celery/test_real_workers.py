@@ -3,7 +3,8 @@ redelivery, and RabbitMQ as the broker.
 
 Each scenario starts its own workers (tests/celery/workers.py) on a queue of its own, against
 Redis servers of this module only, so killing workers never disturbs another test. Bodies
-record themselves in the lock Redis (see lockapp.body): ``runs:<key>``, ``overlaps:<key>``.
+record themselves in the lock Redis (see ``body`` in tests/celery/tasks/core.py):
+``runs:<key>``, ``overlaps:<key>``.
 A scenario that several facts are read from runs once, in a module-scoped fixture, and each
 fact is a test of its own.
 """
@@ -27,7 +28,7 @@ from kombu import Connection
 
 from celery_singleton_lock import DuplicateTaskSkipped
 from celery_singleton_lock.testing import RedisServer
-from tests.celery import lockapp
+from tests.celery.tasks import exits, expiry, policies
 from tests.celery.workers import (
     CeleryWorkerProcess,
     Servers,
@@ -150,12 +151,12 @@ def renewal(
     if pool == "gevent":
         pytest.importorskip("gevent", reason="gevent is not installed")
     store, key = lock_store, unique("renew")
-    name = lock_key(lockapp.short_ttl, key)
+    name = lock_key(expiry.short_ttl, key)
     with worker_group(servers) as group:
         # a solo worker runs one task at a time: the duplicate needs a second worker
         started = group.start(2 if pool == "solo" else 1, pool=pool, concurrency=2)
         queue = started[0].queue
-        first = send(client, queue, lockapp.short_ttl, key, 3.5)
+        first = send(client, queue, expiry.short_ttl, key, 3.5)
         first_run(store, key)
         inside_since = time.monotonic()
         duplicate: Optional[AsyncResult] = None
@@ -166,7 +167,7 @@ def renewal(
                 break
             pttls.append(int(pttl))
             if duplicate is None and time.monotonic() - inside_since >= 1.5:
-                duplicate = send(client, queue, lockapp.short_ttl, key, 0)
+                duplicate = send(client, queue, expiry.short_ttl, key, 0)
             time.sleep(0.02)
         first.get(timeout=15)
         error: Optional[BaseException] = None
@@ -210,8 +211,8 @@ def prefork(servers: Servers) -> Iterator[CeleryWorkerProcess]:
 def test_soft_time_limit_releases_the_lock(
     prefork: CeleryWorkerProcess, client: Celery, lock_store: redis.Redis, key: str
 ) -> None:
-    name = lock_key(lockapp.soft_limited, key)
-    result = send(client, prefork.queue, lockapp.soft_limited, key)
+    name = lock_key(exits.soft_limited, key)
+    result = send(client, prefork.queue, exits.soft_limited, key)
     wait_until(lambda: lock_store.exists(name), timeout=10, interval=0.01)  # 0.5 s window
     with pytest.raises(SoftTimeLimitExceeded):
         result.get(timeout=15)
@@ -222,8 +223,8 @@ def test_soft_time_limit_releases_the_lock(
 def test_hard_time_limit_lock_is_freed_by_the_main_process_long_before_its_ttl(
     prefork: CeleryWorkerProcess, client: Celery, lock_store: redis.Redis, key: str
 ) -> None:
-    name = lock_key(lockapp.hard_limited, key)  # time_limit=1, lock_ttl=30
-    result = send(client, prefork.queue, lockapp.hard_limited, key)
+    name = lock_key(exits.hard_limited, key)  # time_limit=1, lock_ttl=30
+    result = send(client, prefork.queue, exits.hard_limited, key)
     first_run(lock_store, key)
     with pytest.raises(TimeLimitExceeded):
         result.get(timeout=15)
@@ -234,8 +235,8 @@ def test_hard_time_limit_lock_is_freed_by_the_main_process_long_before_its_ttl(
 def test_revoke_terminate_lock_is_freed_by_the_main_process(
     prefork: CeleryWorkerProcess, client: Celery, lock_store: redis.Redis, key: str
 ) -> None:
-    name = lock_key(lockapp.long_running, key, 20)  # lock_ttl=30
-    result = send(client, prefork.queue, lockapp.long_running, key, 20)
+    name = lock_key(exits.long_running, key, 20)  # lock_ttl=30
+    result = send(client, prefork.queue, exits.long_running, key, 20)
     first_run(lock_store, key)
     assert lock_store.pttl(name) > 25_000
     client.control.revoke(result.id, terminate=True)
@@ -249,8 +250,8 @@ def kill_child_running_the_task(
 ) -> tuple[float, float]:
     """SIGKILL the pool child running long_running (lock_ttl=30); returns (seconds until
     Celery reported WorkerLostError, seconds from then until the lock was gone)."""
-    name = lock_key(lockapp.long_running, key, 20)
-    result = send(client, worker.queue, lockapp.long_running, key, 20)
+    name = lock_key(exits.long_running, key, 20)
+    result = send(client, worker.queue, exits.long_running, key, 20)
     run = first_run(store, key)
     assert run.pid in worker.children()
     os.kill(run.pid, signal.SIGKILL)
@@ -288,8 +289,8 @@ def kill_whole_worker(
     children; with ``duplicate``, a duplicate goes to a second worker right after the kill."""
     (holder,) = workers.start(1, pool="prefork", concurrency=1)
     other = workers.start(1, pool="prefork", concurrency=1)[0] if duplicate else None
-    name = lock_key(lockapp.long_short_ttl, key)
-    send(client, holder.queue, lockapp.long_short_ttl, key, 30)
+    name = lock_key(expiry.long_short_ttl, key)
+    send(client, holder.queue, expiry.long_short_ttl, key, 30)
     first_run(store, key)
     holder.kill_group(signal.SIGKILL)
     killed_at, killed_wall = time.monotonic(), time.time()
@@ -298,7 +299,7 @@ def kill_whole_worker(
         wait_gone(store, name, 2.0 + 1.0)
         outcome.gone_after = time.monotonic() - killed_at
         return outcome
-    second = send(client, other.queue, lockapp.long_short_ttl, key, 0)
+    second = send(client, other.queue, expiry.long_short_ttl, key, 0)
     second.get(timeout=15)
     (run,) = (run for run in runs(store, key) if run.task_id == second.id)
     outcome.duplicate_started_after = run.started - killed_wall
@@ -367,7 +368,7 @@ def contend(
             started = group.start(2, pool="prefork", concurrency=4, queue=queue)
             queue = started[0].queue
             began = time.monotonic()
-            sent = [send(client, queue, lockapp.hold_retry, key, 0.005).id for _ in range(tasks)]
+            sent = [send(client, queue, policies.hold_retry, key, 0.005).id for _ in range(tasks)]
             for _ in range(int(budget / 0.1) + 1):
                 # every id has run (a body that ran twice does not make up for one not yet run)
                 if store.llen(f"runs:{key}") >= tasks and all_ran(store, key, sent):
@@ -390,7 +391,7 @@ def contend(
                 sent=sent,
                 runs=runs(store, key),
                 overlaps=overlaps(store, key),
-                lock_left=not _released_within(store, lock_key(lockapp.hold_retry, key), 2.0),
+                lock_left=not _released_within(store, lock_key(policies.hold_retry, key), 2.0),
                 duration=duration,
                 states=states,
                 lock_retries=sum(w.count_in_log("; lock retry ") for w in started),
@@ -440,10 +441,10 @@ def long_body_with_duplicate(
     sent 2 s into the body. Returns the runs once both have ended."""
     started = workers.start(2, pool="prefork", concurrency=2, queue=queue)
     queue = started[0].queue
-    first = send(client, queue, lockapp.short_ttl_retry, key, 5)
+    first = send(client, queue, expiry.short_ttl_retry, key, 5)
     run = first_run(store, key)
     sleep_for(run.started + 2 - time.time(), step=0.1)
-    duplicate = send(client, queue, lockapp.short_ttl_retry, key, 0.5)
+    duplicate = send(client, queue, expiry.short_ttl_retry, key, 0.5)
     first.get(timeout=15)
     duplicate.get(timeout=15)
     return runs(store, key)
@@ -547,7 +548,7 @@ def run_redelivery(servers: Servers, task: Any, seconds: float, watch: float) ->
 @pytest.fixture(scope="module")
 def redelivery_skip(redelivery_broker: Servers) -> Redelivery:
     # body 6 s, watched 10 s: the first run has ended and acked well before the end
-    outcome = run_redelivery(redelivery_broker, lockapp.late_ack_skip, 6, watch=10)
+    outcome = run_redelivery(redelivery_broker, expiry.late_ack_skip, 6, watch=10)
     print(f"redelivery, on_duplicate='skip': {outcome.summary()}")
     return outcome
 
@@ -571,7 +572,7 @@ def redelivery_retry(redelivery_broker: Servers) -> Redelivery:
     # Every run (6 s) outlives the visibility timeout (2 s), so the message is handed out
     # again while it runs; with "retry" the copies wait, and once the original has finished
     # they must be dropped rather than run the body again. Watch 14 s.
-    outcome = run_redelivery(redelivery_broker, lockapp.late_ack_retry, 6, watch=14)
+    outcome = run_redelivery(redelivery_broker, expiry.late_ack_retry, 6, watch=14)
     print(f"redelivery, on_duplicate='retry': {outcome.summary()}")
     return outcome
 

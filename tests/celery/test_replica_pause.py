@@ -12,7 +12,7 @@ import pytest
 from celery_singleton_lock.celery.task import locked_task
 from celery_singleton_lock.celery.task.replica_pause import ReplicaPause
 from celery_singleton_lock.testing import RedisServer
-from tests.celery import lockapp
+from tests.celery.tasks import runtime
 from tests.support import wait_until
 
 CALLS = 3
@@ -48,7 +48,7 @@ def paused_then_resumed(
     monkeypatch.setattr(logger, "level", logging.DEBUG)
     logger.addHandler(kept)
     try:
-        results = [lockapp.paused_without_replica.delay(f"{unique_key}-{n}") for n in range(CALLS)]
+        results = [runtime.paused_without_replica.delay(f"{unique_key}-{n}") for n in range(CALLS)]
         # each call retried at least once
         wait_until(lambda: pause.refused >= 2 * CALLS, timeout=20)
         refused = pause.refused

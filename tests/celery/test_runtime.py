@@ -16,18 +16,18 @@ from celery.signals import task_postrun
 from celery_singleton_lock.celery import lock_lost
 from celery_singleton_lock.engine import Lease, Owner, RedisLocker
 from celery_singleton_lock.testing import RedisServer
-from tests.celery import lockapp
 from tests.celery.conftest import assert_released, lock_key_of
+from tests.celery.tasks import expiry, policies, runtime
 from tests.support import CountingConnection, wait_until
 
 
 def test_an_uncontended_task_costs_exactly_two_lock_round_trips(
     worker: Any, unique_key: str
 ) -> None:
-    lockapp.hold_skip.delay(f"{unique_key}-warm").get(timeout=10)  # scripts loaded once
+    policies.hold_skip.delay(f"{unique_key}-warm").get(timeout=10)  # scripts loaded once
     CountingConnection.reset()
     for i in range(25):
-        lockapp.hold_skip.delay(f"{unique_key}-{i}").get(timeout=10)
+        policies.hold_skip.delay(f"{unique_key}-{i}").get(timeout=10)
     wait_until(lambda: CountingConnection.count() >= 50, timeout=5)  # last release: threaded
     assert CountingConnection.sent == ["EVALSHA", "EVAL"] * 25  # acquire, release
 
@@ -40,7 +40,7 @@ def test_a_lost_lock_is_flagged_on_the_request_and_signalled(worker: Any, unique
 
     lock_lost.connect(receiver, weak=False)
     try:
-        result = lockapp.watches_its_lock.delay(unique_key)
+        result = runtime.watches_its_lock.delay(unique_key)
         assert result.get(timeout=10) == {"lost": True, "check_raised": "LockLostError"}
         # the renewer sets the flag first (the body may end at once), then signals
         wait_until(lambda: seen, timeout=5)
@@ -52,27 +52,27 @@ def test_a_lost_lock_is_flagged_on_the_request_and_signalled(worker: Any, unique
 def test_a_nested_same_key_run_in_the_same_thread_is_reentrant(
     worker: Any, store: redis.Redis, unique_key: str
 ) -> None:
-    assert lockapp.reentrant.delay(unique_key, 2).get(timeout=10) == [2, 1, 0]
+    assert runtime.reentrant.delay(unique_key, 2).get(timeout=10) == [2, 1, 0]
     assert int(store.get(f"reentrant:{unique_key}")) == 3
-    assert_released(store, lock_key_of(lockapp.reentrant, unique_key, 0))
+    assert_released(store, lock_key_of(runtime.reentrant, unique_key, 0))
 
 
 def test_fences_increase_across_executions(worker: Any) -> None:
-    fences = [lockapp.fenced.delay("acct-fence").get(timeout=10) for _ in range(5)]
+    fences = [runtime.fenced.delay("acct-fence").get(timeout=10) for _ in range(5)]
     assert all(b > a for a, b in zip(fences, fences[1:]))
 
 
 def test_apply_takes_a_real_lock_and_skips_when_it_is_held(
     celery_app: Any, locker: RedisLocker, store: redis.Redis, unique_key: str
 ) -> None:
-    name = lockapp.hold_skip.lock_options.keyer.name((unique_key,), {})
+    name = policies.hold_skip.lock_options.keyer.name((unique_key,), {})
     lease = locker.try_acquire(name, 30, owner=Owner(task_id="elsewhere"), renew=False)
     assert isinstance(lease, Lease)
-    result = lockapp.hold_skip.apply(args=(unique_key,))
+    result = policies.hold_skip.apply(args=(unique_key,))
     assert result.state == "IGNORED"
     assert store.llen(f"runs:{unique_key}") == 0
     lease.release()
-    assert lockapp.hold_skip.apply(args=(unique_key,)).get()["key"] == unique_key
+    assert policies.hold_skip.apply(args=(unique_key,)).get()["key"] == unique_key
     assert not store.exists(lease.key)
 
 
@@ -81,21 +81,21 @@ def test_always_eager_mode_takes_and_releases_real_locks(
 ) -> None:
     celery_app.conf.task_always_eager = True
     try:
-        fence = lockapp.fenced.delay(unique_key).get()
+        fence = runtime.fenced.delay(unique_key).get()
     finally:
         celery_app.conf.task_always_eager = False
-    name = lockapp.fenced.lock_options.keyer.name((unique_key,), {})
+    name = runtime.fenced.lock_options.keyer.name((unique_key,), {})
     assert fence >= 1 and locker.inspect.fence(name) >= fence
-    assert_released(store, lock_key_of(lockapp.fenced, unique_key))
+    assert_released(store, lock_key_of(runtime.fenced, unique_key))
 
 
 def test_a_direct_call_takes_no_lock(
     celery_app: Any, locker: RedisLocker, store: redis.Redis, unique_key: str
 ) -> None:
-    name = lockapp.hold_skip.lock_options.keyer.name((unique_key,), {})
+    name = policies.hold_skip.lock_options.keyer.name((unique_key,), {})
     lease = locker.try_acquire(name, 30, renew=False)
     assert isinstance(lease, Lease)
-    lockapp.hold_skip(unique_key)  # runs in the caller: Celery runs no before_start here
+    policies.hold_skip(unique_key)  # runs in the caller: Celery runs no before_start here
     assert store.llen(f"runs:{unique_key}") == 1
     assert store.exists(lease.key)  # the holder's lock was neither taken nor released
     lease.release()
@@ -106,7 +106,7 @@ def test_unreachable_lock_server_retries_the_task_until_it_returns(
 ) -> None:
     lock_server.stop()
     try:
-        result = lockapp.retries_on_outage.delay(unique_key)
+        result = runtime.retries_on_outage.delay(unique_key)
         wait_until(lambda: result.state == "RETRY", timeout=20)
         time.sleep(0.5)
     finally:
@@ -119,7 +119,7 @@ def test_lock_on_backend_error_run_runs_without_the_lock(
 ) -> None:
     lock_server.stop()
     try:
-        result = lockapp.runs_unlocked.delay(unique_key)
+        result = runtime.runs_unlocked.delay(unique_key)
         assert result.get(timeout=20) is False
     finally:
         lock_server.start()
@@ -127,20 +127,20 @@ def test_lock_on_backend_error_run_runs_without_the_lock(
 
 @pytest.mark.parametrize("value", [b"x" * (10 * 1024 * 1024), "é" * 3_000_000])
 def test_huge_arguments_give_a_bounded_key(celery_app: Any, value: Any) -> None:
-    key = lock_key_of(lockapp.hold_skip, value)
+    key = lock_key_of(policies.hold_skip, value)
     assert len(key) < 200
 
 
 def test_apply_with_retry_policy_waits_in_place_for_the_release(
     celery_app: Any, locker: RedisLocker, store: redis.Redis, unique_key: str
 ) -> None:
-    name = lockapp.hold_retry.lock_options.keyer.name((unique_key,), {})
+    name = policies.hold_retry.lock_options.keyer.name((unique_key,), {})
     lease = locker.try_acquire(name, 30, renew=False)
     assert isinstance(lease, Lease)
     releaser = threading.Timer(0.3, lease.release)
     releaser.start()
     try:
-        result = lockapp.hold_retry.apply(args=(unique_key,))
+        result = policies.hold_retry.apply(args=(unique_key,))
     finally:
         releaser.join()
     assert result.state == "SUCCESS"
@@ -153,7 +153,7 @@ def test_apply_with_the_lock_server_down_fails_at_once_with_backend_unavailable(
     lock_server.stop()
     try:
         started = time.monotonic()
-        result = lockapp.retries_on_outage.apply(args=(unique_key,))
+        result = runtime.retries_on_outage.apply(args=(unique_key,))
         elapsed = time.monotonic() - started
     finally:
         lock_server.start()
@@ -179,7 +179,7 @@ def test_same_key_chain_steps_do_not_collide(
         return release(lease, **options)
 
     monkeypatch.setattr(locker, "release", slow_release)
-    steps = chain(*(lockapp.hold_skip.si(unique_key, 0.01) for _ in range(3)))
+    steps = chain(*(policies.hold_skip.si(unique_key, 0.01) for _ in range(3)))
     steps.apply_async().get(timeout=20)
     assert store.llen(f"runs:{unique_key}") == 3
 
@@ -204,12 +204,12 @@ def test_an_acks_late_task_id_that_finished_does_not_run_again_under_its_lock(
 ) -> None:
     task_id = str(uuid.uuid4())
     with ended_states() as ended:
-        lockapp.late_ack_retry.apply_async((unique_key, 0), task_id=task_id).get(timeout=10)
-        lockapp.late_ack_retry.apply_async((unique_key, 0), task_id=task_id)  # as a copy would
+        expiry.late_ack_retry.apply_async((unique_key, 0), task_id=task_id).get(timeout=10)
+        expiry.late_ack_retry.apply_async((unique_key, 0), task_id=task_id)  # as a copy would
         wait_until(lambda: len(ended.get(task_id, [])) == 2)
     assert ended[task_id] == ["SUCCESS", "IGNORED"]
     assert store.llen(f"runs:{unique_key}") == 1
-    assert_released(store, lock_key_of(lockapp.late_ack_retry, unique_key))
+    assert_released(store, lock_key_of(expiry.late_ack_retry, unique_key))
 
 
 def test_with_lock_finished_ttl_none_the_same_task_id_runs_again(
@@ -218,7 +218,7 @@ def test_with_lock_finished_ttl_none_the_same_task_id_runs_again(
     task_id = str(uuid.uuid4())
     with ended_states() as ended:
         for _ in range(2):
-            lockapp.late_ack_forgetful.apply_async((unique_key,), task_id=task_id).get(timeout=10)
+            expiry.late_ack_forgetful.apply_async((unique_key,), task_id=task_id).get(timeout=10)
         wait_until(lambda: len(ended.get(task_id, [])) == 2)
     assert ended[task_id] == ["SUCCESS", "SUCCESS"]
     assert store.llen(f"runs:{unique_key}") == 2
@@ -227,16 +227,16 @@ def test_with_lock_finished_ttl_none_the_same_task_id_runs_again(
 def test_a_locked_task_with_track_started_is_started_while_its_body_runs(
     worker: Any, unique_key: str
 ) -> None:
-    assert lockapp.reports_its_state.lock_track_started
-    assert not lockapp.reports_its_state.track_started  # the tracer's own store is off
-    assert lockapp.reports_its_state.delay(unique_key).get(timeout=10) == "STARTED"
+    assert runtime.reports_its_state.lock_track_started
+    assert not runtime.reports_its_state.track_started  # the tracer's own store is off
+    assert runtime.reports_its_state.delay(unique_key).get(timeout=10) == "STARTED"
 
 
 def test_apply_with_too_few_replicas_fails_with_backend_unavailable_and_leaves_no_lock(
     celery_app: Any, store: redis.Redis, unique_key: str
 ) -> None:
-    result = lockapp.needs_a_replica.apply(args=(unique_key,))
+    result = runtime.needs_a_replica.apply(args=(unique_key,))
     assert result.state == "FAILURE"
     assert type(result.result).__name__ == "LockBackendUnavailable"
     assert "replica" in str(result.result)
-    assert not store.exists(lock_key_of(lockapp.needs_a_replica, unique_key))
+    assert not store.exists(lock_key_of(runtime.needs_a_replica, unique_key))

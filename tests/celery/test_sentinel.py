@@ -32,8 +32,8 @@ import redis
 from celery.result import AsyncResult
 
 from celery_singleton_lock.testing import RedisServer
-from tests.celery import lockapp
 from tests.celery.streams import ran, starts, wait_for
+from tests.celery.tasks import expiry
 from tests.celery.workers import Servers, client_app, close_client, unique, worker_group
 from tests.chaos.conftest import chaos_figures  # noqa: F401 (fixture)
 from tests.sentinel_topology import Failover, SentinelGroup
@@ -96,8 +96,8 @@ class Stream:
 #: The two streams: locks as they are (asynchronous replication), and locks held only once the
 #: replica acknowledged them (``lock_min_replicas=1``, ``WAIT 1`` with the acquire).
 TASKS = {
-    "async": lockapp.short_ttl_retry.name,
-    "min_replicas_1": lockapp.short_ttl_retry_replicated.name,
+    "async": expiry.short_ttl_retry.name,
+    "min_replicas_1": expiry.short_ttl_retry_replicated.name,
 }
 
 

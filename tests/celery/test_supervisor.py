@@ -17,6 +17,7 @@ import redis
 from celery_singleton_lock.celery.worker.child_renewal import ChildLockSupervisor
 from celery_singleton_lock.engine import Lease, Owner, RedisLocker
 from tests.celery import lockapp
+from tests.celery.tasks import gil
 
 NOW = 1_800_000_000.0
 NODE = "node@h"
@@ -24,7 +25,7 @@ NODE = "node@h"
 SHORT_MS = 300
 
 
-def running(key: str, *, pid: int = 4242, task: Any = lockapp.holds_the_gil, **extra: Any) -> Any:
+def running(key: str, *, pid: int = 4242, task: Any = gil.holds_the_gil, **extra: Any) -> Any:
     """A request accepted by child ``pid`` at NOW."""
     fields = {
         "task": task,

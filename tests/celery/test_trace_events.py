@@ -10,7 +10,7 @@ import pytest
 
 from celery_singleton_lock.celery.observe import tracing
 from celery_singleton_lock.engine import Lease, Owner, RedisLocker
-from tests.celery import lockapp
+from tests.celery.tasks import policies, runtime
 
 trace = pytest.importorskip("opentelemetry.trace")
 sdk_trace = pytest.importorskip("opentelemetry.sdk.trace")
@@ -52,7 +52,7 @@ def events_of(exporter: Any, name: str) -> list[Any]:
 
 
 def test_an_acquire_adds_a_lock_acquired_event_with_its_fence(traced: Any, unique_key: str) -> None:
-    result = run_in_span(lockapp.fenced, unique_key)
+    result = run_in_span(runtime.fenced, unique_key)
     (event,) = events_of(traced, "lock.acquired")
     assert event.attributes["celery.lock.fence"] == result.get()
 
@@ -60,7 +60,7 @@ def test_an_acquire_adds_a_lock_acquired_event_with_its_fence(traced: Any, uniqu
 def test_an_acquire_says_how_long_the_execution_waited_for_its_lock(
     traced: Any, unique_key: str
 ) -> None:
-    run_in_span(lockapp.fenced, unique_key)
+    run_in_span(runtime.fenced, unique_key)
     (event,) = events_of(traced, "lock.acquired")
     assert event.attributes["celery.lock.waited_seconds"] >= 0
 
@@ -68,11 +68,11 @@ def test_an_acquire_says_how_long_the_execution_waited_for_its_lock(
 def test_a_duplicate_adds_a_lock_duplicate_event_with_action_and_reason(
     traced: Any, celery_app: Any, locker: RedisLocker, unique_key: str
 ) -> None:
-    name = lockapp.hold_skip.lock_options.keyer.name((unique_key,), {})
+    name = policies.hold_skip.lock_options.keyer.name((unique_key,), {})
     lease = locker.try_acquire(name, 30, owner=Owner(task_id="the-holder"), renew=False)
     assert isinstance(lease, Lease)
     try:
-        run_in_span(lockapp.hold_skip, unique_key)
+        run_in_span(policies.hold_skip, unique_key)
     finally:
         lease.release()
     (event,) = events_of(traced, "lock.duplicate")
@@ -85,6 +85,6 @@ def test_a_duplicate_adds_a_lock_duplicate_event_with_action_and_reason(
 def test_a_lost_lock_adds_a_lock_lost_event_to_the_span_of_its_execution(
     traced: Any, unique_key: str
 ) -> None:
-    result = run_in_span(lockapp.watches_its_lock, unique_key)
+    result = run_in_span(runtime.watches_its_lock, unique_key)
     assert result.get()["lost"]
     assert len(events_of(traced, "lock.lost")) == 1

@@ -34,7 +34,7 @@ from typing import Any, Optional
 
 import redis
 
-#: Where the lock_lost receiver in tests/celery/lockapp.py records: "task_id|key|time".
+#: Where the lock_lost receiver in tests/celery/tasks/chaos.py records: "task_id|key|time".
 LOCK_LOST_LIST = "chaos:lock_lost"
 
 CLAIM = """

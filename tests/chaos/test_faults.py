@@ -10,7 +10,7 @@
 Each scenario runs at a reduced size by default (the whole file takes a few minutes on two
 cores) and at full size with ``--full`` (the ``full`` marker). Balance updates go to a fenced,
 idempotent store on a Redis server of its own (tests/chaos/fenced_store.py); tasks are the
-``chaos_*`` ones at the end of tests/celery/lockapp.py. Fault moments are random: the seed is
+ones in tests/celery/tasks/chaos.py. Fault moments are random: the seed is
 printed with the figures, and ``CSL_CHAOS_SEED`` replays one. Every loop is bounded in count
 and in time. Figures are printed and listed in the "chaos figures" section of the summary.
 """
@@ -36,7 +36,7 @@ from celery.result import AsyncResult
 
 from celery_singleton_lock.engine import LockInspector
 from celery_singleton_lock.testing import RedisServer
-from tests.celery import lockapp
+from tests.celery.tasks import chaos, expiry
 from tests.celery.workers import (
     START_TIMEOUT,
     CeleryWorkerProcess,
@@ -273,7 +273,7 @@ def run_balances(servers: ChaosServers, plan: Plan) -> BalanceOutcome:
         return [low + (i + rng.uniform(0.1, 0.9)) * width for i in range(count)]
 
     kill_due, restart_due = moments(plan.kills), moments(plan.lock_restarts)
-    account_of = {lock_key(lockapp.chaos_balance, a, 0, ""): a for a in accounts}
+    account_of = {lock_key(chaos.chaos_balance, a, 0, ""): a for a in accounts}
     store = FencedStore(store_client(servers), ns)
     locks = servers.lock.client(socket_timeout=2, socket_connect_timeout=1)
     client = client_app(servers)
@@ -299,7 +299,7 @@ def run_balances(servers: ChaosServers, plan: Plan) -> BalanceOutcome:
                 while sent_count < len(work) and sent_count <= elapsed * plan.rate:
                     account, cents = work[sent_count]
                     result = client.send_task(
-                        lockapp.chaos_balance.name,
+                        chaos.chaos_balance.name,
                         args=(account, cents, ns, plan.work, plan.after),
                         queue=queue,
                     )
@@ -567,8 +567,8 @@ def stall_round(
     celery_singleton_lock.celery.worker.child_renewal), so a stopped child alone keeps its lock."""
     account = f"{store.ns}-a{n}"
     go = store.key("go", str(n))
-    task = lockapp.chaos_stall.name
-    name = lock_key(lockapp.chaos_stall, account, 0, "")
+    task = chaos.chaos_stall.name
+    name = lock_key(chaos.chaos_stall, account, 0, "")
     first = client.send_task(task, args=(account, 100, store.ns, go), queue=stalled_q)
     run = wait_until(
         lambda: next((r for r in store.runs() if r.task_id == first.id), None), timeout=20
@@ -660,7 +660,7 @@ def redelivery(request: pytest.FixtureRequest) -> RedeliveryOutcome:
             began = time.monotonic()
             task_ids = [
                 client.send_task(
-                    lockapp.late_ack_retry.name,
+                    expiry.late_ack_retry.name,
                     args=(keys[i % key_count], REDELIVERY_BODY),
                     queue=queue,
                 ).id

@@ -1,7 +1,9 @@
-"""Tasks with ``lock_limit`` (tests/celery/test_lock_limit.py), on :mod:`lockapp`'s app.
+"""Tasks with ``lock_limit``, ``lock_cooldown`` and ``lock_rate`` (tests/celery/test_lock_limit.py,
+test_lock_limit_processes.py, test_lock_cooldown.py, test_lock_rate.py).
 
 Their body records, in the records Redis, the most bodies of one key ever inside at once
-(``most:<key>``) besides what :func:`lockapp.body` records (``runs:<key>``, ``gauge:<key>``).
+(``most:<key>``) besides what :func:`~tests.celery.tasks.core.body` records (``runs:<key>``,
+``gauge:<key>``).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import time
 from typing import Any
 
 from celery_singleton_lock import LockedTask
-from tests.celery.lockapp import app, store
+from tests.celery.tasks.core import app, store
 
 #: KEYS[1] gauge, KEYS[2] most: one more body inside; keep the most ever seen
 _ENTER = """

@@ -1,0 +1,57 @@
+"""Tasks of ``on_duplicate="queue"``: duplicates parked behind the holder, run in order
+(tests/celery/test_queue_policy.py, test_queue_processes.py, test_queue_hardening.py)."""
+
+from __future__ import annotations
+
+import enum
+import os
+
+from celery_singleton_lock import LockedTask
+from tests.celery.tasks.core import app, body, keyed_task, store
+
+#: The policy of the queue tasks below: a worker whose locks are on a Redis Cluster refuses
+#: to start with a queue task (tests/celery/test_cluster.py sets "retry").
+QUEUE = os.environ.get("CSL_QUEUE_POLICY", "queue")
+
+hold_queue = keyed_task(__name__, "hold_queue", on_duplicate=QUEUE, lock_ttl=5)
+
+
+@app.task(bind=True, base=LockedTask, lock_on=("key",), on_duplicate=QUEUE, lock_ttl=5)
+def queued_in_order(self: LockedTask, key: str, index: int, seconds: float = 0.0) -> int:
+    """Records ``index`` in ``order:<key>`` as its body starts (policy queue)."""
+    store().rpush(f"order:{key}", index)
+    body(key, seconds, self.request.id)
+    return index
+
+
+@app.task(
+    bind=True, base=LockedTask, lock_on=("key",), on_duplicate=QUEUE, lock_ttl=5, acks_late=True
+)
+def queued_acks_late(self: LockedTask, key: str, index: int, seconds: float = 0.0) -> int:
+    """``queued_in_order``, acknowledged after the run (a redelivery repeats the message)."""
+    store().rpush(f"order:{key}", index)
+    body(key, seconds, self.request.id)
+    return index
+
+
+@app.task(bind=True, base=LockedTask, lock_on=("key",), on_duplicate=QUEUE, lock_ttl=5)
+def queued_retries_once(self: LockedTask, key: str, index: int, seconds: float = 0.0) -> int:
+    """``queued_in_order`` whose first attempt ends with ``self.retry(countdown=0.2)``."""
+    store().rpush(f"order:{key}", index)
+    body(key, seconds, self.request.id)
+    if not self.request.retries:
+        raise self.retry(countdown=0.2, max_retries=1)
+    return index
+
+
+class Colour(enum.Enum):
+    """An argument JSON cannot hold (the lock name's key builder accepts it)."""
+
+    RED = "red"
+
+
+@app.task(bind=True, base=LockedTask, lock_on=("key",), on_duplicate=QUEUE, lock_ttl=5)
+def queued_colour(self: LockedTask, key: str, colour: Colour) -> str:
+    """Policy queue, with an argument only pickle can carry; returns the colour's name."""
+    store().rpush(f"order:{key}", colour.name)
+    return colour.name

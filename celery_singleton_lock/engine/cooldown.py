@@ -41,10 +41,7 @@ if not v or string.sub(v, 1, 32) ~= ARGV[1] then
   return 0
 end
 if KEYS[2] then
-  record_finished(KEYS[2], ARGV[3], ARGV[4])
-  if ARGV[5] == '1' then
-    redis.call('SET', KEYS[3], string.sub(v, 34), 'PX', ARGV[3])
-  end
+  record_release(KEYS[2], ARGV[3], ARGV[4], ARGV[5], KEYS[3], v)
 end
 local fence_end = string.find(v, '|', 34, true)
 local acquired_end = string.find(v, '|', fence_end + 1, true)

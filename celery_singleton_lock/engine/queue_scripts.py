@@ -171,7 +171,7 @@ if v then
   end
   local token = string.sub(v, 1, 32)
   if token == string.sub(ARGV[2], 1, 32) then
-    return tonumber(string.match(v, '^%d+', 34)) or 0
+    return fence_of(v)
   end
   local holder_id = task_id_of(v)
   if token == HANDOFF_TOKEN and holder_id == id then
@@ -200,14 +200,7 @@ if take then
   else
     redis.call('ZADD', index, now_ms() + tonumber(ARGV[1]), name)
   end
-  local fence = 0
-  local value = ARGV[2]
-  if ARGV[3] == '1' then
-    fence = next_fence(KEYS[2], KEYS[6], ARGV[8])
-    value = string.sub(value, 1, 33) .. string.format('%d', fence) .. string.sub(value, 34)
-  end
-  redis.call('SET', lock, value, 'PX', ARGV[1])
-  return fence
+  return take_lock(lock, ARGV[2], ARGV[1], ARGV[3], KEYS[2], KEYS[6], ARGV[8])
 end
 local position
 if redis.call('HSETNX', messages, id, ARGV[5]) == 1 then
@@ -276,10 +269,7 @@ else
     return 0
   end
   if KEYS[5] then
-    record_finished(KEYS[5], ARGV[5], ARGV[6])
-    if ARGV[7] == '1' then
-      redis.call('SET', KEYS[6], string.sub(v, 34), 'PX', ARGV[5])
-    end
+    record_release(KEYS[5], ARGV[5], ARGV[6], ARGV[7], KEYS[6], v)
   end
   redis.call('DEL', lock)
   redis.call('PUBLISH', ARGV[2], lock)

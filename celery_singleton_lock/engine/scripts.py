@@ -82,22 +82,14 @@ else
   end
   v = redis.call('GET', KEYS[1])
   if not v then
-    if ARGV[3] == '0' then
-      redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[1])
-      return 0
-    end
-    local fence = next_fence(KEYS[2], KEYS[3], ARGV[7])
-    redis.call('SET', KEYS[1],
-               string.sub(ARGV[2], 1, 33) .. string.format('%d', fence) .. string.sub(ARGV[2], 34),
-               'PX', ARGV[1])
-    return fence
+    return take_lock(KEYS[1], ARGV[2], ARGV[1], ARGV[3], KEYS[2], KEYS[3], ARGV[7])
   end
 end
 if string.sub(v, 33, 33) ~= '|' then
   return redis.error_reply('NOTLOCK ' .. KEYS[1] .. ' holds a value that is not a lock')
 end
 if string.sub(v, 1, 32) == string.sub(ARGV[2], 1, 32) then
-  return tonumber(string.match(v, '^%d+', 34)) or 0
+  return fence_of(v)
 end
 return redis.call('PTTL', KEYS[1]) .. '|' .. string.sub(v, 34)
 """
@@ -129,10 +121,7 @@ else
   if not v or string.sub(v, 1, 32) ~= ARGV[1] then
     return 0
   end
-  record_finished(KEYS[2], ARGV[3], ARGV[4])
-  if ARGV[5] == '1' then
-    redis.call('SET', KEYS[3], string.sub(v, 34), 'PX', ARGV[3])
-  end
+  record_release(KEYS[2], ARGV[3], ARGV[4], ARGV[5], KEYS[3], v)
 end
 redis.call('DEL', KEYS[1])
 redis.call('PUBLISH', ARGV[2], KEYS[1])

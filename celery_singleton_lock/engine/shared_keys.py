@@ -86,7 +86,8 @@ class SharedKeys:
         return pair
 
 
-#: Lua functions prepended to the scripts that fence or keep finish records.
+#: Lua functions prepended to the scripts that take, fence or release a lock, or keep finish
+#: records: where the lock value's fence is written and read, and a finish is recorded.
 FUNCTIONS = """
 local function server_ms()
   local t = redis.call('TIME')
@@ -131,5 +132,33 @@ local function next_fence(counter, legacy, keep_legacy)
     redis.call('SET', legacy, fence)
   end
   return fence
+end
+
+-- Take the free lock `key`: SET it to `value` (a lock value with an empty fence,
+-- '<token>||...') for `ttl` ms; with `fencing` == '1' the next fence (next_fence of
+-- `counter`, `legacy`, `keep_legacy`) is written into the value. Returns the fence, or 0.
+local function take_lock(key, value, ttl, fencing, counter, legacy, keep_legacy)
+  local fence = 0
+  if fencing == '1' then
+    fence = next_fence(counter, legacy, keep_legacy)
+    value = string.sub(value, 1, 33) .. string.format('%d', fence) .. string.sub(value, 34)
+  end
+  redis.call('SET', key, value, 'PX', ttl)
+  return fence
+end
+
+-- The fence in the lock value `v` (0 when it was taken without fencing).
+local function fence_of(v)
+  return tonumber(string.match(v, '^%d+', 34)) or 0
+end
+
+-- A release of an owner that ran to the end: record task id `id` finished (record_finished)
+-- and, with `upgrading` == '1', write the previous version's per-name record `legacy` too
+-- (the released value `v` without its token, for `width` ms).
+local function record_release(base, width, id, upgrading, legacy, v)
+  record_finished(base, width, id)
+  if upgrading == '1' then
+    redis.call('SET', legacy, string.sub(v, 34), 'PX', width)
+  end
 end
 """

@@ -65,7 +65,7 @@ for i = 1, n do
       return redis.error_reply('NOTLOCK ' .. KEYS[i] .. ' holds a value that is not a lock')
     end
     if string.sub(v, 1, 32) == token then
-      return {i, tonumber(string.match(v, '^%d+', 34)) or 0}
+      return {i, fence_of(v)}
     end
   end
 end
@@ -82,14 +82,7 @@ if free and rate then
   redis.call('PEXPIRE', starts, window)
 end
 if free then
-  local fence = 0
-  local value = ARGV[2]
-  if ARGV[3] == '1' then
-    fence = next_fence(KEYS[n + 1], KEYS[n + 2], ARGV[9])
-    value = string.sub(value, 1, 33) .. string.format('%d', fence) .. string.sub(value, 34)
-  end
-  redis.call('SET', KEYS[free], value, 'PX', ARGV[1])
-  return {free, fence}
+  return {free, take_lock(KEYS[free], ARGV[2], ARGV[1], ARGV[3], KEYS[n + 1], KEYS[n + 2], ARGV[9])}
 end
 local first, first_pttl
 for i = 1, n do

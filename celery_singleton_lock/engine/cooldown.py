@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from redis.commands.core import Script
 
 from celery_singleton_lock.engine.lease import Lease
+from celery_singleton_lock.engine.locker_parts import LockerPart
 from celery_singleton_lock.engine.shared_keys import FUNCTIONS
 
 #: The token of a key in its cooldown: 32 characters, never a real token (those are hex).
@@ -53,21 +54,12 @@ return 1
 """
 
 
-class CooldownOperations:
-    """The cooldown release of one server (a part of ``RedisLocker``, which provides
-    ``_release_cooling``, the registered :data:`RELEASE_INTO_COOLDOWN`, and
-    ``_release_with``)."""
+class CooldownOperations(LockerPart):
+    """The cooldown release of one server (a part of ``RedisLocker``, which registers
+    :data:`RELEASE_INTO_COOLDOWN` as ``_release_cooling``)."""
 
     if TYPE_CHECKING:  # provided by RedisLocker
         _release_cooling: Script
-
-        def _finish_record(
-            self, lease: Lease, remember_for: float
-        ) -> tuple[list[str], list[Any]]: ...
-
-        def _release_with(
-            self, lease: Lease, script: Script, script_keys: list[str], args: list[Any]
-        ) -> Any: ...
 
     def release_cooling(
         self, lease: Lease, cooldown: float, *, remember_for: Optional[float] = None
@@ -75,10 +67,7 @@ class CooldownOperations:
         """Release ``lease`` (as ``release`` does, ``remember_for`` too), leaving its key taken
         for ``cooldown`` seconds: True if it was still ours (its cooldown then began), False
         if not (nothing changed)."""
-        script_keys = [lease.key]
         args: list[Any] = [lease.token, max(1, int(cooldown * 1000))]
-        if remember_for is not None and lease.owner.task_id:
-            record_keys, record_args = self._finish_record(lease, remember_for)
-            script_keys += record_keys
-            args += record_args
-        return bool(self._release_with(lease, self._release_cooling, script_keys, args))
+        return bool(
+            self._release_with(lease, self._release_cooling, [lease.key], args, remember_for)
+        )

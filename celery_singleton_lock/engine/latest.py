@@ -14,8 +14,8 @@ from redis.commands.core import Script
 from celery_singleton_lock.engine import latest_scripts
 from celery_singleton_lock.engine.keys import LockKeys
 from celery_singleton_lock.engine.lease import Lease, Owner, Parked
-from celery_singleton_lock.engine.queueing import QueueOperations, as_bytes
-from celery_singleton_lock.engine.shared_keys import SharedKeys
+from celery_singleton_lock.engine.locker_parts import LockerPart
+from celery_singleton_lock.engine.queueing import QueueOperations, as_bytes, handed_on, park_call
 
 if TYPE_CHECKING:
     from celery_singleton_lock.engine.acquire_request import AcquireRequest
@@ -44,20 +44,8 @@ def debounce_key(keys: LockKeys) -> str:
     return f"{keys.lock}:latest"
 
 
-class LatestOperations:
+class LatestOperations(LockerPart):
     """The newest waiting call wins, on one server (a part of ``RedisLocker``)."""
-
-    if TYPE_CHECKING:  # provided by RedisLocker
-        shared: SharedKeys
-        upgrading: bool
-
-        def _finish_record(
-            self, lease: Lease, remember_for: float
-        ) -> tuple[list[str], list[Any]]: ...
-
-        def _release_with(
-            self, lease: Lease, script: Script, script_keys: list[str], args: list[Any]
-        ) -> Any: ...
 
     def _register_latest_scripts(self, client: Client) -> None:
         self._acquire_or_replace: Script = client.register_script(latest_scripts.ACQUIRE_OR_REPLACE)
@@ -66,33 +54,17 @@ class LatestOperations:
     def _replace_call(
         self, request: AcquireRequest, latest: Latest, keys: LockKeys, value: str, owner: Owner
     ) -> tuple[list[str], list[Any]]:
-        """KEYS and ARGV of ACQUIRE_OR_REPLACE (its contract in :mod:`.latest_scripts`)."""
-        counter, finished = self.shared.of(keys.lock)
-        script_keys = [
-            keys.lock,
-            counter,
-            keys.parked,
-            keys.parked_messages,
-            keys.handoff_due,
-            debounce_key(keys),
-            keys.fence,
-        ]
-        args = [
-            _ms(request.ttl),
+        """KEYS and ARGV of ACQUIRE_OR_REPLACE (its contract in :mod:`.latest_scripts`): those
+        of ACQUIRE_OR_PARK with the debounce's."""
+        return park_call(
+            self,
+            request,
+            keys,
             value,
-            "1" if request.fencing else "0",
-            owner.task_id,
-            request.park,
-            keys.name,
-            _ms(request.reservation_ttl),
-            _ms(latest.debounce),
-            _ms(latest.debounce_max),
-            "1" if self.upgrading else "0",
-        ]
-        if request.unless_finished:
-            script_keys += (finished, keys.finished(owner.task_id))
-            args.append(_ms(request.finished_ttl))
-        return script_keys, args
+            owner,
+            latest_keys=[debounce_key(keys)],
+            latest_args=[_ms(latest.debounce), _ms(latest.debounce_max)],
+        )
 
     @staticmethod
     def _waiting(keys: LockKeys, reply: list[Any]) -> Parked:
@@ -119,11 +91,6 @@ class LatestOperations:
             debounce_key(keys),
         ]
         args: list[Any] = [lease.token, keys.channel, keys.name, _ms(reservation_ttl)]
-        if remember_for is not None and lease.owner.task_id:
-            record_keys, record_args = self._finish_record(lease, remember_for)
-            script_keys += record_keys
-            args += record_args
-        reply = self._release_with(lease, self._release_latest, script_keys, args)
-        if isinstance(reply, (bytes, str)):
-            return True, as_bytes(reply)
-        return bool(reply), None
+        return handed_on(
+            self._release_with(lease, self._release_latest, script_keys, args, remember_for)
+        )

@@ -40,7 +40,7 @@ from celery_singleton_lock.engine.keys import LockKeys, validate_prefix
 from celery_singleton_lock.engine.latest import LatestOperations
 from celery_singleton_lock.engine.lease import Lease, LockHolder, Owner
 from celery_singleton_lock.engine.pinned import PinnedConnections
-from celery_singleton_lock.engine.queueing import QueueOperations
+from celery_singleton_lock.engine.queueing import QueueOperations, park_call
 from celery_singleton_lock.engine.reading import Client, LockInspector
 from celery_singleton_lock.engine.renewer import Renewer
 from celery_singleton_lock.engine.script_calls import Acknowledged, EachKey
@@ -179,7 +179,7 @@ class RedisLocker(
             script_keys, args = self._replace_call(request, request.latest, keys, value, owner)
         else:
             script = self._acquire_or_park
-            script_keys, args = self._park_call(request, keys, value, owner)
+            script_keys, args = park_call(self, request, keys, value, owner)
         acknowledged = None
         min_replicas = request.min_replicas
         if min_replicas:
@@ -313,12 +313,23 @@ class RedisLocker(
         ]
         return script_keys, args
 
-    def _finish_record(self, lease: Lease, remember_for: float) -> tuple[list[str], list[Any]]:
-        """The KEYS and ARGV a release script appends to record that ``lease``'s owner ran to
-        the end, for ``remember_for`` seconds (see RELEASE in :mod:`.scripts`)."""
+    def _with_finish_record(
+        self,
+        lease: Lease,
+        remember_for: Optional[float],
+        script_keys: list[str],
+        args: list[Any],
+    ) -> tuple[list[str], list[Any]]:
+        """``script_keys`` and ``args`` of a release script, with the KEYS and ARGV that record
+        that ``lease``'s owner ran to the end, for ``remember_for`` seconds, appended when
+        asked and the owner has a task id (see RELEASE in :mod:`.scripts`)."""
         task_id = lease.owner.task_id
-        keys = [self.shared.of(lease.key)[1], lease.keys.finished(task_id)]
-        return keys, [_ms(remember_for), task_id, "1" if self.upgrading else "0"]
+        if remember_for is None or not task_id:
+            return script_keys, args
+        return (
+            [*script_keys, self.shared.of(lease.key)[1], lease.keys.finished(task_id)],
+            [*args, _ms(remember_for), task_id, "1" if self.upgrading else "0"],
+        )
 
     # -- release ------------------------------------------------------------------------------
 
@@ -342,19 +353,23 @@ class RedisLocker(
         self, lease: Lease, remember_for: Optional[float]
     ) -> tuple[list[str], list[Any]]:
         """KEYS and ARGV of the release script (see its contract in :mod:`.scripts`)."""
-        script_keys = [lease.key]
-        args: list[Any] = [lease.token, lease.keys.channel]
-        if remember_for is not None and lease.owner.task_id:
-            record_keys, record_args = self._finish_record(lease, remember_for)
-            script_keys += record_keys
-            args += record_args
-        return script_keys, args
+        return self._with_finish_record(
+            lease, remember_for, [lease.key], [lease.token, lease.keys.channel]
+        )
 
     def _release_with(
-        self, lease: Lease, script: Script, script_keys: list[str], args: list[Any]
+        self,
+        lease: Lease,
+        script: Script,
+        script_keys: list[str],
+        args: list[Any],
+        remember_for: Optional[float] = None,
     ) -> Any:
         """Run a release ``script`` for ``lease`` once (its reply), or return 0 without a
-        round trip for a lease already released or inherited from the parent process."""
+        round trip for a lease already released or inherited from the parent process. With
+        ``remember_for``, the script records the owner's finish too
+        (:meth:`_with_finish_record`)."""
+        script_keys, args = self._with_finish_record(lease, remember_for, script_keys, args)
         if lease.pid != os.getpid():  # inherited from the parent: never touched here
             return 0
         with _lease._state_lock:

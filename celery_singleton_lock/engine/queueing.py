@@ -8,7 +8,7 @@ scripts are in :mod:`.queue_scripts`); a backend without them says so in its cap
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
 
 from redis.commands.core import Script
 
@@ -16,7 +16,7 @@ from celery_singleton_lock.engine import lease as _lease
 from celery_singleton_lock.engine import queue_scripts, server_errors
 from celery_singleton_lock.engine.keys import LockKeys, handoff_index
 from celery_singleton_lock.engine.lease import Lease, LockHolder, Owner, Parked
-from celery_singleton_lock.engine.shared_keys import SharedKeys
+from celery_singleton_lock.engine.locker_parts import LockerPart
 
 if TYPE_CHECKING:
     from celery_singleton_lock.engine.acquire_request import AcquireRequest
@@ -28,16 +28,62 @@ def as_bytes(reply: Union[bytes, str]) -> bytes:
     return reply.encode("utf-8", "surrogateescape") if isinstance(reply, str) else reply
 
 
+def handed_on(reply: Any) -> tuple[bool, Optional[bytes]]:
+    """The reply of a release that hands the lock on, as ``(released, message to publish)``:
+    0 not ours, 1 released with nothing handed on, or the message of the call it is now
+    reserved for."""
+    if isinstance(reply, (bytes, str)):
+        return True, as_bytes(reply)
+    return bool(reply), None
+
+
 def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
 
 
-class QueueOperations:
-    """Queued markers and parking on one server (a part of ``RedisLocker``, which provides
-    ``client``, ``wall_clock``, ``keys``, ``_run`` and ``_release_with``)."""
+def park_call(
+    locker: LockerPart,
+    request: AcquireRequest,
+    keys: LockKeys,
+    value: str,
+    owner: Owner,
+    *,
+    latest_keys: Sequence[str] = (),
+    latest_args: Sequence[Any] = (),
+) -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of ACQUIRE_OR_PARK on ``locker``'s server (its contract in
+    :mod:`.queue_scripts`) for the lock ``value`` (its fence empty). ACQUIRE_OR_REPLACE
+    (:mod:`.latest_scripts`) takes the same, with ``latest_keys`` before the per-name fence
+    key and ``latest_args`` before the upgrade flag."""
+    counter, finished = locker.shared.of(keys.lock)
+    script_keys = [
+        keys.lock,
+        counter,
+        keys.parked,
+        keys.parked_messages,
+        keys.handoff_due,
+        *latest_keys,
+        keys.fence,
+    ]
+    args = [
+        _ms(request.ttl),
+        value,
+        "1" if request.fencing else "0",
+        owner.task_id,
+        request.park,
+        keys.name,
+        _ms(request.reservation_ttl),
+        *latest_args,
+        "1" if locker.upgrading else "0",
+    ]
+    if request.unless_finished:
+        script_keys += (finished, keys.finished(owner.task_id))
+        args.append(_ms(request.finished_ttl))
+    return script_keys, args
 
-    client: Client
-    prefix: str
+
+class QueueOperations(LockerPart):
+    """Queued markers and parking on one server (a part of ``RedisLocker``)."""
 
     def _register_queue_scripts(self, client: Client) -> None:
         self._enqueue: Script = client.register_script(queue_scripts.ENQUEUE)
@@ -48,60 +94,6 @@ class QueueOperations:
         )
         self._handoff_due: Script = client.register_script(queue_scripts.HANDOFF_DUE)
         self._drop_parked: Script = client.register_script(queue_scripts.DROP_PARKED)
-
-    if TYPE_CHECKING:  # provided by RedisLocker
-        wall_clock: Callable[[], float]
-        shared: SharedKeys
-        upgrading: bool
-
-        def _finish_record(
-            self, lease: Lease, remember_for: float
-        ) -> tuple[list[str], list[Any]]: ...
-
-        def keys(self, name: str) -> LockKeys: ...
-
-        def _run(
-            self,
-            script: Script,
-            key: str,
-            keys: list[str],
-            args: list[Any],
-            *,
-            pinned: bool = False,
-        ) -> Any: ...
-
-        def _release_with(
-            self, lease: Lease, script: Script, script_keys: list[str], args: list[Any]
-        ) -> Any: ...
-
-    def _park_call(
-        self, request: AcquireRequest, keys: LockKeys, value: str, owner: Owner
-    ) -> tuple[list[str], list[Any]]:
-        """KEYS and ARGV of ACQUIRE_OR_PARK (see its contract in :mod:`.queue_scripts`) for
-        the lock ``value`` (its fence empty)."""
-        counter, finished = self.shared.of(keys.lock)
-        script_keys = [
-            keys.lock,
-            counter,
-            keys.parked,
-            keys.parked_messages,
-            keys.handoff_due,
-            keys.fence,
-        ]
-        args = [
-            _ms(request.ttl),
-            value,
-            "1" if request.fencing else "0",
-            owner.task_id,
-            request.park,
-            keys.name,
-            _ms(request.reservation_ttl),
-            "1" if self.upgrading else "0",
-        ]
-        if request.unless_finished:
-            script_keys += (finished, keys.finished(owner.task_id))
-            args.append(_ms(request.finished_ttl))
-        return script_keys, args
 
     @staticmethod
     def _parked(keys: LockKeys, reply: list[Any]) -> Parked:
@@ -184,14 +176,9 @@ class QueueOperations:
         keys = lease.keys
         script_keys = [lease.key, keys.parked, keys.parked_messages, keys.handoff_due]
         args: list[Any] = [lease.token, keys.channel, keys.name, _ms(reservation_ttl)]
-        if remember_for is not None and lease.owner.task_id:
-            record_keys, record_args = self._finish_record(lease, remember_for)
-            script_keys += record_keys
-            args += record_args
-        reply = self._release_with(lease, self._release_and_hand_off, script_keys, args)
-        if isinstance(reply, (bytes, str)):
-            return True, as_bytes(reply)
-        return bool(reply), None
+        return handed_on(
+            self._release_with(lease, self._release_and_hand_off, script_keys, args, remember_for)
+        )
 
     # -- hand-off sweeping -------------------------------------------------------------------
 

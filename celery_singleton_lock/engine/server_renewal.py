@@ -11,39 +11,21 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 from redis.commands.core import Script
 
 from celery_singleton_lock.engine import slots
-from celery_singleton_lock.engine.keys import LockKeys
 from celery_singleton_lock.engine.lease import Lease, Owner
+from celery_singleton_lock.engine.locker_parts import LockerPart
 
 
 def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
 
 
-class RenewOperations:
-    """The renewals of one server (a part of ``RedisLocker``, which provides the registered
-    ``_renew`` and ``_renew_by_owner`` scripts, ``cluster``, ``keys``, ``_run`` and
-    ``_run_each``)."""
+class RenewOperations(LockerPart):
+    """The renewals of one server (a part of ``RedisLocker``, which registers the ``_renew``
+    and ``_renew_by_owner`` scripts)."""
 
     if TYPE_CHECKING:  # provided by RedisLocker
         _renew: Script
         _renew_by_owner: Script
-        cluster: bool
-
-        def keys(self, name: str) -> LockKeys: ...
-
-        def _run(
-            self,
-            script: Script,
-            key: str,
-            keys: list[str],
-            args: list[Any],
-            *,
-            pinned: bool = False,
-        ) -> Any: ...
-
-        def _run_each(
-            self, script: Script, calls: list[tuple[list[str], list[Any]]]
-        ) -> list[int]: ...
 
     def renew_batch(self, leases: Sequence[Lease], *, now: float) -> list[int]:
         """Renew ``leases`` in one round trip; return the indices of the leases NOT renewed.

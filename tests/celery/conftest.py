@@ -23,7 +23,7 @@ from celery_singleton_lock.celery.config.lockers import forget_locker, locker_fo
 from celery_singleton_lock.engine import RedisLocker
 from celery_singleton_lock.testing import RedisServer
 from tests.celery.registration import app_with
-from tests.celery.workers import Servers
+from tests.celery.workers import Servers, results_url
 from tests.support import CountingConnection, wait_until
 
 
@@ -46,7 +46,6 @@ def servers(broker_server: RedisServer, lock_server: RedisServer) -> Servers:
     return Servers(
         broker_url=broker_server.url,
         lock=lock_server,
-        backend_url=broker_server.url.replace("/0", "/1"),
     )
 
 
@@ -62,7 +61,7 @@ def celery_session_app(broker_server: RedisServer, lock_server: RedisServer) -> 
     assert not lockapp.app.finalized, "lockapp was finalized before it was configured"
     lockapp.configure(
         broker_url=broker_server.url,
-        backend_url=broker_server.url.replace("/0", "/1"),
+        backend_url=results_url(broker_server.url),
         lock_url=lock_server.url,
         singleton_lock_redis_options={"connection_class": CountingConnection},
         # a call may come with serializer="pickle" (a re-send keeps it); only this worker in

@@ -66,7 +66,7 @@ def entry_points_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def servers() -> Iterator[Servers]:
     """Broker and lock servers of this module only (results: broker db 1)."""
     with RedisServer.running() as broker, RedisServer.running() as lock:
-        yield Servers(broker_url=broker.url, lock=lock, backend_url=broker.url.replace("/0", "/1"))
+        yield Servers(broker_url=broker.url, lock=lock)
 
 
 Celery = Callable[..., CeleryRun]

@@ -24,6 +24,7 @@ from celery_singleton_lock.engine import Owner, RedisLocker, Renewer
 from celery_singleton_lock.testing import RedisServer
 from tests.celery.conftest import lock_key_of
 from tests.celery.tasks import exits
+from tests.celery.workers import results_url
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -231,7 +232,7 @@ def test_show_task_finds_the_lock_a_running_task_holds(
                         json.dumps({"seconds": 0}),
                         env={
                             "CSL_BROKER_URL": broker_server.url,
-                            "CSL_BACKEND_URL": broker_server.url.replace("/0", "/1"),
+                            "CSL_BACKEND_URL": results_url(broker_server.url),
                             "CSL_LOCK_URL": lock_server.url,
                         },
                     ),

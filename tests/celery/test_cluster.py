@@ -100,7 +100,6 @@ def run(request: pytest.FixtureRequest) -> Iterator[Run]:
         servers = ClusterServers(
             broker_url=plain.url,
             lock=plain,
-            backend_url=plain.url.replace("/0", "/1"),
             group=group,
         )
         client = client_app(servers)

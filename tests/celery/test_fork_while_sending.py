@@ -35,7 +35,6 @@ def worker(broker_server: RedisServer, lock_server: RedisServer) -> Iterator[Cel
     servers = Servers(
         broker_url=broker_server.url,
         lock=lock_server,
-        backend_url=broker_server.url.replace("/0", "/1"),
         app="tests.celery.forkraceapp",
     )
     with worker_group(servers) as group:

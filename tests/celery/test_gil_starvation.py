@@ -46,7 +46,7 @@ class Scene:
 def scene() -> Iterator[Scene]:
     """Broker and lock servers of this module only (results: broker db 1), and clients."""
     with RedisServer.running() as broker, RedisServer.running() as lock:
-        servers = Servers(broker.url, lock, backend_url=broker.url.replace("/0", "/1"))
+        servers = Servers(broker.url, lock)
         client, store = client_app(servers), lock.client(socket_timeout=5)
         try:
             yield Scene(servers, client, store)

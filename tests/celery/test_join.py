@@ -9,6 +9,7 @@ duplicate meets the holder running.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -25,6 +26,7 @@ from celery_singleton_lock import DuplicateTaskSkipped
 from celery_singleton_lock.testing import RedisServer
 from tests.celery.tasks import canvas, join, policies
 from tests.celery.workers import (
+    CeleryWorkerProcess,
     Servers,
     WorkerGroup,
     client_app,
@@ -41,7 +43,7 @@ CALLS = 10
 @pytest.fixture(scope="module")
 def servers() -> Iterator[Servers]:
     with RedisServer.running() as broker, RedisServer.running() as lock:
-        yield Servers(broker_url=broker.url, lock=lock, backend_url=broker.url.replace("/0", "/1"))
+        yield Servers(broker_url=broker.url, lock=lock)
 
 
 @pytest.fixture(scope="module")
@@ -260,25 +262,43 @@ def test_skip_tasks_own_retry_finding_a_newer_duplicate_holding_the_lock_ends_sk
 # -- the holder is killed -9 ------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def holder_killed(
-    workers: WorkerGroup, servers: Servers, store: redis.Redis
-) -> tuple[str, list[Any], list[str]]:
-    """join_short_ttl (lock_ttl=2) runs 30 s on a prefork worker that is then killed -9 with
-    three joiners waiting on a threads worker: its lock expires with no outcome stored."""
+@contextlib.contextmanager
+def holder_and_joiners(
+    workers: WorkerGroup, servers: Servers, store: redis.Redis, key: str, joiners: int, slots: int
+) -> Iterator[tuple[CeleryWorkerProcess, AsyncResult, list[AsyncResult]]]:
+    """join_short_ttl (lock_ttl=2) running 30 s on a prefork worker of its own (its body has
+    started), and ``joiners`` duplicates sent to a threads worker with ``slots`` slots."""
     (holder_worker,) = workers.start(1, pool="prefork", concurrency=1)
-    (joiners_worker,) = workers.start(1, pool="threads", concurrency=4)
-    key = unique("join-kill")
+    (joiners_worker,) = workers.start(1, pool="threads", concurrency=slots)
     sender = client_app(servers)
     try:
         holder = sender.send_task(
             join.join_short_ttl.name, args=(key, 30.0), queue=holder_worker.queue
         )
         wait_until(lambda: body_runs(store, key) == 1, timeout=15)
-        joiners = [
-            sender.send_task(join.join_short_ttl.name, args=(key, 1.0), queue=joiners_worker.queue)
-            for _ in range(3)
-        ]
+        yield (
+            holder_worker,
+            holder,
+            [
+                sender.send_task(
+                    join.join_short_ttl.name, args=(key, 1.0), queue=joiners_worker.queue
+                )
+                for _ in range(joiners)
+            ],
+        )
+    finally:
+        close_client(sender)
+
+
+@pytest.fixture(scope="module")
+def holder_killed(
+    workers: WorkerGroup, servers: Servers, store: redis.Redis
+) -> tuple[str, list[Any], list[str]]:
+    """join_short_ttl (lock_ttl=2) runs 30 s on a prefork worker that is then killed -9 with
+    three joiners waiting on a threads worker: its lock expires with no outcome stored."""
+    key = unique("join-kill")
+    with holder_and_joiners(workers, servers, store, key, joiners=3, slots=4) as scene:
+        holder_worker, holder, joiners = scene
         name = lock_key(join.join_short_ttl, key)
         wait_until(lambda: store.exists(name) == 1, timeout=5)
         holder_worker.kill_group(signal.SIGKILL)
@@ -289,8 +309,6 @@ def holder_killed(
         after = ", ".join(f"{float(started) - killed_at:.2f}s" for _, _, started in ran[1:])
         print(f"kill -9 of the holder (lock_ttl=2): bodies started {after} after the kill")
         return key, values, [task_id for task_id, _, _ in ran[1:]]
-    finally:
-        close_client(sender)
 
 
 def test_holder_killed_one_joiner_runs_the_body(
@@ -320,19 +338,9 @@ def holder_child_killed(
     """join_short_ttl runs 30 s in a prefork pool child that is then killed -9, with ten
     joiners waiting on a threads worker: the holder's worker lives on, frees the lock at once
     and stores WorkerLostError as the holder's outcome."""
-    (holder_worker,) = workers.start(1, pool="prefork", concurrency=1)
-    (joiners_worker,) = workers.start(1, pool="threads", concurrency=JOINERS)
     key = unique("join-child-kill")
-    sender = client_app(servers)
-    try:
-        holder = sender.send_task(
-            join.join_short_ttl.name, args=(key, 30.0), queue=holder_worker.queue
-        )
-        wait_until(lambda: body_runs(store, key) == 1, timeout=15)
-        joiners = [
-            sender.send_task(join.join_short_ttl.name, args=(key, 1.0), queue=joiners_worker.queue)
-            for _ in range(JOINERS)
-        ]
+    with holder_and_joiners(workers, servers, store, key, JOINERS, slots=JOINERS) as scene:
+        _, holder, joiners = scene
         channel = lock_key(join.join_short_ttl, key) + ":released"
         # every joiner waits on the lock's release channel before the holder dies
         wait_until(lambda: store.pubsub_numsub(channel)[0][1] >= JOINERS, timeout=20)
@@ -343,8 +351,6 @@ def holder_child_killed(
         holder.get(timeout=30, propagate=False)
         ran = [raw.decode().split("|")[0] for raw in store.lrange(f"runs:{key}", 1, -1)]
         return key, holder, joiners, ran
-    finally:
-        close_client(sender)
 
 
 def test_holder_child_killed_one_joiner_runs_the_body(

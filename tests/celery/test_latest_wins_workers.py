@@ -8,7 +8,6 @@ Times are printed (``-s``); the tests hold them only to bounds a loaded machine 
 from __future__ import annotations
 
 import dataclasses
-import signal
 import time
 from typing import Any, Iterator
 
@@ -94,8 +93,7 @@ def test_a_held_call_runs_once_after_the_worker_that_received_it_is_killed(
         queue = doomed.queue
         held = latestapp.debounced.apply_async((key, "only"), queue=queue)
         wait_until(lambda: _waiting(store, latestapp.debounced, key) == [held.id.encode()], 20)
-        doomed.kill_group(signal.SIGKILL)
-        doomed._cleanup()
+        doomed.crash()
         # it died holding the call back: not yet sent (no reservation), still waiting
         assert not store.exists(lock_key(latestapp.debounced, key, 0))
         assert _waiting(store, latestapp.debounced, key) == [held.id.encode()]

@@ -106,7 +106,6 @@ def outcome(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Outcome]:
         servers = MetricsServers(
             broker_url=server.url,
             lock=server,
-            backend_url=server.url.replace("/0", "/1"),
             app="tests.celery.metricsapp",
             metrics_port=free_port(),
             metrics_dir=str(tmp_path_factory.mktemp("metrics")),

@@ -68,7 +68,6 @@ def run_plain_worker(broker: RedisServer, pool: str, report: Path) -> Run:
         servers = PlainServers(
             broker_url=broker.url,
             lock=lock,
-            backend_url=broker.url.replace("/0", "/1"),
             app="tests.celery.plainapp",
             singleton_url=broker.url.replace("/0", "/2"),
             report=str(report),

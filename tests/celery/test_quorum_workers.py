@@ -99,7 +99,6 @@ def stream(request: pytest.FixtureRequest) -> Iterator[Stream]:
         servers = QuorumServers(
             broker_url=plain.url,
             lock=plain,
-            backend_url=plain.url.replace("/0", "/1"),
             app=APP,
             quorum=quorum,
         )
@@ -241,7 +240,6 @@ def running_quorum() -> Iterator[QuorumServers]:
         yield QuorumServers(
             broker_url=plain.url,
             lock=plain,
-            backend_url=plain.url.replace("/0", "/1"),
             app=APP,
             quorum=[stack.enter_context(RedisServer.running()) for _ in range(3)],
         )

@@ -59,7 +59,7 @@ CELERY_NOTICES_DEAD_CHILD_WITHIN = 6.0
 def servers() -> Iterator[Servers]:
     """Broker and lock servers of this module only (results: broker db 1)."""
     with RedisServer.running() as broker, RedisServer.running() as lock:
-        yield Servers(broker_url=broker.url, lock=lock, backend_url=broker.url.replace("/0", "/1"))
+        yield Servers(broker_url=broker.url, lock=lock)
 
 
 @pytest.fixture(scope="module")
@@ -513,7 +513,6 @@ def redelivery_broker(servers: Servers) -> Iterator[Servers]:
         yield Servers(
             broker_url=broker.url,
             lock=servers.lock,
-            backend_url=broker.url.replace("/0", "/1"),
             visibility_timeout=2,
         )
 

@@ -108,7 +108,6 @@ def stream(request: pytest.FixtureRequest) -> Iterator[Stream]:
         servers = SentinelServers(
             broker_url=plain.url,
             lock=plain,
-            backend_url=plain.url.replace("/0", "/1"),
             group=group,
         )
         client = client_app(servers)

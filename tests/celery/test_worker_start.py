@@ -282,7 +282,6 @@ def started_worker_log(broker: RedisServer, lock: RedisServer, lock_url: str = "
     servers = LockUrlServers(
         broker_url=broker.url,
         lock=lock,
-        backend_url=broker.url.replace("/0", "/1"),
         lock_url=lock_url,
     )
     with CeleryWorkerProcess(servers, queue=unique("q"), pool="solo") as worker:

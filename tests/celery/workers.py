@@ -73,16 +73,25 @@ def children_of(pid: int) -> list[int]:
     return sorted(set(found))
 
 
+def results_url(broker_url: str) -> str:
+    """Where the tests' apps store results: the broker server's database 1."""
+    return broker_url.replace("/0", "/1")
+
+
 @dataclass
 class Servers:
-    """The servers one test module's workers talk to."""
+    """The servers one test module's workers talk to (results: :func:`results_url` of the
+    broker unless ``backend_url`` is given)."""
 
     broker_url: str
     lock: RedisServer
-    backend_url: str
+    backend_url: str = ""
     visibility_timeout: Optional[float] = None
     #: the app module the workers load (``-A``)
     app: str = APP
+
+    def __post_init__(self) -> None:
+        self.backend_url = self.backend_url or results_url(self.broker_url)
 
     def env(self, queue: str, **extra: str) -> dict[str, str]:
         env = {
@@ -236,6 +245,11 @@ class CeleryWorkerProcess:
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, sig)
+
+    def crash(self) -> None:
+        """``kill -9`` of the whole worker (main process and pool), reaped: what an OOM kill or
+        a lost machine leaves, its messages unacknowledged and its locks to their TTL."""
+        self._cleanup()  # SIGKILL to the process group, then wait for the main process
 
     def wait_exit(self, timeout: float) -> Optional[int]:
         """Wait up to ``timeout`` seconds for the main process to exit; its return code."""

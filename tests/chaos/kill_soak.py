@@ -100,7 +100,6 @@ def soak_servers() -> Iterator[Servers]:
         yield Servers(
             broker_url=broker.url,
             lock=lock,
-            backend_url=broker.url.replace("/0", "/1"),
             app=APP,
         )
 

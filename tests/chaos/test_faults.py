@@ -99,7 +99,6 @@ def chaos_servers(
         yield ChaosServers(
             broker_url=broker.url,
             lock=lock,
-            backend_url=broker.url.replace("/0", "/1"),
             visibility_timeout=visibility_timeout,
             store_url=store.url,
         )

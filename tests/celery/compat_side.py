@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 import celery_singleton
+import celery_singleton.backends
 import pytest
 
 from celery_singleton_lock import compat
@@ -42,6 +43,10 @@ APP = "tests.celery.compatapp"
 def queue(servers: Servers) -> Iterator[str]:
     """The test process sends through compatapp, to a queue of this module's own."""
     name = unique("compat")
+    # celery-singleton keeps the first backend it made for the whole process: one made for
+    # another module's app (test_plain_app.py's, on a server since stopped) would serve the
+    # original's calls here, and this module's would outlive it
+    celery_singleton.backends._backend = None
     compatapp.configure(
         broker_url=servers.broker_url,
         lock_url=servers.lock.url,
@@ -50,6 +55,7 @@ def queue(servers: Servers) -> Iterator[str]:
     )
     yield name
     forget_locker(compatapp.app)
+    celery_singleton.backends._backend = None
 
 
 def start_worker(

@@ -4,8 +4,9 @@ Each one is pinned by a test in ``tests/celery/test_celery_api.py`` that fails o
 release that changes it; the rest of the layer reaches them only through here. What the layer
 also relies on, pinned elsewhere:
 
-- the tracer calls an overridden ``Task.__call__`` instead of ``run``, and ``Ignore`` raised in
-  ``before_start`` ends the task IGNORED (``test_celery_api``);
+- the tracer calls an overridden ``Task.__call__`` instead of ``run``, and ``run`` itself,
+  without ``Task.__call__``, when no class overrides it; ``Ignore`` raised in ``before_start``
+  ends the task IGNORED (``test_celery_api``);
 - ``delivery_info["redelivered"]`` on a message the Redis broker handed out again
   (``test_real_workers``: the redelivery tests);
 - ``task_failure`` (``WorkerLostError``, ``TimeLimitExceeded``) and ``task_revoked`` sent in the

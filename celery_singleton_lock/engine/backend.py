@@ -31,6 +31,7 @@ from typing import (
 from celery_singleton_lock.engine.keys import LockKeys
 from celery_singleton_lock.engine.latest import Latest
 from celery_singleton_lock.engine.lease import Lease, LockHolder, LostCallback, Owner, Parked
+from celery_singleton_lock.engine.renewer import process_renewer  # at import: a hot path
 from celery_singleton_lock.errors import LockConfigurationError, LockError
 
 if TYPE_CHECKING:
@@ -263,8 +264,6 @@ class BackendBase:
 
     @property
     def renewer(self) -> Renewer:
-        from celery_singleton_lock.engine.renewer import process_renewer
-
         return self._renewer if self._renewer is not None else process_renewer()
 
     def keys(self, name: str) -> LockKeys:

@@ -233,6 +233,7 @@ class Lease:
         fence: Optional[int],
         confirmed_at: float,
         deadline: Optional[float],
+        on_lost: Optional[LostCallback] = None,
     ) -> None:
         if len(token) != TOKEN_LENGTH:
             # Renewal sends tokens back to back at a fixed width; a shorter or longer one
@@ -258,7 +259,8 @@ class Lease:
         self.pid = os.getpid()
         self.lost = LostFlag()
         self.released = False
-        self._lost_callbacks: Optional[list[LostCallback]] = None
+        # ``on_lost`` given here needs no lock: no other thread can see the lease yet
+        self._lost_callbacks: Optional[list[LostCallback]] = None if on_lost is None else [on_lost]
 
     @property
     def inherited(self) -> bool:

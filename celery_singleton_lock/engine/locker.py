@@ -272,13 +272,13 @@ class RedisLocker(
             fence=fence,
             confirmed_at=sent_at,
             deadline=None if max_lifetime is None else sent_at + max_lifetime,
+            on_lost=request.on_lost,
         )
 
     @staticmethod
     def _hold(request: AcquireRequest, lease: Lease, renewer: Renewer) -> Lease:
-        """Watch for the loss of ``lease`` and renew it, as ``request`` asks."""
-        if request.on_lost is not None:
-            lease.on_lost(request.on_lost)
+        """Renew ``lease`` as ``request`` asks (its ``on_lost`` was given to it as it was made,
+        without taking the state lock: no other thread could see it yet)."""
         if request.renew:
             renewer.add(lease)
         log_acquire.debug("acquired %s (fence=%s)", lease.key, lease.fence)

@@ -162,7 +162,7 @@ def _on_backend_error(sender: Any = None, **_: Any) -> None:
 
 
 def _on_released(sender: Any = None, task_id: Optional[str] = None, **_: Any) -> None:
-    held = timing.held(task_id)
+    held = timing.held_at_release(task_id)
     if _metrics is not None and held is not None:
         _metrics.held_seconds.labels(_name(sender), _hostname).observe(held)
 
@@ -223,7 +223,7 @@ def connect(sender: Any = None) -> None:
     for signal, receiver in _RECEIVERS:
         uid = f"csl-metrics-{receiver.__name__}"
         signal.connect(receiver, sender=sender, weak=False, dispatch_uid=uid)
-    timing.connect(sender)
+    timing.connect(sender, until_released=True)
 
 
 def tear_down(sender: Any = None) -> None:

@@ -18,6 +18,12 @@ from celery_singleton_lock.celery.task.locked_task import LockedTask
 
 _started: dict[str, float] = {}
 _acquired: dict[str, float] = {}
+#: True while the metrics read :func:`held_at_release`: an acquire time is then kept past the
+#: task's end, until its release is reported (a release sent without waiting is reported when
+#: its reply is read, after ``task_postrun``: forgotten there, the held time was lost)
+_until_released = False
+#: acquire times kept at most: a release never reported (it failed) leaves one behind
+KEEP_AT_MOST = 4096
 
 
 def _on_prerun(sender: Any = None, task_id: Optional[str] = None, **_: Any) -> None:
@@ -30,12 +36,15 @@ def _on_prerun(sender: Any = None, task_id: Optional[str] = None, **_: Any) -> N
 def _on_acquired(task_id: Optional[str] = None, **_: Any) -> None:
     if task_id:
         _acquired[task_id] = time.monotonic()
+        if len(_acquired) > KEEP_AT_MOST:
+            del _acquired[next(iter(_acquired))]  # the oldest
 
 
 def _forget(task_id: Optional[str] = None, **_: Any) -> None:
     if task_id:
         _started.pop(task_id, None)
-        _acquired.pop(task_id, None)
+        if not _until_released:
+            _acquired.pop(task_id, None)
 
 
 def waited(task_id: Optional[str]) -> Optional[float]:
@@ -44,18 +53,21 @@ def waited(task_id: Optional[str]) -> Optional[float]:
     return None if started is None else max(0.0, time.monotonic() - started)
 
 
-def held(task_id: Optional[str]) -> Optional[float]:
-    """Seconds this execution has held its lock, if it took it in this process."""
-    acquired = _acquired.get(task_id) if task_id else None
+def held_at_release(task_id: Optional[str]) -> Optional[float]:
+    """Seconds this execution held its lock, if it took it in this process; for the receiver
+    of ``lock_released``, whose report it is: the acquire time is forgotten then."""
+    acquired = _acquired.pop(task_id, None) if task_id else None
     return None if acquired is None else max(0.0, time.monotonic() - acquired)
 
 
-def connect(sender: Any = None) -> None:
+def connect(sender: Any = None, *, until_released: bool = False) -> None:
     """Start timing executions (idempotent: ``dispatch_uid``); of ``sender`` only if given
-    (the bench)."""
+    (the bench). ``until_released``: :func:`held_at_release` will be read (the metrics)."""
+    global _until_released
+    _until_released = _until_released or until_released
     for signal, receiver, uid in (
         (signals.task_prerun, _on_prerun, "csl-timing-prerun"),
-        # forgotten at task_postrun, after the release (whose receivers read held())
+        # the start forgotten at task_postrun; the acquire time too unless until_released
         (signals.task_postrun, _forget, "csl-timing-postrun"),
         (lock_acquired, _on_acquired, "csl-timing-acquired"),
     ):
@@ -64,6 +76,8 @@ def connect(sender: Any = None) -> None:
 
 def disconnect(sender: Any = None) -> None:
     """Stop timing (tests, the bench): what :func:`connect` with this ``sender`` started."""
+    global _until_released
+    _until_released = False
     for signal, uid in (
         (signals.task_prerun, "csl-timing-prerun"),
         (signals.task_postrun, "csl-timing-postrun"),

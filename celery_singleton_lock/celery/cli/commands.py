@@ -293,7 +293,7 @@ def release(settings: Settings, name: str, force: bool, ping_timeout: float) -> 
     alone). --force skips the ping, never the owner check.
 
     Exit status 0 released, 1 nothing released (free, or it changed hands), 2 refused or an
-    error.
+    error (with an app: NAME is no name a task takes a lock under, and it is free).
     """
     with _one_line_errors():
         if not force and not settings.has_app:
@@ -310,6 +310,8 @@ def release(settings: Settings, name: str, force: bool, ping_timeout: float) -> 
         try:
             name = lock_name_from_key(target, name)
             outcome = release_lock(target, name, is_alive=None if force else answers_ping)
+            if outcome.holder is None and settings.has_app:
+                refuse_a_name_no_task_takes(name, target.inspector.prefix)
         finally:
             target.close()
     key = LockKeys.build(target.inspector.prefix, name).lock
@@ -347,13 +349,16 @@ def clear_queued(settings: Settings, name: str) -> None:
     takes the lock; while it is there, the same call is not published again. A message that
     was purged or lost never reaches a worker, and its marker then blocks new calls until
     lock_queued_ttl passes. This deletes it now, if it still names the task it named when
-    read. Exit status 0 cleared, 1 there was none.
+    read. Exit status 0 cleared, 1 there was none; with an app, 2 when NAME is no name a task
+    takes a lock under.
     """
     with _one_line_errors():
         target = settings.target()
         try:
             name = lock_name_from_key(target, name)
             cleared = clear_queued_marker(target, name)
+            if cleared is None and settings.has_app:
+                refuse_a_name_no_task_takes(name, target.inspector.prefix)
         finally:
             target.close()
     click.echo(f"lock {name} under prefix {target.inspector.prefix!r} on {target.server}", err=True)

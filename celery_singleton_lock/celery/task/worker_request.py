@@ -37,7 +37,7 @@ class LockedRequest(Request):  # type: ignore[misc]
     def __init__(self, message: Any, *args: Any, **kwargs: Any) -> None:
         super().__init__(message, *args, **kwargs)
         received = time.time()
-        eta = self._eta  # an aware datetime (Celery parsed it above), or None
+        eta = self.eta  # an aware datetime (Celery parsed it above), or None
         if eta is not None:
             received = max(received, eta.timestamp())
         self._request_dict[RECEIVED_FIELD] = received

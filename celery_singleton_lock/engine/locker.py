@@ -52,6 +52,7 @@ from celery_singleton_lock.engine.server_renewal import RenewOperations
 from celery_singleton_lock.engine.shared_keys import SharedKeys
 from celery_singleton_lock.errors import (
     AlreadyFinished,
+    AlreadySuperseded,
     LockError,
     ReplicasUnavailable,
 )
@@ -205,6 +206,13 @@ class RedisLocker(
             return holder
         if reply == -1:
             raise _finished(keys, owner)
+        if reply == -2:
+            raise AlreadySuperseded(
+                f"task id {owner.task_id} was superseded by a newer call of lock {keys.lock}: "
+                "nothing was taken",
+                keys.lock,
+                {"task_id": owner.task_id},
+            )
         lease = self._lease(request, keys, token, owner, reply or None, sent_at)
         if acknowledged is not None and acknowledged < min_replicas:
             self.release(lease)

@@ -40,6 +40,7 @@ from celery_singleton_lock.celery.cli.lock_listing import (
     lock_name_of_call,
     read_lock,
     refuse_a_name_no_task_takes,
+    waiting_line,
 )
 from celery_singleton_lock.celery.cli.lock_release import (
     PING_TIMEOUT,
@@ -232,8 +233,10 @@ def show(
       celery-singleton-lock -A proj.celery:app show --task proj.tasks.rebuild ...
 
     Calls parked behind the lock (on_duplicate='queue') are listed after it, by task id,
-    oldest first. Exit status 1 when the lock is free; with an app, 2 when NAME is no name a
-    task takes a lock under (TASKNAME:DIGEST) and nothing of it is on the server.
+    oldest first; the call waiting to replace the holder (on_duplicate='replace') is named as
+    such, with its due time when a debounce holds it back. Exit status 1 when the lock is
+    free; with an app, 2 when NAME is no name a task takes a lock under (TASKNAME:DIGEST) and
+    nothing of it is on the server.
     """
     with _one_line_errors():
         if (name is None) == (task_name is None):
@@ -254,6 +257,7 @@ def show(
             inspector = target.inspector
             views = inspector.per_server(name) if target.quorum else None
             parked = asking(target, lambda: inspector.parked(name))
+            newest = asking(target, lambda: inspector.waiting_newest(name)) if parked else None
             if settings.has_app and holder is None and not fence and not parked:
                 # the app's locks are its tasks' (without one, --url alone, a lock may be
                 # the engine's, under a name of its own)
@@ -270,7 +274,7 @@ def show(
     else:
         click.echo(holder_row(holder, time.time()))
     if parked:
-        click.echo(f"parked: {len(parked)} call(s), oldest first: {' '.join(parked)}")
+        click.echo(waiting_line(parked, newest, time.time()))
     if holder is None:
         raise SystemExit(EXIT_FREE)
 

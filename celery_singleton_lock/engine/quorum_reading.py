@@ -18,7 +18,7 @@ from typing import (
 import redis
 
 from celery_singleton_lock.engine import server_errors
-from celery_singleton_lock.engine.backend import Capabilities
+from celery_singleton_lock.engine.capabilities import Capabilities
 from celery_singleton_lock.engine.fan_out import FanOut
 from celery_singleton_lock.engine.lease import LockHolder
 from celery_singleton_lock.engine.reading import server_address

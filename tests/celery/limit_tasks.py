@@ -105,3 +105,14 @@ rate3_retry = limited_task(
     "rate3_retry", lock_rate="3/3s", on_duplicate="retry", lock_retry_backoff=0.05
 )
 rate2_skip = limited_task("rate2_skip", lock_rate="2/m", on_duplicate="skip")
+
+
+# -- on_duplicate="queue" with them -----------------------------------------------------------
+
+limit3_queue = limited_task("limit3_queue", lock_limit=3, on_duplicate="queue", lock_ttl=5)
+rate3_queue = limited_task("rate3_queue", lock_rate="3/3s", on_duplicate="queue")
+cooldown1_queue = limited_task("cooldown1_queue", lock_cooldown=1, on_duplicate="queue")
+#: the issue's acceptance size (full runs only): 9 calls at 3 per 10 s
+rate3_per_10s_retry = limited_task(
+    "rate3_per_10s_retry", lock_rate="3/10s", on_duplicate="retry", lock_retry_backoff=0.05
+)

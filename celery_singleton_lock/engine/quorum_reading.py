@@ -132,6 +132,10 @@ class QuorumInspector:
         """Zeros: nothing is parked on a quorum."""
         return [0] * len(lock_keys)
 
+    def rate_use(self, lock_keys: list[str]) -> list[tuple[int, Optional[float]]]:
+        """No starts: ``lock_rate`` is refused on a quorum."""
+        return [(0, None)] * len(lock_keys)
+
     def queued_names(self, count: int = 500) -> Iterator[str]:
         """None: no queued marker is ever written on a quorum."""
         return iter(())

@@ -98,6 +98,26 @@ class LockInspector:
 
         return [int(count) for count in server_errors.call(fetch, lock_keys[0])]
 
+    def rate_use(self, lock_keys: list[str]) -> list[tuple[int, Optional[float]]]:
+        """For each of ``lock_keys`` (full lock keys): the starts its ``lock_rate`` window
+        holds (a slot reserved for a parked call counts as one), and the seconds until that
+        window is empty (None without a rate), in one pipelined round trip."""
+        if not lock_keys:
+            return []
+
+        def fetch() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            for key in lock_keys:
+                pipe.zcard(f"{key}:starts")  # LockKeys.starts of that lock
+                pipe.pttl(f"{key}:starts")
+            return pipe.execute()
+
+        replies = server_errors.call(fetch, lock_keys[0])
+        return [
+            (int(count), None if pttl < 0 else pttl / 1000.0)
+            for count, pttl in zip(replies[0::2], replies[1::2])
+        ]
+
     def scan(self, count: int = 500) -> Iterator[LockHolder]:
         """Every lock under this prefix, via ``SCAN`` (never ``KEYS``) plus pipelined reads.
 

@@ -12,7 +12,7 @@ import redis
 from celery.exceptions import WorkerLostError
 
 from tests.celery import limit_tasks
-from tests.celery.test_lock_limit_processes import slots_held
+from tests.celery.test_lock_limit_processes import RECLAIM_WITHIN, slots_held
 from tests.celery.test_lock_rate import CLOCKS, starts
 from tests.celery.workers import Servers, WorkerGroup, lock_key, unique, worker_group
 from tests.support import wait_until
@@ -80,14 +80,41 @@ def test_a_slot_of_a_killed_pool_child_is_handed_to_the_parked_call(
     wait_until(lambda: len(slots_held(store, task, key)) == 3, timeout=30)
     parked = task.apply_async((key, 0), queue=worker.queue)
     wait_until(lambda: store.llen(lock_key(task, key) + ":parked") == 1, timeout=30)
-    victim = next(h for h in slots_held(store, task, key) if h.task_id == holders[0].id)
+    # slot 2: not the lock key itself, which the mutex's hand-off would also find free
+    victim = next(h for h in slots_held(store, task, key) if h.key.endswith(":slot:2"))
+    (killed,) = (result for result in holders if result.id == victim.task_id)
     assert victim.pid is not None
     os.kill(victim.pid, signal.SIGKILL)
     with pytest.raises(WorkerLostError):
-        holders[0].get(timeout=30)
-    parked.get(timeout=5 + 3)  # long before the victim's TTL (5 s) and the others' bodies
+        killed.get(timeout=30)
+    parked.get(timeout=RECLAIM_WITHIN)  # before the victim's TTL (5 s) and the others' ends
     assert ran(store, key).count(parked.id) == 1
-    assert [result.get(timeout=30)["lost"] for result in holders[1:]] == [False, False]
+    others = [result for result in holders if result is not killed]
+    assert [result.get(timeout=30)["lost"] for result in others] == [False, False]
+
+
+def test_a_slot_of_a_killed_worker_is_handed_to_the_parked_call_once_it_expires(
+    workers: WorkerGroup, store: redis.Redis
+) -> None:
+    key, task = unique("k"), limit_tasks.limit3_queue  # lock_ttl=5
+    (doomed,) = workers.start(1, pool="prefork", concurrency=1)
+    (keeper,) = workers.start(1, pool="threads", concurrency=4)
+    # the doomed call on slot 2: not the lock key, which the mutex's hand-off would find too
+    kept = [task.apply_async((key, 15), queue=keeper.queue)]
+    wait_until(lambda: len(slots_held(store, task, key)) == 1, timeout=30)
+    doomed_call = task.apply_async((key, 60), queue=doomed.queue)
+    wait_until(lambda: len(slots_held(store, task, key)) == 2, timeout=30)
+    kept.append(task.apply_async((key, 15), queue=keeper.queue))
+    wait_until(lambda: len(slots_held(store, task, key)) == 3, timeout=30)
+    assert slots_held(store, task, key)[1].task_id == doomed_call.id
+    parked = task.apply_async((key, 0), queue=keeper.queue)
+    wait_until(lambda: store.llen(lock_key(task, key) + ":parked") == 1, timeout=30)
+    doomed.kill_group(signal.SIGKILL)
+    # the doomed slot expires (5 s) and the keeper's sweeper hands it on, before the kept
+    # bodies (15 s) free theirs
+    parked.get(timeout=5 + 4)
+    assert ran(store, key).count(parked.id) == 1
+    assert [result.get(timeout=30)["lost"] for result in kept] == [False, False]
 
 
 @pytest.mark.full

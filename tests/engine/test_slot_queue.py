@@ -6,11 +6,13 @@ from __future__ import annotations
 import time
 from typing import Any, Optional, Union
 
+import pytest
 import redis
 
 from celery_singleton_lock.engine import Lease, LockHolder, Owner, RedisLocker
 from celery_singleton_lock.engine.lease import Parked
 from celery_singleton_lock.engine.queue_scripts import HANDOFF_TOKEN
+from celery_singleton_lock.errors import LockNotOwnedError
 from tests.support import wait_until
 
 Outcome = Union[Lease, LockHolder, Parked]
@@ -218,3 +220,19 @@ def test_the_index_forgets_a_lock_once_nothing_is_parked(locker: RedisLocker) ->
     keys = locker.keys("job")
     assert client.zscore(keys.handoff_due, "job") is None
     assert client.exists(keys.parked_rule) == 0
+
+
+def test_a_slot_holding_something_not_a_lock_is_refused_not_overwritten(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    redis_client.set(f"{locker.keys('job').lock}:slot:2", "user data")
+    with pytest.raises(LockNotOwnedError):
+        attempt(locker, "a")
+    assert redis_client.get(f"{locker.keys('job').lock}:slot:2") == b"user data"
+
+
+def test_a_copy_of_a_running_call_is_neither_parked_nor_run(locker: RedisLocker) -> None:
+    lease(attempt(locker, "a"))
+    copy = attempt(locker, "a")
+    assert isinstance(copy, LockHolder) and copy.task_id == "a"
+    assert parked_ids(locker) == []

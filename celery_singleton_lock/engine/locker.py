@@ -51,7 +51,7 @@ from celery_singleton_lock.engine.script_calls import Acknowledged, EachKey
 from celery_singleton_lock.engine.server_renewal import RenewOperations
 from celery_singleton_lock.engine.shared_keys import SharedKeys
 from celery_singleton_lock.engine.slot_queue import SlotQueueOperations
-from celery_singleton_lock.errors import LockError, ReplicasUnavailable
+from celery_singleton_lock.errors import AlreadySuperseded, LockError, ReplicasUnavailable
 
 log_acquire = logging.getLogger("celery_singleton_lock.acquire")
 log_release = logging.getLogger("celery_singleton_lock.release")
@@ -195,6 +195,13 @@ class RedisLocker(
             return holder
         if reply == -1:
             raise already_finished(keys, owner)
+        if reply == -2:
+            raise AlreadySuperseded(
+                f"task id {owner.task_id} was superseded by a newer call of lock {keys.lock}: "
+                "nothing was taken",
+                keys.lock,
+                {"task_id": owner.task_id},
+            )
         lease = self._lease(request, keys, token, owner, reply or None, sent_at)
         if acknowledged is not None and acknowledged < min_replicas:
             self.release(lease)

@@ -124,6 +124,10 @@ class QuorumInspector:
         futures = self._quorum.each(lambda server: server.inspect.fence(name))
         return max(value or 0 for value in self._quorum.answers(futures, name))
 
+    def waiting_newest(self, name: str) -> Optional[tuple[str, Optional[float]]]:
+        """None: nothing waits on a quorum (``replace`` is refused there)."""
+        return None
+
     def parked(self, name: str) -> list[str]:
         """None: nothing is parked on a quorum (``on_duplicate='queue'`` is refused there)."""
         return []

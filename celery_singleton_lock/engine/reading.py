@@ -13,6 +13,7 @@ from redis.cluster import RedisCluster
 
 from celery_singleton_lock.engine import server_errors, slots
 from celery_singleton_lock.engine.keys import LockKeys, validate_prefix
+from celery_singleton_lock.engine.latest import debounce_key
 from celery_singleton_lock.engine.lease import LockHolder, as_int, as_text
 from celery_singleton_lock.engine.shared_keys import SharedKeys
 from celery_singleton_lock.errors import LockBackendUnavailable
@@ -83,6 +84,16 @@ class LockInspector:
             as_text(task_id)
             for task_id in server_errors.call(lambda: self.client.lrange(key, 0, -1), key)
         ]
+
+    def waiting_newest(self, name: str) -> Optional[tuple[str, Optional[float]]]:
+        """For a lock whose newest call wins (``replace``, a debounce): the task id of the call
+        waiting and, with a debounce, when it is due (epoch seconds by the server's clock);
+        None for any other lock."""
+        key = debounce_key(LockKeys.build(self.prefix, name))
+        newest, due = server_errors.call(lambda: self.client.hmget(key, "newest", "due"), key)
+        if newest is None:
+            return None
+        return as_text(newest), None if due is None else int(due) / 1000.0
 
     def parked_counts(self, lock_keys: list[str]) -> list[int]:
         """How many task ids are parked behind each of ``lock_keys`` (full lock keys), in one

@@ -427,6 +427,16 @@ class QuorumLocker(BackendBase):
         """Empty: nothing is parked on a quorum."""
         return []
 
+    def superseded_left(self, limit: int = 100) -> list[tuple[str, list[bytes]]]:
+        """Empty: nothing waits, so nothing is displaced, on a quorum."""
+        return []
+
+    def clear_superseded(
+        self, name: str, task_ids: Sequence[str], *, look_again_in: float = 0.0
+    ) -> int:
+        """0: nothing is displaced on a quorum."""
+        return 0
+
     def drop_parked(self, name: str, task_id: str, *, reservation_ttl: float) -> Union[bool, bytes]:
         """False: nothing is parked on a quorum."""
         return False

@@ -252,6 +252,18 @@ def test_show_of_a_name_no_task_takes_is_one_error_line(celery: Celery, given: s
     assert f"{given!r} is not a lock name" in line and "--task" in line
 
 
+@pytest.mark.parametrize("given", ["not-a-lock-name", "tests.celery.lockapp.fenced:42"])
+def test_release_of_a_name_no_task_takes_is_one_error_line(celery: Celery, given: str) -> None:
+    line = the_error(celery("locks", "release", "--force", given))
+    assert f"{given!r} is not a lock name" in line
+
+
+@pytest.mark.parametrize("given", ["not-a-lock-name", "tests.celery.lockapp.fenced:42"])
+def test_clear_queued_of_a_name_no_task_takes_is_one_error_line(celery: Celery, given: str) -> None:
+    line = the_error(celery("locks", "clear-queued", given))
+    assert f"{given!r} is not a lock name" in line
+
+
 def test_show_of_a_free_lock_of_a_task_exits_1_saying_free(celery: Celery) -> None:
     lock_name = lockapp.fenced.lock_options.keyer.name([unique("acct")], {})
     result = no_traceback(celery("locks", "show", lock_name))
@@ -272,7 +284,8 @@ def test_list_under_the_wrong_prefix_names_the_prefixes_holding_locks(
 # -- release: the holder is gone, or not --------------------------------------------------------
 
 
-def test_release_of_a_free_lock_exits_1_saying_so(celery: Celery, name: str) -> None:
+def test_release_of_a_free_lock_exits_1_saying_so(celery: Celery) -> None:
+    name = lockapp.fenced.lock_options.keyer.name([unique("acct")], {})
     result = no_traceback(celery("locks", "release", name))
     assert result.returncode == 1
     assert result.stdout.strip() == f"singleton-lock:{{{name}}}: free, nothing to release"

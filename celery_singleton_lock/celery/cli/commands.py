@@ -42,6 +42,7 @@ from celery_singleton_lock.celery.cli.lock_listing import (
     read_lock,
     read_slots,
     refuse_a_name_no_task_takes,
+    waiting_line,
 )
 from celery_singleton_lock.celery.cli.lock_release import (
     PING_TIMEOUT,
@@ -237,8 +238,10 @@ def show(
     Every slot of a lock_limit is shown (its holder, or a cooldown and what is left of it),
     then what the lock_rate window holds (starts in it, seconds until it is empty). Calls
     parked behind the lock (on_duplicate='queue') are listed after it, by task id, oldest
-    first. Exit status 1 when the lock is free; with an app, 2 when NAME is no name a
-    task takes a lock under (TASKNAME:DIGEST) and nothing of it is on the server.
+    first; the call waiting to replace the holder (on_duplicate='replace') is named as
+    such, with its due time when a debounce holds it back. Exit status 1 when the lock is
+    free; with an app, 2 when NAME is no name a task takes a lock under (TASKNAME:DIGEST) and
+    nothing of it is on the server.
     """
     with _one_line_errors():
         if (name is None) == (task_name is None):
@@ -260,6 +263,7 @@ def show(
             inspector = target.inspector
             views = inspector.per_server(name) if target.quorum else None
             parked = asking(target, lambda: inspector.parked(name))
+            newest = asking(target, lambda: inspector.waiting_newest(name)) if parked else None
             if settings.has_app and holder is None and not fence and not parked:
                 # the app's locks are its tasks' (without one, --url alone, a lock may be
                 # the engine's, under a name of its own)
@@ -278,7 +282,7 @@ def show(
     if empty_in is not None:
         click.echo(rate_row(starts, empty_in))
     if parked:
-        click.echo(f"parked: {len(parked)} call(s), oldest first: {' '.join(parked)}")
+        click.echo(waiting_line(parked, newest, time.time()))
     if not slot_holders:  # free: no slot is held (nor in a cooldown)
         raise SystemExit(EXIT_FREE)
 
@@ -301,7 +305,7 @@ def release(settings: Settings, name: str, force: bool, ping_timeout: float) -> 
     alone). --force skips the ping, never the owner check.
 
     Exit status 0 released, 1 nothing released (free, or it changed hands), 2 refused or an
-    error.
+    error (with an app: NAME is no name a task takes a lock under, and it is free).
     """
     with _one_line_errors():
         if not force and not settings.has_app:
@@ -318,6 +322,8 @@ def release(settings: Settings, name: str, force: bool, ping_timeout: float) -> 
         try:
             name = lock_name_from_key(target, name)
             outcome = release_lock(target, name, is_alive=None if force else answers_ping)
+            if outcome.holder is None and settings.has_app:
+                refuse_a_name_no_task_takes(name, target.inspector.prefix)
         finally:
             target.close()
     key = LockKeys.build(target.inspector.prefix, name).lock
@@ -355,13 +361,16 @@ def clear_queued(settings: Settings, name: str) -> None:
     takes the lock; while it is there, the same call is not published again. A message that
     was purged or lost never reaches a worker, and its marker then blocks new calls until
     lock_queued_ttl passes. This deletes it now, if it still names the task it named when
-    read. Exit status 0 cleared, 1 there was none.
+    read. Exit status 0 cleared, 1 there was none; with an app, 2 when NAME is no name a task
+    takes a lock under.
     """
     with _one_line_errors():
         target = settings.target()
         try:
             name = lock_name_from_key(target, name)
             cleared = clear_queued_marker(target, name)
+            if cleared is None and settings.has_app:
+                refuse_a_name_no_task_takes(name, target.inspector.prefix)
         finally:
             target.close()
     click.echo(f"lock {name} under prefix {target.inspector.prefix!r} on {target.server}", err=True)

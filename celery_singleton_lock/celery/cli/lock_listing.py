@@ -6,6 +6,7 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any, Iterator, Optional
 
 import redis
@@ -243,3 +244,19 @@ def is_worker_node(host: str) -> bool:
     node name as the holder's host, a process outside a worker its plain host name."""
     name, at, hostname = host.partition("@")
     return bool(name and at and hostname)
+
+
+def waiting_line(
+    parked: list[str], newest: Optional[tuple[str, Optional[float]]], now: float
+) -> str:
+    """What ``show`` says of the calls waiting behind a lock: parked in arrival order (policy
+    ``queue``), or the one newest call of ``replace``, held back until its due time with a
+    debounce (``newest``: :meth:`~.engine.LockInspector.waiting_newest`)."""
+    ids = " ".join(parked)
+    if newest is None:
+        return f"parked: {len(parked)} call(s), oldest first: {ids}"
+    _, due = newest
+    if due is not None and due > now:
+        at = datetime.fromtimestamp(due, timezone.utc).isoformat(timespec="milliseconds")
+        return f"held back until {at} (debounce, in {due - now:.1f}s), newest call: {ids}"
+    return f"waiting to replace (the newest call, it runs when the lock is free): {ids}"

@@ -43,6 +43,7 @@ from celery_singleton_lock.engine import (
 )
 from celery_singleton_lock.errors import (
     AlreadyFinished,
+    AlreadySuperseded,
     DuplicateTaskError,
     LockBackendUnavailable,
     LockConfigurationError,
@@ -328,6 +329,8 @@ class LockedTask(Task):  # type: ignore[misc]
                 outcome = handle_duplicate(duplicate, acquire)
         except AlreadyFinished:
             self._drop_copy(task_id, "its finish is recorded under the lock")
+        except AlreadySuperseded as exc:
+            latest.end_stale_copy(self, request, exc.key or name)
         return outcome, is_copy, wanted.limit
 
     def _store_started(self, task_id: str, request: Any) -> None:

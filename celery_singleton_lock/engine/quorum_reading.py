@@ -18,7 +18,7 @@ from typing import (
 import redis
 
 from celery_singleton_lock.engine import server_errors
-from celery_singleton_lock.engine.backend import Capabilities
+from celery_singleton_lock.engine.capabilities import Capabilities
 from celery_singleton_lock.engine.fan_out import FanOut
 from celery_singleton_lock.engine.lease import LockHolder
 from celery_singleton_lock.engine.reading import server_address
@@ -135,6 +135,10 @@ class QuorumInspector:
     def parked_counts(self, lock_keys: list[str]) -> list[int]:
         """Zeros: nothing is parked on a quorum."""
         return [0] * len(lock_keys)
+
+    def rate_use(self, lock_keys: list[str]) -> list[tuple[int, Optional[float]]]:
+        """No starts: ``lock_rate`` is refused on a quorum."""
+        return [(0, None)] * len(lock_keys)
 
     def queued_names(self, count: int = 500) -> Iterator[str]:
         """None: no queued marker is ever written on a quorum."""

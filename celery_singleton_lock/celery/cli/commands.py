@@ -38,7 +38,9 @@ from celery_singleton_lock.celery.cli.lock_listing import (
     list_locks,
     lock_name_from_key,
     lock_name_of_call,
+    rate_row,
     read_lock,
+    read_slots,
     refuse_a_name_no_task_takes,
     waiting_line,
 )
@@ -148,7 +150,7 @@ def main(
     "as_json",
     is_flag=True,
     help="Print one JSON document: the list of holders (key, name, task_id, host, pid, "
-    "acquired_at, ttl, fence, parked).",
+    "acquired_at, ttl, fence, slot, cooldown, cooldown_left, parked, rate_starts).",
 )
 @click.pass_obj
 def list_command(settings: Settings, limit: int, as_json: bool) -> None:
@@ -166,14 +168,15 @@ def list_command(settings: Settings, limit: int, as_json: bool) -> None:
     if as_json:
         prefix = target.inspector.prefix
         rows = [
-            {**holder_json(holder, prefix), "parked": parked}
-            for holder, parked in zip(listing.holders, listing.parked)
+            {**holder_json(holder, prefix), "parked": parked, "rate_starts": starts}
+            for holder, parked, (starts, _) in zip(listing.holders, listing.parked, listing.rates)
         ]
         click.echo(json.dumps(rows))
     else:
         now = time.time()
-        for holder, parked in zip(listing.holders, listing.parked):
-            click.echo(holder_row(holder, now) + (f"  parked={parked}" if parked else ""))
+        for holder, parked, (starts, _) in zip(listing.holders, listing.parked, listing.rates):
+            row = holder_row(holder, now) + (f"  parked={parked}" if parked else "")
+            click.echo(row + (f"  rate_starts={starts}" if starts else ""))
     summary = (
         f"{len(listing.holders)} lock(s) held under prefix {target.inspector.prefix!r} "
         f"on {target.server}"
@@ -232,8 +235,10 @@ def show(
           --args '[42]' --kwargs '{"full": true}'
       celery-singleton-lock -A proj.celery:app show --task proj.tasks.rebuild ...
 
-    Calls parked behind the lock (on_duplicate='queue') are listed after it, by task id,
-    oldest first; the call waiting to replace the holder (on_duplicate='replace') is named as
+    Every slot of a lock_limit is shown (its holder, or a cooldown and what is left of it),
+    then what the lock_rate window holds (starts in it, seconds until it is empty). Calls
+    parked behind the lock (on_duplicate='queue') are listed after it, by task id, oldest
+    first; the call waiting to replace the holder (on_duplicate='replace') is named as
     such, with its due time when a debounce holds it back. Exit status 1 when the lock is
     free; with an app, 2 when NAME is no name a task takes a lock under (TASKNAME:DIGEST) and
     nothing of it is on the server.
@@ -254,6 +259,7 @@ def show(
         try:
             name = lock_name_from_key(target, name)
             holder, fence = read_lock(target, name)
+            slot_holders, starts, empty_in = read_slots(target, name)
             inspector = target.inspector
             views = inspector.per_server(name) if target.quorum else None
             parked = asking(target, lambda: inspector.parked(name))
@@ -271,11 +277,13 @@ def show(
     if holder is None:
         key = LockKeys.build(target.inspector.prefix, name).lock
         click.echo(f"{key}: free (last fence {fence})")
-    else:
-        click.echo(holder_row(holder, time.time()))
+    for seen in slot_holders:  # slot 1 (the lock key) first, then a lock_limit's others
+        click.echo(holder_row(seen, time.time()))
+    if empty_in is not None:
+        click.echo(rate_row(starts, empty_in))
     if parked:
         click.echo(waiting_line(parked, newest, time.time()))
-    if holder is None:
+    if not slot_holders:  # free: no slot is held (nor in a cooldown)
         raise SystemExit(EXIT_FREE)
 
 

@@ -47,15 +47,17 @@ class HandOffSweeper(Ticking):
         locker = locker_for(self.app)
         sent = 0
         for name in locker.hand_off_due(SWEEP_BATCH):
-            message = locker.hand_off_if_free(name, reservation_ttl=self.reservation_ttl)
-            if message is None:
+            # one message for the mutex; one per free slot of a lock_limit, as the rate allows
+            messages = locker.hand_on(name, reservation_ttl=self.reservation_ttl)
+            if not messages:
                 continue
             log.info(
-                "lock %s is free with a call due behind it (its holder did not hand it on, or "
-                "a debounced call's time came); handing it on",
+                "lock %s is free with a call due behind it (its holder did not hand it on, "
+                "its cooldown ended, its rate allows a start, or a debounced call's time "
+                "came); handing it on",
                 locker.keys(name).lock,
             )
-            sent += publish(self.app, message, name)
+            sent += sum(publish(self.app, message, name) for message in messages)
         self.sent += sent
         # calls displaced by a newer one whose worker died before marking them superseded
         self.superseded += latest.mark_left(self.app, locker, look_again_in=self.interval * 10)

@@ -182,6 +182,9 @@ def finish_as(task: Any, request: Any, state: str, result: Any) -> None:
 #: Field of a locked task's request dict (so ``self.request.<field>``) holding the content type
 #: of the message it came in (see :mod:`.task.worker_request`).
 CONTENT_TYPE_FIELD = "singleton_lock_content_type"
+#: Field of a locked task's request dict holding the wall-clock time (``time.time()``) the
+#: worker received its message, or its ETA if later (see :mod:`.task.worker_request`).
+RECEIVED_FIELD = "singleton_lock_received"
 
 
 def serializer_of(request: Any) -> dict[str, Any]:

@@ -8,11 +8,11 @@ from .backend import (
     AcquireOutcome,
     AcquireRequest,
     AcquireResult,
-    Capabilities,
     LockBackend,
     LockReader,
     ReleaseSubscription,
 )
+from .capabilities import Capabilities
 from .fork_safety import ForkSafeLock, no_fork, reset_in_forked_children
 from .keys import LockKeys, validate_prefix
 from .latest import Latest

@@ -16,7 +16,6 @@ written once.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import (
     TYPE_CHECKING,
     Any,
@@ -28,6 +27,7 @@ from typing import (
     Union,
 )
 
+from celery_singleton_lock.engine.capabilities import Capabilities
 from celery_singleton_lock.engine.keys import LockKeys
 from celery_singleton_lock.engine.latest import Latest
 from celery_singleton_lock.engine.lease import Lease, LockHolder, LostCallback, Owner, Parked
@@ -48,42 +48,6 @@ log_release = logging.getLogger("celery_singleton_lock.release")
 AcquireOutcome = Union[Lease, LockHolder, Parked]
 #: What an acquire without ``park`` returns.
 AcquireResult = Union[Lease, LockHolder]
-
-
-@dataclass(frozen=True)
-class Capabilities:
-    """What a backend supports, for the Celery layer to refuse options it cannot honour.
-
-    Each ``False`` feature has its reason in ``why_not`` (said to the user with the task and
-    the option).
-    """
-
-    #: fencing tokens, strictly increasing per lock name (``lock_fencing``)
-    fencing: bool
-    #: waiting for replicas to acknowledge an acquire (``lock_min_replicas``)
-    replica_acks: bool
-    #: parking duplicates behind a held lock and handing it on (``on_duplicate='queue'``)
-    parking: bool
-    #: queued markers of deduplication at enqueue (``dedupe_on_enqueue``)
-    enqueue_markers: bool
-    #: a Redis Cluster (scripts per slot, renewal per node)
-    cluster: bool
-    #: what the backend is, for people: "a Redlock quorum of independent Redis servers"...
-    kind: str
-    #: ``(feature, why it is not supported)`` for each unsupported feature
-    reasons: tuple[tuple[str, str], ...] = ()
-    #: what to use instead for an unsupported feature, for people
-    instead: str = ""
-    #: up to N holders per lock name (``lock_limit`` > 1, see :mod:`.slots`)
-    slots: bool = True
-    #: a release that leaves the key taken for a while (``lock_cooldown``, :mod:`.cooldown`)
-    cooldown: bool = True
-    #: at most N acquisitions per sliding window (``lock_rate``, :mod:`.slots`)
-    rate: bool = True
-
-    def why_not(self, feature: str) -> str:
-        """Why ``feature`` (a field name above) is not supported here ("" if it is)."""
-        return dict(self.reasons).get(feature, "")
 
 
 class AcquireRequest(NamedTuple):
@@ -141,7 +105,11 @@ class LockReader(Protocol):
 
     def parked(self, name: str) -> list[str]: ...
 
+    def waiting_newest(self, name: str) -> Optional[tuple[str, Optional[float]]]: ...
+
     def parked_counts(self, lock_keys: list[str]) -> list[int]: ...
+
+    def rate_use(self, lock_keys: list[str]) -> list[tuple[int, Optional[float]]]: ...
 
     def scan(self, count: int = 500) -> Iterator[LockHolder]: ...
 
@@ -197,6 +165,17 @@ class LockBackend(Protocol):
         self, lease: Lease, *, reservation_ttl: float, remember_for: Optional[float] = None
     ) -> tuple[bool, Optional[bytes]]: ...
 
+    def release_handing_on(
+        self,
+        lease: Lease,
+        *,
+        limit: int,
+        rate: Optional[tuple[int, float]] = None,
+        cooldown: Optional[float] = None,
+        reservation_ttl: float,
+        remember_for: Optional[float] = None,
+    ) -> tuple[bool, list[bytes]]: ...
+
     def renew_batch(self, leases: Sequence[Lease], *, now: float) -> list[int]: ...
 
     def renew_by_owner(
@@ -227,11 +206,20 @@ class LockBackend(Protocol):
 
     def hand_off_if_free(self, name: str, *, reservation_ttl: float) -> Optional[bytes]: ...
 
+    def hand_on(self, name: str, *, reservation_ttl: float) -> list[bytes]: ...
+
     def drop_parked(
         self, name: str, task_id: str, *, reservation_ttl: float
     ) -> Union[bool, bytes]: ...
 
     def hand_off_soon(self, name: str) -> int: ...
+
+    # -- latest wins: displaced calls their worker did not mark
+    def superseded_left(self, limit: int = 100) -> list[tuple[str, list[bytes]]]: ...
+
+    def clear_superseded(
+        self, name: str, task_ids: Sequence[str], *, look_again_in: float = 0.0
+    ) -> int: ...
 
     def close(self) -> None: ...
 
@@ -328,10 +316,13 @@ class BackendBase:
                 most one call waits, a newer one takes its place (:attr:`Parked.displaced`
                 names the calls it displaced); release with ``release_latest``.
             limit: up to this many holders at once, each on its own slot (:mod:`.slots`);
-                not with ``park``, ``take_queued`` or ``min_replicas``.
+                not with ``latest``, ``take_queued`` or ``min_replicas``. With ``park``,
+                calls park behind the slots and are handed each freed slot in arrival order
+                (:mod:`.slot_queue`): release with ``release_handing_on``.
             rate: ``(count, seconds)``: at most ``count`` acquisitions in any window of that
                 many seconds (server clock); over it, a :class:`LockHolder` with
-                ``over_rate`` and the wait as its ``ttl``. Not with those three either.
+                ``over_rate`` and the wait as its ``ttl`` (with ``park``: parked, and handed
+                a slot when the rate allows). Not with those three either.
 
         Raises:
             AlreadyFinished: with ``unless_finished``, that record exists.
@@ -396,10 +387,10 @@ class BackendBase:
             )
         if request.rate is not None and not self.capabilities.rate:
             raise unsupported(self.capabilities, "lock_rate", "rate", self.keys(request.name).lock)
-        if request.park is not None or request.take_queued or request.min_replicas:
+        if request.latest is not None or request.take_queued or request.min_replicas:
             raise LockConfigurationError(
-                "a limit above 1 or a rate does not combine with parking, queued markers or "
-                "replica acknowledgements (each of them is about one lock key)",
+                "a limit above 1 or a rate does not combine with latest wins, queued markers "
+                "or replica acknowledgements (each of them is about one lock key)",
                 self.keys(request.name).lock,
             )
 

@@ -60,6 +60,12 @@ class QueueOperations:
 
         def keys(self, name: str) -> LockKeys: ...
 
+        def parked_rule(self, name: str) -> Optional[tuple[int, Any]]: ...
+
+        def drop_from_slots(
+            self, name: str, rule: Any, task_id: str, *, reservation_ttl: float
+        ) -> tuple[bool, list[bytes]]: ...
+
         def _run(
             self,
             script: Script,
@@ -224,6 +230,12 @@ class QueueOperations:
         reserved for (now dropped), False if it was neither. A lock held by ``task_id``
         itself is never touched.
         """
+        rule = self.parked_rule(name)
+        if rule is not None:  # parked over slots, a rate or a cooldown (slot_queue.py)
+            dropped, handed = self.drop_from_slots(
+                name, rule, task_id, reservation_ttl=reservation_ttl
+            )
+            return handed[0] if handed else dropped
         keys = self.keys(name)
         reply = self._run(
             self._drop_parked,

@@ -215,6 +215,11 @@ def gated_body(key: str, task_id: Optional[str]) -> str:
     return str(task_id)
 
 
+@app.task(bind=True, base=LockedTask, lock_on=("key",), lock_ttl=5)
+def gated(self: LockedTask, key: str) -> str:
+    return gated_body(key, self.request.id)
+
+
 @app.task(bind=True, base=LockedTask, lock_on=("key",), dedupe_on_enqueue=True, lock_ttl=5)
 def dedupe_gated(self: LockedTask, key: str) -> str:
     return gated_body(key, self.request.id)

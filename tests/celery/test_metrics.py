@@ -8,6 +8,7 @@ scraped, every child is killed with SIGKILL, and it is scraped again.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -17,9 +18,8 @@ from typing import Any, Iterator
 
 import pytest
 import redis
-from celery import signals as celery_signals
 
-from celery_singleton_lock.celery.observe import metrics, timing
+from celery_singleton_lock.celery.observe import metrics
 from celery_singleton_lock.celery.signals import lock_acquired, lock_duplicate, lock_released
 from celery_singleton_lock.engine import Lease, Owner, RedisLocker
 from celery_singleton_lock.errors import LockConfigurationError
@@ -101,24 +101,41 @@ class Outcome:
     killed: list[int]
 
 
+@contextlib.contextmanager
+def metrics_worker(
+    broker: RedisServer, lock: RedisServer, metrics_dir: str, concurrency: int
+) -> Iterator[tuple[Any, Any, int]]:
+    """A real worker of ``metricsapp`` (the metrics on, served on a free port): the worker, a
+    client app sending to its queue, and the port."""
+    servers = MetricsServers(
+        broker_url=broker.url,
+        lock=lock,
+        backend_url=broker.url.replace("/0", "/1"),
+        app="tests.celery.metricsapp",
+        metrics_port=free_port(),
+        metrics_dir=metrics_dir,
+    )
+    with worker_group(servers) as group:
+        (worker,) = group.start(concurrency=concurrency)
+        client = client_app(servers, worker.queue)
+        try:
+            yield worker, client, servers.metrics_port
+        finally:
+            close_client(client)
+
+
 @pytest.fixture(scope="module")
 def outcome(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Outcome]:
-    with RedisServer.running() as server:
-        servers = MetricsServers(
-            broker_url=server.url,
-            lock=server,
-            backend_url=server.url.replace("/0", "/1"),
-            app="tests.celery.metricsapp",
-            metrics_port=free_port(),
-            metrics_dir=str(tmp_path_factory.mktemp("metrics")),
-        )
-        with worker_group(servers) as group:
-            (worker,) = group.start(concurrency=4)
-            client = client_app(servers, worker.queue)
-            try:
-                yield run_scenario(server, worker, client, servers.metrics_port)
-            finally:
-                close_client(client)
+    directory = str(tmp_path_factory.mktemp("metrics"))
+    with (
+        RedisServer.running() as server,
+        metrics_worker(server, server, directory, 4) as (
+            worker,
+            client,
+            port,
+        ),
+    ):
+        yield run_scenario(server, worker, client, port)
 
 
 def run_scenario(server: RedisServer, worker: Any, client: Any, port: int) -> Outcome:
@@ -211,38 +228,3 @@ def test_with_the_setting_off_no_receiver_is_connected_to_the_lock_signals(
 def test_a_metrics_port_that_is_not_a_port_is_refused_naming_the_setting() -> None:
     with pytest.raises(LockConfigurationError, match="singleton_lock_metrics_port"):
         metrics.check_settings({"singleton_lock_metrics_port": "9808"})
-
-
-@pytest.fixture
-def timed() -> Iterator[None]:
-    yield
-    timing.disconnect()
-
-
-def ended_after_its_acquire(task_id: str) -> None:
-    """What a worker's signals say of an execution that took its lock and ended."""
-    lock_acquired.send(sender=None, task_id=task_id, key="k", fence=None)
-    celery_signals.task_postrun.send(sender=None, task_id=task_id)
-
-
-def test_a_release_reported_after_the_task_ended_is_still_timed_when_the_metrics_are_on(
-    timed: None,
-) -> None:
-    # a release sent without waiting is reported when its reply is read: after task_postrun
-    timing.connect(until_released=True)
-    ended_after_its_acquire("t-deferred")
-    assert timing.held_at_release("t-deferred") is not None
-
-
-def test_without_the_metrics_an_acquire_time_is_forgotten_as_the_task_ends(timed: None) -> None:
-    timing.connect()
-    ended_after_its_acquire("t-traced")
-    assert timing.held_at_release("t-traced") is None
-
-
-def test_acquire_times_whose_release_is_never_reported_are_bounded(timed: None) -> None:
-    timing.connect(until_released=True)
-    for index in range(timing.KEEP_AT_MOST + 10):
-        ended_after_its_acquire(f"t-{index}")
-    assert timing.held_at_release("t-0") is None  # the oldest went first
-    assert timing.held_at_release(f"t-{timing.KEEP_AT_MOST + 9}") is not None

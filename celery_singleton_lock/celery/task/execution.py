@@ -62,13 +62,17 @@ class LockScope(LockHandle):
     Opening it registers it in the current thread; :meth:`close` ends it, once.
     """
 
-    __slots__ = ("_body_started", "_closed", "name", "task", "task_id")
+    __slots__ = ("_body_started", "_closed", "limit", "name", "task", "task_id")
 
-    def __init__(self, task: LockedTask, task_id: str, name: str, lease: Lease) -> None:
+    def __init__(
+        self, task: LockedTask, task_id: str, name: str, lease: Lease, limit: int = 1
+    ) -> None:
         super().__init__(lease.key, lease)
         self.task = task
         self.task_id = task_id
         self.name = name
+        #: the call's lock_limit (a callable's value for this call)
+        self.limit = limit
         self._body_started = False
         self._closed = False
         _open.by_name[name] = self
@@ -108,8 +112,26 @@ class LockScope(LockHandle):
         remember = finished and (task.acks_late or queue)
         remember_for = options.finished_ttl if remember else None
         lease = self.lease
+        # the cooldown this release leaves (after a success, or any outcome with "always")
+        cooldown = (
+            options.cooldown
+            if succeeded or (finished and options.cooldown_after == "always")
+            else None
+        )
         try:
-            if queue:
+            if queue and (self.limit != 1 or options.rate is not None or options.cooldown):
+                # parked over slots, a rate or a cooldown: each freed slot handed on
+                owned, messages = lease.locker.release_handing_on(
+                    lease,
+                    limit=self.limit,
+                    rate=options.rate,
+                    cooldown=cooldown,
+                    reservation_ttl=options.handoff_timeout,
+                    remember_for=remember_for,
+                )
+                for message in messages:
+                    handoff.publish(task.app, message, self.name)
+            elif queue:
                 locker = lease.locker
                 hand_on = (
                     locker.release_latest
@@ -121,12 +143,8 @@ class LockScope(LockHandle):
                 )
                 if handed is not None:
                     handoff.publish(task.app, handed, self.name)
-            elif options.cooldown and (
-                succeeded or (finished and options.cooldown_after == "always")
-            ):
-                owned = lease.locker.release_cooling(
-                    lease, options.cooldown, remember_for=remember_for
-                )
+            elif cooldown:
+                owned = lease.locker.release_cooling(lease, cooldown, remember_for=remember_for)
             elif not task.request.is_eager and lease.locker.release_later(
                 lease, self._settled, remember_for=remember_for
             ):

@@ -44,6 +44,7 @@ from celery_singleton_lock.engine import (
 )
 from celery_singleton_lock.errors import (
     AlreadyFinished,
+    AlreadySuperseded,
     DuplicateTaskError,
     LockBackendUnavailable,
     LockConfigurationError,
@@ -238,11 +239,11 @@ class LockedTask(Task):  # type: ignore[misc]
         acquired = self._acquire(task_id, name, options, request)
         if acquired is None:
             return  # running without the lock (lock_on_backend_error="run")
-        lease, is_copy = acquired
+        lease, is_copy, limit = acquired
         if PAUSE.active:
             PAUSE.resumed()
         # From here the scope owns the lock: whatever raises below closes it.
-        request.lock = held = LockScope(self, task_id, name, lease)
+        request.lock = held = LockScope(self, task_id, name, lease, limit)
         if already_ran(self, request, is_copy):
             held.close()
             self._drop_copy(task_id, "its outcome is stored")
@@ -254,9 +255,10 @@ class LockedTask(Task):  # type: ignore[misc]
 
     def _acquire(
         self, task_id: str, name: str, options: LockOptions, request: Any
-    ) -> Optional[tuple[Lease, bool]]:
-        """Take the lock, applying the duplicate policy if it is held: the lease and whether
-        this message is a copy of an earlier delivery; None to run without the lock. Ends the
+    ) -> Optional[tuple[Lease, bool, int]]:
+        """Take the lock, applying the duplicate policy if it is held: the lease, whether
+        this message is a copy of an earlier delivery and the call's lock_limit; None to run
+        without the lock. Ends the
         execution (``Ignore``, retry, or an error) when the body must not run."""
         # A redelivered message of an acks_late task may repeat an execution that already
         # ran to the end: the acquire itself looks for that execution's finish record.
@@ -313,11 +315,11 @@ class LockedTask(Task):  # type: ignore[misc]
             is_copy = is_marked_copy(request)
             if isinstance(outcome, Parked):
                 holder = outcome.holder or LockHolder.unknown(outcome.key)
+                parked = policies.Duplicate(self, request, options, name, holder)
                 if newest is not None:
-                    latest.wait_newest(
-                        policies.Duplicate(self, request, options, name, holder), outcome
-                    )
-                policies.queue(policies.Duplicate(self, request, options, name, holder), outcome)
+                    latest.wait_newest(parked, outcome)
+                parked.reason = policies.parked_reason(outcome, wanted.limit, wanted.rate)
+                policies.queue(parked, outcome)
             if not isinstance(outcome, Lease):
                 duplicate = policies.Duplicate(self, request, options, name, outcome)
                 if outcome.over_rate:
@@ -330,7 +332,9 @@ class LockedTask(Task):  # type: ignore[misc]
                 outcome = handle_duplicate(duplicate, acquire)
         except AlreadyFinished:
             self._drop_copy(task_id, "its finish is recorded under the lock")
-        return outcome, is_copy
+        except AlreadySuperseded as exc:
+            latest.end_stale_copy(self, request, exc.key or name)
+        return outcome, is_copy, wanted.limit
 
     def _store_started(self, task_id: str, request: Any) -> None:
         """STARTED, as Celery's tracer stores it with ``track_started`` (see

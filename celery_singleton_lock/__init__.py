@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from celery_singleton_lock.errors import (
     AlreadyFinished,
+    AlreadySuperseded,
     DuplicateTaskError,
     DuplicateTaskSkipped,
     LockBackendUnavailable,
@@ -55,6 +56,7 @@ _CELERY_NAMES = {
 
 __all__ = [
     "AlreadyFinished",
+    "AlreadySuperseded",
     "DuplicateTaskError",
     "DuplicateTaskSkipped",
     "LockBackendUnavailable",

@@ -11,6 +11,7 @@ from typing import Any, Mapping, Optional
 
 __all__ = [
     "AlreadyFinished",
+    "AlreadySuperseded",
     "DuplicateTaskError",
     "DuplicateTaskSkipped",
     "LockBackendUnavailable",
@@ -71,6 +72,12 @@ class AlreadyFinished(LockError):
     """The owner's task id already ran to the end under this lock (a recorded release): an
     acquire that asked for it (``unless_finished``) took nothing. Seen by a redelivered copy
     of a finished task."""
+
+
+class AlreadySuperseded(LockError):
+    """The owner's task id was displaced by a newer call of its lock (policy ``replace``, a
+    debounce): an acquire by it took nothing. Seen by a stale copy of a superseded call (its
+    message delivered again, or to a worker that missed the revoke)."""
 
 
 class LockNotOwnedError(LockError):

@@ -4,8 +4,9 @@ Each one is pinned by a test in ``tests/celery/test_celery_api.py`` that fails o
 release that changes it; the rest of the layer reaches them only through here. What the layer
 also relies on, pinned elsewhere:
 
-- the tracer calls an overridden ``Task.__call__`` instead of ``run``, and ``Ignore`` raised in
-  ``before_start`` ends the task IGNORED (``test_celery_api``);
+- the tracer calls an overridden ``Task.__call__`` instead of ``run``, and ``run`` itself,
+  without ``Task.__call__``, when no class overrides it; ``Ignore`` raised in ``before_start``
+  ends the task IGNORED (``test_celery_api``);
 - ``delivery_info["redelivered"]`` on a message the Redis broker handed out again
   (``test_real_workers``: the redelivery tests);
 - ``task_failure`` (``WorkerLostError``, ``TimeLimitExceeded``) and ``task_revoked`` sent in the
@@ -181,6 +182,9 @@ def finish_as(task: Any, request: Any, state: str, result: Any) -> None:
 #: Field of a locked task's request dict (so ``self.request.<field>``) holding the content type
 #: of the message it came in (see :mod:`.task.worker_request`).
 CONTENT_TYPE_FIELD = "singleton_lock_content_type"
+#: Field of a locked task's request dict holding the wall-clock time (``time.time()``) the
+#: worker received its message, or its ETA if later (see :mod:`.task.worker_request`).
+RECEIVED_FIELD = "singleton_lock_received"
 
 
 def serializer_of(request: Any) -> dict[str, Any]:

@@ -5,7 +5,8 @@ Imports nothing from Celery. This module is the engine's one surface: the Celery
 """
 
 from .acquire_request import AcquireOutcome, AcquireRequest, AcquireResult
-from .backend import Capabilities, LockBackend, LockReader, ReleaseSubscription
+from .backend import LockBackend, LockReader, ReleaseSubscription
+from .capabilities import Capabilities
 from .fork_safety import ForkSafeLock, no_fork, reset_in_forked_children
 from .keys import LockKeys, validate_prefix
 from .latest import Latest

@@ -14,10 +14,10 @@ backends share in :mod:`.backend_base`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence, Union
 
 from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
+from celery_singleton_lock.engine.capabilities import Capabilities
 from celery_singleton_lock.engine.keys import LockKeys
 from celery_singleton_lock.engine.lease import Lease, LockHolder, Owner
 from celery_singleton_lock.errors import LockError
@@ -26,42 +26,6 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from celery_singleton_lock.engine.renewer import Renewer
-
-
-@dataclass(frozen=True)
-class Capabilities:
-    """What a backend supports, for the Celery layer to refuse options it cannot honour.
-
-    Each ``False`` feature has its reason in ``why_not`` (said to the user with the task and
-    the option).
-    """
-
-    #: fencing tokens, strictly increasing per lock name (``lock_fencing``)
-    fencing: bool
-    #: waiting for replicas to acknowledge an acquire (``lock_min_replicas``)
-    replica_acks: bool
-    #: parking duplicates behind a held lock and handing it on (``on_duplicate='queue'``)
-    parking: bool
-    #: queued markers of deduplication at enqueue (``dedupe_on_enqueue``)
-    enqueue_markers: bool
-    #: a Redis Cluster (scripts per slot, renewal per node)
-    cluster: bool
-    #: what the backend is, for people: "a Redlock quorum of independent Redis servers"...
-    kind: str
-    #: ``(feature, why it is not supported)`` for each unsupported feature
-    reasons: tuple[tuple[str, str], ...] = ()
-    #: what to use instead for an unsupported feature, for people
-    instead: str = ""
-    #: up to N holders per lock name (``lock_limit`` > 1, see :mod:`.slots`)
-    slots: bool = True
-    #: a release that leaves the key taken for a while (``lock_cooldown``, :mod:`.cooldown`)
-    cooldown: bool = True
-    #: at most N acquisitions per sliding window (``lock_rate``, :mod:`.slots`)
-    rate: bool = True
-
-    def why_not(self, feature: str) -> str:
-        """Why ``feature`` (a field name above) is not supported here ("" if it is)."""
-        return dict(self.reasons).get(feature, "")
 
 
 class ReleaseSubscription(Protocol):
@@ -90,7 +54,11 @@ class LockReader(Protocol):
 
     def parked(self, name: str) -> list[str]: ...
 
+    def waiting_newest(self, name: str) -> Optional[tuple[str, Optional[float]]]: ...
+
     def parked_counts(self, lock_keys: list[str]) -> list[int]: ...
+
+    def rate_use(self, lock_keys: list[str]) -> list[tuple[int, Optional[float]]]: ...
 
     def scan(self, count: int = 500) -> Iterator[LockHolder]: ...
 
@@ -146,6 +114,17 @@ class LockBackend(Protocol):
         self, lease: Lease, *, reservation_ttl: float, remember_for: Optional[float] = None
     ) -> tuple[bool, Optional[bytes]]: ...
 
+    def release_handing_on(
+        self,
+        lease: Lease,
+        *,
+        limit: int,
+        rate: Optional[tuple[int, float]] = None,
+        cooldown: Optional[float] = None,
+        reservation_ttl: float,
+        remember_for: Optional[float] = None,
+    ) -> tuple[bool, list[bytes]]: ...
+
     def renew_batch(self, leases: Sequence[Lease], *, now: float) -> list[int]: ...
 
     def renew_by_owner(
@@ -176,10 +155,19 @@ class LockBackend(Protocol):
 
     def hand_off_if_free(self, name: str, *, reservation_ttl: float) -> Optional[bytes]: ...
 
+    def hand_on(self, name: str, *, reservation_ttl: float) -> list[bytes]: ...
+
     def drop_parked(
         self, name: str, task_id: str, *, reservation_ttl: float
     ) -> Union[bool, bytes]: ...
 
     def hand_off_soon(self, name: str) -> int: ...
+
+    # -- latest wins: displaced calls their worker did not mark
+    def superseded_left(self, limit: int = 100) -> list[tuple[str, list[bytes]]]: ...
+
+    def clear_superseded(
+        self, name: str, task_ids: Sequence[str], *, look_again_in: float = 0.0
+    ) -> int: ...
 
     def close(self) -> None: ...

@@ -11,10 +11,11 @@ import logging
 from typing import TYPE_CHECKING, Callable, Optional
 
 from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
-from celery_singleton_lock.engine.backend import Capabilities
+from celery_singleton_lock.engine.capabilities import Capabilities
 from celery_singleton_lock.engine.keys import LockKeys
 from celery_singleton_lock.engine.latest import Latest
 from celery_singleton_lock.engine.lease import Lease, LostCallback, Owner
+from celery_singleton_lock.engine.renewer import process_renewer  # at import: a hot path
 from celery_singleton_lock.errors import LockConfigurationError, LockError
 
 if TYPE_CHECKING:
@@ -51,8 +52,6 @@ class BackendBase:
 
     @property
     def renewer(self) -> Renewer:
-        from celery_singleton_lock.engine.renewer import process_renewer
-
         return self._renewer if self._renewer is not None else process_renewer()
 
     def keys(self, name: str) -> LockKeys:
@@ -117,10 +116,13 @@ class BackendBase:
                 most one call waits, a newer one takes its place (:attr:`Parked.displaced`
                 names the calls it displaced); release with ``release_latest``.
             limit: up to this many holders at once, each on its own slot (:mod:`.slots`);
-                not with ``park``, ``take_queued`` or ``min_replicas``.
+                not with ``latest``, ``take_queued`` or ``min_replicas``. With ``park``,
+                calls park behind the slots and are handed each freed slot in arrival order
+                (:mod:`.slot_queue`): release with ``release_handing_on``.
             rate: ``(count, seconds)``: at most ``count`` acquisitions in any window of that
                 many seconds (server clock); over it, a :class:`LockHolder` with
-                ``over_rate`` and the wait as its ``ttl``. Not with those three either.
+                ``over_rate`` and the wait as its ``ttl`` (with ``park``: parked, and handed
+                a slot when the rate allows). Not with those three either.
 
         Raises:
             AlreadyFinished: with ``unless_finished``, that record exists.
@@ -185,10 +187,10 @@ class BackendBase:
             )
         if request.rate is not None and not self.capabilities.rate:
             raise unsupported(self.capabilities, "lock_rate", "rate", self.keys(request.name).lock)
-        if request.park is not None or request.take_queued or request.min_replicas:
+        if request.latest is not None or request.take_queued or request.min_replicas:
             raise LockConfigurationError(
-                "a limit above 1 or a rate does not combine with parking, queued markers or "
-                "replica acknowledgements (each of them is about one lock key)",
+                "a limit above 1 or a rate does not combine with latest wins, queued markers "
+                "or replica acknowledgements (each of them is about one lock key)",
                 self.keys(request.name).lock,
             )
 

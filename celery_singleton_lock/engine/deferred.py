@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 from redis.commands.core import Script
 
 from celery_singleton_lock.engine import lease as _lease
-from celery_singleton_lock.engine import server_errors
+from celery_singleton_lock.engine import script_calls, server_errors
 from celery_singleton_lock.engine.lease import Lease
 from celery_singleton_lock.engine.pinned import PinnedConnections
 from celery_singleton_lock.errors import LockError
@@ -78,7 +78,13 @@ class DeferredRelease:
         self.renewer.discard(lease)
         # EVAL, not EVALSHA: a server that lost its scripts (restart, failover) must still
         # release now; a NOSCRIPT read later would leave the lock held until then.
-        command = ("EVAL", script.script, len(script_keys), *script_keys, *args)
+        command = (
+            "EVAL",
+            script_calls.compact(script.script),
+            len(script_keys),
+            *script_keys,
+            *args,
+        )
         if not connections.send_later(command, settle):
             lease.released = False
             return False

@@ -17,6 +17,9 @@ Layout, for prefix ``P`` and lock name ``N``::
     P:{N}:parked     the task ids parked behind the lock, oldest first (policy ``queue``)
     P:{N}:parked-messages
                      their parked messages, by task id
+    P:{N}:parked-rule
+                     'slots|rate|window ms' of calls parked over slots, a rate or a cooldown
+                     (see slot_queue_scripts.py), while any is parked
     P:handoff-due    (one per prefix, no hash tag) lock names a hand-off sweeper should look
                      at, scored by when (see scripts.py)
     P:{N}:finished:<owner task id>
@@ -97,6 +100,11 @@ class LockKeys:
     def parked_messages(self) -> str:
         """Key of the hash of parked messages, by task id."""
         return f"{self.lock}:parked-messages"
+
+    @property
+    def parked_rule(self) -> str:
+        """Key of the rule of calls parked over slots, a rate or a cooldown (slot_queue.py)."""
+        return f"{self.lock}:parked-rule"
 
     @property
     def handoff_due(self) -> str:

@@ -13,6 +13,7 @@ from urllib.parse import unquote
 from celery_singleton_lock.engine.fork_safety import ForkSafeLock
 from celery_singleton_lock.engine.keys import LockKeys
 from celery_singleton_lock.engine.scripts import TOKEN_LENGTH
+from celery_singleton_lock.errors import AlreadyFinished
 
 if TYPE_CHECKING:
     from celery_singleton_lock.engine.backend import LockBackend
@@ -29,6 +30,16 @@ def as_text(value: Any) -> str:
 def as_int(value: Any) -> Optional[int]:
     text = as_text(value)
     return int(text) if text.lstrip("-").isdigit() else None
+
+
+def already_finished(keys: LockKeys, owner: Owner) -> AlreadyFinished:
+    """The error of an acquire that found ``owner``'s finish record under ``keys``' lock."""
+    return AlreadyFinished(
+        f"task id {owner.task_id} already ran to the end under lock {keys.lock} "
+        "(its finish record exists): nothing was taken",
+        keys.lock,
+        {"task_id": owner.task_id},
+    )
 
 
 def _escape_host(host: str) -> str:
@@ -135,6 +146,9 @@ class Parked:
     #: the message of the parked task id the lock was just reserved for, which the caller must
     #: publish; None when nothing was handed off
     handed: Optional[bytes]
+    #: with several slots (``lock_limit``): the messages of further calls handed a free slot
+    #: by the same acquire, to publish too
+    more_handed: tuple[bytes, ...] = ()
     #: the messages of the calls this one took the place of (policy ``replace``), each
     #: ``<task id>\n<message>``: they will never run
     displaced: tuple[bytes, ...] = ()
@@ -233,6 +247,7 @@ class Lease:
         fence: Optional[int],
         confirmed_at: float,
         deadline: Optional[float],
+        on_lost: Optional[LostCallback] = None,
     ) -> None:
         if len(token) != TOKEN_LENGTH:
             # Renewal sends tokens back to back at a fixed width; a shorter or longer one
@@ -258,7 +273,8 @@ class Lease:
         self.pid = os.getpid()
         self.lost = LostFlag()
         self.released = False
-        self._lost_callbacks: Optional[list[LostCallback]] = None
+        # ``on_lost`` given here needs no lock: no other thread can see the lease yet
+        self._lost_callbacks: Optional[list[LostCallback]] = None if on_lost is None else [on_lost]
 
     @property
     def inherited(self) -> bool:

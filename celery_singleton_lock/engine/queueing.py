@@ -95,6 +95,14 @@ class QueueOperations(LockerPart):
         self._handoff_due: Script = client.register_script(queue_scripts.HANDOFF_DUE)
         self._drop_parked: Script = client.register_script(queue_scripts.DROP_PARKED)
 
+    if TYPE_CHECKING:  # provided by RedisLocker (SlotQueueOperations)
+
+        def parked_rule(self, name: str) -> Optional[tuple[int, Any]]: ...
+
+        def drop_from_slots(
+            self, name: str, rule: Any, task_id: str, *, reservation_ttl: float
+        ) -> tuple[bool, list[bytes]]: ...
+
     @staticmethod
     def _parked(keys: LockKeys, reply: list[Any]) -> Parked:
         fields, position, handed = reply
@@ -211,6 +219,12 @@ class QueueOperations(LockerPart):
         reserved for (now dropped), False if it was neither. A lock held by ``task_id``
         itself is never touched.
         """
+        rule = self.parked_rule(name)
+        if rule is not None:  # parked over slots, a rate or a cooldown (slot_queue.py)
+            dropped, handed = self.drop_from_slots(
+                name, rule, task_id, reservation_ttl=reservation_ttl
+            )
+            return handed[0] if handed else dropped
         keys = self.keys(name)
         reply = self._run(
             self._drop_parked,

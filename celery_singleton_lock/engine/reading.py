@@ -13,6 +13,7 @@ from redis.cluster import RedisCluster
 
 from celery_singleton_lock.engine import server_errors, slots
 from celery_singleton_lock.engine.keys import LockKeys, validate_prefix
+from celery_singleton_lock.engine.latest import debounce_key
 from celery_singleton_lock.engine.lease import LockHolder, as_int, as_text
 from celery_singleton_lock.engine.shared_keys import SharedKeys
 from celery_singleton_lock.errors import LockBackendUnavailable
@@ -84,19 +85,46 @@ class LockInspector:
             for task_id in server_errors.call(lambda: self.client.lrange(key, 0, -1), key)
         ]
 
+    def waiting_newest(self, name: str) -> Optional[tuple[str, Optional[float]]]:
+        """For a lock whose newest call wins (``replace``, a debounce): the task id of the call
+        waiting and, with a debounce, when it is due (epoch seconds by the server's clock);
+        None for any other lock."""
+        key = debounce_key(LockKeys.build(self.prefix, name))
+        newest, due = server_errors.call(lambda: self.client.hmget(key, "newest", "due"), key)
+        if newest is None:
+            return None
+        return as_text(newest), None if due is None else int(due) / 1000.0
+
     def parked_counts(self, lock_keys: list[str]) -> list[int]:
         """How many task ids are parked behind each of ``lock_keys`` (full lock keys), in one
         pipelined round trip."""
+        # LockKeys.parked of each lock
+        return [int(count) for (count,) in self._each_lock(lock_keys, ("llen", ":parked"))]
+
+    def rate_use(self, lock_keys: list[str]) -> list[tuple[int, Optional[float]]]:
+        """For each of ``lock_keys`` (full lock keys): the starts its ``lock_rate`` window
+        holds (a slot reserved for a parked call counts as one), and the seconds until that
+        window is empty (None without a rate), in one pipelined round trip."""
+        # LockKeys.starts of each lock
+        replies = self._each_lock(lock_keys, ("zcard", ":starts"), ("pttl", ":starts"))
+        return [(int(count), None if pttl < 0 else pttl / 1000.0) for count, pttl in replies]
+
+    def _each_lock(self, lock_keys: list[str], *reads: tuple[str, str]) -> list[tuple[Any, ...]]:
+        """The replies of ``reads`` (a command and the suffix of the lock key it reads) for
+        each of ``lock_keys``, in one pipelined round trip."""
         if not lock_keys:
             return []
 
         def fetch() -> list[Any]:
             pipe = self.client.pipeline(transaction=False)
             for key in lock_keys:
-                pipe.llen(f"{key}:parked")  # LockKeys.parked of that lock
+                for command, suffix in reads:
+                    getattr(pipe, command)(f"{key}{suffix}")
             return pipe.execute()
 
-        return [int(count) for count in server_errors.call(fetch, lock_keys[0])]
+        replies = server_errors.call(fetch, lock_keys[0])
+        width = len(reads)
+        return [tuple(replies[i : i + width]) for i in range(0, len(replies), width)]
 
     def scan(self, count: int = 500) -> Iterator[LockHolder]:
         """Every lock under this prefix, via ``SCAN`` (never ``KEYS``) plus pipelined reads.

@@ -288,6 +288,19 @@ class QuorumLocker(BackendBase):
         """:meth:`release`; nothing is parked on a quorum, so there is no message to hand."""
         return self.release(lease, remember_for=remember_for), None
 
+    def release_handing_on(
+        self,
+        lease: Lease,
+        *,
+        limit: int,
+        rate: Optional[tuple[int, float]] = None,
+        cooldown: Optional[float] = None,
+        reservation_ttl: float,
+        remember_for: Optional[float] = None,
+    ) -> tuple[bool, list[bytes]]:
+        """:meth:`release`; nothing is parked on a quorum (nor are slots or cooldowns)."""
+        return self.release(lease, remember_for=remember_for), []
+
     def release_latest(
         self, lease: Lease, *, reservation_ttl: float, remember_for: Optional[float] = None
     ) -> tuple[bool, Optional[bytes]]:
@@ -405,6 +418,20 @@ class QuorumLocker(BackendBase):
     def hand_off_if_free(self, name: str, *, reservation_ttl: float) -> Optional[bytes]:
         """None: nothing is parked on a quorum."""
         return None
+
+    def hand_on(self, name: str, *, reservation_ttl: float) -> list[bytes]:
+        """Empty: nothing is parked on a quorum."""
+        return []
+
+    def superseded_left(self, limit: int = 100) -> list[tuple[str, list[bytes]]]:
+        """Empty: nothing waits, so nothing is displaced, on a quorum."""
+        return []
+
+    def clear_superseded(
+        self, name: str, task_ids: Sequence[str], *, look_again_in: float = 0.0
+    ) -> int:
+        """0: nothing is displaced on a quorum."""
+        return 0
 
     def drop_parked(self, name: str, task_id: str, *, reservation_ttl: float) -> Union[bool, bytes]:
         """False: nothing is parked on a quorum."""

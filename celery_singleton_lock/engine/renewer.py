@@ -58,6 +58,8 @@ class Renewer:
         self.round_trips = 0
         #: times adding a lease had to wake the thread, for tests and benchmarks.
         self.wakeups = 0
+        #: ticks run (run_once), for tests and benchmarks.
+        self.ticks = 0
         self._reset()
         reset_in_forked_children(self)
 
@@ -127,6 +129,7 @@ class Renewer:
     def run_once(self) -> Optional[float]:
         """Renew what is due now; return seconds until the next tick (None: nothing held)."""
         now = self.clock()
+        self.ticks += 1
         with self._lock:
             leases = list(self._leases.values())
             self._wake_at = math.inf
@@ -214,13 +217,25 @@ class Renewer:
                 # The renewer must outlive any single bad tick, or every lease would expire.
                 log.exception("renewer tick failed; retrying")
                 failed = True
-            with self._lock:
+            self._sleep(RETRY_AFTER_ERROR if failed else None)
+
+    def _sleep(self, at_most: Optional[float]) -> None:
+        """Until the planned tick (``_wake_at``), or ``at_most`` seconds if given. Woken early
+        by :meth:`add` or :meth:`settle_soon`, which plan an earlier tick, it sleeps on until
+        that one: ticking at every wake-up ticked once per task in a busy worker (each release
+        plans a settle), a thread switch and a tick's work per task."""
+        with self._lock:
+            limit = math.inf if at_most is None else self.clock() + at_most
+            while True:
                 # Read under the lock: a lease added since run_once returned lowered it.
-                wake_at = self._wake_at
-                delay = None if wake_at == math.inf else max(0.0, wake_at - self.clock())
-                if failed:
-                    delay = RETRY_AFTER_ERROR if delay is None else min(delay, RETRY_AFTER_ERROR)
-                self._wakeup.wait(timeout=delay)
+                wake_at = min(self._wake_at, limit)
+                delay = None
+                if wake_at != math.inf:
+                    delay = wake_at - self.clock()
+                    if delay <= 0:
+                        return
+                if not self._wakeup.wait(timeout=delay):
+                    return  # timed out: the planned time has come
 
 
 _process_renewer: Optional[Renewer] = None

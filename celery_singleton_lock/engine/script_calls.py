@@ -14,6 +14,7 @@ still ``Script``'s:
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 from redis.commands.core import Script
@@ -25,6 +26,15 @@ from celery_singleton_lock.engine.pinned import PinnedConnections
 
 def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
+
+
+@functools.cache
+def compact(text: str) -> str:
+    """``text`` (a script) without its comment lines and indentation: what is sent as EVAL,
+    whose whole text the server reads and hashes at every call (RELEASE: 3.1 kB -> 1.5 kB).
+    The scripts have no long strings or block comments, so no line is cut wrongly."""
+    lines = (line.strip() for line in text.splitlines())
+    return "\n".join(line for line in lines if line and not line.startswith("--"))
 
 
 def run(script: Script, key: str, keys: list[str], args: list[Any], client: Any) -> Any:

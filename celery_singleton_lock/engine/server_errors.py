@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, TypeVar
+from typing import Callable, NoReturn, TypeVar
 
 import redis
 
@@ -58,13 +58,22 @@ def translate(exc: Exception, key: str) -> BaseException:
     return exc
 
 
+#: What a redis-py call may raise (RedisClusterException, no node reachable or a slot not
+#: covered, is not a RedisError).
+REDIS_ERRORS = (redis.exceptions.RedisError, redis.exceptions.RedisClusterException)
+
+
 def call(fn: Callable[[], T], key: str) -> T:
     """``fn()``, one Redis call about ``key``, with redis-py's errors said as ``LockError``."""
     try:
         return fn()
-    # RedisClusterException (no node reachable, slot not covered) is not a RedisError
-    except (redis.exceptions.RedisError, redis.exceptions.RedisClusterException) as exc:
-        error = translate(exc, key)
-        if error is exc:
-            raise
-        raise error from exc
+    except REDIS_ERRORS as exc:
+        raise_translated(exc, key)
+
+
+def raise_translated(exc: BaseException, key: str) -> NoReturn:
+    """Raise what :func:`translate` makes of ``exc`` (a redis-py error about ``key``)."""
+    error = translate(exc, key)  # type: ignore[arg-type]
+    if error is exc:
+        raise exc
+    raise error from exc

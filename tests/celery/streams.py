@@ -5,9 +5,12 @@ calls ran and when. Shared by the Sentinel, Cluster and Redlock worker tests."""
 from __future__ import annotations
 
 import time
-from typing import Callable
+import uuid
+from typing import Any, Callable
 
 import redis
+
+from tests.celery.tasks import limits
 
 
 def wait_for(predicate: Callable[[], bool], budget: float) -> bool:
@@ -33,3 +36,14 @@ def starts(records: redis.Redis, keys: list[str]) -> list[tuple[float, str, str]
 def ran(records: redis.Redis, keys: list[str]) -> set[str]:
     """Task ids whose body started for one of ``keys``."""
     return {task_id for _, task_id, _ in starts(records, keys)}
+
+
+def limited_runs(client: Any, queue: str, records: redis.Redis, calls: int = 4) -> int:
+    """Send ``calls`` calls of one key at once to ``limit2_skip`` (``lock_limit=2``, skip,
+    1.5 s bodies: they all arrive while the first two run); how many bodies ran."""
+    key = f"lim-{uuid.uuid4().hex[:12]}"
+    name = limits.limit2_skip.name
+    results = [client.send_task(name, args=(key, 1.5), queue=queue) for _ in range(calls)]
+    for result in results:
+        result.get(timeout=60, propagate=False)  # a skipped call stores its skip
+    return int(records.llen(f"runs:{key}"))

@@ -53,6 +53,26 @@ def test_the_tracer_calls_an_overridden_call_instead_of_run(eager_app: Celery) -
     assert calls == ["__call__"]
 
 
+def test_the_tracer_calls_run_without_task_call_when_no_class_overrides_it(
+    eager_app: Celery,
+) -> None:
+    # why LockedTask releases from a wrapped run, not __call__: Task.__call__ pushes a copy
+    # of the request for every task; the tracer pushes its own on the stack directly
+    pushes: list[bool] = []
+
+    class CountsPushes(Task):  # type: ignore[misc]
+        def push_request(self, *args: Any, **kwargs: Any) -> None:
+            pushes.append(True)
+            super().push_request(*args, **kwargs)
+
+    @eager_app.task(base=CountsPushes, shared=False)
+    def body() -> str:
+        return "ran"
+
+    assert body.apply().get() == "ran"
+    assert pushes == []
+
+
 def test_ignore_raised_in_before_start_ends_the_task_ignored_without_its_body(
     eager_app: Celery,
 ) -> None:

@@ -22,7 +22,7 @@ import redis
 
 from celery_singleton_lock.celery.cli.app_target import open_target
 from celery_singleton_lock.celery.cli.lock_release import release_lock
-from celery_singleton_lock.engine import LockKeys, Owner, RedisLocker, Renewer
+from celery_singleton_lock.engine import Lease, LockKeys, Owner, RedisLocker, Renewer
 from tests.celery.tasks import exits, runtime
 from tests.celery.workers import Servers, client_app, close_client, lock_key, unique, worker_group
 from tests.support import wait_until
@@ -190,7 +190,9 @@ def test_list_json_is_one_document_of_holders(
         "fence",
         "slot",
         "cooldown",
+        "cooldown_left",
         "parked",
+        "rate_starts",
     ]
     assert (holder["name"], holder["task_id"], holder["host"], holder["pid"]) == (
         name,
@@ -208,6 +210,20 @@ def test_list_json_names_the_lock_and_the_slot_of_each_holder_of_a_limited_lock(
     result = no_traceback(celery("locks", "list", "--json"))
     listed = [h for h in json.loads(result.stdout) if h["name"] == name]
     assert sorted((h["task_id"], h["slot"]) for h in listed) == [("s1", 1), ("s2", 2)]
+
+
+def test_show_names_each_slots_holder_the_cooldown_left_and_the_rate_windows_use(
+    celery: Celery, locker: RedisLocker, name: str
+) -> None:
+    rate = (5, 60.0)
+    first = locker.try_acquire(name, 60, owner=Owner(task_id="s1"), limit=3, rate=rate)
+    locker.try_acquire(name, 60, owner=Owner(task_id="s2"), limit=3, rate=rate, renew=False)
+    assert isinstance(first, Lease)
+    locker.release_cooling(first, 30)
+    lines = no_traceback(celery("locks", "show", name)).stdout.splitlines()
+    assert "cooldown=" in lines[0] and " left" in lines[0]
+    assert lines[1].startswith(f"{locker.keys(name).lock}:slot:2  task=s2  ")
+    assert lines[2].startswith("rate: 2 start(s) in the window, empty in ")
 
 
 def test_show_names_the_holder(celery: Celery, locker: RedisLocker, name: str) -> None:
@@ -236,6 +252,18 @@ def test_show_of_a_name_no_task_takes_is_one_error_line(celery: Celery, given: s
     assert f"{given!r} is not a lock name" in line and "--task" in line
 
 
+@pytest.mark.parametrize("given", ["not-a-lock-name", "tests.celery.runtime.fenced:42"])
+def test_release_of_a_name_no_task_takes_is_one_error_line(celery: Celery, given: str) -> None:
+    line = the_error(celery("locks", "release", "--force", given))
+    assert f"{given!r} is not a lock name" in line
+
+
+@pytest.mark.parametrize("given", ["not-a-lock-name", "tests.celery.runtime.fenced:42"])
+def test_clear_queued_of_a_name_no_task_takes_is_one_error_line(celery: Celery, given: str) -> None:
+    line = the_error(celery("locks", "clear-queued", given))
+    assert f"{given!r} is not a lock name" in line
+
+
 def test_show_of_a_free_lock_of_a_task_exits_1_saying_free(celery: Celery) -> None:
     lock_name = runtime.fenced.lock_options.keyer.name([unique("acct")], {})
     result = no_traceback(celery("locks", "show", lock_name))
@@ -256,7 +284,8 @@ def test_list_under_the_wrong_prefix_names_the_prefixes_holding_locks(
 # -- release: the holder is gone, or not --------------------------------------------------------
 
 
-def test_release_of_a_free_lock_exits_1_saying_so(celery: Celery, name: str) -> None:
+def test_release_of_a_free_lock_exits_1_saying_so(celery: Celery) -> None:
+    name = runtime.fenced.lock_options.keyer.name([unique("acct")], {})
     result = no_traceback(celery("locks", "release", name))
     assert result.returncode == 1
     assert result.stdout.strip() == f"singleton-lock:{{{name}}}: free, nothing to release"

@@ -27,7 +27,7 @@ import redis
 from celery.result import AsyncResult
 
 from celery_singleton_lock.testing import RedisServer
-from tests.celery.streams import ran, starts, wait_for
+from tests.celery.streams import limited_runs, ran, starts, wait_for
 from tests.celery.tasks import expiry
 from tests.celery.workers import Servers, client_app, close_client, unique, worker_group
 from tests.chaos.conftest import chaos_figures  # noqa: F401 (fixture)
@@ -91,6 +91,8 @@ class Run:
     lock_keys_left: list[str]
     logs: str
     failover_error: Optional[Exception]
+    #: bodies run of 4 calls of one key sent at once to a lock_limit=2 skip task
+    limit_2_ran: int
 
 
 @pytest.fixture(scope="module")
@@ -140,6 +142,7 @@ def run(request: pytest.FixtureRequest) -> Iterator[Run]:
                     during=fail_over(group.crash_primary, crashes),
                     failovers=crashes,
                 )
+                limit_2_ran = limited_runs(client, queue, records)
                 cluster_client = group.client()
                 try:
                     left = sorted(cluster_client.scan_iter(match="singleton-lock*", count=1000))
@@ -152,6 +155,7 @@ def run(request: pytest.FixtureRequest) -> Iterator[Run]:
                     lock_keys_left=[key.decode() for key in left],
                     logs="\n".join(worker.log() for worker in started),
                     failover_error=errors[0] if errors else None,
+                    limit_2_ran=limit_2_ran,
                 )
         finally:
             records.close()
@@ -292,3 +296,7 @@ def test_acquires_went_on_after_the_primary_crash(run: Run) -> None:
     failover = run.crashing.failover
     assert failover is not None
     assert any(started > failover.promoted_at for started, _, _ in run.crashing.starts)
+
+
+def test_limit_2_with_skip_runs_exactly_2_of_4_calls_sent_at_once(run: Run) -> None:
+    assert run.limit_2_ran == 2

@@ -57,6 +57,15 @@ def test_a_subclass_call_that_calls_super_holds_the_lock_until_it_returns(
     assert_released(store, lock_key_of(exits.own_call_super, unique_key))
 
 
+def test_a_locked_body_runs_without_celerys_task_call_and_its_request_copy(
+    worker: Any, store: redis.Redis, unique_key: str
+) -> None:
+    before = exits.CountsRequestPushes.pushes
+    assert exits.counts_pushes.delay(unique_key).get(timeout=10) is True
+    assert exits.CountsRequestPushes.pushes == before
+    assert_released(store, lock_key_of(exits.counts_pushes, unique_key))
+
+
 def test_self_retry_releases_before_the_next_attempt_which_runs(
     worker: Any, store: redis.Redis, unique_key: str
 ) -> None:

@@ -1,7 +1,10 @@
-"""``locks show`` names the call waiting behind a lock as the newest (policy ``replace``), and a
-debounced call held on a free lock."""
+"""``locks show`` names the call waiting behind a lock for what it is: the newest call waiting to
+replace the holder (policy ``replace``), a debounced call held back until its due time, or
+calls parked in arrival order (policy ``queue``)."""
 
 from __future__ import annotations
+
+import re
 
 from celery_singleton_lock.engine import Latest, Owner, Parked, RedisLocker, Renewer
 from celery_singleton_lock.testing import RedisServer
@@ -29,7 +32,9 @@ def test_show_names_only_the_newest_call_waiting_behind_a_held_lock(
         _wait(locker, "app.job:r", task_id)
     shown = run_cli("--url", redis_server.url, "show", "app.job:r")
     assert shown.returncode == 0, shown.stderr
-    assert "parked: 1 call(s), oldest first: t-3" in shown.stdout
+    assert "waiting to replace (the newest call, it runs when the lock is free): t-3" in (
+        shown.stdout
+    )
 
 
 def test_show_names_a_debounced_call_held_on_a_free_lock(redis_server: RedisServer) -> None:
@@ -37,4 +42,21 @@ def test_show_names_a_debounced_call_held_on_a_free_lock(redis_server: RedisServ
     _wait(locker, "app.job:d", "t-d", debounce=60)
     shown = run_cli("--url", redis_server.url, "show", "app.job:d")
     assert "free" in shown.stdout  # (and its exit status says so)
-    assert "parked: 1 call(s), oldest first: t-d" in shown.stdout
+    assert re.search(
+        r"held back until \S+ \(debounce, in \d+\.\ds\), newest call: t-d", shown.stdout
+    )
+
+
+def test_show_says_parked_of_calls_queued_in_arrival_order(redis_server: RedisServer) -> None:
+    locker = RedisLocker(redis_server.client(), renewer=Renewer(autostart=False))
+    locker.try_acquire("app.job:q", 30, owner=Owner(task_id="t-h", host="w@h", pid=7))
+    for task_id in ("t-1", "t-2"):
+        locker.try_acquire(
+            "app.job:q",
+            30,
+            owner=Owner(task_id=task_id),
+            renew=False,
+            park=b"%s\n{}" % task_id.encode(),
+        )
+    shown = run_cli("--url", redis_server.url, "show", "app.job:q")
+    assert "parked: 2 call(s), oldest first: t-1 t-2" in shown.stdout

@@ -1,5 +1,6 @@
 """Latest wins with real ``celery worker`` processes (``-A tests.celery.latestapp``, whose
-sweepers look every 0.1 s): the acceptance runs of issue 22 for ``lock_debounce``.
+sweepers look every 0.1 s): the acceptance runs of issue 22 for ``lock_debounce``, and a
+debounced task sent by beat.
 
 Times are printed (``-s``); the tests hold them only to bounds a loaded machine cannot break
 (a held call never runs before its due time; a bounded burst runs while it still goes on).
@@ -13,6 +14,7 @@ from typing import Any, Iterator
 
 import pytest
 import redis
+from celery import beat
 
 from tests.celery import latestapp
 from tests.celery.workers import CeleryWorkerProcess, Servers, lock_key, unique, worker_group
@@ -128,3 +130,44 @@ def test_three_duplicates_of_a_running_call_run_one_body_more_with_the_last_argu
     assert v4.get(timeout=20) == "v4"
     assert [value for value, _ in latestapp.started(key)] == ["v1", "v4"]
     assert int(store.get(f"overlaps:{key}") or 0) == 0
+
+
+class RecordingScheduler(beat.Scheduler):  # type: ignore[misc]
+    """Celery's beat scheduler, in this process, keeping the result of every call it sends."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.sent: list[Any] = []
+        super().__init__(*args, **kwargs)
+
+    def apply_async(self, *args: Any, **kwargs: Any) -> Any:
+        result = super().apply_async(*args, **kwargs)
+        self.sent.append(result)
+        return result
+
+
+BEAT_SENDS = 5
+
+
+def test_a_debounced_task_sent_by_beat_runs_one_body_for_a_burst(
+    prefork: CeleryWorkerProcess, celery_app: Any
+) -> None:
+    key = unique("beat")
+    scheduler = RecordingScheduler(celery_app, lazy=True)
+    scheduler.merge_inplace(
+        {
+            "debounced-every-0.3s": {
+                "task": latestapp.debounced.name,
+                "schedule": 0.3,  # a burst: each call comes within the 2 s debounce of the last
+                "args": (key, "beat"),
+                "options": {"queue": prefork.queue},
+            }
+        }
+    )
+    deadline = time.monotonic() + 20
+    while len(scheduler.sent) < BEAT_SENDS and time.monotonic() < deadline:
+        time.sleep(max(0.0, min(scheduler.tick(), 0.05)))
+    assert len(scheduler.sent) == BEAT_SENDS
+    wait_until(lambda: len(latestapp.started(key)) == 1, timeout=30)
+    wait_until(lambda: sorted(r.state for r in scheduler.sent) == ["REVOKED"] * 4 + ["SUCCESS"], 30)
+    time.sleep(0.5)  # a second body would have started by now: none may
+    assert len(latestapp.started(key)) == 1

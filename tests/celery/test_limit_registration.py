@@ -34,7 +34,7 @@ def test_a_limit_that_is_no_integer_of_at_least_1_is_refused(
         register(registration_app, lock_limit=bad)
 
 
-@pytest.mark.parametrize("policy", ["join", "queue"])
+@pytest.mark.parametrize("policy", ["join", "replace"])
 def test_a_limit_above_1_with_a_one_holder_policy_is_refused(
     registration_app: Celery, policy: str
 ) -> None:
@@ -56,3 +56,20 @@ def test_a_limit_above_1_is_refused_on_a_quorum(registration_app: Celery) -> Non
     registration_app.conf.singleton_lock_url = [f"redis://127.0.0.1:{port}/0" for port in (1, 2, 3)]
     with pytest.raises(LockConfigurationError, match=r"billing\.job: lock_limit=2.*Redlock quorum"):
         register(registration_app, lock_limit=2)
+
+
+@pytest.mark.parametrize(
+    "options", [{"lock_limit": 3}, {"lock_rate": "3/10s"}, {"lock_cooldown": 2}]
+)
+def test_queue_registers_with_a_limit_a_rate_or_a_cooldown(
+    registration_app: Celery, options: dict[str, object]
+) -> None:
+    task = register(registration_app, on_duplicate="queue", **options)
+    assert task.lock_options.on_duplicate == "queue"
+
+
+def test_replace_with_a_limit_is_refused_naming_queue_as_the_way(
+    registration_app: Celery,
+) -> None:
+    with pytest.raises(LockConfigurationError, match=r"lock_limit=2.*on_duplicate='queue' runs"):
+        register(registration_app, lock_limit=2, on_duplicate="replace")

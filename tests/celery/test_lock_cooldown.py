@@ -89,7 +89,7 @@ def test_an_unknown_cooldown_after_is_refused(registration_app: Any) -> None:
         register(registration_app, lock_cooldown=1, lock_cooldown_after="x")
 
 
-@pytest.mark.parametrize("policy", ["join", "queue"])
+@pytest.mark.parametrize("policy", ["join", "replace"])
 def test_a_cooldown_with_a_policy_waiting_for_a_release_is_refused(
     registration_app: Any, policy: str
 ) -> None:

@@ -75,7 +75,7 @@ def test_a_rate_registers_as_starts_per_seconds(
     assert register(registration_app, lock_rate=rate).lock_options.rate[1] == seconds
 
 
-@pytest.mark.parametrize("policy", ["join", "queue"])
+@pytest.mark.parametrize("policy", ["join", "replace"])
 def test_a_rate_with_a_policy_waiting_for_a_release_is_refused(
     registration_app: Any, policy: str
 ) -> None:

@@ -3,6 +3,7 @@ outcome is never replaced by a release problem."""
 
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import Any
 
@@ -110,3 +111,39 @@ def test_a_class_based_task_registered_without_a_name_is_validated_at_registrati
 
     with pytest.raises(LockConfigurationError, match=r"BadTtl.*lock_ttl"):
         app.register_task(BadTtl())
+
+
+def test_an_unbound_task_keeps_its_signature_and_lock_name_parameters(
+    registration_app: Any,
+) -> None:
+    # run is wrapped to release after the body; the function's own parameters still name
+    # the lock (an unbound task's run is a staticmethod: no self to skip)
+    def transfer(account: str, amount: int = 1) -> int:
+        return amount
+
+    task = registration_app.task(base=LockedTask, lock_on=("account",), name="t.transfer")(transfer)
+    assert inspect.signature(task.run) == inspect.signature(transfer)
+    assert task.lock_options.keyer.name(("a",), {"amount": 2}) == task.lock_options.keyer.name(
+        (), {"account": "a"}
+    )
+    assert task.run("a", amount=3) == 3
+
+
+class _RunFromAMixin:
+    """A ``run`` that no LockedTask subclass defines: it comes from a plain mixin."""
+
+    def run(self, key: str) -> bool:
+        lock = self.request.lock  # type: ignore[attr-defined]
+        return lock is not None and lock.held
+
+
+class _MixedIn(_RunFromAMixin, LockedTask):
+    pass
+
+
+def test_a_run_inherited_from_a_mixin_holds_the_lock_and_releases_it(
+    celery_app: Any, store: redis.Redis, unique_key: str
+) -> None:
+    task = celery_app.register_task(_MixedIn())
+    assert task.apply(args=(unique_key,)).get() is True  # held in the body
+    assert not store.exists(lock_key_of(task, unique_key))

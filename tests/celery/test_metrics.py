@@ -8,6 +8,7 @@ scraped, every child is killed with SIGKILL, and it is scraped again.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -100,23 +101,40 @@ class Outcome:
     killed: list[int]
 
 
+@contextlib.contextmanager
+def metrics_worker(
+    broker: RedisServer, lock: RedisServer, metrics_dir: str, concurrency: int
+) -> Iterator[tuple[Any, Any, int]]:
+    """A real worker of ``metricsapp`` (the metrics on, served on a free port): the worker, a
+    client app sending to its queue, and the port."""
+    servers = MetricsServers(
+        broker_url=broker.url,
+        lock=lock,
+        app="tests.celery.metricsapp",
+        metrics_port=free_port(),
+        metrics_dir=metrics_dir,
+    )
+    with worker_group(servers) as group:
+        (worker,) = group.start(concurrency=concurrency)
+        client = client_app(servers, worker.queue)
+        try:
+            yield worker, client, servers.metrics_port
+        finally:
+            close_client(client)
+
+
 @pytest.fixture(scope="module")
 def outcome(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Outcome]:
-    with RedisServer.running() as server:
-        servers = MetricsServers(
-            broker_url=server.url,
-            lock=server,
-            app="tests.celery.metricsapp",
-            metrics_port=free_port(),
-            metrics_dir=str(tmp_path_factory.mktemp("metrics")),
-        )
-        with worker_group(servers) as group:
-            (worker,) = group.start(concurrency=4)
-            client = client_app(servers, worker.queue)
-            try:
-                yield run_scenario(server, worker, client, servers.metrics_port)
-            finally:
-                close_client(client)
+    directory = str(tmp_path_factory.mktemp("metrics"))
+    with (
+        RedisServer.running() as server,
+        metrics_worker(server, server, directory, 4) as (
+            worker,
+            client,
+            port,
+        ),
+    ):
+        yield run_scenario(server, worker, client, port)
 
 
 def run_scenario(server: RedisServer, worker: Any, client: Any, port: int) -> Outcome:

@@ -2,7 +2,7 @@
 and ``skip`` (issue 19, part 1; see tests/chaos/kill_soak.py): no call whose body ended waits
 more than 5 s for its outcome, none is lost, none runs twice, no two bodies of a key overlap.
 
-About 100 kills by default; 1,000 with ``--full``. ``CSL_CHAOS_SEED`` replays a seed.
+About 50 kills by default; 1,000 with ``--full``. ``CSL_CHAOS_SEED`` replays a seed.
 """
 
 from __future__ import annotations

@@ -3,12 +3,14 @@ reported then exactly as a waited release reports it."""
 
 from __future__ import annotations
 
+import time
 from typing import Optional
 
 import pytest
 import redis
 
 from celery_singleton_lock.engine import Lease, Owner, RedisLocker, Renewer
+from celery_singleton_lock.engine.renewer import SETTLE_WITHIN
 from celery_singleton_lock.errors import AlreadyFinished, LockError
 from tests.support import CountingConnection, wait_until
 
@@ -99,3 +101,23 @@ def test_an_uncontended_acquire_and_deferred_release_send_two_commands(
     held(locker, "after")
     assert CountingConnection.sent == ["EVALSHA", "EVAL", "EVALSHA"]  # acquire, release, next
     assert reports == [(True, None)]
+
+
+def test_a_busy_process_wakes_its_renewer_about_once_per_settle_period_not_per_release(
+    redis_client: redis.Redis,
+) -> None:
+    # Each deferred release asks for a settle within SETTLE_WITHIN; the renewer thread must
+    # not tick at each of those requests (it ticked once per task in a busy worker).
+    renewer = Renewer()
+    locker = RedisLocker(redis_client, prefix="t", renewer=renewer)
+    held(locker, "warm").release()
+    started, ticks = time.monotonic(), renewer.ticks
+    reports: Reports = []
+    for index in range(300):
+        lease = locker.try_acquire(f"job-{index}", 30)  # renewed: held by the renewer too
+        assert isinstance(lease, Lease)
+        assert locker.release_later(lease, lambda owned, error: reports.append((owned, error)))
+    periods = (time.monotonic() - started) / SETTLE_WITHIN
+    locker.settle()
+    assert reports == [(True, None)] * 300
+    assert renewer.ticks - ticks <= periods + 2

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from celery_singleton_lock.engine import Lease, LockHolder, Owner, RedisLocker
+from celery_singleton_lock.engine import Latest, Lease, LockHolder, Owner, RedisLocker
 from celery_singleton_lock.errors import LockConfigurationError
 
 
@@ -91,9 +91,9 @@ def test_all_slots_held_reports_the_holder_that_frees_first(
     assert holder.task_id == "short"
 
 
-def test_a_limit_with_parking_is_refused(locker: RedisLocker) -> None:
-    with pytest.raises(LockConfigurationError):
-        take(locker, 2, task_id="t", park=b"message")
+def test_a_limit_with_latest_wins_is_refused(locker: RedisLocker) -> None:
+    with pytest.raises(LockConfigurationError, match="latest wins"):
+        take(locker, 2, task_id="t", park=b"message", latest=Latest(0.0, None))
 
 
 def test_renew_by_owner_with_a_limit_renews_the_owners_slot(

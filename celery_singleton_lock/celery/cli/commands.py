@@ -38,8 +38,11 @@ from celery_singleton_lock.celery.cli.lock_listing import (
     list_locks,
     lock_name_from_key,
     lock_name_of_call,
+    rate_row,
     read_lock,
+    read_slots,
     refuse_a_name_no_task_takes,
+    waiting_line,
 )
 from celery_singleton_lock.celery.cli.lock_release import (
     PING_TIMEOUT,
@@ -147,7 +150,7 @@ def main(
     "as_json",
     is_flag=True,
     help="Print one JSON document: the list of holders (key, name, task_id, host, pid, "
-    "acquired_at, ttl, fence, parked).",
+    "acquired_at, ttl, fence, slot, cooldown, cooldown_left, parked, rate_starts).",
 )
 @click.pass_obj
 def list_command(settings: Settings, limit: int, as_json: bool) -> None:
@@ -165,14 +168,15 @@ def list_command(settings: Settings, limit: int, as_json: bool) -> None:
     if as_json:
         prefix = target.inspector.prefix
         rows = [
-            {**holder_json(holder, prefix), "parked": parked}
-            for holder, parked in zip(listing.holders, listing.parked)
+            {**holder_json(holder, prefix), "parked": parked, "rate_starts": starts}
+            for holder, parked, (starts, _) in zip(listing.holders, listing.parked, listing.rates)
         ]
         click.echo(json.dumps(rows))
     else:
         now = time.time()
-        for holder, parked in zip(listing.holders, listing.parked):
-            click.echo(holder_row(holder, now) + (f"  parked={parked}" if parked else ""))
+        for holder, parked, (starts, _) in zip(listing.holders, listing.parked, listing.rates):
+            row = holder_row(holder, now) + (f"  parked={parked}" if parked else "")
+            click.echo(row + (f"  rate_starts={starts}" if starts else ""))
     summary = (
         f"{len(listing.holders)} lock(s) held under prefix {target.inspector.prefix!r} "
         f"on {target.server}"
@@ -231,9 +235,13 @@ def show(
           --args '[42]' --kwargs '{"full": true}'
       celery-singleton-lock -A proj.celery:app show --task proj.tasks.rebuild ...
 
-    Calls parked behind the lock (on_duplicate='queue') are listed after it, by task id,
-    oldest first. Exit status 1 when the lock is free; with an app, 2 when NAME is no name a
-    task takes a lock under (TASKNAME:DIGEST) and nothing of it is on the server.
+    Every slot of a lock_limit is shown (its holder, or a cooldown and what is left of it),
+    then what the lock_rate window holds (starts in it, seconds until it is empty). Calls
+    parked behind the lock (on_duplicate='queue') are listed after it, by task id, oldest
+    first; the call waiting to replace the holder (on_duplicate='replace') is named as
+    such, with its due time when a debounce holds it back. Exit status 1 when the lock is
+    free; with an app, 2 when NAME is no name a task takes a lock under (TASKNAME:DIGEST) and
+    nothing of it is on the server.
     """
     with _one_line_errors():
         if (name is None) == (task_name is None):
@@ -251,9 +259,11 @@ def show(
         try:
             name = lock_name_from_key(target, name)
             holder, fence = read_lock(target, name)
+            slot_holders, starts, empty_in = read_slots(target, name)
             inspector = target.inspector
             views = inspector.per_server(name) if target.quorum else None
             parked = asking(target, lambda: inspector.parked(name))
+            newest = asking(target, lambda: inspector.waiting_newest(name)) if parked else None
             if settings.has_app and holder is None and not fence and not parked:
                 # the app's locks are its tasks' (without one, --url alone, a lock may be
                 # the engine's, under a name of its own)
@@ -267,11 +277,13 @@ def show(
     if holder is None:
         key = LockKeys.build(target.inspector.prefix, name).lock
         click.echo(f"{key}: free (last fence {fence})")
-    else:
-        click.echo(holder_row(holder, time.time()))
+    for seen in slot_holders:  # slot 1 (the lock key) first, then a lock_limit's others
+        click.echo(holder_row(seen, time.time()))
+    if empty_in is not None:
+        click.echo(rate_row(starts, empty_in))
     if parked:
-        click.echo(f"parked: {len(parked)} call(s), oldest first: {' '.join(parked)}")
-    if holder is None:
+        click.echo(waiting_line(parked, newest, time.time()))
+    if not slot_holders:  # free: no slot is held (nor in a cooldown)
         raise SystemExit(EXIT_FREE)
 
 
@@ -293,7 +305,7 @@ def release(settings: Settings, name: str, force: bool, ping_timeout: float) -> 
     alone). --force skips the ping, never the owner check.
 
     Exit status 0 released, 1 nothing released (free, or it changed hands), 2 refused or an
-    error.
+    error (with an app: NAME is no name a task takes a lock under, and it is free).
     """
     with _one_line_errors():
         if not force and not settings.has_app:
@@ -310,6 +322,8 @@ def release(settings: Settings, name: str, force: bool, ping_timeout: float) -> 
         try:
             name = lock_name_from_key(target, name)
             outcome = release_lock(target, name, is_alive=None if force else answers_ping)
+            if outcome.holder is None and settings.has_app:
+                refuse_a_name_no_task_takes(name, target.inspector.prefix)
         finally:
             target.close()
     key = LockKeys.build(target.inspector.prefix, name).lock
@@ -347,13 +361,16 @@ def clear_queued(settings: Settings, name: str) -> None:
     takes the lock; while it is there, the same call is not published again. A message that
     was purged or lost never reaches a worker, and its marker then blocks new calls until
     lock_queued_ttl passes. This deletes it now, if it still names the task it named when
-    read. Exit status 0 cleared, 1 there was none.
+    read. Exit status 0 cleared, 1 there was none; with an app, 2 when NAME is no name a task
+    takes a lock under.
     """
     with _one_line_errors():
         target = settings.target()
         try:
             name = lock_name_from_key(target, name)
             cleared = clear_queued_marker(target, name)
+            if cleared is None and settings.has_app:
+                refuse_a_name_no_task_takes(name, target.inspector.prefix)
         finally:
             target.close()
     click.echo(f"lock {name} under prefix {target.inspector.prefix!r} on {target.server}", err=True)

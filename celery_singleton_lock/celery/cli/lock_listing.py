@@ -6,6 +6,7 @@ from __future__ import annotations
 import difflib
 import re
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any, Iterator, Optional
 
 import redis
@@ -38,6 +39,8 @@ class Listing:
     other_prefixes: list[str]
     #: calls parked behind each holder's lock (policy ``queue``), in ``holders`` order
     parked: list[int] = field(default_factory=list)
+    #: each holder's lock's lock_rate window: starts in it, seconds until it is empty
+    rates: list[tuple[int, Optional[float]]] = field(default_factory=list)
 
 
 def list_locks(target: Target, limit: int) -> Listing:
@@ -48,14 +51,19 @@ def list_locks(target: Target, limit: int) -> Listing:
         holders: list[LockHolder] = []
         for holder in target.inspector.scan():
             if len(holders) >= limit:
-                return Listing(holders, True, [], parked_counts(holders))
+                return counted(holders, True, [])
             holders.append(holder)
         client, prefix = target.client, target.inspector.prefix
         others = [] if holders or target.quorum else lock_shaped_prefixes(client, prefix)
-        return Listing(holders, False, others, parked_counts(holders))
+        return counted(holders, False, others)
 
-    def parked_counts(holders: list[LockHolder]) -> list[int]:
-        return target.inspector.parked_counts([holder.key for holder in holders])
+    def counted(holders: list[LockHolder], truncated: bool, others: list[str]) -> Listing:
+        # a slot's key (``...}:slot:k``): its lock's parked calls and rate window
+        keys = [holder.key[: holder.key.rindex("}") + 1] for holder in holders]
+        inspector = target.inspector
+        return Listing(
+            holders, truncated, others, inspector.parked_counts(keys), inspector.rate_use(keys)
+        )
 
     return asking(target, collect)
 
@@ -154,6 +162,25 @@ def read_lock(target: Target, name: str) -> tuple[Optional[LockHolder], int]:
     return asking(target, lambda: (target.inspector.read(name), target.inspector.fence(name)))
 
 
+#: ``show`` reads this many slots of a lock (a lock_limit above it shows its first ones).
+SHOWN_SLOTS = 64
+
+
+def read_slots(target: Target, name: str) -> tuple[list[LockHolder], int, Optional[float]]:
+    """The holders of lock ``name``'s slots (up to :data:`SHOWN_SLOTS`, slot order), and its
+    lock_rate window: the starts in it and the seconds until it is empty (None: no rate)."""
+    inspector = target.inspector
+    key = LockKeys.build(inspector.prefix, name).lock
+    holders = asking(target, lambda: inspector.holders(name, SHOWN_SLOTS))
+    ((starts, empty_in),) = asking(target, lambda: inspector.rate_use([key]))
+    return holders, starts, empty_in
+
+
+def rate_row(starts: int, empty_in: Optional[float]) -> str:
+    """What a lock's lock_rate window holds, for ``list`` and ``show``."""
+    return f"rate: {starts} start(s) in the window, empty in {empty_in or 0:.1f}s"
+
+
 def refuse_a_name_no_task_takes(name: str, prefix: str) -> None:
     """For a lock that is free and has no fence counter (nothing of it on the server): refuse
     ``name`` if no task could take a lock under it, rather than answer "free" for a typo, a
@@ -183,7 +210,7 @@ def holder_row(holder: LockHolder, now: float) -> str:
         f"pid={holder.pid or '-'}  age={age}  ttl={ttl}  fence={fence}"
     )
     # a key in its lock_cooldown: the run named has ended, ttl is the cooldown left
-    return f"{row}  cooldown" if holder.cooling else row
+    return f"{row}  cooldown={ttl} left" if holder.cooling else row
 
 
 def holder_json(holder: LockHolder, prefix: str) -> dict[str, Any]:
@@ -202,6 +229,7 @@ def holder_json(holder: LockHolder, prefix: str) -> dict[str, Any]:
         "fence": holder.fence,
         "slot": slot_of(key),  # of a lock_limit; 1 for a plain lock
         "cooldown": holder.cooling,  # in its lock_cooldown: the run named has ended
+        "cooldown_left": holder.ttl if holder.cooling else None,  # seconds
     }
 
 
@@ -216,3 +244,19 @@ def is_worker_node(host: str) -> bool:
     node name as the holder's host, a process outside a worker its plain host name."""
     name, at, hostname = host.partition("@")
     return bool(name and at and hostname)
+
+
+def waiting_line(
+    parked: list[str], newest: Optional[tuple[str, Optional[float]]], now: float
+) -> str:
+    """What ``show`` says of the calls waiting behind a lock: parked in arrival order (policy
+    ``queue``), or the one newest call of ``replace``, held back until its due time with a
+    debounce (``newest``: :meth:`~.engine.LockInspector.waiting_newest`)."""
+    ids = " ".join(parked)
+    if newest is None:
+        return f"parked: {len(parked)} call(s), oldest first: {ids}"
+    _, due = newest
+    if due is not None and due > now:
+        at = datetime.fromtimestamp(due, timezone.utc).isoformat(timespec="milliseconds")
+        return f"held back until {at} (debounce, in {due - now:.1f}s), newest call: {ids}"
+    return f"waiting to replace (the newest call, it runs when the lock is free): {ids}"

@@ -1,5 +1,14 @@
-"""``lock_limit`` and ``lock_cooldown``: checked at registration (a limit may be a callable,
-checked per call), and what they may not be combined with, each refusal saying why."""
+"""``lock_limit``, ``lock_cooldown`` and ``lock_rate``: checked at registration (a limit may
+be a callable, checked per call), and what they may not be combined with, each refusal
+saying why.
+
+``on_duplicate='queue'`` combines with all three (the engine's slot queue hands each freed
+slot, each ended cooldown, each start the rate allows to the oldest parked call).
+``'replace'`` does not: "the newest call waits alone" is about one key's one holder, and
+with N slots, a cooldown or a rate there is no single release to hand the newest call; a
+task that wants the newest call to run takes ``queue`` (every call runs, in order) or
+``skip``.
+"""
 
 from __future__ import annotations
 
@@ -17,10 +26,9 @@ _UNIT = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
 _ONE_HOLDER_ONLY = {
     "join": "on_duplicate='join' waits for THE running execution's outcome, and with several "
     "holders there is no one execution to join",
-    "queue": "on_duplicate='queue' hands one lock key on to the oldest parked call; slots are "
-    "not handed on yet",
-    "replace": "on_duplicate='replace' hands one lock key on to the newest waiting call; slots "
-    "are not handed on yet",
+    "replace": "on_duplicate='replace' (latest wins: the newest call waits alone for THE "
+    "holder's release, and with several holders there is no one release to wait for; "
+    "on_duplicate='queue' runs every call in arrival order as slots free)",
     "dedupe_on_enqueue": "dedupe_on_enqueue drops a call while its key is queued or running, "
     "which would keep a second holder from ever starting",
     "lock_min_replicas": "lock_min_replicas waits for replicas of one key's write",
@@ -31,9 +39,8 @@ _ONE_HOLDER_ONLY = {
 _NOT_WITH_RATE = {
     "join": "on_duplicate='join' waits for THE running execution's outcome, and a call over the "
     "rate has none",
-    "queue": "on_duplicate='queue' hands a released key on, and the rate's window releases none",
-    "replace": "on_duplicate='replace' hands a released key on, and the rate's window releases "
-    "none",
+    "replace": "on_duplicate='replace' (latest wins waits for a release, and the rate's window "
+    "releases none; on_duplicate='queue' hands parked calls on when the rate allows)",
     "dedupe_on_enqueue": "dedupe_on_enqueue, whose queued markers the rate's acquire does not "
     "clear (not built)",
     "lock_min_replicas": "lock_min_replicas, whose WAIT the rate's acquire does not send "
@@ -96,11 +103,12 @@ def checked_cooldown(task: str, value: Any, after: Any, policy: str) -> Any:
             f"task {task}: lock_cooldown must be None or a number of seconds from 0 to "
             f"{MAX_TTL:g}, got {value!r}"
         )
-    if value and policy in ("join", "queue", "replace"):
+    if value and policy in ("join", "replace"):
         why = (
             "a join waits for a running execution, and a cooldown has none"
             if policy == "join"
-            else "waiting calls are handed a released key, and a cooldown releases none"
+            else "latest wins hands the newest call a released key, and a cooldown releases "
+            "none; on_duplicate='queue' hands parked calls on when the cooldown ends"
         )
         raise LockConfigurationError(
             f"task {task}: lock_cooldown={value!r} does not combine with "

@@ -133,15 +133,16 @@ TASK_OPTIONS: dict[str, TaskOption] = {
         1,
         "an integer >= 1, or callable(**bound arguments) -> int",
         "At most this many bodies per lock key at once, across all workers, each holding its "
-        "own slot; a callable gives each call's cap (per tenant). Not with 'join' or 'queue'.",
+        "own slot; a callable gives each call's cap (per tenant). With 'queue' a parked call "
+        "takes the next freed slot in arrival order. Not with 'join' or 'replace'.",
     ),
     "lock_cooldown": TaskOption(
         "singleton_lock_cooldown",
         None,
         f"None or 0 to {MAX_TTL:g} seconds",
         "After a body ends the key stays taken this long: a call inside it is a duplicate "
-        "(reason 'cooldown'), a lock retry is sent for the cooldown's end. Not with 'join' "
-        "or 'queue'.",
+        "(reason 'cooldown'), a lock retry is sent for the cooldown's end, a parked call "
+        "('queue') is handed on when it ends. Not with 'join' or 'replace'.",
     ),
     "lock_cooldown_after": TaskOption(
         "singleton_lock_cooldown_after",
@@ -155,7 +156,8 @@ TASK_OPTIONS: dict[str, TaskOption] = {
         "None or 'N/period': period s, m, h or a number of seconds ('10/30s')",
         "At most N body starts per key in any sliding window of that period, across all "
         "workers (server clock); over it a call is a duplicate (reason 'rate') and a lock "
-        "retry is sent for when the window allows. Not with 'join' or 'queue'.",
+        "retry is sent for when the window allows, a parked call ('queue') is handed on "
+        "then. Not with 'join' or 'replace'.",
     ),
 }
 

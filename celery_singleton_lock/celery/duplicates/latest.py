@@ -10,6 +10,13 @@ and the rest of its chain is not sent (Celery calls no callback of a revoked tas
 belongs to fails without running its body, as with any revoked header task. A revoke is also
 broadcast, so a copy of its message delivered again is discarded by the worker.
 
+The displacing script also records the displaced task id, for the finish records' lifetime,
+and its message as left to mark. The worker marks it and clears that (:func:`wait_newest`);
+if the worker dies in between, the hand-off sweeper of any worker's main process marks it a few
+seconds later (:func:`mark_left`), so it never stays PENDING. A stale copy of a displaced call
+(its message delivered again, or to a worker that missed the revoke) is refused by the acquire
+and ends superseded again (:func:`end_stale_copy`): it never displaces the newer call.
+
 When the running call ends, its release reserves the lock for the waiting call and sends its
 message again (the waiting call runs with its own, the newest, arguments). With
 ``lock_debounce`` a call waits even on a free lock, until its due time; the hand-off sweeper
@@ -29,6 +36,7 @@ from kombu.utils import json
 from celery_singleton_lock.celery import celery_api
 from celery_singleton_lock.celery.duplicates.policies import Duplicate, describe
 from celery_singleton_lock.engine import Parked
+from celery_singleton_lock.errors import LockError
 
 log = logging.getLogger("celery_singleton_lock.duplicate")
 
@@ -58,10 +66,13 @@ def _request_of(message: bytes) -> Context:
     )
 
 
-def supersede(task: Any, message: bytes, by: str, key: str, hostname: str = "") -> None:
+def supersede(task: Any, message: bytes, by: str, key: str, hostname: str = "") -> bool:
     """End the call of the displaced parked ``message`` as REVOKED ("superseded"), and
-    broadcast its revoke. Never raises: a failure is logged (the call stays PENDING)."""
-    request = _request_of(message)
+    broadcast its revoke. Never raises: False when it could not be marked (logged)."""
+    return _mark(task, _request_of(message), by, key, hostname)
+
+
+def _mark(task: Any, request: Any, by: str, key: str, hostname: str) -> bool:
     log.info("task %s[%s] superseded by %s (lock %s): REVOKED", task.name, request.id, by, key)
     try:
         if not request.ignore_result and not task.ignore_result:
@@ -76,17 +87,34 @@ def supersede(task: Any, message: bytes, by: str, key: str, hostname: str = "") 
             type(exc).__name__,
             exc,
         )
+        return False
     celery_api.send_event(
         task, "task-lock-superseded", task_id=request.id, hostname=hostname, key=key, by=by
     )
+    return True
+
+
+def _cleared(task: Any, name: str, task_ids: list[str]) -> None:
+    """Tell the lock server the displaced ``task_ids`` are marked; a failure leaves them to
+    a sweeper, which marks them again (marking twice is harmless)."""
+    if not task_ids:
+        return
+    try:
+        task.lock_locker.clear_superseded(name, task_ids)
+    except LockError as exc:
+        log.warning("superseded calls %s left to the sweeper: %s", ", ".join(task_ids), exc)
 
 
 def wait_newest(duplicate: Duplicate, parked: Parked) -> NoReturn:
     """This call waits behind the lock (parked by the acquire itself), in place of the calls
     it displaced, which end superseded; end now, holding no worker slot."""
-    for message in parked.displaced:
-        request = duplicate.request
-        supersede(duplicate.task, message, request.id, parked.key, request.hostname or "")
+    request = duplicate.request
+    marked = [
+        _request_of(message).id
+        for message in parked.displaced
+        if supersede(duplicate.task, message, request.id, parked.key, request.hostname or "")
+    ]
+    _cleared(duplicate.task, duplicate.name, marked)
     debounce = duplicate.options.debounce
     reason = "held"
     if parked.holder is not None:
@@ -99,3 +127,42 @@ def wait_newest(duplicate: Duplicate, parked: Parked) -> NoReturn:
     duplicate.announce("replace", reason)
     celery_api.logged_already(duplicate.request.id)
     raise Ignore(f"waiting behind lock {parked.key} as the newest call")
+
+
+def end_stale_copy(task: Any, request: Any, key: str) -> NoReturn:
+    """A copy of a call a newer one displaced (the acquire refused it): end it superseded
+    again, as its first delivery was (idempotent), without running or displacing anything."""
+    log.warning(
+        "task %s[%s]: not run: a newer call of lock %s superseded it (a stale copy)",
+        task.name,
+        request.id,
+        key,
+    )
+    _mark(task, request, "a newer call", key, request.hostname or "")
+    celery_api.logged_already(request.id)
+    raise Ignore(f"superseded by a newer call of lock {key}")
+
+
+def mark_left(app: Any, locker: Any, look_again_in: float) -> int:
+    """Mark the displaced calls whose worker died before marking them (the hand-off sweeper,
+    in a worker's main process); those that cannot be marked now are looked at again in
+    ``look_again_in`` seconds. Returns how many were marked."""
+    marked_count = 0
+    for name, messages in locker.superseded_left():
+        marked = []
+        for message in messages:
+            task = app.tasks.get(_task_name_of(message))
+            if task is None:  # not a task of this worker: one that knows it marks it
+                continue
+            if supersede(task, message, "a newer call", locker.keys(name).lock):
+                marked.append(_request_of(message).id)
+        locker.clear_superseded(name, marked, look_again_in=look_again_in)
+        marked_count += len(marked)
+    return marked_count
+
+
+def _task_name_of(message: bytes) -> str:
+    try:
+        return str(json.loads(message.partition(b"\n")[2].decode("utf-8")).get("task") or "")  # type: ignore[no-untyped-call]
+    except (ValueError, TypeError, UnicodeDecodeError, AttributeError):
+        return ""

@@ -151,13 +151,24 @@ def fail(duplicate: Duplicate) -> NoReturn:
     )
 
 
+def parked_reason(parked: Parked, limit: int, rate: Optional[tuple[int, float]]) -> str:
+    """Why a parked call could not run now (see :attr:`Duplicate.reason`): as far as the
+    reply tells (it names the slot that frees first, none when no slot is taken)."""
+    holder = parked.holder
+    if holder is not None and holder.cooling:
+        return "cooldown"
+    if holder is None and rate is not None:
+        return "rate"
+    return "limit" if limit != 1 else "held"
+
+
 def queue(duplicate: Duplicate, parked: Parked) -> NoReturn:
     """The message is parked behind the lock (by the acquire itself): end now, holding no
     worker slot; the release before it sends it again (see :mod:`.parking`). Its state is
     left as it is: it has not run yet."""
-    if parked.handed is not None:
-        # the lock was free but promised to an older parked message: this caller sends it
-        handoff.publish(duplicate.task.app, parked.handed, duplicate.name)
+    for handed in (parked.handed, *parked.more_handed) if parked.handed is not None else ():
+        # a slot was free but promised to an older parked message: this caller sends it
+        handoff.publish(duplicate.task.app, handed, duplicate.name)
     ahead = describe(duplicate.holder) if parked.holder is not None else "an older parked call"
     log.info(
         "task %s: lock %s held by %s; queued behind it (position %d)",

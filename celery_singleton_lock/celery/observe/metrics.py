@@ -6,7 +6,7 @@ Names follow celery-exporter (``celery_task_*_total{name, hostname}``)::
     celery_lock_duplicates_total{name, hostname, action, reason}
     celery_lock_lost_total{name, hostname}
     celery_lock_backend_errors_total{name, hostname}
-    celery_lock_acquire_seconds{name, hostname}   histogram: start of the execution -> lock held
+    celery_lock_acquire_seconds{name, hostname}   histogram: message received -> lock held
     celery_lock_held_seconds{name, hostname}      histogram: lock held -> released
     celery_lock_parked{name}                      gauge: calls parked behind locks now
 
@@ -33,6 +33,8 @@ import shutil
 import tempfile
 import threading
 from typing import Any, Iterator, Optional
+
+from redis.exceptions import RedisError
 
 from celery_singleton_lock.celery.config.lockers import locker_for
 from celery_singleton_lock.celery.observe import timing
@@ -119,7 +121,7 @@ class _Metrics:
         )
         self.acquire_seconds = Histogram(
             "celery_lock_acquire_seconds",
-            "Seconds from the start of an execution to its lock held, waits included.",
+            "Seconds from the message received by the worker to its lock held, waits included.",
             labels,
             buckets=ACQUIRE_BUCKETS,
             registry=None,
@@ -253,7 +255,9 @@ class ParkedCollector:
         )
         try:
             counts = parked_by_task(locker_for(self.app))
-        except LockError as exc:
+        except (LockError, RedisError) as exc:
+            # during an outage, above all, the counters must still be served (the backend
+            # errors among them): a raise here made the whole scrape a 500
             log.warning("celery_lock_parked not read: %s", exc)
             counts = {}
         for name, count in sorted(counts.items()):

@@ -25,6 +25,7 @@ from celery_singleton_lock.celery.duplicates.redelivery import already_ran, is_m
 from celery_singleton_lock.celery.signals import lock_acquired, lock_backend_error, lock_lost
 from celery_singleton_lock.celery.task.execution import (
     LockScope,
+    body_releasing,
     closes_scope_on_error,
     open_scope,
     releases_after_body,
@@ -43,6 +44,7 @@ from celery_singleton_lock.engine import (
 )
 from celery_singleton_lock.errors import (
     AlreadyFinished,
+    AlreadySuperseded,
     DuplicateTaskError,
     LockBackendUnavailable,
     LockConfigurationError,
@@ -63,6 +65,7 @@ def lock_owner(task_id: str, request: Any, pid: int) -> Owner:
 
 celery_api.declare_request_attribute("lock")  # self.request.lock: see there why
 _ATTRIBUTES = (*TASK_OPTIONS, *TASK_ONLY_OPTIONS, "ignore_result")
+_TASK_RUN = Task.__dict__["run"]  # Celery's own: raises NotImplementedError
 
 
 class LockedTask(Task):  # type: ignore[misc]
@@ -145,6 +148,7 @@ class LockedTask(Task):  # type: ignore[misc]
     def _resolve_options(cls, app: Any, name: str) -> LockOptions:
         check_option_names(name, cls)
         run = inspect.getattr_static(cls, "run")
+        run = getattr(run, "lock_body", run)  # the task's own, not body_releasing's wrapper
         func = run.__func__ if isinstance(run, staticmethod) else run
         return resolve(
             task_name=name,
@@ -235,11 +239,11 @@ class LockedTask(Task):  # type: ignore[misc]
         acquired = self._acquire(task_id, name, options, request)
         if acquired is None:
             return  # running without the lock (lock_on_backend_error="run")
-        lease, is_copy = acquired
+        lease, is_copy, limit = acquired
         if PAUSE.active:
             PAUSE.resumed()
         # From here the scope owns the lock: whatever raises below closes it.
-        request.lock = held = LockScope(self, task_id, name, lease)
+        request.lock = held = LockScope(self, task_id, name, lease, limit)
         if already_ran(self, request, is_copy):
             held.close()
             self._drop_copy(task_id, "its outcome is stored")
@@ -251,9 +255,10 @@ class LockedTask(Task):  # type: ignore[misc]
 
     def _acquire(
         self, task_id: str, name: str, options: LockOptions, request: Any
-    ) -> Optional[tuple[Lease, bool]]:
-        """Take the lock, applying the duplicate policy if it is held: the lease and whether
-        this message is a copy of an earlier delivery; None to run without the lock. Ends the
+    ) -> Optional[tuple[Lease, bool, int]]:
+        """Take the lock, applying the duplicate policy if it is held: the lease, whether
+        this message is a copy of an earlier delivery and the call's lock_limit; None to run
+        without the lock. Ends the
         execution (``Ignore``, retry, or an error) when the body must not run."""
         # A redelivered message of an acks_late task may repeat an execution that already
         # ran to the end: the acquire itself looks for that execution's finish record.
@@ -310,11 +315,11 @@ class LockedTask(Task):  # type: ignore[misc]
             is_copy = is_marked_copy(request)
             if isinstance(outcome, Parked):
                 holder = outcome.holder or LockHolder.unknown(outcome.key)
+                parked = policies.Duplicate(self, request, options, name, holder)
                 if newest is not None:
-                    latest.wait_newest(
-                        policies.Duplicate(self, request, options, name, holder), outcome
-                    )
-                policies.queue(policies.Duplicate(self, request, options, name, holder), outcome)
+                    latest.wait_newest(parked, outcome)
+                parked.reason = policies.parked_reason(outcome, wanted.limit, wanted.rate)
+                policies.queue(parked, outcome)
             if not isinstance(outcome, Lease):
                 duplicate = policies.Duplicate(self, request, options, name, outcome)
                 if outcome.over_rate:
@@ -327,7 +332,9 @@ class LockedTask(Task):  # type: ignore[misc]
                 outcome = handle_duplicate(duplicate, acquire)
         except AlreadyFinished:
             self._drop_copy(task_id, "its finish is recorded under the lock")
-        return outcome, is_copy
+        except AlreadySuperseded as exc:
+            latest.end_stale_copy(self, request, exc.key or name)
+        return outcome, is_copy, wanted.limit
 
     def _store_started(self, task_id: str, request: Any) -> None:
         """STARTED, as Celery's tracer stores it with ``track_started`` (see
@@ -413,21 +420,24 @@ class LockedTask(Task):  # type: ignore[misc]
         if isinstance(held, LockScope):
             held.close(finished=finished)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return super().__call__(*args, **kwargs)
-
-    # The worker calls __call__ (not ``run``) because it is overridden. Releasing as the body
-    # ends stops renewal at once and frees the lock before Celery publishes callbacks and chain
-    # steps (a same-key chain step cannot collide with it), on every exit path of the body.
-    __call__ = releases_after_body(__call__)
+    # The body's end releases: ``run`` is wrapped (body_releasing), so that the scope closes
+    # as the body ends, on every exit path, before Celery publishes callbacks and chain steps
+    # (a same-key chain step cannot collide with it); releasing stops renewal at once. Not
+    # ``__call__``: overriding it makes the tracer go through Celery's ``Task.__call__`` and
+    # its request copy for every task.
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        # A subclass's own __call__ releases too, whether or not it calls super(); a
-        # subclass's own before_start that raises after super().before_start releases too.
+        # The body releases wherever ``run`` comes from (this class, a mixin, a base).
+        run = inspect.getattr_static(cls, "run")
+        if run is not _TASK_RUN and not getattr(run, "releases_lock", False):
+            cls.run = body_releasing(run)
+        # A subclass's own __call__ releases too, whether or not it calls super() (its run,
+        # called inside, then owns nothing); a subclass's own before_start that raises after
+        # super().before_start releases too.
         own_call = cls.__dict__.get("__call__")
         if own_call is not None and not getattr(own_call, "releases_lock", False):
-            cls.__call__ = releases_after_body(own_call)  # type: ignore[method-assign]
+            cls.__call__ = releases_after_body(own_call)
         own_before_start = cls.__dict__.get("before_start")
         if own_before_start is not None and not getattr(own_before_start, "closes_scope", False):
             cls.before_start = closes_scope_on_error(own_before_start)  # type: ignore[method-assign]

@@ -1,5 +1,7 @@
 """The hand-off sweeper of policy ``queue``: a thread of the worker's main process that
-hands on locks whose holder's TTL (or reservation) ran out with calls parked behind them.
+hands on locks whose holder's TTL (or reservation) ran out with calls parked behind them, and
+marks superseded the calls of policy ``replace`` displaced by a worker that died before it
+marked them.
 
 It is what makes a parked call survive the death of the worker that held the lock: any
 worker's sweeper finds the lock due in the hand-off index and publishes the next call."""
@@ -11,6 +13,7 @@ from typing import Any, Optional
 
 from celery_singleton_lock.celery.config.lockers import locker_for
 from celery_singleton_lock.celery.config.resolution import handoff_settings
+from celery_singleton_lock.celery.duplicates import latest
 from celery_singleton_lock.celery.duplicates.parking import SWEEP_BATCH, publish
 from celery_singleton_lock.celery.worker.ticking import Ticking
 
@@ -35,6 +38,8 @@ class HandOffSweeper(Ticking):
         self.reservation_ttl = reservation_ttl
         #: parked messages sent, for tests and logs
         self.sent = 0
+        #: displaced calls marked superseded here (their worker died first), for tests and logs
+        self.superseded = 0
 
     def tick(self) -> int:
         """Hand on every due lock that is free; how many parked messages were sent."""
@@ -42,16 +47,20 @@ class HandOffSweeper(Ticking):
         locker = locker_for(self.app)
         sent = 0
         for name in locker.hand_off_due(SWEEP_BATCH):
-            message = locker.hand_off_if_free(name, reservation_ttl=self.reservation_ttl)
-            if message is None:
+            # one message for the mutex; one per free slot of a lock_limit, as the rate allows
+            messages = locker.hand_on(name, reservation_ttl=self.reservation_ttl)
+            if not messages:
                 continue
             log.info(
-                "lock %s is free with a call due behind it (its holder did not hand it on, or "
-                "a debounced call's time came); handing it on",
+                "lock %s is free with a call due behind it (its holder did not hand it on, "
+                "its cooldown ended, its rate allows a start, or a debounced call's time "
+                "came); handing it on",
                 locker.keys(name).lock,
             )
-            sent += publish(self.app, message, name)
+            sent += sum(publish(self.app, message, name) for message in messages)
         self.sent += sent
+        # calls displaced by a newer one whose worker died before marking them superseded
+        self.superseded += latest.mark_left(self.app, locker, look_again_in=self.interval * 10)
         return sent
 
 

@@ -142,6 +142,6 @@ def hand_on(task: LockedTask, locker: Any, name: str) -> None:
     options = task.lock_options
     if options.on_duplicate != "queue":
         return
-    message = locker.hand_off_if_free(name, reservation_ttl=options.handoff_timeout)
-    if message is not None:
+    # a slot of a lock_limit too: the engine reads how the calls are parked (slot_queue.py)
+    for message in locker.hand_on(name, reservation_ttl=options.handoff_timeout):
         handoff.publish(task.app, message, name)

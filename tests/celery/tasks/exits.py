@@ -91,3 +91,19 @@ def own_call(self: LockedTask, key: str) -> bool:
 @app.task(bind=True, base=CallsSuper)
 def own_call_super(self: LockedTask, key: str) -> bool:
     return self.request.lock is not None and self.request.lock.held
+
+
+class CountsRequestPushes(LockedTask):
+    """Counts ``Task.push_request``: Celery's ``Task.__call__`` pushes a copy of the request,
+    the tracer does not (it pushes on the stack directly)."""
+
+    pushes = 0
+
+    def push_request(self, *args: Any, **kwargs: Any) -> None:
+        CountsRequestPushes.pushes += 1
+        super().push_request(*args, **kwargs)
+
+
+@app.task(bind=True, base=CountsRequestPushes)
+def counts_pushes(self: LockedTask, key: str) -> bool:
+    return self.request.lock is not None and self.request.lock.held

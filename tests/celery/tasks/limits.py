@@ -14,6 +14,7 @@ from typing import Any
 
 from celery_singleton_lock import LockedTask
 from tests.celery.tasks.core import app, store
+from tests.celery.tasks.queueing import QUEUE
 
 #: KEYS[1] gauge, KEYS[2] most: one more body inside; keep the most ever seen
 _ENTER = """
@@ -107,3 +108,17 @@ rate3_retry = limited_task(
     "rate3_retry", lock_rate="3/3s", on_duplicate="retry", lock_retry_backoff=0.05
 )
 rate2_skip = limited_task("rate2_skip", lock_rate="2/m", on_duplicate="skip")
+
+
+# -- on_duplicate="queue" with them -----------------------------------------------------------
+
+# QUEUE: "retry" on a Redis Cluster, whose workers refuse to start with a queue task
+limit3_queue = limited_task("limit3_queue", lock_limit=3, on_duplicate=QUEUE, lock_ttl=5)
+rate3_queue = limited_task("rate3_queue", lock_rate="3/3s", on_duplicate=QUEUE)
+cooldown1_queue = limited_task("cooldown1_queue", lock_cooldown=1, on_duplicate=QUEUE)
+#: the issue's acceptance size (full runs only): 9 calls at 3 per 10 s
+rate3_per_10s_retry = limited_task(
+    "rate3_per_10s_retry", lock_rate="3/10s", on_duplicate="retry", lock_retry_backoff=0.05
+)
+#: on Sentinel and on a Cluster (tests/celery/test_sentinel.py, test_cluster.py)
+limit2_skip = limited_task("limit2_skip", lock_limit=2, on_duplicate="skip", lock_ttl=5)

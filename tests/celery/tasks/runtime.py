@@ -1,7 +1,7 @@
 """Tasks that look at the lock they run under, and acquires the lock server cannot grant
 (tests/celery/test_runtime.py; ``watches_its_lock`` and ``fenced`` serve test_events.py,
 test_metrics.py and test_trace_events.py too, ``paused_without_replica``
-test_replica_pause.py)."""
+test_replica_pause.py, ``gated`` test_metrics_waits_and_outages.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,13 @@ import time
 from typing import Any, Optional
 
 from celery_singleton_lock import LockedTask, LockLostError
-from tests.celery.tasks.core import REPLICAS, app, store
+from tests.celery.tasks.core import REPLICAS, app, gated_body, store
+
+
+@app.task(bind=True, base=LockedTask, lock_on=("key",), lock_ttl=5)
+def gated(self: LockedTask, key: str) -> str:
+    """Holds its lock until the test opens its gate (:func:`~tests.celery.tasks.core.open_gate`)."""
+    return gated_body(key, self.request.id)
 
 
 @app.task(bind=True, base=LockedTask, lock_on=("key",))

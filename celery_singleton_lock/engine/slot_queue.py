@@ -1,0 +1,199 @@
+"""Policy ``queue`` over N slots, a cooldown or a rate, on one server: a part of
+:class:`~.locker.RedisLocker` (the scripts, and why they are so, in :mod:`.slot_queue_scripts`).
+
+The mutex's queue (:mod:`.queueing`) stays what it was for a lock with one holder, no rate
+and no cooldown: these operations are used only when a task asks for one of those three, and
+the sweeper and the drop of a parked call tell the two apart by the lock's rule, written when
+a call is parked here.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional
+
+from redis.commands.core import Script
+
+from celery_singleton_lock.engine import lease as _lease
+from celery_singleton_lock.engine import server_errors, slot_queue_scripts, slots
+from celery_singleton_lock.engine.keys import LockKeys
+from celery_singleton_lock.engine.lease import Lease, LockHolder, Owner, Parked, already_finished
+from celery_singleton_lock.engine.locker_parts import LockerPart
+from celery_singleton_lock.engine.queueing import as_bytes
+
+if TYPE_CHECKING:
+    from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
+    from celery_singleton_lock.engine.reading import Client
+
+#: A lock's rule: its number of slots and its rate (``(count, seconds)`` or None).
+Rule = tuple[int, Optional[tuple[int, float]]]
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
+
+def _rate_args(rate: Optional[tuple[int, float]]) -> list[Any]:
+    return ["", ""] if rate is None else [rate[0], _ms(rate[1])]
+
+
+def parse_rule(raw: Any) -> Optional[Rule]:
+    """The rule stored by ACQUIRE_SLOT_OR_PARK (``N|rate|window ms``), or None."""
+    if raw is None:
+        return None
+    count, rate, window = _lease.as_text(raw).split("|")
+    return int(count), (None if not rate else (int(rate), int(window) / 1000.0))
+
+
+class SlotQueueOperations(LockerPart):
+    """Parking behind N slots, and the hand-off of each freed slot (a part of
+    ``RedisLocker``, which also provides ``_lease`` and ``_hold``)."""
+
+    def _register_slot_queue_scripts(self, client: Client) -> None:
+        self._slot_or_park: Script = client.register_script(slot_queue_scripts.ACQUIRE_SLOT_OR_PARK)
+        self._hand_on_slots: Script = client.register_script(slot_queue_scripts.HAND_ON_SLOTS)
+
+    if TYPE_CHECKING:  # provided by RedisLocker
+
+        def _lease(
+            self,
+            request: AcquireRequest,
+            keys: LockKeys,
+            token: str,
+            owner: Owner,
+            fence: Optional[int],
+            sent_at: float,
+        ) -> Lease: ...
+
+        @staticmethod
+        def _hold(request: AcquireRequest, lease: Lease, renewer: Any) -> Lease: ...
+
+        def hand_off_if_free(self, name: str, *, reservation_ttl: float) -> Optional[bytes]: ...
+
+    def _acquire_slot_or_park(
+        self, request: AcquireRequest, owner: Owner, token: str, value: str, sent_at: float
+    ) -> AcquireOutcome:
+        """One round trip of ACQUIRE_SLOT_OR_PARK for the lock ``value`` (fence empty)."""
+        keys = self.keys(request.name)
+        limit = request.limit
+        counter, finished = self.shared.of(keys.lock)
+        script_keys = [slots.slot_key(keys, slot) for slot in range(1, limit + 1)]
+        script_keys += (counter, keys.fence, keys.starts, keys.parked, keys.parked_messages)
+        script_keys += (keys.handoff_due, keys.parked_rule)
+        args: list[Any] = [_ms(request.ttl), value, "1" if request.fencing else "0", limit]
+        args += _rate_args(request.rate)
+        args += (owner.task_id, request.park, keys.name, _ms(request.reservation_ttl))
+        args += ("1" if self.upgrading else "0", "")
+        if request.unless_finished:
+            script_keys += (finished, keys.finished(owner.task_id))
+            args[-1] = _ms(request.finished_ttl)
+        reply = self._run(self._slot_or_park, keys.lock, script_keys, args, pinned=True)
+        if reply == -1:
+            raise already_finished(keys, owner)
+        if isinstance(reply, (bytes, str)):  # a copy of this task id holds a slot
+            pttl, _, fields = _lease.as_text(reply).partition("|")
+            holder = LockHolder.parse(keys.lock, fields, pttl)
+            if holder is None:
+                raise server_errors.not_a_lock(keys.lock)
+            return holder
+        if len(reply) == 2 and isinstance(reply[0], int):
+            slot, fence = int(reply[0]), int(reply[1])
+            lease = self._lease(
+                request, slots.slot_keys(keys, slot), token, owner, fence or None, sent_at
+            )
+            return self._hold(request, lease, self.renewer)  # type: ignore[attr-defined]
+        fields, position, *handed = reply
+        holder = None
+        if fields:
+            pttl, _, rest = _lease.as_text(fields).partition("|")
+            holder = LockHolder.parse(keys.lock, rest, pttl)
+        messages = tuple(as_bytes(message) for message in handed)
+        return Parked(
+            key=keys.lock,
+            holder=holder,
+            position=int(position),
+            handed=messages[0] if messages else None,
+            more_handed=messages[1:],
+        )
+
+    def release_handing_on(
+        self,
+        lease: Lease,
+        *,
+        limit: int,
+        rate: Optional[tuple[int, float]] = None,
+        cooldown: Optional[float] = None,
+        reservation_ttl: float,
+        remember_for: Optional[float] = None,
+    ) -> tuple[bool, list[bytes]]:
+        """Release ``lease`` (one of ``limit`` slots, taken with ``rate``), into a cooldown
+        of ``cooldown`` seconds if given, and in the same round trip reserve each free slot
+        for the oldest parked task id without one, as far as the rate allows.
+
+        Returns whether the slot was still ours, and the parked messages the caller must now
+        publish. One never published is not lost: its reservation runs out and a sweeper
+        reserves a slot for the same id again.
+        """
+        keys = lease.keys
+        cooldown_ms: Any = "" if not cooldown else _ms(cooldown)
+        script_keys, args = self._hand_on_call(
+            keys.name, limit, rate, "release", lease.token, reservation_ttl, cooldown_ms
+        )
+        done, *handed = self._release_with(
+            lease, self._hand_on_slots, script_keys, args, remember_for
+        ) or [0]
+        return bool(done), [as_bytes(message) for message in handed]
+
+    def _hand_on_call(
+        self,
+        name: str,
+        limit: int,
+        rate: Optional[tuple[int, float]],
+        mode: str,
+        subject: str,
+        reservation_ttl: float,
+        cooldown_ms: Any = "",
+    ) -> tuple[list[str], list[Any]]:
+        """KEYS and ARGV of HAND_ON_SLOTS (see its contract)."""
+        keys = self.keys(name)
+        script_keys = [slots.slot_key(keys, slot) for slot in range(1, limit + 1)]
+        script_keys += (keys.starts, keys.parked, keys.parked_messages, keys.handoff_due)
+        script_keys.append(keys.parked_rule)
+        args: list[Any] = [limit, *_rate_args(rate), mode, subject, keys.channel, keys.name]
+        args += (_ms(reservation_ttl), cooldown_ms)
+        return script_keys, args
+
+    def parked_rule(self, name: str) -> Optional[Rule]:
+        """The rule of the calls parked behind lock ``name`` over slots, a rate or a
+        cooldown; None when they are parked behind the mutex (or none are)."""
+        key = self.keys(name).parked_rule
+        return parse_rule(server_errors.call(lambda: self.client.get(key), key))
+
+    def hand_on_slots(self, name: str, rule: Rule, *, reservation_ttl: float) -> list[bytes]:
+        """A sweeper's step on a lock parked over slots: reserve its free slots for the
+        oldest parked ids without one, as far as the rate allows; their messages, to
+        publish."""
+        script_keys, args = self._hand_on_call(name, rule[0], rule[1], "sweep", "", reservation_ttl)
+        _, *handed = self._run(self._hand_on_slots, script_keys[0], script_keys, args)
+        return [as_bytes(message) for message in handed]
+
+    def drop_from_slots(
+        self, name: str, rule: Rule, task_id: str, *, reservation_ttl: float
+    ) -> tuple[bool, list[bytes]]:
+        """Take ``task_id`` out of the calls parked over slots for good, freeing a slot
+        reserved for it and handing that on: whether it was parked or reserved for, and the
+        messages to publish."""
+        script_keys, args = self._hand_on_call(
+            name, rule[0], rule[1], "drop", task_id, reservation_ttl
+        )
+        done, *handed = self._run(self._hand_on_slots, script_keys[0], script_keys, args)
+        return bool(done), [as_bytes(message) for message in handed]
+
+    def hand_on(self, name: str, *, reservation_ttl: float) -> list[bytes]:
+        """A sweeper's step on the lock ``name``: if calls are parked behind it and a slot (or
+        the lock) is free, reserve it for the oldest parked call without one (as far as a
+        rate allows), for ``reservation_ttl`` seconds; the messages to publish."""
+        rule = self.parked_rule(name)
+        if rule is None:  # the mutex's queue (:mod:`.queueing`)
+            message = self.hand_off_if_free(name, reservation_ttl=reservation_ttl)
+            return [] if message is None else [message]
+        return self.hand_on_slots(name, rule, reservation_ttl=reservation_ttl)

@@ -1,0 +1,133 @@
+"""``on_duplicate="queue"`` with ``lock_limit``, ``lock_rate`` and ``lock_cooldown`` on real
+``celery worker`` processes: parked calls take slots as they free, each runs exactly once."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any, Iterator
+
+import pytest
+import redis
+from celery.exceptions import WorkerLostError
+
+from tests.celery.tasks import limits
+from tests.celery.test_lock_limit_processes import RECLAIM_WITHIN, slots_held
+from tests.celery.test_lock_rate import CLOCKS, starts
+from tests.celery.workers import Servers, WorkerGroup, lock_key, unique, worker_group
+from tests.support import wait_until
+
+
+@pytest.fixture
+def workers(servers: Servers, celery_app: Any) -> Iterator[WorkerGroup]:
+    with worker_group(servers) as group:
+        yield group
+
+
+def ran(store: redis.Redis, key: str) -> list[str]:
+    """Task ids of the bodies that ran, in start order."""
+    return [run.split(b"|")[0].decode() for run in store.lrange(f"runs:{key}", 0, -1)]
+
+
+@pytest.mark.parametrize("pool", ["prefork", "threads"])
+def test_limit_3_queue_runs_12_calls_once_each_at_most_3_at_once(
+    workers: WorkerGroup, store: redis.Redis, pool: str
+) -> None:
+    key, task = unique("k"), limits.limit3_queue
+    (worker,) = workers.start(1, pool=pool, concurrency=4)
+    results = [task.apply_async((key, 1.5), queue=worker.queue) for _ in range(12)]
+    for result in results:
+        result.get(timeout=120)
+    ids = ran(store, key)
+    assert sorted(ids) == sorted(result.id for result in results)  # all 12, once each
+    assert int(store.get(f"most:{key}") or 0) == 3  # at most 3 at once, and 3 reached
+    assert store.exists(lock_key(task, key) + ":parked") == 0
+
+
+def test_rate_3_per_3s_queue_runs_6_calls_never_more_than_3_starts_in_3s(
+    workers: WorkerGroup, store: redis.Redis
+) -> None:
+    key, task = unique("k"), limits.rate3_queue
+    (worker,) = workers.start(1, pool="threads", concurrency=4)
+    results = [task.apply_async((key,), queue=worker.queue) for _ in range(6)]
+    for result in results:
+        result.get(timeout=60)
+    times = starts(store, key)
+    assert len(times) == 6 and len(set(ran(store, key))) == 6
+    assert all(later - first >= 3.0 - CLOCKS for first, later in zip(times, times[3:]))
+
+
+def test_cooldown_queue_hands_each_parked_call_on_when_the_cooldown_ends(
+    workers: WorkerGroup, store: redis.Redis
+) -> None:
+    key, task = unique("k"), limits.cooldown1_queue
+    (worker,) = workers.start(1, pool="threads", concurrency=4)
+    results = [task.apply_async((key, 0.2), queue=worker.queue) for _ in range(3)]
+    for result in results:
+        result.get(timeout=60)
+    times = starts(store, key)
+    assert len(times) == 3 and len(set(ran(store, key))) == 3
+    # each starts after the one before ended (0.2 s) and its cooldown (1 s)
+    assert all(later - first >= 1.2 - CLOCKS for first, later in zip(times, times[1:]))
+
+
+def test_a_slot_of_a_killed_pool_child_is_handed_to_the_parked_call(
+    workers: WorkerGroup, celery_app: Any, store: redis.Redis
+) -> None:
+    key, task = unique("k"), limits.limit3_queue
+    (worker,) = workers.start(1, pool="prefork", concurrency=4)
+    holders = [task.apply_async((key, 8), queue=worker.queue) for _ in range(3)]
+    wait_until(lambda: len(slots_held(store, task, key)) == 3, timeout=30)
+    parked = task.apply_async((key, 0), queue=worker.queue)
+    wait_until(lambda: store.llen(lock_key(task, key) + ":parked") == 1, timeout=30)
+    # slot 2: not the lock key itself, which the mutex's hand-off would also find free
+    victim = next(h for h in slots_held(store, task, key) if h.key.endswith(":slot:2"))
+    (killed,) = (result for result in holders if result.id == victim.task_id)
+    assert victim.pid is not None
+    os.kill(victim.pid, signal.SIGKILL)
+    with pytest.raises(WorkerLostError):
+        killed.get(timeout=30)
+    parked.get(timeout=RECLAIM_WITHIN)  # before the victim's TTL (5 s) and the others' ends
+    assert ran(store, key).count(parked.id) == 1
+    others = [result for result in holders if result is not killed]
+    assert [result.get(timeout=30)["lost"] for result in others] == [False, False]
+
+
+def test_a_slot_of_a_killed_worker_is_handed_to_the_parked_call_once_it_expires(
+    workers: WorkerGroup, store: redis.Redis
+) -> None:
+    key, task = unique("k"), limits.limit3_queue  # lock_ttl=5
+    (doomed,) = workers.start(1, pool="prefork", concurrency=1)
+    (keeper,) = workers.start(1, pool="threads", concurrency=4)
+    # the doomed call on slot 2: not the lock key, which the mutex's hand-off would find too
+    kept = [task.apply_async((key, 15), queue=keeper.queue)]
+    wait_until(lambda: len(slots_held(store, task, key)) == 1, timeout=30)
+    doomed_call = task.apply_async((key, 60), queue=doomed.queue)
+    wait_until(lambda: len(slots_held(store, task, key)) == 2, timeout=30)
+    kept.append(task.apply_async((key, 15), queue=keeper.queue))
+    wait_until(lambda: len(slots_held(store, task, key)) == 3, timeout=30)
+    assert slots_held(store, task, key)[1].task_id == doomed_call.id
+    parked = task.apply_async((key, 0), queue=keeper.queue)
+    wait_until(lambda: store.llen(lock_key(task, key) + ":parked") == 1, timeout=30)
+    doomed.kill_group(signal.SIGKILL)
+    # the doomed slot expires (5 s) and the keeper's sweeper hands it on, before the kept
+    # bodies (15 s) free theirs
+    parked.get(timeout=5 + 4)
+    assert ran(store, key).count(parked.id) == 1
+    assert [result.get(timeout=30)["lost"] for result in kept] == [False, False]
+
+
+@pytest.mark.full
+def test_rate_3_per_10s_with_retry_runs_9_calls_never_more_than_3_starts_in_10s(
+    worker: Any, store: redis.Redis, unique_key: str, duplicates_seen: list[dict[str, Any]]
+) -> None:
+    results = [limits.rate3_per_10s_retry.delay(unique_key) for _ in range(9)]
+    for result in results:
+        result.get(timeout=90)
+    times = starts(store, unique_key)
+    retries = [seen for seen in duplicates_seen if seen["reason"] == "rate"]
+    print(f"9 calls at 3/10s: last start {times[-1] - times[0]:.1f}s after the first", end="")
+    print(f", {len(retries)} rate retries")
+    assert len(times) == 9
+    assert all(later - first >= 10.0 - CLOCKS for first, later in zip(times, times[3:]))
+    assert len(retries) <= 12  # 6 wait one window, 3 a second: 9 when each lands on time

@@ -1,0 +1,238 @@
+"""Policy ``queue`` over N slots, a rate and a cooldown (engine/slot_queue.py): parked calls
+are handed each freed slot in arrival order, atomically in the release, once each."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional, Union
+
+import pytest
+import redis
+
+from celery_singleton_lock.engine import Lease, LockHolder, Owner, RedisLocker
+from celery_singleton_lock.engine.lease import Parked
+from celery_singleton_lock.engine.queue_scripts import HANDOFF_TOKEN
+from celery_singleton_lock.errors import LockNotOwnedError
+from tests.support import wait_until
+
+Outcome = Union[Lease, LockHolder, Parked]
+
+
+def attempt(
+    locker: RedisLocker,
+    task_id: str,
+    *,
+    limit: int = 2,
+    rate: Optional[tuple[int, float]] = None,
+    reservation_ttl: float = 30,
+    ttl: float = 30,
+    **options: Any,
+) -> Outcome:
+    """One acquire-or-park of the lock "job" by ``task_id``, whose message is ``msg-<id>``."""
+    return locker.try_acquire(
+        "job",
+        ttl=ttl,
+        owner=Owner(task_id=task_id),
+        renew=False,
+        park=f"msg-{task_id}".encode(),
+        reservation_ttl=reservation_ttl,
+        limit=limit,
+        rate=rate,
+        **options,
+    )
+
+
+def lease(outcome: Outcome) -> Lease:
+    assert isinstance(outcome, Lease), outcome
+    return outcome
+
+
+def release(locker: RedisLocker, held: Lease, **options: Any) -> list[bytes]:
+    options.setdefault("limit", 2)
+    owned, handed = locker.release_handing_on(held, reservation_ttl=30, **options)
+    assert owned
+    return handed
+
+
+def full_with_parked(locker: RedisLocker, *parked: str) -> Lease:
+    """Slots 1 and 2 taken by "a" and "b", then ``parked`` parked: "a"'s lease."""
+    first = lease(attempt(locker, "a"))
+    lease(attempt(locker, "b"))
+    for task_id in parked:
+        assert isinstance(attempt(locker, task_id), Parked)
+    return first
+
+
+def parked_ids(locker: RedisLocker) -> list[bytes]:
+    return list(locker.client.lrange(locker.keys("job").parked, 0, -1))
+
+
+def reserved_for(client: redis.Redis, locker: RedisLocker, limit: int = 2) -> list[bytes]:
+    """The task ids the lock's slots are reserved for, by slot."""
+    keys = [locker.keys("job").lock] + [f"{locker.keys('job').lock}:slot:{k}" for k in (2, 3)]
+    values = [client.get(key) for key in keys[:limit]]
+    return [
+        value.rsplit(b"|", 1)[1]
+        for value in values
+        if value is not None and value.startswith(HANDOFF_TOKEN.encode())
+    ]
+
+
+def test_calls_beyond_the_limit_are_parked_in_arrival_order(locker: RedisLocker) -> None:
+    lease(attempt(locker, "a")), lease(attempt(locker, "b"))
+    third, fourth = attempt(locker, "c"), attempt(locker, "d")
+    assert isinstance(third, Parked) and isinstance(fourth, Parked)
+    assert (third.position, fourth.position) == (1, 2)
+    assert parked_ids(locker) == [b"c", b"d"]
+
+
+def test_a_released_slot_is_reserved_for_the_oldest_parked_call_and_its_message_returned(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    first = full_with_parked(locker, "c", "d")
+    assert release(locker, first) == [b"msg-c"]
+    assert reserved_for(redis_client, locker) == [b"c"]
+
+
+def test_two_releases_reserve_two_slots_for_two_different_parked_calls(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    first, second = lease(attempt(locker, "a")), lease(attempt(locker, "b"))
+    attempt(locker, "c"), attempt(locker, "d"), attempt(locker, "e")
+    assert release(locker, first) + release(locker, second) == [b"msg-c", b"msg-d"]
+    assert sorted(reserved_for(redis_client, locker)) == [b"c", b"d"]
+
+
+def test_the_reserved_call_takes_its_slot_and_leaves_the_parked_list(
+    locker: RedisLocker,
+) -> None:
+    first = full_with_parked(locker, "c")
+    release(locker, first)
+    taken = lease(attempt(locker, "c"))
+    assert taken.key == first.key and parked_ids(locker) == []
+
+
+def test_a_newcomer_does_not_take_a_slot_reserved_for_a_parked_call(
+    locker: RedisLocker,
+) -> None:
+    first = full_with_parked(locker, "c")
+    release(locker, first)
+    late = attempt(locker, "z")
+    assert isinstance(late, Parked) and parked_ids(locker) == [b"c", b"z"]
+
+
+def test_a_newcomer_finding_a_free_slot_hands_it_to_an_older_parked_call(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    first = full_with_parked(locker, "c")
+    first.release()  # a plain release (by hand): nothing handed on
+    late = attempt(locker, "z")
+    assert isinstance(late, Parked) and late.handed == b"msg-c"
+    assert reserved_for(redis_client, locker) == [b"c"]
+
+
+def test_twelve_calls_over_three_slots_each_run_once_in_arrival_order(
+    locker: RedisLocker,
+) -> None:
+    ids = [f"t{i:02d}" for i in range(12)]
+    running = [lease(attempt(locker, i, limit=3)) for i in ids[:3]]
+    for task_id in ids[3:]:
+        assert isinstance(attempt(locker, task_id, limit=3), Parked)
+    started = list(ids[:3])
+    for _ in range(12):  # bounded: one release per call
+        if not running:
+            break
+        for message in release(locker, running.pop(0), limit=3):
+            task_id = message.decode()[len("msg-") :]
+            running.append(lease(attempt(locker, task_id, limit=3)))
+            started.append(task_id)
+    assert started == ids and parked_ids(locker) == []
+
+
+def test_a_dropped_call_reserved_a_slot_hands_it_to_the_next(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    first = full_with_parked(locker, "c", "d")
+    release(locker, first)
+    assert locker.drop_parked("job", "c", reservation_ttl=30) == b"msg-d"
+    assert reserved_for(redis_client, locker) == [b"d"] and parked_ids(locker) == [b"d"]
+
+
+def test_a_sweeper_reserves_again_for_a_call_whose_reservation_ran_out(
+    locker: RedisLocker,
+) -> None:
+    first = lease(attempt(locker, "a", reservation_ttl=0.2))
+    lease(attempt(locker, "b"))
+    attempt(locker, "c", reservation_ttl=0.2)
+    assert locker.release_handing_on(first, limit=2, reservation_ttl=0.2)[1] == [b"msg-c"]
+    wait_until(lambda: locker.hand_off_due() == ["job"], timeout=5)
+    assert locker.hand_on("job", reservation_ttl=30) == [b"msg-c"]
+
+
+def test_a_slot_freed_by_a_dead_holders_ttl_is_handed_on_by_the_sweeper(
+    locker: RedisLocker,
+) -> None:
+    lease(attempt(locker, "a"))
+    lease(attempt(locker, "b", ttl=0.3))  # never renewed: as if its holder died
+    attempt(locker, "c")
+    wait_until(lambda: locker.hand_off_due() == ["job"], timeout=5)
+    assert locker.hand_on("job", reservation_ttl=30) == [b"msg-c"]
+
+
+def test_a_call_over_the_rate_is_parked_and_due_when_the_window_allows(
+    locker: RedisLocker,
+) -> None:
+    rate = (1, 0.5)
+    lease(attempt(locker, "a", rate=rate)).release()
+    over = attempt(locker, "b", rate=rate)
+    assert isinstance(over, Parked) and locker.hand_off_due() == []
+    wait_until(lambda: locker.hand_off_due() == ["job"], timeout=5)
+    assert locker.hand_on("job", reservation_ttl=30) == [b"msg-b"]
+
+
+def test_a_reservation_counts_as_a_start_of_the_rate(locker: RedisLocker) -> None:
+    rate = (2, 30.0)
+    first = lease(attempt(locker, "a", rate=rate, limit=1))
+    attempt(locker, "b", rate=rate, limit=1), attempt(locker, "c", rate=rate, limit=1)
+    assert release(locker, first, limit=1, rate=rate) == [b"msg-b"]
+    lease(attempt(locker, "b", rate=rate, limit=1))
+    assert locker.hand_on("job", reservation_ttl=30) == []  # c: over the rate, not handed
+
+
+def test_a_release_into_a_cooldown_hands_the_slot_on_when_the_cooldown_ends(
+    locker: RedisLocker,
+) -> None:
+    first = lease(attempt(locker, "a", limit=1))
+    attempt(locker, "b", limit=1)
+    started = time.monotonic()
+    assert release(locker, first, limit=1, cooldown=0.5) == []
+    assert locker.hand_off_due() == []
+    wait_until(lambda: locker.hand_on("job", reservation_ttl=30) == [b"msg-b"], timeout=5)
+    assert time.monotonic() - started >= 0.45  # not before the cooldown's end
+
+
+def test_the_index_forgets_a_lock_once_nothing_is_parked(locker: RedisLocker) -> None:
+    first = lease(attempt(locker, "a", limit=1, rate=(5, 1.0)))
+    attempt(locker, "b", limit=1, rate=(5, 1.0))
+    release(locker, first, limit=1, rate=(5, 1.0))
+    lease(attempt(locker, "b", limit=1, rate=(5, 1.0)))
+    client = locker.client
+    keys = locker.keys("job")
+    assert client.zscore(keys.handoff_due, "job") is None
+    assert client.exists(keys.parked_rule) == 0
+
+
+def test_a_slot_holding_something_not_a_lock_is_refused_not_overwritten(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    redis_client.set(f"{locker.keys('job').lock}:slot:2", "user data")
+    with pytest.raises(LockNotOwnedError):
+        attempt(locker, "a")
+    assert redis_client.get(f"{locker.keys('job').lock}:slot:2") == b"user data"
+
+
+def test_a_copy_of_a_running_call_is_neither_parked_nor_run(locker: RedisLocker) -> None:
+    lease(attempt(locker, "a"))
+    copy = attempt(locker, "a")
+    assert isinstance(copy, LockHolder) and copy.task_id == "a"
+    assert parked_ids(locker) == []

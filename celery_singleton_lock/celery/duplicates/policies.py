@@ -25,6 +25,7 @@ from celery.exceptions import Ignore
 from celery_singleton_lock.celery import celery_api
 from celery_singleton_lock.celery.celery_api import BACKEND_ERRORS, ignores_result
 from celery_singleton_lock.celery.config.resolution import LockOptions
+from celery_singleton_lock.celery.duplicates import enqueue
 from celery_singleton_lock.celery.duplicates import parking as handoff
 from celery_singleton_lock.celery.duplicates.redelivery import (
     COPY_HEADER,
@@ -193,6 +194,9 @@ def retry(
     attempt = lock_retries(request)
     holder = duplicate.holder
     if options.max_retries is not None and attempt >= options.max_retries:
+        if options.dedupe_on_enqueue and not request.is_eager:
+            # its acquire kept the queued marker for the re-send that will not come
+            enqueue.forget_discarded(task, request)
         if cause is not None:
             raise type(cause)(
                 f"task {duplicate.label}: gave up after {attempt} lock retries "

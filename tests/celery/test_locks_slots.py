@@ -148,3 +148,24 @@ def test_doctor_suggests_for_each_orphaned_slot_a_command_that_releases_it(
         assert words[:4] == ["celery", "-A", APP, "locks"], fix
         no_traceback(celery(*words[3:], "--ping-timeout", "0.5"))
     assert held(lock_store, keys) == [False, False, False]
+
+
+# -- show of a free lock ------------------------------------------------------------------------
+
+
+def test_show_of_a_name_no_task_takes_is_refused_once_a_fence_was_handed_out(
+    celery: Celery, locker: RedisLocker, name: str
+) -> None:
+    """Fences come from one counter per server: a fence handed out for any lock must not make
+    a typo'd name look like a lock of its own."""
+    locker.try_acquire(name, 60, owner=Owner(task_id="t-f"), fencing=True, renew=False)
+    line = the_error(celery("locks", "show", "not-a-lock-name"))
+    assert "'not-a-lock-name' is not a lock name" in line
+
+
+def test_show_of_a_free_lock_says_free_and_no_fence_of_the_servers_counter(
+    celery: Celery, locker: RedisLocker, name: str
+) -> None:
+    locker.try_acquire(f"{name}0", 60, owner=Owner(task_id="t-f"), fencing=True, renew=False)
+    result = no_traceback(celery("locks", "show", name))
+    assert (result.returncode, result.stdout) == (1, f"singleton-lock:{{{name}}}: free\n")

@@ -277,15 +277,16 @@ def show(
         target = settings.target()
         try:
             name, _ = lock_name_from_key(target, name)  # a slot's key: all its lock's slots
-            holder, fence = read_lock(target, name)
+            holder = read_lock(target, name)
             slot_holders, starts, empty_in = read_slots(target, name)
             inspector = target.inspector
             views = inspector.per_server(name) if target.quorum else None
             parked = asking(target, lambda: inspector.parked(name))
             newest = asking(target, lambda: inspector.waiting_newest(name)) if parked else None
-            if settings.has_app and holder is None and not fence and not parked:
+            if settings.has_app and not slot_holders and not parked:
                 # the app's locks are its tasks' (without one, --url alone, a lock may be
-                # the engine's, under a name of its own)
+                # the engine's, under a name of its own); the shared fence counter says
+                # nothing of one name, so it does not count as something of it
                 refuse_a_name_no_task_takes(name, inspector.prefix)
         finally:
             target.close()
@@ -295,7 +296,7 @@ def show(
         click.echo(f"  {server}: {shown or holder_row(seen, time.time())}", err=True)
     if holder is None:
         key = LockKeys.build(target.inspector.prefix, name).lock
-        click.echo(f"{key}: free (last fence {fence})")
+        click.echo(f"{key}: free")
     for seen in slot_holders:  # slot 1 (the lock key) first, then a lock_limit's others
         click.echo(holder_row(seen, time.time()))
     if empty_in is not None:

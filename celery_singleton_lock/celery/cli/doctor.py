@@ -356,13 +356,21 @@ def check_counts(target: Target) -> list[Finding]:
     found = []
     # The shared keys (engine/shared_keys.py: one counter per server or Cluster slot, finish
     # records as task ids in bucket sets), then the previous version's per-name keys.
-    for what, match, type_ in (
-        ("fence counters", f"{prefix}:fence*", "string"),
-        ("finish records", f"{prefix}:finished*", "set"),
-        ("per-name fence counters (earlier builds)", f"{prefix}:{{*}}:fence", "string"),
-        ("per-name finish records (earlier builds)", f"{prefix}:{{*}}:finished:*", "string"),
+    for what, match, type_, always in (
+        ("fence counters", f"{prefix}:fence*", "string", True),
+        ("finish records", f"{prefix}:finished*", "set", True),
+        # said only when there are any: most servers never ran an earlier build
+        ("per-name fence counters (earlier builds)", f"{prefix}:{{*}}:fence", "string", False),
+        (
+            "per-name finish records (earlier builds)",
+            f"{prefix}:{{*}}:finished:*",
+            "string",
+            False,
+        ),
     ):
         keys, stopped = _scan(client, match, type_)
+        if not keys and not always:
+            continue
         counted = len(keys)
         if type_ == "set" and keys:
             pipe = client.pipeline(transaction=False)

@@ -180,10 +180,13 @@ def lock_name_of_call(
     return str(task.lock_options.keyer.name(args or [], kwargs or {}))
 
 
-def read_lock(target: Target, name: str) -> tuple[Optional[LockHolder], int]:
-    """The holder of lock ``name`` (None when free) and the last fence handed out for it."""
+def read_lock(target: Target, name: str) -> Optional[LockHolder]:
+    """The holder of lock ``name`` (None when free).
+
+    No fence is read: fences come from one counter per server (or Cluster slot) shared by
+    every name, so its value says nothing of one lock."""
     LockKeys.build(target.inspector.prefix, name)  # a bad name is bad input, not server trouble
-    return asking(target, lambda: (target.inspector.read(name), target.inspector.fence(name)))
+    return asking(target, lambda: target.inspector.read(name))
 
 
 #: ``show`` reads this many slots of a lock (a lock_limit above it shows its first ones).
@@ -206,10 +209,10 @@ def rate_row(starts: int, empty_in: Optional[float]) -> str:
 
 
 def refuse_a_name_no_task_takes(name: str, prefix: str) -> None:
-    """For a lock that is free and has no fence counter (nothing of it on the server): refuse
-    ``name`` if no task could take a lock under it, rather than answer "free" for a typo, a
-    task name or a call's arguments given in its place. (A lock taken with the engine under a
-    name of its own is still shown while it is held or has a fence counter.)
+    """For a lock that is free (no slot held, nothing parked): refuse ``name`` if no task
+    could take a lock under it, rather than answer "free" for a typo, a task name or a call's
+    arguments given in its place. (A lock taken with the engine under a name of its own is
+    still shown while it is held; without an app, ``--url`` alone, it is never refused.)
 
     Raises:
         LockConfigurationError: saying what a lock name looks like and how to get one.

@@ -64,10 +64,15 @@ def backoff_delay(
 
 
 def describe(holder: LockHolder) -> str:
+    """Who holds the lock, to follow "held by": a running task, or no one (a rate window, or a
+    cooldown, whose holder fields are those of the run that ended)."""
     if holder.over_rate:
         return f"no one: the key's lock_rate allows its next start in {holder.ttl or 0:.1f}s"
     ttl = "no TTL" if holder.ttl is None else f"{holder.ttl:.1f}s left"
-    return f"task {holder.task_id or '?'} on {holder.host or '?'} pid {holder.pid} ({ttl})"
+    run = f"task {holder.task_id or '?'} on {holder.host or '?'}"
+    if holder.cooling:
+        return f"no one: the key is in its lock_cooldown after the run of {run} ended ({ttl})"
+    return f"{run} pid {holder.pid if holder.pid is not None else '?'} ({ttl})"
 
 
 @dataclass

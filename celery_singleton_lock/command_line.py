@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import shlex
 from typing import Any, Iterator, Optional
 
 import click
@@ -104,4 +105,8 @@ def locks(
     from celery_singleton_lock.celery.cli.commands import Settings  # a locks command runs
 
     app = ctx.obj.app
-    ctx.obj = Settings(url=url, app_path=None, prefix=prefix, app=app, app_label=app_label(app))
+    given = ctx.find_root().params.get("app")  # celery's -A (or $CELERY_APP) as typed
+    program = f"celery -A {shlex.quote(given)} locks" if isinstance(given, str) else "celery locks"
+    ctx.obj = Settings(
+        url=url, app_path=None, prefix=prefix, app=app, app_label=app_label(app), program=program
+    )

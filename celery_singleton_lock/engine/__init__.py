@@ -16,7 +16,7 @@ from .quorum_reading import QUORUM
 from .reading import Client, LockInspector
 from .redlock import MIN_SERVERS, QuorumLocker
 from .renewer import Renewer, process_renewer
-from .slots import slot_of
+from .slots import slot_key, slot_of
 from .waiting import subscribe_releases, wait_for_release
 
 __all__ = [
@@ -47,6 +47,7 @@ __all__ = [
     "no_fork",
     "process_renewer",
     "reset_in_forked_children",
+    "slot_key",
     "slot_of",
     "subscribe_releases",
     "validate_prefix",

@@ -48,3 +48,6 @@ class AcquireRequest(NamedTuple):
     #: at most ``rate[0]`` acquisitions of ``name`` in any ``rate[1]`` seconds, or None
     rate: Optional[tuple[int, float]] = None
     finished_ttl: float = 3600.0
+    #: with ``take_queued``: keep the marker while another owner holds the lock (the caller
+    #: sends the call again: it is still queued, see ACQUIRE's ARGV[6])
+    queued_while_held: bool = False

@@ -310,7 +310,7 @@ class RedisLocker(
             "1" if fencing else "0",
             task_id,
             _ms(request.finished_ttl) if unless_finished else "",
-            "1" if take_queued else "0",
+            ("2" if request.queued_while_held else "1") if take_queued else "0",
             "1" if self.upgrading else "0",
         ]
         return script_keys, args

@@ -54,7 +54,10 @@ ACQUIRE = (
 -- ARGV[6]  '1': the queued marker is deleted if it holds exactly this task id, WHATEVER the
 --          outcome below (acquired, held by someone else, finished): this message has
 --          reached a worker, so it is no longer queued (a lock retry it sends writes a marker
---          again, see ENQUEUE)
+--          again, see ENQUEUE);
+--          '2': the same, except while the lock is held by another owner: a call that will
+--          be sent again (policy retry) stays queued, so no duplicate is published between
+--          this acquire and its re-send; '0' the marker is not read
 -- ARGV[7]  '1': an upgrade is under way, keep the per-name fence counter written
 -- Returns  integer >= 0: acquired; the fence (>= 1), or 0 without fencing. Also returned
 --                   when the lock already holds this token: a resend after a lost reply is
@@ -74,10 +77,16 @@ if #KEYS == 1 then
   end
   v = redis.call('GET', KEYS[1])
 else
-  if ARGV[6] == '1' and redis.call('GET', KEYS[6]) == ARGV[4] then
+  local finished = ARGV[5] ~= '' and is_finished(KEYS[4], ARGV[5], ARGV[4], KEYS[5])
+  local take = ARGV[6] == '1' or (ARGV[6] == '2' and finished)
+  if ARGV[6] == '2' and not take then
+    local held = redis.call('GET', KEYS[1])
+    take = not held or string.sub(held, 1, 32) == string.sub(ARGV[2], 1, 32)
+  end
+  if take and redis.call('GET', KEYS[6]) == ARGV[4] then
     redis.call('DEL', KEYS[6])
   end
-  if ARGV[5] ~= '' and is_finished(KEYS[4], ARGV[5], ARGV[4], KEYS[5]) then
+  if finished then
     return -1
   end
   v = redis.call('GET', KEYS[1])

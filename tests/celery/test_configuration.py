@@ -110,6 +110,17 @@ def test_misspelt_setting_error_suggests_the_setting_meant(app: Celery) -> None:
         check_configuration(app)
 
 
+def test_misspelt_setting_error_points_at_the_options_docs_page(app: Celery) -> None:
+    app.conf.singleton_lock_tll = 5
+    with pytest.raises(LockConfigurationError, match=r"docs/reference/options\.md"):
+        check_configuration(app)
+
+
+def test_misspelt_task_option_error_points_at_the_options_docs_page(app: Celery) -> None:
+    with pytest.raises(LockConfigurationError, match=r"docs/reference/options\.md"):
+        register(app, lock_tll=5)
+
+
 # celery-singleton's settings (its celery_singleton.config.Config)
 CELERY_SINGLETON_SETTINGS = (
     "singleton_lock_expiry",

@@ -161,3 +161,24 @@ def test_the_confirmation_step_alone_leaves_the_lock_held(
 ) -> None:
     open_confirmation(browser, console_at(allow_release=True))
     assert redis_server.client().exists(KEY) == 1
+
+
+def test_the_release_button_of_a_slot_releases_that_slot_only(
+    redis_server: RedisServer, console_at: ConsoleAt, browser: Any
+) -> None:
+    locker = RedisLocker(redis_server.client(), renewer=Renewer(autostart=False))
+    for task_id in ("t-slot-1", "t-slot-2"):
+        owner = Owner(task_id=task_id, host="gone@nowhere", pid=4242)
+        locker.try_acquire(NAME, 300, owner=owner, limit=3, renew=False)
+    slot_2 = f"{KEY}:slot:2"
+    browser.get(console_at(allow_release=True))
+    table_text(browser)
+    row = next(
+        tr for tr in browser.find_elements(by.By.CSS_SELECTOR, "#locks tr") if slot_2 in tr.text
+    )
+    row.find_element(by.By.CSS_SELECTOR, "button").click()
+    wait.WebDriverWait(browser, 15).until(lambda d: "Release this lock?" in d.title)
+    browser.find_element(by.By.CSS_SELECTOR, "form button").click()
+    wait.WebDriverWait(browser, 15).until(lambda d: d.title in ("Released", "Not released"))
+    client = redis_server.client()
+    assert (browser.title, client.exists(slot_2), client.exists(KEY)) == ("Released", 0, 1)

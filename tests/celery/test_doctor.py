@@ -71,7 +71,8 @@ def test_doctor_reports_calls_parked_behind_a_free_lock(redis_server: RedisServe
 def test_doctor_reports_an_enqueue_marker_without_ttl_as_stray(redis_server: RedisServer) -> None:
     redis_server.client().set("singleton-lock:{proj.job:abc}:queued", "t-1")
     (line,) = problems(doctor(redis_server).stdout)
-    assert "fix: celery locks clear-queued proj.job:abc" in line
+    # the command that clears it, as this one was run
+    assert f"fix: celery-singleton-lock --url {redis_server.url} clear-queued proj.job:abc" in line
 
 
 def test_doctor_counts_one_fence_counter_for_two_fenced_names(redis_server: RedisServer) -> None:
@@ -80,6 +81,22 @@ def test_doctor_counts_one_fence_counter_for_two_fenced_names(redis_server: Redi
         locker.try_acquire(name, 30, owner=Owner(task_id="t"), fencing=True, renew=False)
     assert (
         "INFO keys: 1 fence counters under prefix 'singleton-lock'" in doctor(redis_server).stdout
+    )
+
+
+def test_doctor_says_nothing_of_earlier_builds_keys_when_there_are_none(
+    redis_server: RedisServer,
+) -> None:
+    assert "earlier builds" not in doctor(redis_server).stdout
+
+
+def test_doctor_counts_the_per_name_fence_counters_of_earlier_builds(
+    redis_server: RedisServer,
+) -> None:
+    redis_server.client().set("singleton-lock:{proj.job:a}:fence", 7)
+    assert (
+        "INFO keys: 1 per-name fence counters (earlier builds) under prefix 'singleton-lock'"
+        in doctor(redis_server).stdout
     )
 
 

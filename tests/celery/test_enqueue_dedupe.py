@@ -13,13 +13,27 @@ from celery.beat import ScheduleEntry, Scheduler
 from celery.signals import before_task_publish
 from kombu.exceptions import OperationalError
 
-from celery_singleton_lock import DuplicateTaskSkipped, LockedTask
+from celery_singleton_lock import DuplicateTaskError, DuplicateTaskSkipped, LockedTask
 from celery_singleton_lock.celery.config.lockers import forget_locker, locker_for
 from celery_singleton_lock.engine import Lease, Owner, RedisLocker
 from celery_singleton_lock.testing import RedisServer, free_port
 from tests.celery import lockapp
 from tests.celery.tasks import core, dedupe
 from tests.support import CountingConnection, wait_until
+
+
+@lockapp.app.task(
+    bind=True,
+    base=LockedTask,
+    lock_on=("key",),
+    dedupe_on_enqueue=True,
+    on_duplicate="retry",
+    lock_retry_backoff=0.05,
+    lock_retry_backoff_max=0.1,
+    lock_max_retries=2,
+)
+def dedupe_lock_retry_twice(self: LockedTask, key: str) -> str:
+    return str(self.request.id)
 
 
 def name_of(task: Any, key: str) -> str:
@@ -157,6 +171,43 @@ def test_a_lock_retry_is_sent_again_while_the_lock_is_held(
     assert result.get(timeout=20) == result.id
     assert set(ids) == {result.id}
     assert runs(unique_key) == [result.id]
+
+
+def test_a_call_in_lock_retries_stays_queued_so_a_duplicate_send_gets_it(
+    worker: Any, locker: RedisLocker, unique_key: str
+) -> None:
+    # Between a lock retry's acquire and its re-send the call is still queued: a duplicate
+    # sent at any moment of its retries is never published beside it.
+    task = dedupe.dedupe_lock_retry
+    name = name_of(task, unique_key)
+    with published(task) as ids:
+        result = task.apply_async((unique_key,), countdown=0.5)  # queued while it is free
+        holder = locker.try_acquire(name, 30, owner=Owner(task_id="holder"), renew=False)
+        assert isinstance(holder, Lease)
+        duplicates = []
+        for _ in range(400):  # about 2 s of sends over 10 or more lock retries
+            duplicates.append(task.delay(unique_key).id)
+            if len(ids) >= 10:
+                break
+            time.sleep(0.005)
+    holder.release()
+    assert result.get(timeout=20) == result.id
+    assert len(ids) >= 10, "the call did not retry while the lock was held"
+    assert set(ids) == {result.id}
+    assert set(duplicates) == {result.id}
+
+
+def test_a_call_that_gives_up_its_lock_retries_is_no_longer_queued(
+    worker: Any, locker: RedisLocker, unique_key: str
+) -> None:
+    name = name_of(dedupe_lock_retry_twice, unique_key)
+    result = dedupe_lock_retry_twice.apply_async((unique_key,), countdown=0.5)
+    holder = locker.try_acquire(name, 30, owner=Owner(task_id="holder"), renew=False)
+    assert isinstance(holder, Lease)
+    with pytest.raises(DuplicateTaskError):
+        result.get(timeout=20)
+    assert locker.queued(name) is None
+    holder.release()
 
 
 def test_send_task_by_name_is_not_deduplicated_but_still_locked(

@@ -48,7 +48,9 @@ def test_a_debounce_bound_without_a_debounce_is_refused(registration_app: Celery
 
 def test_a_debounce_bound_shorter_than_the_debounce_is_refused(registration_app: Celery) -> None:
     app = registration_app
-    with pytest.raises(LockConfigurationError, match=r"lock_debounce_max=1 is out of range"):
+    with pytest.raises(
+        LockConfigurationError, match=r"lock_debounce_max=1 must be at least lock_debounce=2:"
+    ):
         register(app, on_duplicate="replace", lock_debounce=2, lock_debounce_max=1)
 
 

@@ -1,4 +1,5 @@
-"""``lock_limit``: what is refused at registration, naming the task and the option."""
+"""``lock_limit`` (and what ``lock_rate`` does not combine with): what is refused at
+registration, naming the task and the option, and saying why."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 from celery import Celery
 
 from celery_singleton_lock import LockConfigurationError
+from celery_singleton_lock.celery.config.limits import limit_for
 from tests.celery.registration import register
 
 
@@ -73,3 +75,26 @@ def test_replace_with_a_limit_is_refused_naming_queue_as_the_way(
 ) -> None:
     with pytest.raises(LockConfigurationError, match=r"lock_limit=2.*on_duplicate='queue' runs"):
         register(registration_app, lock_limit=2, on_duplicate="replace")
+
+
+def test_a_limit_with_join_says_why_in_parentheses(registration_app: Celery) -> None:
+    with pytest.raises(
+        LockConfigurationError,
+        match=r"lock_limit=2 does not combine with on_duplicate='join' \(a join waits for .*\); "
+        "choose one of the two",
+    ):
+        register(registration_app, lock_limit=2, on_duplicate="join")
+
+
+def test_a_rate_with_dedupe_on_enqueue_says_what_to_do_instead(registration_app: Celery) -> None:
+    with pytest.raises(LockConfigurationError, match=r"not supported: .*on_duplicate='skip'"):
+        register(registration_app, lock_rate="3/m", dedupe_on_enqueue=True)
+
+
+def test_a_callable_limit_returning_0_says_it_must_return_an_integer(
+    registration_app: Celery,
+) -> None:
+    task = register(registration_app, lock_limit=lambda account_id: 0)
+    keyer = task.lock_options.keyer
+    with pytest.raises(LockConfigurationError, match=r"lock_limit's callable must return an int"):
+        limit_for(task.name, task.lock_options.limit, keyer, [7], {})

@@ -101,3 +101,13 @@ def test_a_cooldown_is_refused_on_a_quorum(registration_app: Any) -> None:
     registration_app.conf.singleton_lock_url = [f"redis://127.0.0.1:{port}/0" for port in (1, 2, 3)]
     with pytest.raises(LockConfigurationError, match=r"lock_cooldown=1.*Redlock quorum"):
         register(registration_app, lock_cooldown=1)
+
+
+def test_a_skip_inside_the_cooldown_names_the_cooldown_and_the_run_that_ended(
+    worker: Any, unique_key: str
+) -> None:
+    first = limits.cooldown3_skip.delay(unique_key)
+    first.get(timeout=30)
+    with pytest.raises(DuplicateTaskSkipped) as skipped:
+        limits.cooldown3_skip.delay(unique_key).get(timeout=30)
+    assert f"is in its lock_cooldown after the run of task {first.id} " in str(skipped.value)

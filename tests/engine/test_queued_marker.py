@@ -6,7 +6,7 @@ import pytest
 import redis
 
 from celery_singleton_lock import AlreadyFinished
-from celery_singleton_lock.engine import Lease, LockHolder, Owner, RedisLocker
+from celery_singleton_lock.engine import AcquireRequest, Lease, LockHolder, Owner, RedisLocker
 
 
 def test_the_first_enqueue_writes_the_marker_and_says_publish(
@@ -91,6 +91,48 @@ def test_a_duplicate_that_finds_the_lock_held_is_no_longer_queued(
     redis_client.set(locker.keys("job").queued, "t-1")  # queued before the holder started
     found = locker.try_acquire("job", ttl=30, owner=Owner(task_id="t-1"), take_queued=True)
     assert isinstance(found, LockHolder) and found.task_id == "holder"
+    assert not redis_client.exists(locker.keys("job").queued)
+
+
+def retried(task_id: str) -> AcquireRequest:
+    """The acquire of a call that is sent again while the lock is held (policy retry)."""
+    return AcquireRequest(
+        "job", 30, owner=Owner(task_id=task_id), take_queued=True, queued_while_held=True
+    )
+
+
+def test_a_call_sent_again_while_the_lock_is_held_stays_queued(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    holder = locker.try_acquire("job", ttl=30, owner=Owner(task_id="holder"), renew=False)
+    assert isinstance(holder, Lease)
+    redis_client.set(locker.keys("job").queued, "t-1")
+    found = locker.acquire(retried("t-1"))
+    assert isinstance(found, LockHolder) and found.task_id == "holder"
+    assert redis_client.get(locker.keys("job").queued) == b"t-1"
+
+
+def test_a_call_sent_again_takes_its_marker_when_it_gets_the_lock(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    redis_client.set(locker.keys("job").queued, "t-1")
+    lease = locker.acquire(retried("t-1"))
+    assert isinstance(lease, Lease)
+    lease.release()
+    assert not redis_client.exists(locker.keys("job").queued)
+
+
+def test_a_call_sent_again_that_already_finished_takes_its_marker(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    done = locker.try_acquire("job", ttl=30, owner=Owner(task_id="t-1"), renew=False)
+    assert isinstance(done, Lease)
+    assert done.release(remember_for=60)
+    holder = locker.try_acquire("job", ttl=30, owner=Owner(task_id="holder"), renew=False)
+    assert isinstance(holder, Lease)
+    redis_client.set(locker.keys("job").queued, "t-1")
+    with pytest.raises(AlreadyFinished):
+        locker.acquire(retried("t-1")._replace(unless_finished=True, finished_ttl=60))
     assert not redis_client.exists(locker.keys("job").queued)
 
 

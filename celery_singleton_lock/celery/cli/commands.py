@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shlex
 import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
@@ -46,11 +47,14 @@ from celery_singleton_lock.celery.cli.lock_listing import (
 )
 from celery_singleton_lock.celery.cli.lock_release import (
     PING_TIMEOUT,
+    Released,
     clear_queued_marker,
     node_is_alive,
     ping_timeout_option,
+    release_command,
     release_lock,
 )
+from celery_singleton_lock.celery.config.urls import redact_loosely
 from celery_singleton_lock.command_line import OneLineGroup
 from celery_singleton_lock.engine import LockKeys
 from celery_singleton_lock.errors import LockConfigurationError, LockError
@@ -80,6 +84,21 @@ class Settings:
     app: Any = None
     #: how the app is named to the user; ``-A <app_path>`` by default
     app_label: Optional[str] = None
+    #: the command line up to the group's options, for the commands a report suggests
+    program: str = "celery-singleton-lock"
+
+    @property
+    def invocation(self) -> str:
+        """The command line that runs a sub-command the way this one ran (app, server,
+        prefix), for the commands a report suggests (its password hidden)."""
+        words = [self.program]
+        if self.app_path:
+            words.append(f"-A {shlex.quote(self.app_path)}")
+        if self.url:
+            words.append(f"--url {shlex.quote(redact_loosely(self.url))}")
+        if self.prefix:
+            words.append(f"--prefix {shlex.quote(self.prefix)}")
+        return " ".join(words)
 
     def load_app(self) -> Any:
         if self.app is None and self.app_path:
@@ -257,16 +276,17 @@ def show(
         assert name is not None
         target = settings.target()
         try:
-            name = lock_name_from_key(target, name)
-            holder, fence = read_lock(target, name)
+            name, _ = lock_name_from_key(target, name)  # a slot's key: all its lock's slots
+            holder = read_lock(target, name)
             slot_holders, starts, empty_in = read_slots(target, name)
             inspector = target.inspector
             views = inspector.per_server(name) if target.quorum else None
             parked = asking(target, lambda: inspector.parked(name))
             newest = asking(target, lambda: inspector.waiting_newest(name)) if parked else None
-            if settings.has_app and holder is None and not fence and not parked:
+            if settings.has_app and not slot_holders and not parked:
                 # the app's locks are its tasks' (without one, --url alone, a lock may be
-                # the engine's, under a name of its own)
+                # the engine's, under a name of its own); the shared fence counter says
+                # nothing of one name, so it does not count as something of it
                 refuse_a_name_no_task_takes(name, inspector.prefix)
         finally:
             target.close()
@@ -276,7 +296,7 @@ def show(
         click.echo(f"  {server}: {shown or holder_row(seen, time.time())}", err=True)
     if holder is None:
         key = LockKeys.build(target.inspector.prefix, name).lock
-        click.echo(f"{key}: free (last fence {fence})")
+        click.echo(f"{key}: free")
     for seen in slot_holders:  # slot 1 (the lock key) first, then a lock_limit's others
         click.echo(holder_row(seen, time.time()))
     if empty_in is not None:
@@ -290,19 +310,29 @@ def show(
 @main.command()
 @click.argument("name")
 @click.option(
+    "--slot",
+    type=click.IntRange(min=1),
+    help="The slot of a lock_limit to release (1, the default, is the lock key itself); or "
+    "give the slot's key as list shows it.",
+)
+@click.option(
     "--force",
     is_flag=True,
     help="Release without asking the holder's worker node (the owner check still applies).",
 )
 @ping_timeout_option(PING_TIMEOUT, "Seconds to wait for the holder's worker node to answer a ping.")
 @click.pass_obj
-def release(settings: Settings, name: str, force: bool, ping_timeout: float) -> None:
-    """Release a lock whose holder is gone.
+def release(
+    settings: Settings, name: str, slot: Optional[int], force: bool, ping_timeout: float
+) -> None:
+    """Release a lock (or one slot of a lock_limit) whose holder is gone.
 
-    NAME is a lock name or its full key, as list shows them. Safe by default: reads the
-    holder (task id, worker node, pid), refuses while that node answers a ping, and deletes
-    the key only if it still names that holder (a lock taken again in the meantime is left
-    alone). --force skips the ping, never the owner check.
+    NAME is a lock name or a key, as list shows them: PREFIX:{NAME} (slot 1) or
+    PREFIX:{NAME}:slot:K (slot K of a lock_limit); or NAME with --slot K. Safe by default:
+    reads the slot's holder (task id, worker node, pid), refuses while that node answers a
+    ping, and deletes the key only if it still names that holder (a slot taken again in the
+    meantime is left alone). --force skips the ping, never the owner check. Each slot is
+    released on its own: when slot 1 is free, the slots still held are named.
 
     Exit status 0 released, 1 nothing released (free, or it changed hands), 2 refused or an
     error (with an app: NAME is no name a task takes a lock under, and it is free).
@@ -320,16 +350,22 @@ def release(settings: Settings, name: str, force: bool, ping_timeout: float) -> 
 
         target = settings.target()
         try:
-            name = lock_name_from_key(target, name)
-            outcome = release_lock(target, name, is_alive=None if force else answers_ping)
-            if outcome.holder is None and settings.has_app:
+            name, in_key = lock_name_from_key(target, name)
+            if in_key is not None and slot is not None and in_key != slot:
+                raise LockConfigurationError(
+                    f"the key given names slot {in_key}, and --slot {slot} another: give one"
+                )
+            outcome = release_lock(
+                target, name, is_alive=None if force else answers_ping, slot=in_key or slot
+            )
+            if outcome.holder is None and not outcome.held_slots and settings.has_app:
                 refuse_a_name_no_task_takes(name, target.inspector.prefix)
         finally:
             target.close()
-    key = LockKeys.build(target.inspector.prefix, name).lock
+    key = outcome.key
     click.echo(f"lock {name} under prefix {target.inspector.prefix!r} on {target.server}", err=True)
     if outcome.holder is None:
-        click.echo(f"{key}: free, nothing to release")
+        click.echo(f"{key}: free, nothing to release{held_slots(settings, name, outcome)}")
         raise SystemExit(EXIT_FREE)
     if not outcome.released:
         now = "free now" if outcome.now is None else f"held by {describe_holder(outcome.now)}"
@@ -351,6 +387,20 @@ def release(settings: Settings, name: str, force: bool, ping_timeout: float) -> 
         )
 
 
+def held_slots(settings: Settings, name: str, outcome: Released) -> str:
+    """What ``release`` adds to "free" when slot 1 is free and other slots are held."""
+    slots = outcome.held_slots
+    if not slots:
+        return ""
+    which = f"slot {slots[0]} of it is" if len(slots) == 1 else "slots "
+    if len(slots) > 1:
+        which += f"{', '.join(map(str, slots))} of it are"
+    return (
+        f"; {which} held: release each with --slot K, e.g. "
+        f"{release_command(settings.invocation, name, slots[0])}"
+    )
+
+
 @main.command(name="clear-queued")
 @click.argument("name")
 @click.pass_obj
@@ -367,7 +417,7 @@ def clear_queued(settings: Settings, name: str) -> None:
     with _one_line_errors():
         target = settings.target()
         try:
-            name = lock_name_from_key(target, name)
+            name, _ = lock_name_from_key(target, name)
             cleared = clear_queued_marker(target, name)
             if cleared is None and settings.has_app:
                 refuse_a_name_no_task_takes(name, target.inspector.prefix)

@@ -43,6 +43,7 @@ from celery_singleton_lock.celery.cli.lock_listing import (
     holder_json,
     is_worker_node,
     list_locks,
+    lock_name_from_key,
 )
 from celery_singleton_lock.celery.cli.lock_release import (
     node_is_alive,
@@ -50,6 +51,7 @@ from celery_singleton_lock.celery.cli.lock_release import (
     release_lock,
 )
 from celery_singleton_lock.celery.observe.serving import quiet_server
+from celery_singleton_lock.engine import LockHolder, slot_of
 from celery_singleton_lock.errors import LockError
 
 #: Locks listed at most.
@@ -214,9 +216,11 @@ class LockConsole:
             return self._respond(
                 start_response, "403 Forbidden", outcome_page("Refused", refused, "../")
             )
+        # the key the page lists: a lock's, or one slot's of a lock_limit (``...}:slot:K``)
         name = form.get("name", "")
         try:
-            holder = self.target.inspector.read(name)
+            lock_name, slot = lock_name_from_key(self.target, name)
+            holder = self._holder(lock_name, slot)
         except LockError as exc:
             return self._respond(
                 start_response, "400 Bad Request", outcome_page("Error", str(exc), "../")
@@ -251,8 +255,9 @@ class LockConsole:
         try:
             outcome = release_lock(
                 self.target,
-                name,
+                lock_name,
                 is_alive=lambda node: node_is_alive(app, node, self.ping_timeout),
+                slot=slot,
             )
         except (ReleaseRefused, LockError) as exc:
             return self._respond(
@@ -268,6 +273,13 @@ class LockConsole:
             "200 OK",
             outcome_page("Released" if outcome.released else "Not released", message),
         )
+
+    def _holder(self, name: str, slot: Optional[int]) -> Optional[LockHolder]:
+        """The holder of lock ``name``'s ``slot`` (None: slot 1, the lock key), None if free."""
+        if slot is None:
+            return self.target.inspector.read(name)
+        held = self.target.inspector.holders(name, slot)
+        return next((seen for seen in held if slot_of(seen.key) == slot), None)
 
     def _refusal(self, environ: dict[str, Any], form: dict[str, str]) -> Optional[str]:
         if not self.allow_release:

@@ -46,7 +46,7 @@ function render(data) {
     if (releases) {
       const td = cell(tr, ''); const form = document.createElement('form');
       form.method = 'post'; form.action = 'release/confirm';
-      for (const [k, v] of [['name', lock.name], ['csrf', csrf]]) {
+      for (const [k, v] of [['name', lock.key], ['csrf', csrf]]) {
         const input = document.createElement('input');
         input.type = 'hidden'; input.name = k; input.value = v; form.appendChild(input);
       }

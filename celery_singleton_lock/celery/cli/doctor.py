@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import shlex
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
@@ -24,14 +25,18 @@ from redis.sentinel import SentinelConnectionPool
 
 from celery_singleton_lock.celery.cli.app_target import CliError, Target
 from celery_singleton_lock.celery.cli.lock_listing import describe_holder, is_worker_node
-from celery_singleton_lock.celery.cli.lock_release import node_is_alive, ping_timeout_option
+from celery_singleton_lock.celery.cli.lock_release import (
+    node_is_alive,
+    ping_timeout_option,
+    release_command,
+)
 from celery_singleton_lock.celery.config.resolution import handoff_settings
 from celery_singleton_lock.celery.worker.start_checks import (
     EVICTION_FIX,
     eviction_finding,
     locked_tasks,
 )
-from celery_singleton_lock.engine import Client
+from celery_singleton_lock.engine import Client, slot_of
 from celery_singleton_lock.errors import LockError
 
 #: No SCAN of the doctor looks at more than this many matching keys.
@@ -231,7 +236,15 @@ def _lock_name(prefix: str, key: str) -> str:
     return key[len(prefix) + 2 : key.rindex("}")]
 
 
-def check_orphans(target: Target, app: Any, ping_timeout: float) -> list[Finding]:
+#: How the suggested commands start when the doctor is not run from the command line.
+INVOCATION = "celery locks"
+
+
+def check_orphans(
+    target: Target, app: Any, ping_timeout: float, invocation: str = INVOCATION
+) -> list[Finding]:
+    """Locks (each slot of a lock_limit) whose holder's worker node does not answer a ping,
+    each with the command that releases it (``invocation``: the command up to ``release``)."""
     if app is None:
         return [Finding("info", "orphans", "not checked: give -A to ask worker nodes (a ping)")]
     holders = [h for h in target.inspector.scan() if is_worker_node(h.host)][:SCAN_LIMIT]
@@ -250,13 +263,13 @@ def check_orphans(target: Target, app: Any, ping_timeout: float) -> list[Finding
                 "orphans",
                 f"lock {holder.key} held by {describe_holder(holder)}, whose node does not "
                 f"answer a ping ({ttl})",
-                f"celery locks release {name} (or wait for its TTL)",
+                f"{release_command(invocation, name, slot_of(holder.key))} (or wait for its TTL)",
             )
         )
     return found
 
 
-def check_markers(target: Target, app: Any) -> list[Finding]:
+def check_markers(target: Target, app: Any, invocation: str = INVOCATION) -> list[Finding]:
     """Enqueue markers (dedupe_on_enqueue) with no TTL, or naming a task that already ran:
     either blocks new calls of its lock name."""
     if target.quorum:
@@ -286,7 +299,7 @@ def check_markers(target: Target, app: Any) -> list[Finding]:
                     "markers",
                     f"enqueue marker {key} is stray: {why}; calls of this lock name are not "
                     "published while it is there",
-                    f"celery locks clear-queued {name}",
+                    f"{invocation} clear-queued {shlex.quote(name)}",
                 )
             )
     return found
@@ -329,7 +342,7 @@ def check_parked(
             f"{count} call(s) parked behind free lock {name}: no hand-off sweeper sent the "
             "oldest on",
             f"start a worker that registers {name.rsplit(':', 1)[0]} (its sweeper hands parked "
-            "calls on), or celery locks release the lock if its holder is gone",
+            "calls on)",
         )
         for name, count in sorted(still.items())
         if name in first
@@ -343,13 +356,21 @@ def check_counts(target: Target) -> list[Finding]:
     found = []
     # The shared keys (engine/shared_keys.py: one counter per server or Cluster slot, finish
     # records as task ids in bucket sets), then the previous version's per-name keys.
-    for what, match, type_ in (
-        ("fence counters", f"{prefix}:fence*", "string"),
-        ("finish records", f"{prefix}:finished*", "set"),
-        ("per-name fence counters (earlier builds)", f"{prefix}:{{*}}:fence", "string"),
-        ("per-name finish records (earlier builds)", f"{prefix}:{{*}}:finished:*", "string"),
+    for what, match, type_, always in (
+        ("fence counters", f"{prefix}:fence*", "string", True),
+        ("finish records", f"{prefix}:finished*", "set", True),
+        # said only when there are any: most servers never ran an earlier build
+        ("per-name fence counters (earlier builds)", f"{prefix}:{{*}}:fence", "string", False),
+        (
+            "per-name finish records (earlier builds)",
+            f"{prefix}:{{*}}:finished:*",
+            "string",
+            False,
+        ),
     ):
         keys, stopped = _scan(client, match, type_)
+        if not keys and not always:
+            continue
         counted = len(keys)
         if type_ == "set" and keys:
             pipe = client.pipeline(transaction=False)
@@ -361,15 +382,18 @@ def check_counts(target: Target) -> list[Finding]:
     return found
 
 
-def run_doctor(target: Target, app: Any, ping_timeout: float = PING_TIMEOUT) -> list[Finding]:
-    """Every check, in the order of the report."""
+def run_doctor(
+    target: Target, app: Any, ping_timeout: float = PING_TIMEOUT, invocation: str = INVOCATION
+) -> list[Finding]:
+    """Every check, in the order of the report (``invocation``: how the commands it suggests
+    start, e.g. ``celery -A proj locks``)."""
     servers = _servers(target)
     return [
         *check_topology(target),
         *check_eviction(servers),
         *check_persistence(servers, app),
-        *check_orphans(target, app, ping_timeout),
-        *check_markers(target, app),
+        *check_orphans(target, app, ping_timeout, invocation),
+        *check_markers(target, app, invocation),
         *check_parked(target, app),
         *check_counts(target),
     ]
@@ -395,7 +419,7 @@ def doctor(settings: Any, as_json: bool, ping_timeout: float) -> None:
     try:
         target = settings.target()
         try:
-            findings = run_doctor(target, settings.load_app(), ping_timeout)
+            findings = run_doctor(target, settings.load_app(), ping_timeout, settings.invocation)
         finally:
             target.close()
     except _ERRORS as exc:

@@ -105,21 +105,45 @@ def lock_shaped_prefixes(client: Client, exclude: str) -> list[str]:
     return sorted(found)[:OTHER_PREFIXES_SHOWN]
 
 
-def lock_name_from_key(target: Target, name: str) -> str:
-    """The lock name in ``name``: a lock name, or the full key under the target's prefix.
+#: A lock name with a slot of its lock_limit after it, ``TASKNAME:DIGEST:slot:K`` (a task's lock
+#: name ends with its digest, so it is never one)...
+_NAME_AND_SLOT = re.compile(r"(.+):slot:(\d+)")
+#: ... and the end of a slot's key as ``list`` prints it, ``PREFIX:{NAME}:slot:K``.
+_KEY_SLOT = re.compile(r"\}:slot:(\d+)$")
+
+
+def lock_name_from_key(target: Target, given: str) -> tuple[str, Optional[int]]:
+    """The lock name in ``given``, and the slot of its lock_limit it names (None: none named).
+
+    Takes every form ``list`` prints and the one the user may make of them: a lock name, its
+    full key (``PREFIX:{NAME}``), a slot's key (``PREFIX:{NAME}:slot:K``, K >= 2: slot 1 is the
+    lock key itself), or a task's lock name followed by ``:slot:K``.
 
     Raises:
-        LockConfigurationError: a full key under another prefix (says which --prefix to use).
+        LockConfigurationError: a full key under another prefix (says which --prefix to use),
+            or a slot key of slot 0 or 1.
     """
     prefix = target.inspector.prefix
-    if name.startswith(f"{prefix}:{{") and name.endswith("}"):
-        return name[len(prefix) + 2 : -1]
-    if ":{" in name and name.endswith("}"):
-        other = name[: name.index(":{")]
+    head, slot = given, None
+    in_key = _KEY_SLOT.search(given)
+    in_name = _NAME_AND_SLOT.fullmatch(given)
+    if in_key:
+        head, slot = given[: in_key.start() + 1], int(in_key.group(1))
+    elif in_name and TASK_LOCK_NAME.fullmatch(in_name.group(1)):
+        head, slot = in_name.group(1), int(in_name.group(2))
+    if slot is not None and slot < 2:
         raise LockConfigurationError(
-            f"key {name!r} is under prefix {other!r}, not {prefix!r}: add --prefix {other}"
+            f"{given!r} names slot {slot}: the slots after the first are numbered from 2 (slot 1 "
+            "is the lock's own key, PREFIX:{NAME}); give the lock name, or --slot K"
         )
-    return name
+    if head.startswith(f"{prefix}:{{") and head.endswith("}"):
+        return head[len(prefix) + 2 : -1], slot
+    if ":{" in head and head.endswith("}"):
+        other = head[: head.index(":{")]
+        raise LockConfigurationError(
+            f"key {given!r} is under prefix {other!r}, not {prefix!r}: add --prefix {other}"
+        )
+    return head, slot
 
 
 def lock_name_of_call(
@@ -156,10 +180,13 @@ def lock_name_of_call(
     return str(task.lock_options.keyer.name(args or [], kwargs or {}))
 
 
-def read_lock(target: Target, name: str) -> tuple[Optional[LockHolder], int]:
-    """The holder of lock ``name`` (None when free) and the last fence handed out for it."""
+def read_lock(target: Target, name: str) -> Optional[LockHolder]:
+    """The holder of lock ``name`` (None when free).
+
+    No fence is read: fences come from one counter per server (or Cluster slot) shared by
+    every name, so its value says nothing of one lock."""
     LockKeys.build(target.inspector.prefix, name)  # a bad name is bad input, not server trouble
-    return asking(target, lambda: (target.inspector.read(name), target.inspector.fence(name)))
+    return asking(target, lambda: target.inspector.read(name))
 
 
 #: ``show`` reads this many slots of a lock (a lock_limit above it shows its first ones).
@@ -182,10 +209,10 @@ def rate_row(starts: int, empty_in: Optional[float]) -> str:
 
 
 def refuse_a_name_no_task_takes(name: str, prefix: str) -> None:
-    """For a lock that is free and has no fence counter (nothing of it on the server): refuse
-    ``name`` if no task could take a lock under it, rather than answer "free" for a typo, a
-    task name or a call's arguments given in its place. (A lock taken with the engine under a
-    name of its own is still shown while it is held or has a fence counter.)
+    """For a lock that is free (no slot held, nothing parked): refuse ``name`` if no task
+    could take a lock under it, rather than answer "free" for a typo, a task name or a call's
+    arguments given in its place. (A lock taken with the engine under a name of its own is
+    still shown while it is held; without an app, ``--url`` alone, it is never refused.)
 
     Raises:
         LockConfigurationError: saying what a lock name looks like and how to get one.

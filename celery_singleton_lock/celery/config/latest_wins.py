@@ -9,17 +9,21 @@ from celery_singleton_lock.celery.config.options import MAX_TTL
 from celery_singleton_lock.errors import LockConfigurationError
 
 
-def _seconds(task: str, name: str, value: Any, low: float) -> Optional[float]:
+def _seconds(task: str, name: str, value: Any, low: float, too_low: str) -> Optional[float]:
+    """``value`` of option ``name``: None, or seconds from ``low`` to MAX_TTL (``too_low``:
+    what is said of a value below ``low``, after ``name=value``)."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value == value:
         raise LockConfigurationError(
             f"task {task}: {name} must be None or a number of seconds, got {value!r}"
         )
-    if not low <= value <= MAX_TTL:
+    if value > MAX_TTL:
         raise LockConfigurationError(
             f"task {task}: {name}={value!r} is out of range; use {low:g} to {MAX_TTL:g} seconds"
         )
+    if value < low:
+        raise LockConfigurationError(f"task {task}: {name}={value!r} {too_low}")
     return float(value)
 
 
@@ -40,7 +44,13 @@ def check_latest_wins(
     Raises:
         LockConfigurationError: naming the task and the options that contradict each other.
     """
-    debounce = _seconds(task, "lock_debounce", values.get("lock_debounce"), 0.05)
+    debounce = _seconds(
+        task,
+        "lock_debounce",
+        values.get("lock_debounce"),
+        0.05,
+        f"is out of range; use 0.05 to {MAX_TTL:g} seconds",
+    )
     debounce_max = values.get("lock_debounce_max")
     if debounce is None and debounce_max is not None:
         raise LockConfigurationError(
@@ -48,7 +58,14 @@ def check_latest_wins(
             "lock_debounce is not set; set lock_debounce too, or remove lock_debounce_max"
         )
     if debounce is not None:
-        debounce_max = _seconds(task, "lock_debounce_max", debounce_max, debounce)
+        debounce_max = _seconds(
+            task,
+            "lock_debounce_max",
+            debounce_max,
+            debounce,
+            f"must be at least lock_debounce={debounce:g}: it bounds how long a stream of calls "
+            "can keep putting the run off, and one call alone puts it off by lock_debounce",
+        )
         if on_duplicate != "replace":
             raise LockConfigurationError(
                 f"task {task}: lock_debounce={debounce:g} holds each call back and lets the "

@@ -22,29 +22,34 @@ COOLDOWN_AFTER = ("success", "always")
 _RATE = re.compile(r"^\s*(\d+)\s*/\s*(\d+(?:\.\d+)?)?\s*([smh]?)\s*$")
 _UNIT = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0}
 
-#: option or policy -> why it has no meaning with more than one holder per key
+#: option or policy -> itself and why it has no meaning with more than one holder per key, to
+#: follow "does not combine with" (the why in parentheses)
 _ONE_HOLDER_ONLY = {
-    "join": "on_duplicate='join' waits for THE running execution's outcome, and with several "
-    "holders there is no one execution to join",
+    "join": "on_duplicate='join' (a join waits for THE running execution's outcome, and with "
+    "several holders there is no one execution to join)",
     "replace": "on_duplicate='replace' (latest wins: the newest call waits alone for THE "
     "holder's release, and with several holders there is no one release to wait for; "
     "on_duplicate='queue' runs every call in arrival order as slots free)",
-    "dedupe_on_enqueue": "dedupe_on_enqueue drops a call while its key is queued or running, "
-    "which would keep a second holder from ever starting",
-    "lock_min_replicas": "lock_min_replicas waits for replicas of one key's write",
+    "dedupe_on_enqueue": "dedupe_on_enqueue (it drops a call while its key is queued or "
+    "running, which would keep a second holder from ever starting)",
+    "lock_min_replicas": "lock_min_replicas (it waits for the replicas of one key's write, and "
+    "a limit writes one of several slot keys)",
 }
 
 
 #: the same for a rate
 _NOT_WITH_RATE = {
-    "join": "on_duplicate='join' waits for THE running execution's outcome, and a call over the "
-    "rate has none",
+    "join": "on_duplicate='join' (a join waits for THE running execution's outcome, and a call "
+    "kept back by the rate has no running execution to join)",
     "replace": "on_duplicate='replace' (latest wins waits for a release, and the rate's window "
     "releases none; on_duplicate='queue' hands parked calls on when the rate allows)",
-    "dedupe_on_enqueue": "dedupe_on_enqueue, whose queued markers the rate's acquire does not "
-    "clear (not built)",
-    "lock_min_replicas": "lock_min_replicas, whose WAIT the rate's acquire does not send "
-    "(not built)",
+    "dedupe_on_enqueue": "dedupe_on_enqueue (a call's enqueue marker is cleared when its run "
+    "takes the lock, and the rate's acquire does not clear it: the marker would keep every "
+    "later call from being sent until lock_queued_ttl; this combination is not supported: "
+    "drop the duplicates when they run instead, with on_duplicate='skip', or keep them with "
+    "on_duplicate='queue')",
+    "lock_min_replicas": "lock_min_replicas (the rate's acquire does not wait for replicas; "
+    "this combination is not supported: a rate is kept on the master alone)",
 }
 
 
@@ -60,10 +65,12 @@ def _refuse_combined(
             )
 
 
-def _bad(task: str, where: str, value: Any) -> LockConfigurationError:
+def _bad(task: str, what: str, value: Any) -> LockConfigurationError:
+    """``what`` (e.g. "lock_limit must be", "lock_limit's callable must return") a bad
+    ``value`` instead of an integer >= 1."""
     return LockConfigurationError(
-        f"task {task}: {where} must be an integer >= 1 (at most that many bodies per lock key "
-        f"at once), got {value!r}"
+        f"task {task}: {what} an integer >= 1 (at most that many bodies per lock key at "
+        f"once), got {value!r}"
     )
 
 
@@ -77,7 +84,7 @@ def checked_limit(task: str, value: Any, others: Mapping[str, Any]) -> Any:
     if callable(value) and not isinstance(value, type):
         pass
     elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise _bad(task, "lock_limit", value)
+        raise _bad(task, "lock_limit must be", value)
     elif value == 1:
         return 1
     _refuse_combined(task, f"lock_limit={value!r}", _ONE_HOLDER_ONLY, others)
@@ -162,5 +169,5 @@ def limit_for(task: str, limit: Any, keyer: Any, args: Any, kwargs: Any) -> int:
             f"task {task}: lock_limit's callable raised {type(exc).__name__}: {exc}"
         ) from exc
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise _bad(task, "lock_limit's callable", value)
+        raise _bad(task, "lock_limit's callable must return", value)
     return value

@@ -7,6 +7,13 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+#: Where a user reads the options and settings, for the errors that name an unknown one: the
+#: docs page generated from this module (its source in the repository, its path on the site).
+LISTED_IN = (
+    "the Options and settings reference (docs/reference/options.md; reference/options/ on the "
+    "docs site), generated from celery_singleton_lock.celery.config.options"
+)
+
 POLICIES = ("skip", "retry", "wait", "fail", "join", "queue", "replace")
 BACKEND_ERROR_POLICIES = ("retry", "run")
 

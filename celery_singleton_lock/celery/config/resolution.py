@@ -28,6 +28,7 @@ from celery_singleton_lock.celery.config.options import (
     BACKEND_ERROR_POLICIES,
     CELERY_SINGLETON_SETTINGS,
     KNOWN_SETTINGS,
+    LISTED_IN,
     MAX_TTL,
     MIN_TTL,
     POLICIES,
@@ -124,7 +125,7 @@ def check_option_names(task_name: str, cls: type) -> None:
         raise LockConfigurationError(
             f"task {task_name}: unknown option(s) "
             + ", ".join(suggest(name, options) for name in sorted(unknown))
-            + "; the task options are listed in celery_singleton_lock.celery.config.options"
+            + f"; the task options are listed in {LISTED_IN}"
         )
 
 

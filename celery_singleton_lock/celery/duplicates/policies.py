@@ -25,6 +25,7 @@ from celery.exceptions import Ignore
 from celery_singleton_lock.celery import celery_api
 from celery_singleton_lock.celery.celery_api import BACKEND_ERRORS, ignores_result
 from celery_singleton_lock.celery.config.resolution import LockOptions
+from celery_singleton_lock.celery.duplicates import enqueue
 from celery_singleton_lock.celery.duplicates import parking as handoff
 from celery_singleton_lock.celery.duplicates.redelivery import (
     COPY_HEADER,
@@ -63,10 +64,15 @@ def backoff_delay(
 
 
 def describe(holder: LockHolder) -> str:
+    """Who holds the lock, to follow "held by": a running task, or no one (a rate window, or a
+    cooldown, whose holder fields are those of the run that ended)."""
     if holder.over_rate:
         return f"no one: the key's lock_rate allows its next start in {holder.ttl or 0:.1f}s"
     ttl = "no TTL" if holder.ttl is None else f"{holder.ttl:.1f}s left"
-    return f"task {holder.task_id or '?'} on {holder.host or '?'} pid {holder.pid} ({ttl})"
+    run = f"task {holder.task_id or '?'} on {holder.host or '?'}"
+    if holder.cooling:
+        return f"no one: the key is in its lock_cooldown after the run of {run} ended ({ttl})"
+    return f"{run} pid {holder.pid if holder.pid is not None else '?'} ({ttl})"
 
 
 @dataclass
@@ -193,6 +199,9 @@ def retry(
     attempt = lock_retries(request)
     holder = duplicate.holder
     if options.max_retries is not None and attempt >= options.max_retries:
+        if options.dedupe_on_enqueue and not request.is_eager:
+            # its acquire kept the queued marker for the re-send that will not come
+            enqueue.forget_discarded(task, request)
         if cause is not None:
             raise type(cause)(
                 f"task {duplicate.label}: gave up after {attempt} lock retries "

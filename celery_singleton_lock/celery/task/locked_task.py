@@ -286,6 +286,7 @@ class LockedTask(Task):  # type: ignore[misc]
             min_replicas=options.min_replicas,
             replica_timeout=options.min_replicas_timeout,
             take_queued=take_queued,
+            queued_while_held=take_queued and options.on_duplicate == "retry",
             park=park,
             reservation_ttl=options.handoff_timeout,
             latest=newest,

@@ -37,7 +37,7 @@ from celery_singleton_lock.celery.config.backend_support import (
     supports,
 )
 from celery_singleton_lock.celery.config.lockers import locker_for
-from celery_singleton_lock.celery.config.options import KNOWN_SETTINGS
+from celery_singleton_lock.celery.config.options import KNOWN_SETTINGS, LISTED_IN
 from celery_singleton_lock.celery.config.quorum_settings import quorum_urls
 from celery_singleton_lock.celery.config.resolution import lock_prefix, suggest, unknown_settings
 from celery_singleton_lock.celery.config.servers import (
@@ -79,7 +79,7 @@ def check_configuration(app: Any) -> None:
         raise LockConfigurationError(
             "unknown setting(s) "
             + ", ".join(suggest(typo, sorted(KNOWN_SETTINGS)) for typo in typos)
-            + "; the settings are listed in celery_singleton_lock.celery.config.options"
+            + f"; the settings are listed in {LISTED_IN}"
         )
     choose_url(app.conf)  # raises on a lock URL that is not Redis
     metrics.check_settings(app.conf)

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import shlex
+import sys
 from typing import Any, Iterator, Optional
 
 import click
@@ -77,6 +79,20 @@ class LazyGroup(OneLineGroup):
         return command
 
 
+def app_argument(argv: list[str]) -> Optional[str]:
+    """The value of celery's ``-A`` / ``--app`` option in ``argv``, as typed (None if absent)."""
+    for index, word in enumerate(argv):
+        if word in ("-A", "--app") and index + 1 < len(argv):
+            return argv[index + 1]
+        if word.startswith("--app="):
+            return word[len("--app=") :]
+        if word.startswith("-A") and len(word) > 2:
+            return word[2:]
+        if word == "locks":  # the sub-command: celery's own options end here
+            return None
+    return None
+
+
 def app_label(app: Any) -> str:
     """How the app Celery loaded is named in messages (``Target.source``)."""
     return f"app {app.main!r}" if getattr(app, "main", None) else "Celery's default app (no -A)"
@@ -106,6 +122,8 @@ def locks(
 
     app = ctx.obj.app
     given = ctx.find_root().params.get("app")  # celery's -A (or $CELERY_APP) as typed
+    if not isinstance(given, str):  # Celery < 5.5 keeps the loaded app there, not the text
+        given = app_argument(sys.argv[1:]) or os.environ.get("CELERY_APP")
     program = f"celery -A {shlex.quote(given)} locks" if isinstance(given, str) else "celery locks"
     ctx.obj = Settings(
         url=url, app_path=None, prefix=prefix, app=app, app_label=app_label(app), program=program

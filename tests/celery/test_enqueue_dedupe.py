@@ -262,6 +262,8 @@ def dead_broker_app(lock_server: RedisServer) -> Iterator[Celery]:
         broker_connection_retry=False,
         broker_connection_max_retries=0,
         task_publish_retry=False,
+        # kombu's channel retries (about 6 s per publish by default): the error at once
+        broker_transport_options={"max_retries": 0},
         singleton_lock_url=lock_server.url,
     )
     yield app

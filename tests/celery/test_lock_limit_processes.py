@@ -63,9 +63,11 @@ def test_sigkill_of_a_pool_child_holding_slot_2_is_freed_by_the_main_process(
 ) -> None:
     key, task = unique("k"), limits.limit3_long_ttl  # lock_ttl=30
     (worker,) = workers.start(1, pool="prefork", concurrency=2)
-    send(celery_app, worker.queue, task, key, 20)
+    # 10 s bodies: long enough to outlast the kill and the reclaim, short enough that the
+    # worker's warm shutdown at the end does not wait long for the first one
+    send(celery_app, worker.queue, task, key, 10)
     wait_until(lambda: len(slots_held(store, task, key)) == 1, timeout=20)
-    second = send(celery_app, worker.queue, task, key, 20)
+    second = send(celery_app, worker.queue, task, key, 10)
     wait_until(lambda: len(slots_held(store, task, key)) == 2, timeout=20)
     (holder,) = (h for h in slots_held(store, task, key) if h.task_id == second.id)
     assert holder.key.endswith(":slot:2") and holder.pid in worker.children()

@@ -12,7 +12,7 @@ from celery_singleton_lock.testing import RedisServer
 
 PROCESSES = 4
 THREADS = 4
-ACQUISITIONS = 500
+ACQUISITIONS = 250
 
 
 def _hammer(port: int, failures: multiprocessing.Queue) -> None:  # type: ignore[type-arg]

@@ -145,8 +145,7 @@ class RedisLocker(
         self.cluster = isinstance(client, RedisCluster)
         self.capabilities = CLUSTER if self.cluster else SINGLE_SERVER
         self.shared = SharedKeys(self.prefix, cluster=self.cluster)
-        #: Acquire and release run here: connections kept checked out of the client's pool.
-        #: None on a cluster, which has a pool per node and routes each call by its key.
+        #: Acquire/release connections kept out of the pool (None on a cluster: pool per node).
         self.connections = None if isinstance(client, RedisCluster) else PinnedConnections(client)
         self._pinned: Any = self.connections if self.connections is not None else client
 

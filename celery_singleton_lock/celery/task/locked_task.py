@@ -24,6 +24,7 @@ from celery_singleton_lock.celery.duplicates.dispatch import handle as handle_du
 from celery_singleton_lock.celery.duplicates.join import rejoin
 from celery_singleton_lock.celery.duplicates.redelivery import already_ran, is_marked_copy
 from celery_singleton_lock.celery.signals import lock_acquired, lock_backend_error, lock_lost
+from celery_singleton_lock.celery.task import acquire_plan
 from celery_singleton_lock.celery.task.execution import (
     LockScope,
     body_releasing,
@@ -123,7 +124,7 @@ class LockedTask(Task):  # type: ignore[misc]
     lock_debounce_max: Any = UNSET
 
     _lock_options: Optional[LockOptions] = None
-    #: (options, the acquire request a worker's call starts from): see _request_base
+    #: (options, the acquire request a worker's call starts from): see acquire_plan
     _acquire_base: Optional[tuple[LockOptions, AcquireRequest]] = None
 
     if not celery_api.PUSH_REQUEST_COPIES:  # Celery < 5.5: see there
@@ -263,7 +264,7 @@ class LockedTask(Task):  # type: ignore[misc]
         without the lock. Ends the
         execution (``Ignore``, retry, or an error) when the body must not run."""
         worker_call = bool(task_id) and not request.is_eager
-        wanted = self._request_base(options, bool(task_id), request.is_eager).for_call(
+        wanted = acquire_plan.request_base(self, options, bool(task_id), request.is_eager).for_call(
             name, lock_owner(task_id, request, os.getpid()), self._hard_time_limit(request, options)
         )
         # Policy queue: the acquire parks the message when the lock is held. Policy replace:
@@ -314,39 +315,6 @@ class LockedTask(Task):  # type: ignore[misc]
         except AlreadySuperseded as exc:
             latest.end_stale_copy(self, request, exc.key or name)
         return outcome, is_copy, wanted.limit
-
-    def _request_base(self, options: LockOptions, has_id: bool, eager: bool) -> AcquireRequest:
-        """What every acquire of this task asks, before the call's own name, owner and time
-        limit; made once per resolved options for a worker's call (a task id, not eager)."""
-        cached = self._acquire_base
-        worker_call = has_id and not eager
-        if worker_call and cached is not None and cached[0] is options:
-            return cached[1]
-        # A redelivered message of an acks_late task may repeat an execution that already
-        # ran to the end: the acquire itself looks for that execution's finish record. A
-        # message a queue (or replace) hands the lock twice must not run twice: the same.
-        unless_finished = bool(self.acks_late and has_id and options.finished_ttl) or (
-            worker_call and options.on_duplicate in ("queue", "replace")
-        )
-        # This message is no longer queued: the acquire deletes its marker (enqueue dedupe).
-        take_queued = bool(options.dedupe_on_enqueue and worker_call)
-        base = AcquireRequest(
-            "",
-            options.ttl,
-            fencing=options.fencing,
-            on_lost=self._on_lock_lost,
-            unless_finished=unless_finished,
-            min_replicas=options.min_replicas,
-            replica_timeout=options.min_replicas_timeout,
-            take_queued=take_queued,
-            queued_while_held=take_queued and options.on_duplicate == "retry",
-            reservation_ttl=options.handoff_timeout,
-            finished_ttl=options.finished_ttl or 3600.0,
-            rate=options.rate,
-        )
-        if worker_call:
-            type(self)._acquire_base = (options, base)
-        return base
 
     def _store_started(self, task_id: str, request: Any) -> None:
         """STARTED, as Celery's tracer stores it with ``track_started`` (see

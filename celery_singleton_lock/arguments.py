@@ -380,11 +380,13 @@ class ArgumentKeyer:
                         out.append(encoded)
                         _encode(arguments[name], out)
             except _NoEncoding:
-                # The general path raises the error, naming the first argument without an
-                # encoding in the parameters' order, as it always has (the pairs are sorted).
+                # The general path raises the error: it names the first argument without an
+                # encoding in the order the call gave them, as it always has (not the first in
+                # the sorted pairs).
                 return self._general_name(args, kwargs)
         # One hash over one buffer: cheaper for these short inputs than feeding a hash object
-        # part by part, or copying one seeded with the head (measured).
+        # part by part; copying one seeded with the head gained nothing measurable (and a hash
+        # object would make the keyer unpicklable).
         digest = hashlib.sha256(b"".join(out)).hexdigest()
         return f"{self.namespace}{self.task_name}:{digest}"
 

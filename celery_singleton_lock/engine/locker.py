@@ -417,7 +417,9 @@ class RedisLocker(
             # NOSCRIPT: it is loaded and sent again, as redis-py's Script does.
             try:
                 try:
-                    return connections.call("EVALSHA", script.sha, len(keys), *keys, *args)
+                    return connections.call_packed(
+                        connections.pack("EVALSHA", script.sha, len(keys), *keys, *args)
+                    )
                 except NoScriptError:
                     script.sha = connections.script_load(script.script)
                     return connections.call("EVALSHA", script.sha, len(keys), *keys, *args)

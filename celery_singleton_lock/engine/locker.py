@@ -46,10 +46,11 @@ from celery_singleton_lock.engine.queueing import QueueOperations, park_call
 from celery_singleton_lock.engine.reading import Client, LockInspector
 from celery_singleton_lock.engine.renewer import Renewer
 from celery_singleton_lock.engine.script_calls import Acknowledged, EachKey
+from celery_singleton_lock.engine.sent_acquire import SentAcquireOperations
 from celery_singleton_lock.engine.server_renewal import RenewOperations
 from celery_singleton_lock.engine.shared_keys import SharedKeys
 from celery_singleton_lock.engine.slot_queue import SlotQueueOperations
-from celery_singleton_lock.errors import AlreadySuperseded, LockError, ReplicasUnavailable
+from celery_singleton_lock.errors import LockError, ReplicasUnavailable
 
 log_acquire = logging.getLogger("celery_singleton_lock.acquire")
 log_release = logging.getLogger("celery_singleton_lock.release")
@@ -91,6 +92,7 @@ def _ms(seconds: float) -> int:
 
 class RedisLocker(
     DeferredRelease,
+    SentAcquireOperations,
     BackendBase,
     RenewOperations,
     QueueOperations,
@@ -156,12 +158,7 @@ class RedisLocker(
         checked by :meth:`~.backend.BackendBase.acquire`."""
         if request.limit != 1 or request.rate is not None:
             return self._acquire_one_of(request, owner)
-        keys = self.keys(request.name)
-        token = request.token or new_token()
-        renewer = self.renewer
-        sent_at = renewer.clock()
-        # The value with an empty fence; the script fills the fence in when fencing.
-        value = f"{token}||{int(self.wall_clock() * 1000)}|{owner.fields}"
+        keys, token, sent_at, value = self._prepare(request, owner)
         if request.park is None:
             script = self._acquire_script
             script_keys, args = self._acquire_call(request, keys, value, owner)
@@ -171,44 +168,41 @@ class RedisLocker(
         else:
             script = self._acquire_or_park
             script_keys, args = park_call(self, request, keys, value, owner)
-        acknowledged = None
         min_replicas = request.min_replicas
-        if min_replicas:
-            assert self.connections is not None  # refused on a cluster by its capabilities
-            sender: Any = Acknowledged(self.connections, min_replicas, request.replica_timeout)
-            reply, acknowledged = script_calls.run(script, keys.lock, script_keys, args, sender)
-        else:
+        if not min_replicas:
             reply = self._run(script, keys.lock, script_keys, args, pinned=True)
+            if type(reply) is list:
+                return (
+                    self._parked(keys, reply)
+                    if request.latest is None
+                    else self._waiting(keys, reply)
+                )
+            return self._mutex_outcome(reply, request, keys, token, owner, sent_at)
+        assert self.connections is not None  # refused on a cluster by its capabilities
+        sender: Any = Acknowledged(self.connections, min_replicas, request.replica_timeout)
+        reply, acknowledged = script_calls.run(script, keys.lock, script_keys, args, sender)
         if type(reply) is list:
             return (
                 self._parked(keys, reply) if request.latest is None else self._waiting(keys, reply)
             )
-        if type(reply) is not int:
-            text = reply.decode("utf-8", "replace") if isinstance(reply, bytes) else str(reply)
-            pttl, _, fields = text.partition("|")
-            holder = LockHolder.parse(keys.lock, fields, pttl)
-            if holder is None:
-                raise server_errors.not_a_lock(keys.lock)
-            return holder
-        if reply == -1:
-            raise already_finished(keys, owner)
-        if reply == -2:
-            raise AlreadySuperseded(
-                f"task id {owner.task_id} was superseded by a newer call of lock {keys.lock}: "
-                "nothing was taken",
-                keys.lock,
-                {"task_id": owner.task_id},
-            )
-        lease = self._lease(request, keys, token, owner, reply or None, sent_at)
-        if acknowledged is not None and acknowledged < min_replicas:
-            self.release(lease)
+        outcome = self._mutex_outcome(reply, request, keys, token, owner, sent_at)
+        if isinstance(outcome, Lease) and acknowledged < min_replicas:
+            self.release(outcome)
             raise ReplicasUnavailable(
                 f"lock {keys.lock} was written, but only {acknowledged} of {min_replicas} "
                 f"replica(s) acknowledged it within {request.replica_timeout}s; released it "
                 "again",
                 keys.lock,
             )
-        return self._hold(request, lease, renewer)
+        return outcome
+
+    def _prepare(self, request: AcquireRequest, owner: Owner) -> tuple[LockKeys, str, float, str]:
+        """The keys, token, send time and lock value (its fence empty) of an acquire."""
+        keys = self.keys(request.name)
+        token = request.token or new_token()
+        sent_at = self.renewer.clock()
+        # The value with an empty fence; the script fills the fence in when fencing.
+        return keys, token, sent_at, f"{token}||{int(self.wall_clock() * 1000)}|{owner.fields}"
 
     def _acquire_one_of(self, request: AcquireRequest, owner: Owner) -> AcquireOutcome:
         """Take one of ``request.limit`` slots (:mod:`.slots`), or park behind them

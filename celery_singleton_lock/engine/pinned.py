@@ -190,6 +190,45 @@ class PinnedConnections:
             except Exception:  # a receiver's bug must not hide the caller's error
                 log.exception("reporting a deferred reply failed")
 
+    def send_holding(self, command: bytes) -> Optional[Any]:
+        """Send ``command`` (packed) and return the connection it went on, kept checked out
+        until :meth:`read_held` reads the reply; None (nothing sent) when connections are not
+        kept or the send failed."""
+        if not self.keeps_connections:
+            return None
+        try:
+            connection = self._idle.pop()
+        except IndexError:
+            connection = self._get_connection()
+        try:
+            connection.send_packed_command((command,))
+        except (RedisError, OSError) as exc:
+            self._abandon(connection, exc)
+            connection.disconnect()
+            self._idle.append(connection)
+            return None
+        except BaseException as exc:  # interrupted: the caller gets it
+            self._abandon(connection, exc)
+            connection.disconnect()
+            self._idle.append(connection)
+            raise
+        if self._owed:
+            self._settle(connection)
+        return connection
+
+    def read_held(self, connection: Any) -> Any:
+        """The reply of the command :meth:`send_holding` sent on ``connection``, which goes
+        back to the idle list (dropped first if the read did not finish)."""
+        try:
+            return connection.read_response()
+        except ResponseError:
+            raise  # the reply was read: the connection is clean
+        except BaseException:
+            connection.disconnect()  # a reply may still be on its way: never read it later
+            raise
+        finally:
+            self._idle.append(connection)
+
     def send_later(self, command: bytes, settle: Settle) -> bool:
         """Send ``command`` (packed: :meth:`pack`) without waiting for its reply;
         ``settle(reply, error)`` is called once it is read: before or just after the next

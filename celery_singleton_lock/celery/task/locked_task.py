@@ -7,6 +7,7 @@ import logging
 import os
 import socket
 import threading
+from functools import partial
 from typing import Any, Callable, NoReturn, Optional, Sequence
 
 from celery import Task
@@ -34,7 +35,6 @@ from celery_singleton_lock.celery.task.lock_view import LockHandle
 from celery_singleton_lock.celery.task.replica_pause import PAUSE
 from celery_singleton_lock.engine import (
     AcquireRequest,
-    AcquireResult,
     Latest,
     Lease,
     LockBackend,
@@ -123,6 +123,8 @@ class LockedTask(Task):  # type: ignore[misc]
     lock_debounce_max: Any = UNSET
 
     _lock_options: Optional[LockOptions] = None
+    #: (options, the acquire request a worker's call starts from): see _request_base
+    _acquire_base: Optional[tuple[LockOptions, AcquireRequest]] = None
 
     if not celery_api.PUSH_REQUEST_COPIES:  # Celery < 5.5: see there
         push_request = celery_api.push_request_copying_the_current
@@ -260,49 +262,22 @@ class LockedTask(Task):  # type: ignore[misc]
         this message is a copy of an earlier delivery and the call's lock_limit; None to run
         without the lock. Ends the
         execution (``Ignore``, retry, or an error) when the body must not run."""
-        # A redelivered message of an acks_late task may repeat an execution that already
-        # ran to the end: the acquire itself looks for that execution's finish record.
-        unless_finished = bool(self.acks_late and task_id and options.finished_ttl)
-        # This message is no longer queued: the acquire deletes its marker (enqueue dedupe).
-        take_queued = bool(options.dedupe_on_enqueue and task_id and not request.is_eager)
-        # Policy queue: the acquire parks the message when the lock is held. A message
-        # handed the lock twice must not run twice: its finish is recorded and looked for.
-        # Policy replace: the same, but the newest call waits alone (and may be debounced).
-        park = newest = None
-        if options.on_duplicate in ("queue", "replace") and task_id and not request.is_eager:
+        worker_call = bool(task_id) and not request.is_eager
+        wanted = self._request_base(options, bool(task_id), request.is_eager).for_call(
+            name, lock_owner(task_id, request, os.getpid()), self._hard_time_limit(request, options)
+        )
+        # Policy queue: the acquire parks the message when the lock is held. Policy replace:
+        # the same, but the newest call waits alone (and may be debounced).
+        newest = None
+        if worker_call and options.on_duplicate in ("queue", "replace"):
             park = handoff.parked_message(self, request)
-            unless_finished = True
             if options.on_duplicate == "replace" and park is not None:
                 newest = Latest(options.debounce or 0.0, options.debounce_max)
-
-        wanted = AcquireRequest(
-            name,
-            options.ttl,
-            owner=lock_owner(task_id, request, os.getpid()),
-            fencing=options.fencing,
-            max_lifetime=self._hard_time_limit(request, options),
-            on_lost=self._on_lock_lost,
-            unless_finished=unless_finished,
-            min_replicas=options.min_replicas,
-            replica_timeout=options.min_replicas_timeout,
-            take_queued=take_queued,
-            queued_while_held=take_queued and options.on_duplicate == "retry",
-            park=park,
-            reservation_ttl=options.handoff_timeout,
-            latest=newest,
-            finished_ttl=options.finished_ttl or 3600.0,
-        )
+            wanted = wanted._replace(park=park, latest=newest)
         limit = options.limit
         if limit != 1:  # up to N holders: each takes a slot (a callable caps each call)
             limit = limit_for(self.name, limit, options.keyer, request.args, request.kwargs)
             wanted = wanted._replace(limit=limit)
-        if options.rate is not None:  # counted by the same acquire (a limit's script)
-            wanted = wanted._replace(rate=options.rate)
-
-        def acquire() -> AcquireResult:
-            # A duplicate policy acquires again (a wait, a join): never parked then.
-            again = wanted if wanted.park is None else wanted._replace(park=None, latest=None)
-            return locker.acquire(again)  # type: ignore[return-value]  # no park: not Parked
 
         try:
             try:
@@ -330,12 +305,48 @@ class LockedTask(Task):  # type: ignore[misc]
                 elif wanted.limit != 1:
                     duplicate.reason = "limit"
                 is_copy = is_copy or duplicate.is_copy
-                outcome = handle_duplicate(duplicate, acquire)
+                # A duplicate policy acquires again (a wait, a join): never parked then.
+                again = wanted if wanted.park is None else wanted._replace(park=None, latest=None)
+                acquire = partial(locker.acquire, again)  # without park: never Parked
+                outcome = handle_duplicate(duplicate, acquire)  # type: ignore[arg-type]
         except AlreadyFinished:
             self._drop_copy(task_id, "its finish is recorded under the lock")
         except AlreadySuperseded as exc:
             latest.end_stale_copy(self, request, exc.key or name)
         return outcome, is_copy, wanted.limit
+
+    def _request_base(self, options: LockOptions, has_id: bool, eager: bool) -> AcquireRequest:
+        """What every acquire of this task asks, before the call's own name, owner and time
+        limit; made once per resolved options for a worker's call (a task id, not eager)."""
+        cached = self._acquire_base
+        worker_call = has_id and not eager
+        if worker_call and cached is not None and cached[0] is options:
+            return cached[1]
+        # A redelivered message of an acks_late task may repeat an execution that already
+        # ran to the end: the acquire itself looks for that execution's finish record. A
+        # message a queue (or replace) hands the lock twice must not run twice: the same.
+        unless_finished = bool(self.acks_late and has_id and options.finished_ttl) or (
+            worker_call and options.on_duplicate in ("queue", "replace")
+        )
+        # This message is no longer queued: the acquire deletes its marker (enqueue dedupe).
+        take_queued = bool(options.dedupe_on_enqueue and worker_call)
+        base = AcquireRequest(
+            "",
+            options.ttl,
+            fencing=options.fencing,
+            on_lost=self._on_lock_lost,
+            unless_finished=unless_finished,
+            min_replicas=options.min_replicas,
+            replica_timeout=options.min_replicas_timeout,
+            take_queued=take_queued,
+            queued_while_held=take_queued and options.on_duplicate == "retry",
+            reservation_ttl=options.handoff_timeout,
+            finished_ttl=options.finished_ttl or 3600.0,
+            rate=options.rate,
+        )
+        if worker_call:
+            type(self)._acquire_base = (options, base)
+        return base
 
     def _store_started(self, task_id: str, request: Any) -> None:
         """STARTED, as Celery's tracer stores it with ``track_started`` (see

@@ -410,12 +410,12 @@ class RedisLocker(
         ``pinned``; redis-py's errors said as ``LockError`` about ``key``."""
         connections = self.connections
         if pinned and connections is not None:
-            # The hot path (every acquire and waited release): EVALSHA packed here, straight
-            # on a kept connection, without the Script / error-mapping wrappers. A server that
-            # lost the script (restart, failover, SCRIPT FLUSH) answers NOSCRIPT: it is
-            # loaded and sent again, as redis-py's Script does.
+            # The hot path (every acquire and waited release): EVALSHA packed here, on a kept
+            # connection, without redis-py's Script wrappers. A server that lost the script
+            # (restart, failover, SCRIPT FLUSH) answers NOSCRIPT: loaded, sent again.
             try:
-                packed = connections.pack("EVALSHA", script.sha, len(keys), *keys, *args)
+                start = connections.start("EVALSHA", script.sha)
+                packed = connections.pack(len(keys), *keys, *args, start=start)
                 try:
                     return connections.call_packed(packed)
                 except NoScriptError:

@@ -62,10 +62,17 @@ class LockScope(LockHandle):
     Opening it registers it in the current thread; :meth:`close` ends it, once.
     """
 
-    __slots__ = ("_body_started", "_closed", "limit", "name", "task", "task_id")
+    __slots__ = ("_body_started", "_closed", "eager", "limit", "name", "task", "task_id")
 
     def __init__(
-        self, task: LockedTask, task_id: str, name: str, lease: Lease, limit: int = 1
+        self,
+        task: LockedTask,
+        task_id: str,
+        name: str,
+        lease: Lease,
+        limit: int = 1,
+        *,
+        eager: bool = False,
     ) -> None:
         super().__init__(lease.key, lease)
         self.task = task
@@ -73,6 +80,8 @@ class LockScope(LockHandle):
         self.name = name
         #: the call's lock_limit (a callable's value for this call)
         self.limit = limit
+        #: run by ``apply()`` (or a direct call): its release is waited for
+        self.eager = eager
         self._body_started = False
         self._closed = False
         _open.by_name[name] = self
@@ -145,7 +154,7 @@ class LockScope(LockHandle):
                     handoff.publish(task.app, handed, self.name)
             elif cooldown:
                 owned = lease.locker.release_cooling(lease, cooldown, remember_for=remember_for)
-            elif not task.request.is_eager and lease.locker.release_later(
+            elif not self.eager and lease.locker.release_later(
                 lease, self._settled, remember_for=remember_for
             ):
                 return  # reported once the reply is read (the next command on the connection)

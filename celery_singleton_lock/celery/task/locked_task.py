@@ -246,7 +246,7 @@ class LockedTask(Task):  # type: ignore[misc]
         if PAUSE.active:
             PAUSE.resumed()
         # From here the scope owns the lock: whatever raises below closes it.
-        request.lock = held = LockScope(self, task_id, name, lease, limit)
+        request.lock = held = LockScope(self, task_id, name, lease, limit, eager=request.is_eager)
         if already_ran(self, request, is_copy):
             held.close()
             self._drop_copy(task_id, "its outcome is stored")

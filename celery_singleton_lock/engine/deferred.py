@@ -1,7 +1,7 @@
 """The release whose reply is read later, as a part of :class:`~.locker.RedisLocker`.
 
 The release script is sent on a kept connection (:mod:`.pinned`) without waiting: its reply is
-read before the next command on that connection (normally the next task's acquire), by the
+read with the next command on that connection (normally the next task's acquire), by the
 renewer within a second when none follows, or when the locker is closed, and the caller's
 ``then`` reports it then. Saves the release's wait (~100 us per task, see
 docs/explanation/benchmarks.md).

@@ -9,13 +9,13 @@ docs/explanation/benchmarks.md).
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from redis.commands.core import Script
 
 from celery_singleton_lock.engine import lease as _lease
 from celery_singleton_lock.engine import script_calls, server_errors
+from celery_singleton_lock.engine.fork_safety import current_pid
 from celery_singleton_lock.engine.lease import Lease
 from celery_singleton_lock.engine.pinned import PinnedConnections
 from celery_singleton_lock.errors import LockError
@@ -57,7 +57,7 @@ class DeferredRelease:
         connections = self.connections
         if connections is None or not connections.keeps_connections:
             return False
-        if lease.pid != os.getpid():  # inherited from the parent: never touched here
+        if lease.pid != current_pid():  # inherited from the parent: never touched here
             then(False, None)
             return True
         with _lease._state_lock:

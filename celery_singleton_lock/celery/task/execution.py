@@ -5,8 +5,8 @@ path closes it: the body's outcome (its ``run``, see :func:`body_releasing`),
 ``self.retry()``, and any exception raised after the acquire, by ``before_start`` itself or by
 a subclass's ``before_start`` around it. Closing stops renewal, releases the lock, and takes
 the scope out of its thread's registry. In a worker on one server (or Sentinel) the release is
-sent without waiting: its reply is read before the next command on that connection (the next task's
-acquire), or by the renewer within a second, and reported then (``lock_released``, the
+sent without waiting: its reply is read with the next command on that connection (the next
+task's acquire), or by the renewer within a second, and reported then (``lock_released``, the
 "expired before its release" warning); an eager call waits for it. It never raises: a release
 problem is logged and signalled, and the body's outcome stands.
 

@@ -42,6 +42,7 @@ from celery_singleton_lock.engine import (
     LockHolder,
     Owner,
     Parked,
+    current_pid,
 )
 from celery_singleton_lock.errors import (
     AlreadyFinished,
@@ -265,7 +266,9 @@ class LockedTask(Task):  # type: ignore[misc]
         execution (``Ignore``, retry, or an error) when the body must not run."""
         worker_call = bool(task_id) and not request.is_eager
         wanted = acquire_plan.request_base(self, options, bool(task_id), request.is_eager).for_call(
-            name, lock_owner(task_id, request, os.getpid()), self._hard_time_limit(request, options)
+            name,
+            lock_owner(task_id, request, current_pid()),
+            self._hard_time_limit(request, options),
         )
         # Policy queue: the acquire parks the message when the lock is held. Policy replace:
         # the same, but the newest call waits alone (and may be debounced).

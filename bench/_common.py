@@ -142,9 +142,26 @@ class _CountingMixin:
             self._sending -= 1
 
     def send_packed_command(self, command: Any, check_health: bool = True) -> Any:
-        if not self._sending:  # a pipeline: all its commands go out in one write
-            self.counter.sent.append("PIPELINE")
+        if not self._sending:  # packed by the caller: one command, or a pipeline's batch
+            self.counter.sent.append(packed_request(command))
         return super().send_packed_command(command, check_health)  # type: ignore[misc]
+
+
+def packed_request(command: Any) -> str:
+    """What a packed send is, as a round trip: the command's name when it holds one command
+    (the lock's hot path packs its commands itself), else ``PIPELINE`` (a batch)."""
+    data = command if isinstance(command, bytes) else b"".join(command)
+    names, at = [], 0
+    while at < len(data):  # RESP arrays of bulk strings: *N, then N x ($len, data)
+        end = data.index(b"\r\n", at)
+        count, at = int(data[at + 1 : end]), end + 2
+        for index in range(count):
+            end = data.index(b"\r\n", at)
+            length = int(data[at + 1 : end])
+            if index == 0:
+                names.append(data[end + 2 : end + 2 + length].decode().upper())
+            at = end + 2 + length + 2
+    return names[0] if len(names) == 1 else "PIPELINE"
 
 
 def counting_client(url: str, counter: RoundTripCounter, **options: Any) -> redis.Redis:

@@ -9,6 +9,8 @@ from typing import Callable, TypeVar
 
 import redis
 
+from bench._common import packed_request
+
 T = TypeVar("T")
 
 # Sent by redis-py when it opens a connection; not lock traffic.
@@ -38,7 +40,8 @@ class CountingConnection(redis.Connection):
 
     def send_packed_command(self, command, check_health=True):  # type: ignore[no-untyped-def]
         if not getattr(CountingConnection._single, "active", False):
-            self._record("PIPELINE")
+            # packed by the caller: one command (the hot path's), or a pipeline's batch
+            self._record(packed_request(command))
         super().send_packed_command(command, check_health)
 
     @classmethod

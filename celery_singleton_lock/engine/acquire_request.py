@@ -51,3 +51,14 @@ class AcquireRequest(NamedTuple):
     #: with ``take_queued``: keep the marker while another owner holds the lock (the caller
     #: sends the call again: it is still queued, see ACQUIRE's ARGV[6])
     queued_while_held: bool = False
+
+    def for_call(
+        self, name: str, owner: Optional[Owner], max_lifetime: Optional[float]
+    ) -> AcquireRequest:
+        """This request with ``name``, ``owner`` and ``max_lifetime`` set: one call of a task
+        whose other fields are the same for every call (cheaper than ``_replace``)."""
+        fields = (name, self[1], owner, self[3], self[4], max_lifetime, *self[6:])
+        return _new(AcquireRequest, fields)
+
+
+_new = tuple.__new__

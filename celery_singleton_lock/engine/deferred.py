@@ -78,12 +78,8 @@ class DeferredRelease:
         self.renewer.discard(lease)
         # EVAL, not EVALSHA: a server that lost its scripts (restart, failover) must still
         # release now; a NOSCRIPT read later would leave the lock held until then.
-        command = (
-            "EVAL",
-            script_calls.compact(script.script),
-            len(script_keys),
-            *script_keys,
-            *args,
+        command = connections.pack(
+            "EVAL", script_calls.compact(script.script), len(script_keys), *script_keys, *args
         )
         if not connections.send_later(command, settle):
             lease.released = False

@@ -21,6 +21,13 @@ before anything else is sent on that connection (the next acquire of the same th
 same, most recently used, connection), or by :meth:`PinnedConnections.settle_idle` (the
 renewer's next tick, a close). Measured: ~100 us per task, the release's wait (see
 ``python -m bench fastpath``).
+
+The hot path's commands (every acquire, the deferred release) are packed here (:meth:`pack`,
+RESP as redis-py sends it, in the client's ``encoding``) and sent with redis-py's
+``send_packed_command``: redis-py's general packer costs a few microseconds more per command.
+An acquire (:meth:`call_packed`) is sent before the reply a release still owes on its
+connection is read: the two are answered in order, and reading the first overlaps the second's
+round trip, as a pipeline would.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from collections import deque
 from typing import Any, Callable, Optional
 
 import redis
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import DataError, RedisError, ResponseError
 
 from celery_singleton_lock.engine.fork_safety import reset_in_forked_children
 
@@ -74,6 +81,11 @@ class PinnedConnections:
         self._idle: deque[Any] = deque()  # pop and append are atomic: no lock needed
         #: connection -> what to call with the reply it still owes (see send_later)
         self._owed: dict[Any, Settle] = {}
+        kwargs = getattr(self._pool, "connection_kwargs", {})
+        #: how str parts are encoded: as the client's connections encode them (redis-py's
+        #: ``encoding`` and ``encoding_errors`` options), so a key is the same bytes either way
+        self._encoding: str = kwargs.get("encoding", "utf-8")
+        self._encoding_errors: str = kwargs.get("encoding_errors", "strict")
         reset_in_forked_children(self)
 
     def after_fork_in_child(self) -> None:
@@ -113,11 +125,77 @@ class PinnedConnections:
             else:
                 self._pool.release(connection)
 
-    def send_later(self, command: tuple[Any, ...], settle: Settle) -> bool:
-        """Send ``command`` without waiting for its reply; ``settle(reply, error)`` is called
-        once it is read: before the next command on that connection, or by
-        :meth:`settle_idle`. False (nothing sent) when connections are not kept (a
-        ``BlockingConnectionPool``) or the send failed: then send it the usual way.
+    def pack(self, *command: str | bytes | float) -> bytes:
+        """``command`` in RESP, as redis-py would send it (str parts in the client's encoding).
+
+        Raises:
+            DataError: a part that is not a str, bytes, int or float (redis-py refuses it too).
+        """
+        encoding, errors = self._encoding, self._encoding_errors
+        out = [b"*%d\r\n" % len(command)]
+        for part in command:
+            kind = type(part)
+            if kind is str:
+                data = part.encode(encoding, errors)  # type: ignore[union-attr]
+            elif kind is bytes:
+                data = part
+            elif kind is int or kind is float:
+                data = repr(part).encode()  # as redis-py's Encoder
+            else:  # as redis-py refuses it (a bool, None, ...)
+                raise DataError(f"cannot send {part!r} ({kind.__name__}) to Redis")
+            out.append(b"$%d\r\n%b\r\n" % (len(data), data))
+        return b"".join(out)
+
+    def call_packed(self, packed: bytes) -> Any:
+        """``call`` for a command already packed (:meth:`pack`): sent first, then the reply a
+        release still owes on the connection is read and reported, then this command's."""
+        try:
+            connection = self._idle.pop()
+        except IndexError:
+            connection = self._get_connection()
+        try:
+            return connection.retry.call_with_retry(
+                lambda: self._send_settle_read(connection, packed),
+                lambda error: connection.disconnect(),
+            )
+        except ResponseError:
+            raise  # the reply was read: the connection is clean
+        except BaseException:
+            connection.disconnect()  # a reply may still be on its way: never read it later
+            raise
+        finally:
+            if self.keeps_connections:
+                self._idle.append(connection)
+            else:
+                self._pool.release(connection)
+
+    def _send_settle_read(self, connection: Any, packed: bytes) -> Any:
+        try:
+            connection.send_packed_command((packed,))
+        except BaseException as exc:
+            # redis-py has dropped the connection: a reply it owed can never be read
+            self._abandon(connection, exc)
+            raise
+        if self._owed:
+            self._settle(connection)
+        return connection.read_response()
+
+    def _abandon(self, connection: Any, error: BaseException) -> None:
+        """Report the reply ``connection`` owed (if any) as lost with ``error``."""
+        settle = self._owed.pop(connection, None)
+        if settle is not None:
+            lost = error if isinstance(error, (RedisError, OSError)) else RedisError(str(error))
+            try:
+                settle(None, lost)
+            except Exception:  # a receiver's bug must not hide the caller's error
+                log.exception("reporting a deferred reply failed")
+
+    def send_later(self, command: bytes, settle: Settle) -> bool:
+        """Send ``command`` (packed: :meth:`pack`) without waiting for its reply;
+        ``settle(reply, error)`` is called once it is read: before or just after the next
+        command on that connection, or by :meth:`settle_idle`. False (nothing sent) when
+        connections are not kept (a ``BlockingConnectionPool``) or the send failed: then send
+        it the usual way.
         """
         if not self.keeps_connections:
             return False
@@ -128,7 +206,7 @@ class PinnedConnections:
         if self._owed:
             self._settle(connection)
         try:
-            connection.send_command(*command)
+            connection.send_packed_command((command,))
         except (RedisError, OSError):
             connection.disconnect()  # part of the command may have gone: never read it
             self._idle.append(connection)

@@ -116,3 +116,54 @@ def test_a_script_runs_on_them_through_redis_pys_script_object(redis_client: red
     redis_client.script_flush()  # the first call meets NOSCRIPT: Script loads it here
     assert script(args=["pinned"], client=connections) == b"pinned"
     assert script(args=["again"], client=connections) == b"again"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("EVALSHA", "a" * 40, 2, "P:{tâche:1}", "P:{x}:fence", 30000, "tok||17|1|h|id"),
+        ("SET", b"raw\r\nbytes", -1, 2.5),
+    ],
+)
+def test_a_command_is_packed_as_redis_py_packs_it(redis_client: redis.Redis, command: Any) -> None:
+    connection = redis_client.connection_pool.get_connection()
+    try:
+        assert PinnedConnections(redis_client).pack(*command) == b"".join(
+            connection.pack_command(*command)
+        )
+    finally:
+        redis_client.connection_pool.release(connection)
+
+
+def test_a_command_is_packed_in_the_clients_encoding(redis_server: RedisServer) -> None:
+    client = redis_server.client(encoding="latin-1")
+    assert PinnedConnections(client).pack("GET", "clé") == b"*2\r\n$3\r\nGET\r\n$3\r\ncl\xe9\r\n"
+    client.close()
+
+
+def test_a_part_redis_py_would_refuse_is_refused(redis_client: redis.Redis) -> None:
+    with pytest.raises(redis.exceptions.DataError):
+        PinnedConnections(redis_client).pack("SET", "k", None)  # type: ignore[arg-type]
+
+
+def test_a_packed_call_reads_the_reply_owed_before_its_own(redis_client: redis.Redis) -> None:
+    connections = PinnedConnections(redis_client)
+    replies: list[Any] = []
+    assert connections.send_later(connections.pack("ECHO", "owed"), lambda *r: replies.append(r))
+    assert connections.call_packed(connections.pack("ECHO", "mine")) == b"mine"
+    assert replies == [(b"owed", None)]
+
+
+def test_a_reply_owed_by_a_connection_that_failed_to_send_is_reported_lost(
+    impatient_client: redis.Redis, redis_server: RedisServer
+) -> None:
+    connections = PinnedConnections(impatient_client)
+    replies: list[Any] = []
+    assert connections.send_later(connections.pack("ECHO", "owed"), lambda *r: replies.append(r))
+    connection = connections._idle[-1]
+    connection._sock.close()  # the next send on it fails
+    with pytest.raises(redis.exceptions.ConnectionError):
+        connections.call_packed(connections.pack("ECHO", "mine"))
+    ((reply, error),) = replies
+    assert reply is None and isinstance(error, redis.exceptions.ConnectionError)
+    assert connections.call_packed(connections.pack("ECHO", "after")) == b"after"

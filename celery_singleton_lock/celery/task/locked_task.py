@@ -7,6 +7,7 @@ import logging
 import os
 import socket
 import threading
+from functools import partial
 from typing import Any, Callable, NoReturn, Optional, Sequence
 
 from celery import Task
@@ -23,6 +24,7 @@ from celery_singleton_lock.celery.duplicates.dispatch import handle as handle_du
 from celery_singleton_lock.celery.duplicates.join import rejoin
 from celery_singleton_lock.celery.duplicates.redelivery import already_ran, is_marked_copy
 from celery_singleton_lock.celery.signals import lock_acquired, lock_backend_error, lock_lost
+from celery_singleton_lock.celery.task import acquire_plan
 from celery_singleton_lock.celery.task.execution import (
     LockScope,
     body_releasing,
@@ -34,7 +36,6 @@ from celery_singleton_lock.celery.task.lock_view import LockHandle
 from celery_singleton_lock.celery.task.replica_pause import PAUSE
 from celery_singleton_lock.engine import (
     AcquireRequest,
-    AcquireResult,
     Latest,
     Lease,
     LockBackend,
@@ -123,6 +124,8 @@ class LockedTask(Task):  # type: ignore[misc]
     lock_debounce_max: Any = UNSET
 
     _lock_options: Optional[LockOptions] = None
+    #: (options, the acquire request a worker's call starts from): see acquire_plan
+    _acquire_base: Optional[tuple[LockOptions, AcquireRequest]] = None
 
     if not celery_api.PUSH_REQUEST_COPIES:  # Celery < 5.5: see there
         push_request = celery_api.push_request_copying_the_current
@@ -260,49 +263,22 @@ class LockedTask(Task):  # type: ignore[misc]
         this message is a copy of an earlier delivery and the call's lock_limit; None to run
         without the lock. Ends the
         execution (``Ignore``, retry, or an error) when the body must not run."""
-        # A redelivered message of an acks_late task may repeat an execution that already
-        # ran to the end: the acquire itself looks for that execution's finish record.
-        unless_finished = bool(self.acks_late and task_id and options.finished_ttl)
-        # This message is no longer queued: the acquire deletes its marker (enqueue dedupe).
-        take_queued = bool(options.dedupe_on_enqueue and task_id and not request.is_eager)
-        # Policy queue: the acquire parks the message when the lock is held. A message
-        # handed the lock twice must not run twice: its finish is recorded and looked for.
-        # Policy replace: the same, but the newest call waits alone (and may be debounced).
-        park = newest = None
-        if options.on_duplicate in ("queue", "replace") and task_id and not request.is_eager:
+        worker_call = bool(task_id) and not request.is_eager
+        wanted = acquire_plan.request_base(self, options, bool(task_id), request.is_eager).for_call(
+            name, lock_owner(task_id, request, os.getpid()), self._hard_time_limit(request, options)
+        )
+        # Policy queue: the acquire parks the message when the lock is held. Policy replace:
+        # the same, but the newest call waits alone (and may be debounced).
+        newest = None
+        if worker_call and options.on_duplicate in ("queue", "replace"):
             park = handoff.parked_message(self, request)
-            unless_finished = True
             if options.on_duplicate == "replace" and park is not None:
                 newest = Latest(options.debounce or 0.0, options.debounce_max)
-
-        wanted = AcquireRequest(
-            name,
-            options.ttl,
-            owner=lock_owner(task_id, request, os.getpid()),
-            fencing=options.fencing,
-            max_lifetime=self._hard_time_limit(request, options),
-            on_lost=self._on_lock_lost,
-            unless_finished=unless_finished,
-            min_replicas=options.min_replicas,
-            replica_timeout=options.min_replicas_timeout,
-            take_queued=take_queued,
-            queued_while_held=take_queued and options.on_duplicate == "retry",
-            park=park,
-            reservation_ttl=options.handoff_timeout,
-            latest=newest,
-            finished_ttl=options.finished_ttl or 3600.0,
-        )
+            wanted = wanted._replace(park=park, latest=newest)
         limit = options.limit
         if limit != 1:  # up to N holders: each takes a slot (a callable caps each call)
             limit = limit_for(self.name, limit, options.keyer, request.args, request.kwargs)
             wanted = wanted._replace(limit=limit)
-        if options.rate is not None:  # counted by the same acquire (a limit's script)
-            wanted = wanted._replace(rate=options.rate)
-
-        def acquire() -> AcquireResult:
-            # A duplicate policy acquires again (a wait, a join): never parked then.
-            again = wanted if wanted.park is None else wanted._replace(park=None, latest=None)
-            return locker.acquire(again)  # type: ignore[return-value]  # no park: not Parked
 
         try:
             try:
@@ -330,7 +306,10 @@ class LockedTask(Task):  # type: ignore[misc]
                 elif wanted.limit != 1:
                     duplicate.reason = "limit"
                 is_copy = is_copy or duplicate.is_copy
-                outcome = handle_duplicate(duplicate, acquire)
+                # A duplicate policy acquires again (a wait, a join): never parked then.
+                again = wanted if wanted.park is None else wanted._replace(park=None, latest=None)
+                acquire = partial(locker.acquire, again)  # without park: never Parked
+                outcome = handle_duplicate(duplicate, acquire)  # type: ignore[arg-type]
         except AlreadyFinished:
             self._drop_copy(task_id, "its finish is recorded under the lock")
         except AlreadySuperseded as exc:

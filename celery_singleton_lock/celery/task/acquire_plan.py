@@ -1,0 +1,49 @@
+"""The acquire request a locked task's call sends: what every call of the task asks (made
+once per resolved options, see :func:`request_base`), then the call's own name, owner and
+time limit (``AcquireRequest.for_call``), in ``LockedTask._acquire``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from celery_singleton_lock.celery.config.resolution import LockOptions
+from celery_singleton_lock.engine import AcquireRequest
+
+if TYPE_CHECKING:
+    from celery_singleton_lock.celery.task.locked_task import LockedTask
+
+
+def request_base(
+    task: LockedTask, options: LockOptions, has_id: bool, eager: bool
+) -> AcquireRequest:
+    """What every acquire of this task asks, before the call's own name, owner and time
+    limit; made once per resolved options for a worker's call (a task id, not eager)."""
+    cached = task._acquire_base
+    worker_call = has_id and not eager
+    if worker_call and cached is not None and cached[0] is options:
+        return cached[1]
+    # A redelivered message of an acks_late task may repeat an execution that already
+    # ran to the end: the acquire itself looks for that execution's finish record. A
+    # message a queue (or replace) hands the lock twice must not run twice: the same.
+    unless_finished = bool(task.acks_late and has_id and options.finished_ttl) or (
+        worker_call and options.on_duplicate in ("queue", "replace")
+    )
+    # This message is no longer queued: the acquire deletes its marker (enqueue dedupe).
+    take_queued = bool(options.dedupe_on_enqueue and worker_call)
+    base = AcquireRequest(
+        "",
+        options.ttl,
+        fencing=options.fencing,
+        on_lost=task._on_lock_lost,
+        unless_finished=unless_finished,
+        min_replicas=options.min_replicas,
+        replica_timeout=options.min_replicas_timeout,
+        take_queued=take_queued,
+        queued_while_held=take_queued and options.on_duplicate == "retry",
+        reservation_ttl=options.handoff_timeout,
+        finished_ttl=options.finished_ttl or 3600.0,
+        rate=options.rate,
+    )
+    if worker_call:
+        task._acquire_base = (options, base)  # per task instance: on_lost is its own
+    return base

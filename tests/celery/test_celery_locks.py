@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
@@ -26,7 +25,7 @@ from celery_singleton_lock.celery.cli.lock_release import release_lock
 from celery_singleton_lock.engine import Lease, LockKeys, Owner, RedisLocker, Renewer
 from tests.celery.tasks import exits, runtime
 from tests.celery.workers import Servers, client_app, close_client, lock_key, unique, worker_group
-from tests.support import wait_until
+from tests.support import Call, SideBySide, wait_until
 
 try:
     import tomllib
@@ -86,26 +85,29 @@ APPS_CELERY_CANNOT_LOAD = {"module": "no_such_module_xyz", "attribute": f"{APP}:
 DEAD_BROKER_LOCK = f"app.job:{unique('dead-broker')}"
 
 
-def side_by_side() -> list[tuple[tuple[str, ...], Optional[str], dict[str, str]]]:
-    """The runs that depend on nothing a test does first (``args, app, settings``): they do not
-    write to this module's lock server, and their answers do not depend on what it holds."""
-    runs: list[tuple[tuple[str, ...], Optional[str], dict[str, str]]] = [
-        (("--help",), None, {}),
-        (("locks", "list"), APP, {}),
-        (("locks", "--prefix", "bad prefix{", "list"), APP, {}),
-        (("locks", "show", "--task", "no.such.task"), APP, {}),
-        (("locks", "list", "--no-such-option"), APP, {}),
+def a_run(*args: str, app: Optional[str] = APP, **settings: str) -> Call:
+    """The arguments of one ``celery(...)`` call, in the form the fixture's batch keeps."""
+    return args, {"app": app, "cwd": REPO, **settings}
+
+
+def independent_runs() -> list[Call]:
+    """The runs that depend on nothing a test does first: they do not write to this module's
+    lock server, and their answers do not depend on what it holds."""
+    runs = [
+        a_run("--help", app=None),
+        a_run("locks", "list"),
+        a_run("locks", "--prefix", "bad prefix{", "list"),
+        a_run("locks", "show", "--task", "no.such.task"),
+        a_run("locks", "list", "--no-such-option"),
     ]
-    runs += [(("locks", "show", given), APP, {}) for given in SHOW_NAMES_NO_TASK_TAKES]
+    runs += [a_run("locks", "show", given) for given in SHOW_NAMES_NO_TASK_TAKES]
     for given in NAMES_NO_TASK_TAKES:
-        runs.append((("locks", "release", "--force", given), APP, {}))
-        runs.append((("locks", "clear-queued", given), APP, {}))
+        runs.append(a_run("locks", "release", "--force", given))
+        runs.append(a_run("locks", "clear-queued", given))
     for command in COMMANDS:
-        runs += [
-            (("locks", *command), APP, {"CSL_LOCK_URL": url}) for url, _ in BAD_LOCK_URLS.values()
-        ]
-        runs.append((("locks", *command), APP, {"CSL_LOCK_URL": DEAD_URL}))
-    runs += [(("locks", "list"), app, {}) for app in APPS_CELERY_CANNOT_LOAD.values()]
+        runs += [a_run("locks", *command, CSL_LOCK_URL=url) for url, _ in BAD_LOCK_URLS.values()]
+        runs.append(a_run("locks", *command, CSL_LOCK_URL=DEAD_URL))
+    runs += [a_run("locks", "list", app=app) for app in APPS_CELERY_CANNOT_LOAD.values()]
     return runs
 
 
@@ -136,7 +138,7 @@ def celery(
     """``celery(*args, app=APP, cwd=REPO, **CSL_settings)``: run ``celery -A app *args`` with
     lockapp configured for this module's servers, or the ``CSL_*`` variables given.
 
-    The runs of :func:`side_by_side` (and the dead-broker release) are started together at
+    The runs of :func:`independent_runs` (and the dead-broker release) are started together at
     the first ask, a few at a time; each is still a ``celery`` process of its own, and the
     test that asks for one gets that run's result."""
 
@@ -160,27 +162,14 @@ def celery(
             command, cwd=cwd, env=env, capture_output=True, text=True, timeout=120
         )
 
-    def key(args: tuple[str, ...], app: Optional[str], cwd: Path, settings: dict[str, str]) -> Any:
-        return (args, app, str(cwd), tuple(sorted(settings.items())))
-
-    started: dict[Any, Future[CeleryRun]] = {}
     dead_broker = {"CSL_BROKER_URL": DEAD_URL, "CSL_LOCK_URL": dead_broker_lock_server.url}
-    batch = [
-        (("locks", "release", DEAD_BROKER_LOCK), APP, dead_broker),  # the slowest, first
-        *side_by_side(),
-    ]
-    with ThreadPoolExecutor(SIDE_BY_SIDE, thread_name_prefix="celery-cli") as pool:
+    batch = [a_run("locks", "release", DEAD_BROKER_LOCK, **dead_broker), *independent_runs()]
+    with SideBySide(run, batch, at_once=SIDE_BY_SIDE) as runs:
 
         def celery(
             *args: str, app: Optional[str] = APP, cwd: Path = REPO, **settings: str
         ) -> CeleryRun:
-            if not started:
-                for b_args, b_app, b_settings in batch:
-                    started[key(b_args, b_app, REPO, b_settings)] = pool.submit(
-                        run, *b_args, app=b_app, **b_settings
-                    )
-            future = started.get(key(args, app, cwd, settings))
-            return future.result() if future else run(*args, app=app, cwd=cwd, **settings)
+            return runs(*args, app=app, cwd=cwd, **settings)
 
         yield celery
 

@@ -35,13 +35,14 @@ script may touch them all (the shared keys carry a tag of the same slot).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from celery_singleton_lock.errors import LockConfigurationError
 
 _PREFIX_PATTERN = re.compile(r"^[A-Za-z0-9_.:\-/|@#=+]{1,64}$")
 _NAME_FORBIDDEN = re.compile(r"[{}\s]")
 MAX_NAME_LENGTH = 512
+_new = tuple.__new__
 
 
 def validate_prefix(prefix: str) -> str:
@@ -63,9 +64,11 @@ def handoff_index(prefix: str) -> str:
     return f"{prefix}:handoff-due"
 
 
-@dataclass(frozen=True)
-class LockKeys:
-    """The lock key, fence counter key and release channel of one name."""
+class LockKeys(NamedTuple):
+    """The lock key, fence counter key and release channel of one name.
+
+    A named tuple, not a frozen dataclass: made for every acquire, and a tuple is made in a
+    third of the time (immutable all the same)."""
 
     lock: str
     fence: str
@@ -79,7 +82,7 @@ class LockKeys:
                 "without braces or whitespace"
             )
         lock = f"{prefix}:{{{name}}}"
-        return cls(lock=lock, fence=f"{lock}:fence", channel=f"{lock}:released")
+        return _new(cls, (lock, f"{lock}:fence", f"{lock}:released"))
 
     @property
     def queued(self) -> str:

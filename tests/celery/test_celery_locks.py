@@ -132,15 +132,10 @@ def dead_broker_lock_server() -> Iterator[RedisServer]:
 
 
 @pytest.fixture(scope="module")
-def celery(
-    entry_points_dir: Path, servers: Servers, dead_broker_lock_server: RedisServer
-) -> Iterator[Celery]:
-    """``celery(*args, app=APP, cwd=REPO, **CSL_settings)``: run ``celery -A app *args`` with
-    lockapp configured for this module's servers, or the ``CSL_*`` variables given.
-
-    The runs of :func:`independent_runs` (and the dead-broker release) are started together at
-    the first ask, a few at a time; each is still a ``celery`` process of its own, and the
-    test that asks for one gets that run's result."""
+def celery_process(entry_points_dir: Path, servers: Servers) -> Celery:
+    """``celery_process(*args, app=APP, cwd=REPO, **CSL_settings)``: run ``celery -A app
+    *args`` with lockapp configured for this module's servers, or the ``CSL_*`` variables
+    given."""
 
     def run(*args: str, app: Optional[str] = APP, cwd: Path = REPO, **settings: str) -> CeleryRun:
         env = {
@@ -162,9 +157,17 @@ def celery(
             command, cwd=cwd, env=env, capture_output=True, text=True, timeout=120
         )
 
+    return run
+
+
+@pytest.fixture(scope="module")
+def celery(celery_process: Celery, dead_broker_lock_server: RedisServer) -> Iterator[Celery]:
+    """:func:`celery_process`, with the runs of :func:`independent_runs` (and the dead-broker
+    release) started together at the first ask, a few at a time; each is still a ``celery``
+    process of its own, and the test that asks for one gets that run's result."""
     dead_broker = {"CSL_BROKER_URL": DEAD_URL, "CSL_LOCK_URL": dead_broker_lock_server.url}
     batch = [a_run("locks", "release", DEAD_BROKER_LOCK, **dead_broker), *independent_runs()]
-    with SideBySide(run, batch, at_once=SIDE_BY_SIDE) as runs:
+    with SideBySide(celery_process, batch, at_once=SIDE_BY_SIDE) as runs:
 
         def celery(
             *args: str, app: Optional[str] = APP, cwd: Path = REPO, **settings: str

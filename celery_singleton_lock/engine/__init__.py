@@ -7,7 +7,7 @@ Imports nothing from Celery. This module is the engine's one surface: the Celery
 from .acquire_request import AcquireOutcome, AcquireRequest, AcquireResult
 from .backend import LockBackend, LockReader, ReleaseSubscription
 from .capabilities import Capabilities
-from .fork_safety import ForkSafeLock, no_fork, reset_in_forked_children
+from .fork_safety import ForkSafeLock, current_pid, no_fork, reset_in_forked_children
 from .keys import LockKeys, validate_prefix
 from .latest import Latest
 from .lease import Lease, LockHolder, Owner, Parked
@@ -43,6 +43,7 @@ __all__ = [
     "RedisLocker",
     "ReleaseSubscription",
     "Renewer",
+    "current_pid",
     "new_token",
     "no_fork",
     "process_renewer",

@@ -1,7 +1,7 @@
 """The release whose reply is read later, as a part of :class:`~.locker.RedisLocker`.
 
 The release script is sent on a kept connection (:mod:`.pinned`) without waiting: its reply is
-read before the next command on that connection (normally the next task's acquire), by the
+read with the next command on that connection (normally the next task's acquire), by the
 renewer within a second when none follows, or when the locker is closed, and the caller's
 ``then`` reports it then. Saves the release's wait (~100 us per task, see
 docs/explanation/benchmarks.md).
@@ -9,13 +9,13 @@ docs/explanation/benchmarks.md).
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from redis.commands.core import Script
 
 from celery_singleton_lock.engine import lease as _lease
 from celery_singleton_lock.engine import script_calls, server_errors
+from celery_singleton_lock.engine.fork_safety import current_pid
 from celery_singleton_lock.engine.lease import Lease
 from celery_singleton_lock.engine.pinned import PinnedConnections
 from celery_singleton_lock.errors import LockError
@@ -57,7 +57,7 @@ class DeferredRelease:
         connections = self.connections
         if connections is None or not connections.keeps_connections:
             return False
-        if lease.pid != os.getpid():  # inherited from the parent: never touched here
+        if lease.pid != current_pid():  # inherited from the parent: never touched here
             then(False, None)
             return True
         with _lease._state_lock:
@@ -78,9 +78,8 @@ class DeferredRelease:
         self.renewer.discard(lease)
         # EVAL, not EVALSHA: a server that lost its scripts (restart, failover) must still
         # release now; a NOSCRIPT read later would leave the lock held until then.
-        command = connections.pack(
-            "EVAL", script_calls.compact(script.script), len(script_keys), *script_keys, *args
-        )
+        start = connections.start("EVAL", script_calls.compact(script.script))
+        command = connections.pack(len(script_keys), *script_keys, *args, start=start)
         if not connections.send_later(command, settle):
             lease.released = False
             return False

@@ -32,7 +32,18 @@ def reset_in_forked_children(obj: ForkAware) -> None:
     _registered.add(obj)
 
 
+_pid = os.getpid()
+
+
+def current_pid() -> int:
+    """This process's id, as ``os.getpid()`` (a system call on every call, several per task on
+    the hot path) answers it: kept here, and set again in every forked child first thing."""
+    return _pid
+
+
 def _after_fork_in_child() -> None:
+    global _pid
+    _pid = os.getpid()
     for obj in list(_registered):
         obj.after_fork_in_child()
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional
 from urllib.parse import unquote
 
-from celery_singleton_lock.engine.fork_safety import ForkSafeLock
+from celery_singleton_lock.engine.fork_safety import ForkSafeLock, current_pid
 from celery_singleton_lock.engine.keys import LockKeys
 from celery_singleton_lock.engine.scripts import TOKEN_LENGTH
 from celery_singleton_lock.errors import AlreadyFinished
@@ -270,7 +270,7 @@ class Lease:
         self.deadline = deadline
         self.renew_due = confirmed_at + self._third
         #: the process that holds the lease: a forked child never touches it
-        self.pid = os.getpid()
+        self.pid = current_pid()
         self.lost = LostFlag()
         self.released = False
         # ``on_lost`` given here needs no lock: no other thread can see the lease yet
@@ -279,7 +279,7 @@ class Lease:
     @property
     def inherited(self) -> bool:
         """True in a forked child: the lease belongs to the parent and is never touched here."""
-        return self.pid != os.getpid()
+        return self.pid != current_pid()
 
     @property
     def held(self) -> bool:

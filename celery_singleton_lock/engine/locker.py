@@ -25,19 +25,14 @@ from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
 from celery_singleton_lock.engine import lease as _lease
-from celery_singleton_lock.engine import (
-    script_calls,
-    scripts,
-    server_errors,
-    slots,
-    waiting,
-)
+from celery_singleton_lock.engine import script_calls, scripts, server_errors, slots, waiting
 from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
 from celery_singleton_lock.engine.backend import ReleaseSubscription
 from celery_singleton_lock.engine.backend_base import BackendBase
 from celery_singleton_lock.engine.capabilities import Capabilities
 from celery_singleton_lock.engine.cooldown import RELEASE_INTO_COOLDOWN, CooldownOperations
 from celery_singleton_lock.engine.deferred import DeferredRelease
+from celery_singleton_lock.engine.fork_safety import current_pid
 from celery_singleton_lock.engine.keys import LockKeys, validate_prefix
 from celery_singleton_lock.engine.latest import LatestOperations
 from celery_singleton_lock.engine.lease import Lease, LockHolder, Owner, already_finished
@@ -370,7 +365,7 @@ class RedisLocker(
         ``remember_for``, the script records the owner's finish too
         (:meth:`_with_finish_record`)."""
         script_keys, args = self._with_finish_record(lease, remember_for, script_keys, args)
-        if lease.pid != os.getpid():  # inherited from the parent: never touched here
+        if lease.pid != current_pid():  # inherited from the parent: never touched here
             return 0
         with _lease._state_lock:
             if lease.released:
@@ -410,12 +405,12 @@ class RedisLocker(
         ``pinned``; redis-py's errors said as ``LockError`` about ``key``."""
         connections = self.connections
         if pinned and connections is not None:
-            # The hot path (every acquire and waited release): EVALSHA packed here, straight
-            # on a kept connection, without the Script / error-mapping wrappers. A server that
-            # lost the script (restart, failover, SCRIPT FLUSH) answers NOSCRIPT: it is
-            # loaded and sent again, as redis-py's Script does.
+            # The hot path (every acquire and waited release): EVALSHA packed here, on a kept
+            # connection, without redis-py's Script wrappers. A server that lost the script
+            # (restart, failover, SCRIPT FLUSH) answers NOSCRIPT: loaded, sent again.
             try:
-                packed = connections.pack("EVALSHA", script.sha, len(keys), *keys, *args)
+                start = connections.start("EVALSHA", script.sha)
+                packed = connections.pack(len(keys), *keys, *args, start=start)
                 try:
                     return connections.call_packed(packed)
                 except NoScriptError:

@@ -86,6 +86,7 @@ class PinnedConnections:
         #: ``encoding`` and ``encoding_errors`` options), so a key is the same bytes either way
         self._encoding: str = kwargs.get("encoding", "utf-8")
         self._encoding_errors: str = kwargs.get("encoding_errors", "strict")
+        self._starts: dict[tuple[Any, ...], tuple[int, bytes]] = {}
         reset_in_forked_children(self)
 
     def after_fork_in_child(self) -> None:
@@ -125,14 +126,15 @@ class PinnedConnections:
             else:
                 self._pool.release(connection)
 
-    def pack(self, *command: str | bytes | float) -> bytes:
-        """``command`` in RESP, as redis-py would send it (str parts in the client's encoding).
+    def pack(self, *command: str | bytes | float, start: tuple[int, bytes] = (0, b"")) -> bytes:
+        """``command`` in RESP, as redis-py would send it (str parts in the client's encoding),
+        after ``start`` (:meth:`start`: the parts every such command begins with, packed once).
 
         Raises:
             DataError: a part that is not a str, bytes, int or float (redis-py refuses it too).
         """
         encoding, errors = self._encoding, self._encoding_errors
-        out = [b"*%d\r\n" % len(command)]
+        out = [b"*%d\r\n" % (start[0] + len(command)), start[1]]
         for part in command:
             kind = type(part)
             if kind is str:
@@ -145,6 +147,15 @@ class PinnedConnections:
                 raise DataError(f"cannot send {part!r} ({kind.__name__}) to Redis")
             out.append(b"$%d\r\n%b\r\n" % (len(data), data))
         return b"".join(out)
+
+    def start(self, *parts: str | bytes | float) -> tuple[int, bytes]:
+        """The first ``parts`` of a command, packed once for :meth:`pack` (``EVALSHA`` and a
+        script's SHA, ``EVAL`` and a script's text): not encoded again for every command."""
+        packed = self._starts.get(parts)
+        if packed is None:
+            head = b"*%d\r\n" % len(parts)
+            packed = self._starts[parts] = (len(parts), self.pack(*parts)[len(head) :])
+        return packed
 
     def call_packed(self, packed: bytes) -> Any:
         """``call`` for a command already packed (:meth:`pack`): sent first, then the reply a

@@ -35,7 +35,6 @@ and there is no fence here.
 from __future__ import annotations
 
 import logging
-import os
 import random
 import time
 from collections import Counter
@@ -48,6 +47,7 @@ from celery_singleton_lock.engine import lease as _lease
 from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
 from celery_singleton_lock.engine.backend_base import BackendBase, unsupported
 from celery_singleton_lock.engine.fan_out import FanOut
+from celery_singleton_lock.engine.fork_safety import current_pid
 from celery_singleton_lock.engine.keys import validate_prefix
 from celery_singleton_lock.engine.lease import Lease, LockHolder, Owner
 from celery_singleton_lock.engine.locker import RedisLocker, new_token
@@ -262,7 +262,7 @@ class QuorumLocker(BackendBase):
             LockBackendUnavailable: fewer than a majority answered; the lease keeps its token,
                 so ``release`` may simply be called again.
         """
-        if lease.pid != os.getpid():
+        if lease.pid != current_pid():
             return False
         with _lease._state_lock:
             if lease.released:

@@ -98,6 +98,10 @@ class Renewer:
         """Have ``locker.settle()`` called at a tick within :data:`SETTLE_WITHIN` seconds: a
         release sent without waiting (``release_later``) is reported even when no other
         command follows it on its connection (an idle worker)."""
+        if self._unsettled.get(id(locker)) is locker:
+            # Already planned: the tick that takes it reads every reply owed then, this one's
+            # included (it was sent before). A busy worker's case, without the lock.
+            return
         with self._lock:
             self._unsettled[id(locker)] = locker
             due = self.clock() + SETTLE_WITHIN

@@ -227,3 +227,23 @@ def test_with_the_setting_off_no_receiver_is_connected_to_the_lock_signals(
 def test_a_metrics_port_that_is_not_a_port_is_refused_naming_the_setting() -> None:
     with pytest.raises(LockConfigurationError, match="singleton_lock_metrics_port"):
         metrics.check_settings({"singleton_lock_metrics_port": "9808"})
+
+
+def test_the_parked_gauge_reads_zero_for_a_task_that_can_park_and_has_nothing_parked(
+    redis_server: RedisServer,
+) -> None:
+    from celery import Celery
+
+    from celery_singleton_lock import LockedTask
+
+    app = Celery("parked-zero", set_as_current=False)
+    app.conf.singleton_lock_url = redis_server.url
+
+    @app.task(name="parked_zero.queued", base=LockedTask, on_duplicate="queue", shared=False)
+    def queued(n: int) -> None: ...
+
+    @app.task(name="parked_zero.skipped", base=LockedTask, shared=False)
+    def skipped(n: int) -> None: ...
+
+    (family,) = metrics.ParkedCollector(app).collect()
+    assert [(s.labels, s.value) for s in family.samples] == [({"name": "parked_zero.queued"}, 0)]

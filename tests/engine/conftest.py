@@ -5,15 +5,30 @@ from typing import Iterator, Optional
 import pytest
 import redis
 
-from celery_singleton_lock.engine import RedisLocker, Renewer
+from celery_singleton_lock.engine import RedisLocker, Renewer, process_renewer
 from celery_singleton_lock.testing import RedisServer
 from tests.support import CountingConnection
 
 
+def stop_renewing(renewer: Renewer) -> None:
+    """Stop renewing what a test left held: its server is gone once the test ends, and the
+    renewer thread would warn about every failed renewal until the interpreter exits."""
+    for lease in renewer.leases():
+        renewer.discard(lease)
+
+
+@pytest.fixture(autouse=True)
+def _process_renewer_forgets_each_tests_leases() -> Iterator[None]:
+    yield
+    stop_renewing(process_renewer())
+
+
 @pytest.fixture
-def locker(redis_client: redis.Redis) -> RedisLocker:
+def locker(redis_client: redis.Redis) -> Iterator[RedisLocker]:
     """A locker with its own renewer thread (isolated from other tests' leases)."""
-    return RedisLocker(redis_client, prefix="t", renewer=Renewer())
+    renewer = Renewer()
+    yield RedisLocker(redis_client, prefix="t", renewer=renewer)
+    stop_renewing(renewer)
 
 
 @pytest.fixture

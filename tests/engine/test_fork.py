@@ -11,7 +11,7 @@ from typing import Any, ContextManager, Optional
 
 import redis
 
-from celery_singleton_lock.engine import Lease, RedisLocker, process_renewer
+from celery_singleton_lock.engine import Lease, RedisLocker, current_pid, process_renewer
 from celery_singleton_lock.testing import RedisServer
 from tests.engine.conftest import stored_token
 
@@ -26,6 +26,12 @@ def _run_in_child(body) -> int:  # type: ignore[no-untyped-def]
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status)
+
+
+def test_the_kept_process_id_is_the_childs_own_in_a_forked_child() -> None:
+    parent = current_pid()
+    assert parent == os.getpid()
+    assert _run_in_child(lambda: current_pid() == os.getpid() != parent) == 0
 
 
 def test_child_does_not_release_an_inherited_lease(redis_server: RedisServer) -> None:

@@ -167,3 +167,14 @@ def test_a_reply_owed_by_a_connection_that_failed_to_send_is_reported_lost(
     ((reply, error),) = replies
     assert reply is None and isinstance(error, redis.exceptions.ConnectionError)
     assert connections.call_packed(connections.pack("ECHO", "after")) == b"after"
+
+
+def test_a_command_packed_after_its_start_is_the_whole_command_packed(
+    redis_client: redis.Redis,
+) -> None:
+    connections = PinnedConnections(redis_client)
+    start = connections.start("EVAL", "return 1")
+    assert connections.start("EVAL", "return 1") is start  # packed once
+    assert connections.pack(2, "k1", "k2", 30000, start=start) == connections.pack(
+        "EVAL", "return 1", 2, "k1", "k2", 30000
+    )

@@ -274,8 +274,7 @@ def test_a_dead_holders_lock_is_released_on_every_server(
     quorum: QuorumLocker, servers: list[RedisServer]
 ) -> None:
     owner = Owner(task_id="t1", host="node", pid=999_999)
-    lease = quorum.try_acquire("job", 5, owner=owner, renew=False)
-    assert isinstance(lease, Lease)
+    lease = settled(quorum.try_acquire("job", 5, owner=owner, renew=False))
     assert quorum.release_abandoned("job", task_id="t1", host="node", pid=999_999)
     assert holders_on(servers, lease.key) == [b""] * 3
 

@@ -260,9 +260,24 @@ class ParkedCollector:
             # errors among them): a raise here made the whole scrape a 500
             log.warning("celery_lock_parked not read: %s", exc)
             counts = {}
+        else:
+            # a task that can park reads 0 when nothing is parked, rather than vanishing
+            for name in parking_task_names(self.app):
+                counts.setdefault(name, 0)
         for name, count in sorted(counts.items()):
             family.add_metric([name], count)
         yield family
+
+
+def parking_task_names(app: Any) -> list[str]:
+    """The names ``celery_lock_parked`` gives the app's tasks that park duplicates (policies
+    ``queue`` and ``replace``): the lock name before its digest."""
+    names = []
+    for task in list(app.tasks.values()):
+        options = getattr(task, "_lock_options", None)
+        if options is not None and options.on_duplicate in ("queue", "replace"):
+            names.append(f"{options.keyer.namespace}{options.task_name}")
+    return names
 
 
 def parked_by_task(locker: Any) -> dict[str, int]:

@@ -5,8 +5,8 @@ path closes it: the body's outcome (its ``run``, see :func:`body_releasing`),
 ``self.retry()``, and any exception raised after the acquire, by ``before_start`` itself or by
 a subclass's ``before_start`` around it. Closing stops renewal, releases the lock, and takes
 the scope out of its thread's registry. In a worker on one server (or Sentinel) the release is
-sent without waiting: its reply is read before the next command on that connection (the next task's
-acquire), or by the renewer within a second, and reported then (``lock_released``, the
+sent without waiting: its reply is read with the next command on that connection (the next
+task's acquire), or by the renewer within a second, and reported then (``lock_released``, the
 "expired before its release" warning); an eager call waits for it. It never raises: a release
 problem is logged and signalled, and the body's outcome stands.
 
@@ -62,10 +62,17 @@ class LockScope(LockHandle):
     Opening it registers it in the current thread; :meth:`close` ends it, once.
     """
 
-    __slots__ = ("_body_started", "_closed", "limit", "name", "task", "task_id")
+    __slots__ = ("_body_started", "_closed", "eager", "limit", "name", "task", "task_id")
 
     def __init__(
-        self, task: LockedTask, task_id: str, name: str, lease: Lease, limit: int = 1
+        self,
+        task: LockedTask,
+        task_id: str,
+        name: str,
+        lease: Lease,
+        limit: int = 1,
+        *,
+        eager: bool = False,
     ) -> None:
         super().__init__(lease.key, lease)
         self.task = task
@@ -73,6 +80,8 @@ class LockScope(LockHandle):
         self.name = name
         #: the call's lock_limit (a callable's value for this call)
         self.limit = limit
+        #: run by ``apply()`` (or a direct call): its release is waited for
+        self.eager = eager
         self._body_started = False
         self._closed = False
         _open.by_name[name] = self
@@ -145,7 +154,7 @@ class LockScope(LockHandle):
                     handoff.publish(task.app, handed, self.name)
             elif cooldown:
                 owned = lease.locker.release_cooling(lease, cooldown, remember_for=remember_for)
-            elif not task.request.is_eager and lease.locker.release_later(
+            elif not self.eager and lease.locker.release_later(
                 lease, self._settled, remember_for=remember_for
             ):
                 return  # reported once the reply is read (the next command on the connection)

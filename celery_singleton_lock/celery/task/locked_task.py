@@ -42,6 +42,7 @@ from celery_singleton_lock.engine import (
     LockHolder,
     Owner,
     Parked,
+    current_pid,
 )
 from celery_singleton_lock.errors import (
     AlreadyFinished,
@@ -246,7 +247,7 @@ class LockedTask(Task):  # type: ignore[misc]
         if PAUSE.active:
             PAUSE.resumed()
         # From here the scope owns the lock: whatever raises below closes it.
-        request.lock = held = LockScope(self, task_id, name, lease, limit)
+        request.lock = held = LockScope(self, task_id, name, lease, limit, eager=request.is_eager)
         if already_ran(self, request, is_copy):
             held.close()
             self._drop_copy(task_id, "its outcome is stored")
@@ -265,7 +266,9 @@ class LockedTask(Task):  # type: ignore[misc]
         execution (``Ignore``, retry, or an error) when the body must not run."""
         worker_call = bool(task_id) and not request.is_eager
         wanted = acquire_plan.request_base(self, options, bool(task_id), request.is_eager).for_call(
-            name, lock_owner(task_id, request, os.getpid()), self._hard_time_limit(request, options)
+            name,
+            lock_owner(task_id, request, current_pid()),
+            self._hard_time_limit(request, options),
         )
         # Policy queue: the acquire parks the message when the lock is held. Policy replace:
         # the same, but the newest call waits alone (and may be debounced).

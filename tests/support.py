@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
-from typing import Callable, TypeVar
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Callable, Generic, Iterable, Iterator, TypeVar
 
 import redis
 
@@ -59,6 +61,24 @@ class CountingConnection(redis.Connection):
             return len(cls.sent)
 
 
+#: The environment variable :class:`tests.celery.workers.Servers` sets for the ``celery worker``
+#: processes it starts; the apps those load read it through :func:`broker_polling`.
+BROKER_POLLING_ENV = "CSL_BROKER_POLLING_INTERVAL"
+
+
+def broker_polling() -> dict[str, float]:
+    """``broker_transport_options`` entries of a test worker: kombu's ``polling_interval``
+    (the seconds an idle BRPOP on the Redis broker blocks; 1 s by default).
+
+    A worker acts on SIGTERM only once its event loop wakes, which an idle worker does when
+    that BRPOP returns: with 1 s, every warm stop of a test worker waited up to a second
+    before it began. Messages are delivered as they arrive either way. Empty outside a
+    worker process started by the tests.
+    """
+    raw = os.environ.get(BROKER_POLLING_ENV)
+    return {"polling_interval": float(raw)} if raw else {}
+
+
 def wait_until(predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.02) -> T:
     """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
@@ -79,3 +99,48 @@ def sleep_for(seconds: float, step: float = 0.05) -> None:
         if remaining <= 0:
             return
         time.sleep(min(step, remaining))
+
+
+#: One call of :class:`SideBySide`'s function: positional and keyword arguments.
+Call = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+class SideBySide(Generic[T]):
+    """Calls of ``run`` (each a subprocess, mostly one core's import time) that depend on
+    nothing a test does first, started together at the first ask, ``at_once`` at a time: a
+    test asking for one of ``calls`` gets that call's result; any other call runs on the spot.
+
+    Use as a context manager (a module-scoped fixture's): leaving waits for what still runs.
+    """
+
+    def __init__(self, run: Callable[..., T], calls: Iterable[Call], at_once: int = 3) -> None:
+        self._run = run
+        self._calls = list(calls)
+        self._pool = ThreadPoolExecutor(at_once, thread_name_prefix="side-by-side")
+        self._started: dict[Any, Future[T]] = {}
+
+    @staticmethod
+    def _key(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        return tuple(map(str, args)), tuple(sorted((k, str(v)) for k, v in kwargs.items()))
+
+    def __call__(self, *args: Any, **kwargs: Any) -> T:
+        if not self._started:
+            for call_args, call_kwargs in self._calls:
+                future = self._pool.submit(self._run, *call_args, **call_kwargs)
+                self._started[self._key(call_args, call_kwargs)] = future
+        future = self._started.get(self._key(args, kwargs))
+        return future.result() if future is not None else self._run(*args, **kwargs)
+
+    def __enter__(self) -> SideBySide[T]:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def side_by_side(
+    run: Callable[..., T], calls: Iterable[Call], at_once: int = 3
+) -> Iterator[SideBySide[T]]:
+    """A fixture body: ``yield from side_by_side(run, calls)``."""
+    with SideBySide(run, calls, at_once) as runs:
+        yield runs

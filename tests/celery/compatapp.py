@@ -21,6 +21,7 @@ from celery import Celery
 from celery_singleton import Singleton as OriginalSingleton
 
 from celery_singleton_lock.compat import QueueOnce, Singleton
+from tests.support import broker_polling
 
 try:
     from celery_once import QueueOnce as OriginalQueueOnce
@@ -38,6 +39,7 @@ def common_settings(*, broker_url: str, lock_url: str, queue: str) -> dict[str, 
     return {
         "broker_url": broker_url,
         "broker_connection_retry_on_startup": True,
+        "broker_transport_options": broker_polling(),
         "task_default_queue": queue,
         "task_ignore_result": True,
         "worker_prefetch_multiplier": 1,

@@ -29,6 +29,7 @@ from celery import Celery, signals
 from celery_singleton import Singleton
 
 import celery_singleton_lock.celery  # noqa: F401  (connects our receivers; no LockedTask here)
+from tests.support import broker_polling
 
 app = Celery("plainapp")
 
@@ -43,6 +44,7 @@ def configure(
         broker_url=broker_url,
         result_backend=backend_url,
         broker_connection_retry_on_startup=True,
+        broker_transport_options=broker_polling(),
         task_default_queue=queue,
         # ours, naming a server this app must never reach
         singleton_lock_url=lock_url,

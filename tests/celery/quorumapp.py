@@ -16,6 +16,7 @@ import redis
 from celery import Celery
 
 from celery_singleton_lock import LockedTask
+from tests.support import broker_polling
 
 app = Celery("quorumapp")
 
@@ -25,6 +26,7 @@ if os.environ.get("CSL_BROKER_URL"):
         result_backend=os.environ["CSL_BACKEND_URL"],
         singleton_lock_url=os.environ["CSL_LOCK_URLS"].split(","),
         broker_connection_retry_on_startup=True,
+        broker_transport_options=broker_polling(),
         worker_prefetch_multiplier=1,
         result_expires=600,
         task_default_queue=os.environ.get("CSL_QUEUE", "celery"),

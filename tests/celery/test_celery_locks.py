@@ -25,7 +25,7 @@ from celery_singleton_lock.celery.cli.lock_release import release_lock
 from celery_singleton_lock.engine import Lease, LockKeys, Owner, RedisLocker, Renewer
 from tests.celery.tasks import exits, runtime
 from tests.celery.workers import Servers, client_app, close_client, lock_key, unique, worker_group
-from tests.support import wait_until
+from tests.support import Call, SideBySide, wait_until
 
 try:
     import tomllib
@@ -71,11 +71,71 @@ def servers() -> Iterator[Servers]:
 
 Celery = Callable[..., CeleryRun]
 
+#: A server that never answers (nothing listens on port 1): the lock server or the broker.
+DEAD_URL = "redis://127.0.0.1:1/0"
+SHOW_NAMES_NO_TASK_TAKES = ["not-a-lock-name", "tests.celery.tasks.runtime.fenced:42"]
+NAMES_NO_TASK_TAKES = ["not-a-lock-name", "tests.celery.runtime.fenced:42"]
+BAD_LOCK_URLS = {
+    "http-scheme": ("http://x", "not a Redis URL"),
+    "db-not-a-number": ("redis://127.0.0.1/abc", "database 'abc' is not a number"),
+}
+COMMANDS = [["list"], ["show", "a:b"], ["release", "--force", "a:b"]]
+APPS_CELERY_CANNOT_LOAD = {"module": "no_such_module_xyz", "attribute": f"{APP}:no_such_app"}
+#: The lock the dead-broker release is asked to release (held on a lock server of its own)
+DEAD_BROKER_LOCK = f"app.job:{unique('dead-broker')}"
+
+
+def a_run(*args: str, app: Optional[str] = APP, **settings: str) -> Call:
+    """The arguments of one ``celery(...)`` call, in the form the fixture's batch keeps."""
+    return args, {"app": app, "cwd": REPO, **settings}
+
+
+def independent_runs() -> list[Call]:
+    """The runs that depend on nothing a test does first: they do not write to this module's
+    lock server, and their answers do not depend on what it holds."""
+    runs = [
+        a_run("--help", app=None),
+        a_run("locks", "list"),
+        a_run("locks", "--prefix", "bad prefix{", "list"),
+        a_run("locks", "show", "--task", "no.such.task"),
+        a_run("locks", "list", "--no-such-option"),
+    ]
+    runs += [a_run("locks", "show", given) for given in SHOW_NAMES_NO_TASK_TAKES]
+    for given in NAMES_NO_TASK_TAKES:
+        runs.append(a_run("locks", "release", "--force", given))
+        runs.append(a_run("locks", "clear-queued", given))
+    for command in COMMANDS:
+        runs += [a_run("locks", *command, CSL_LOCK_URL=url) for url, _ in BAD_LOCK_URLS.values()]
+        runs.append(a_run("locks", *command, CSL_LOCK_URL=DEAD_URL))
+    runs += [a_run("locks", "list", app=app) for app in APPS_CELERY_CANNOT_LOAD.values()]
+    return runs
+
+
+#: ``celery`` processes run at once: each is mostly one core's import time, and the slow one
+#: (a dead broker's connection retries, about 7 s) waits on the network.
+SIDE_BY_SIDE = 3
+
 
 @pytest.fixture(scope="module")
-def celery(entry_points_dir: Path, servers: Servers) -> Celery:
-    """``celery(*args, app=APP, cwd=REPO, **CSL_settings)``: run ``celery -A app *args`` with
-    lockapp configured for this module's servers, or the ``CSL_*`` variables given."""
+def dead_broker_lock_server() -> Iterator[RedisServer]:
+    """The lock server of the dead-broker release: its own, so that the orphaned lock it holds
+    is seen by no other command of this module (``doctor`` would report it)."""
+    with RedisServer.running() as server:
+        held_by(
+            RedisLocker(server.client(), renewer=Renewer(autostart=False)),
+            DEAD_BROKER_LOCK,
+            task_id="t-b",
+            host="w@box",
+            pid=3,
+        )
+        yield server
+
+
+@pytest.fixture(scope="module")
+def celery_process(entry_points_dir: Path, servers: Servers) -> Celery:
+    """``celery_process(*args, app=APP, cwd=REPO, **CSL_settings)``: run ``celery -A app
+    *args`` with lockapp configured for this module's servers, or the ``CSL_*`` variables
+    given."""
 
     def run(*args: str, app: Optional[str] = APP, cwd: Path = REPO, **settings: str) -> CeleryRun:
         env = {
@@ -98,6 +158,23 @@ def celery(entry_points_dir: Path, servers: Servers) -> Celery:
         )
 
     return run
+
+
+@pytest.fixture(scope="module")
+def celery(celery_process: Celery, dead_broker_lock_server: RedisServer) -> Iterator[Celery]:
+    """:func:`celery_process`, with the runs of :func:`independent_runs` (and the dead-broker
+    release) started together at the first ask, a few at a time; each is still a ``celery``
+    process of its own, and the test that asks for one gets that run's result."""
+    dead_broker = {"CSL_BROKER_URL": DEAD_URL, "CSL_LOCK_URL": dead_broker_lock_server.url}
+    batch = [a_run("locks", "release", DEAD_BROKER_LOCK, **dead_broker), *independent_runs()]
+    with SideBySide(celery_process, batch, at_once=SIDE_BY_SIDE) as runs:
+
+        def celery(
+            *args: str, app: Optional[str] = APP, cwd: Path = REPO, **settings: str
+        ) -> CeleryRun:
+            return runs(*args, app=app, cwd=cwd, **settings)
+
+        yield celery
 
 
 def no_traceback(result: CeleryRun) -> CeleryRun:
@@ -246,19 +323,19 @@ def test_show_task_computes_the_name_with_the_app_celery_loaded(
     assert result.stdout.startswith(f"{key}  task=t-task  ")
 
 
-@pytest.mark.parametrize("given", ["not-a-lock-name", "tests.celery.tasks.runtime.fenced:42"])
+@pytest.mark.parametrize("given", SHOW_NAMES_NO_TASK_TAKES)
 def test_show_of_a_name_no_task_takes_is_one_error_line(celery: Celery, given: str) -> None:
     line = the_error(celery("locks", "show", given))
     assert f"{given!r} is not a lock name" in line and "--task" in line
 
 
-@pytest.mark.parametrize("given", ["not-a-lock-name", "tests.celery.runtime.fenced:42"])
+@pytest.mark.parametrize("given", NAMES_NO_TASK_TAKES)
 def test_release_of_a_name_no_task_takes_is_one_error_line(celery: Celery, given: str) -> None:
     line = the_error(celery("locks", "release", "--force", given))
     assert f"{given!r} is not a lock name" in line
 
 
-@pytest.mark.parametrize("given", ["not-a-lock-name", "tests.celery.runtime.fenced:42"])
+@pytest.mark.parametrize("given", NAMES_NO_TASK_TAKES)
 def test_clear_queued_of_a_name_no_task_takes_is_one_error_line(celery: Celery, given: str) -> None:
     line = the_error(celery("locks", "clear-queued", given))
     assert f"{given!r} is not a lock name" in line
@@ -461,15 +538,8 @@ def test_release_leaves_a_lock_that_changed_hands_after_it_was_read(
 # -- bad input: one line, no traceback -------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("url", "says"),
-    [
-        ("http://x", "not a Redis URL"),
-        ("redis://127.0.0.1/abc", "database 'abc' is not a number"),
-    ],
-    ids=["http-scheme", "db-not-a-number"],
-)
-@pytest.mark.parametrize("command", [["list"], ["show", "a:b"], ["release", "--force", "a:b"]])
+@pytest.mark.parametrize(("url", "says"), BAD_LOCK_URLS.values(), ids=BAD_LOCK_URLS)
+@pytest.mark.parametrize("command", COMMANDS)
 def test_a_bad_lock_url_is_one_error_line(
     celery: Celery, command: list[str], url: str, says: str
 ) -> None:
@@ -477,10 +547,10 @@ def test_a_bad_lock_url_is_one_error_line(
     assert says in line
 
 
-@pytest.mark.parametrize("command", [["list"], ["show", "a:b"], ["release", "--force", "a:b"]])
+@pytest.mark.parametrize("command", COMMANDS)
 def test_an_unreachable_lock_server_is_one_error_line(celery: Celery, command: list[str]) -> None:
-    line = the_error(celery("locks", *command, CSL_LOCK_URL="redis://127.0.0.1:1/0"))
-    assert "unavailable" in line and "redis://127.0.0.1:1/0" in line
+    line = the_error(celery("locks", *command, CSL_LOCK_URL=DEAD_URL))
+    assert "unavailable" in line and DEAD_URL in line
 
 
 def test_a_bad_prefix_is_one_error_line(celery: Celery) -> None:
@@ -489,10 +559,18 @@ def test_a_bad_prefix_is_one_error_line(celery: Celery) -> None:
 
 
 def test_an_unreachable_broker_is_one_error_line_for_release(
-    celery: Celery, locker: RedisLocker, name: str
+    celery: Celery, dead_broker_lock_server: RedisServer
 ) -> None:
-    held_by(locker, name, task_id="t-b", host="w@box", pid=3)
-    line = the_error(celery("locks", "release", name, CSL_BROKER_URL="redis://127.0.0.1:1/0"))
+    # the lock, held by task t-b on node w@box, is dead_broker_lock_server's
+    line = the_error(
+        celery(
+            "locks",
+            "release",
+            DEAD_BROKER_LOCK,
+            CSL_BROKER_URL=DEAD_URL,
+            CSL_LOCK_URL=dead_broker_lock_server.url,
+        )
+    )
     assert "cannot ask worker node 'w@box' whether it is alive" in line and "--force" in line
 
 
@@ -508,7 +586,10 @@ def test_an_unknown_option_is_one_error_line(celery: Celery) -> None:
 
 @pytest.mark.parametrize(
     ("app", "says"),
-    [("no_such_module_xyz", "no_such_module_xyz"), (f"{APP}:no_such_app", "no_such_app")],
+    [
+        (APPS_CELERY_CANNOT_LOAD["module"], "no_such_module_xyz"),
+        (APPS_CELERY_CANNOT_LOAD["attribute"], "no_such_app"),
+    ],
     ids=["module", "attribute"],
 )
 def test_an_app_celery_cannot_load_is_reported_by_celery_without_a_traceback(

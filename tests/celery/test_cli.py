@@ -14,7 +14,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import pytest
 import redis
@@ -25,6 +25,7 @@ from celery_singleton_lock.testing import RedisServer
 from tests.celery.conftest import lock_key_of
 from tests.celery.tasks import exits
 from tests.celery.workers import results_url
+from tests.support import Call, SideBySide
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -67,6 +68,61 @@ def the_error(result: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
+# -- runs that depend on nothing a test does first, run side by side ---------------------------
+
+BAD_URLS = {
+    "http-scheme": ("http://x", "not a Redis URL"),
+    "no-scheme": ("notaurl", "not a Redis URL"),
+    "db-not-a-number": ("redis://127.0.0.1/abc", "database 'abc' is not a number"),
+    "port-not-a-number": ("redis://127.0.0.1:port/0", "port"),
+}
+HELP_OF = ([], ["list"], ["show"], ["release"])
+LOCKAPP = "tests.celery.lockapp:app"
+
+
+def a_run(*args: str, cwd: Optional[Path] = None) -> Call:
+    """The arguments of one ``cli(...)`` call, in the form the fixture's batch keeps."""
+    return args, {"cwd": cwd, "env": None}
+
+
+@pytest.fixture(scope="module")
+def broken_app_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory whose ``brokenapp`` module raises when it is imported."""
+    path = tmp_path_factory.mktemp("brokenapp")
+    (path / "brokenapp.py").write_text("raise RuntimeError('half-written settings')\n")
+    return path
+
+
+Cli = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+@pytest.fixture(scope="module")
+def cli(broken_app_dir: Path) -> Iterator[Cli]:
+    """``run_cli``, with the runs that neither read nor write a server a test prepared (bad
+    input, help, the default server) started together at the first ask, three at a time: each
+    is still a process of its own, run as the console script runs."""
+    batch = [
+        a_run("list"),
+        a_run("list", "--no-such-option"),
+        a_run("-A", LOCKAPP, "show", "--task", "x", "--args", "[1"),
+        a_run("-A", LOCKAPP, "show", "--task", "no.such.task"),
+        a_run("-A", "no_such_module_xyz:app", "list"),
+        a_run("-A", "tests.celery.lockapp:no_such_app", "list"),
+        a_run("-A", "os:path", "list"),
+        a_run("-A", "brokenapp:app", "list", cwd=broken_app_dir),
+        *(a_run("--url", url, "list") for url, _ in BAD_URLS.values()),
+        *(a_run(*command, "--help") for command in HELP_OF),
+    ]
+    with SideBySide(run_cli, batch) as runs:
+
+        def cli(
+            *args: str, cwd: Optional[Path] = None, env: Optional[dict[str, str]] = None
+        ) -> subprocess.CompletedProcess[str]:
+            return runs(*args, cwd=cwd, env=env)
+
+        yield cli
+
+
 def _locker(server: RedisServer, prefix: str = "singleton-lock") -> RedisLocker:
     return RedisLocker(server.client(), prefix=prefix, renewer=Renewer(autostart=False))
 
@@ -101,9 +157,9 @@ def test_list_hides_the_password_of_the_server_it_names() -> None:
     assert "s3cret-pw" not in result.stderr + result.stdout
 
 
-def test_list_names_the_default_server_when_given_none() -> None:
+def test_list_names_the_default_server_when_given_none(cli: Cli) -> None:
     # read-only, whatever (if anything) answers on the default address
-    result = run_cli("list")
+    result = cli("list")
     assert "redis://localhost:6379/0" in result.stderr
     assert "Traceback" not in result.stderr
 
@@ -178,9 +234,9 @@ def test_an_app_module_in_the_current_directory_is_found(
     assert f"0 lock(s) held under prefix 'newapp-locks' on {redis_server.url}" in result.stderr
 
 
-def test_help_text_is_plain() -> None:
-    for command in ([], ["list"], ["show"], ["release"]):
-        result = run_cli(*command, "--help")
+def test_help_text_is_plain(cli: Cli) -> None:
+    for command in HELP_OF:
+        result = cli(*command, "--help")
         assert result.returncode == 0, result.stderr
         assert "``" not in result.stdout, result.stdout
 
@@ -257,15 +313,13 @@ def test_show_task_without_an_app_says_how_to_name_the_lock(redis_server: RedisS
     assert "-A" in line and "lock_options.keyer.name(args, kwargs)" in line
 
 
-def test_show_task_with_args_that_are_not_json_is_one_error_line() -> None:
-    line = the_error(
-        run_cli("-A", "tests.celery.lockapp:app", "show", "--task", "x", "--args", "[1")
-    )
+def test_show_task_with_args_that_are_not_json_is_one_error_line(cli: Cli) -> None:
+    line = the_error(cli("-A", LOCKAPP, "show", "--task", "x", "--args", "[1"))
     assert "--args" in line and "JSON" in line
 
 
-def test_show_task_of_an_unknown_task_is_one_error_line() -> None:
-    line = the_error(run_cli("-A", "tests.celery.lockapp:app", "show", "--task", "no.such.task"))
+def test_show_task_of_an_unknown_task_is_one_error_line(cli: Cli) -> None:
+    line = the_error(cli("-A", LOCKAPP, "show", "--task", "no.such.task"))
     assert "no.such.task" in line and "not registered" in line
 
 
@@ -277,39 +331,31 @@ def test_show_of_a_key_under_another_prefix_is_one_error_line(redis_server: Redi
 # -- bad input: one line, no traceback -------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("url", "says"),
-    [
-        ("http://x", "not a Redis URL"),
-        ("notaurl", "not a Redis URL"),
-        ("redis://127.0.0.1/abc", "database 'abc' is not a number"),
-        ("redis://127.0.0.1:port/0", "port"),
-    ],
-    ids=["http-scheme", "no-scheme", "db-not-a-number", "port-not-a-number"],
-)
-def test_a_bad_url_is_one_error_line(url: str, says: str) -> None:
-    line = the_error(run_cli("--url", url, "list"))
+@pytest.mark.parametrize(("url", "says"), BAD_URLS.values(), ids=BAD_URLS)
+def test_a_bad_url_is_one_error_line(cli: Cli, url: str, says: str) -> None:
+    line = the_error(cli("--url", url, "list"))
     assert says in line
 
 
-def test_a_missing_app_module_is_one_error_line() -> None:
-    line = the_error(run_cli("-A", "no_such_module_xyz:app", "list"))
+def test_a_missing_app_module_is_one_error_line(cli: Cli) -> None:
+    line = the_error(cli("-A", "no_such_module_xyz:app", "list"))
     assert "no_such_module_xyz" in line
 
 
-def test_a_missing_app_attribute_is_one_error_line() -> None:
-    line = the_error(run_cli("-A", "tests.celery.lockapp:no_such_app", "list"))
+def test_a_missing_app_attribute_is_one_error_line(cli: Cli) -> None:
+    line = the_error(cli("-A", "tests.celery.lockapp:no_such_app", "list"))
     assert "no_such_app" in line
 
 
-def test_an_app_that_is_not_a_celery_app_is_one_error_line() -> None:
-    line = the_error(run_cli("-A", "os:path", "list"))
+def test_an_app_that_is_not_a_celery_app_is_one_error_line(cli: Cli) -> None:
+    line = the_error(cli("-A", "os:path", "list"))
     assert "not a Celery app" in line
 
 
-def test_an_app_module_that_raises_on_import_is_one_error_line(tmp_path: Path) -> None:
-    (tmp_path / "brokenapp.py").write_text("raise RuntimeError('half-written settings')\n")
-    line = the_error(run_cli("-A", "brokenapp:app", "list", cwd=tmp_path))
+def test_an_app_module_that_raises_on_import_is_one_error_line(
+    cli: Cli, broken_app_dir: Path
+) -> None:
+    line = the_error(cli("-A", "brokenapp:app", "list", cwd=broken_app_dir))
     assert "RuntimeError: half-written settings" in line
 
 
@@ -337,8 +383,8 @@ def test_a_limit_below_one_is_one_error_line(redis_server: RedisServer) -> None:
     assert "--limit" in line
 
 
-def test_an_unknown_option_is_one_error_line() -> None:
-    line = the_error(run_cli("list", "--no-such-option"))
+def test_an_unknown_option_is_one_error_line(cli: Cli) -> None:
+    line = the_error(cli("list", "--no-such-option"))
     assert "--no-such-option" in line
 
 

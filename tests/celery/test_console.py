@@ -61,8 +61,11 @@ def console_at(own_app: Celery) -> Iterator[ConsoleAt]:
         console.close()
 
 
-@pytest.fixture
-def browser() -> Iterator[Any]:
+@pytest.fixture(scope="module")
+def chromium() -> Iterator[Any]:
+    """One browser for the module (starting one takes a second or two): each test serves a
+    console of its own on a port of its own, and the console keeps nothing in the browser
+    (its CSRF token is a form field, not a cookie)."""
     if CHROMEDRIVER is None or CHROMIUM is None:
         pytest.skip("needs Debian's chromium and chromium-driver")
     options = webdriver.ChromeOptions()
@@ -73,6 +76,13 @@ def browser() -> Iterator[Any]:
     driver.set_page_load_timeout(30)
     yield driver
     driver.quit()
+
+
+@pytest.fixture
+def browser(chromium: Any) -> Any:
+    """The module's browser on a blank page (nothing of the previous test's console shown)."""
+    chromium.get("about:blank")
+    return chromium
 
 
 def table_text(driver: Any) -> str:

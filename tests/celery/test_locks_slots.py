@@ -22,7 +22,7 @@ from celery_singleton_lock.engine import Owner, RedisLocker, Renewer
 from tests.celery.test_celery_locks import (  # noqa: F401 - the fixtures
     APP,
     Celery,
-    celery,
+    celery_process,
     entry_points_dir,
     lock_store,
     no_traceback,
@@ -30,6 +30,13 @@ from tests.celery.test_celery_locks import (  # noqa: F401 - the fixtures
     the_error,
 )
 from tests.celery.workers import unique
+
+
+@pytest.fixture(scope="module")
+def celery(celery_process: Celery) -> Celery:
+    """This module's runs, one by one (test_celery_locks.py's start some side by side)."""
+    return celery_process
+
 
 #: a node no worker answers pings as
 GONE = "gone@nowhere"

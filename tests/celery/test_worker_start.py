@@ -20,6 +20,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -210,26 +211,54 @@ INVALID = {
 AT_CHECK = [case for case, invalid in INVALID.items() if invalid.at_check]
 
 
+#: Refused workers run side by side: each is a ``celery worker`` process of its own that
+#: imports Celery and the app and exits (about a second of one core's time, nothing shared
+#: but the broker, each on a queue of its own), so two cores finish them in about half the time.
+REFUSED_SIDE_BY_SIDE = 3
+
+
+def refused_cases_collected(session: pytest.Session) -> list[tuple[str, str]]:
+    """The (case, pool) of every collected test of this module that asks ``refused``."""
+    wanted: dict[tuple[str, str], None] = {}
+    for item in session.items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        asks = "refused" in getattr(item, "fixturenames", ())
+        if item.module is sys.modules[__name__] and asks and params.get("case") in INVALID:
+            wanted[params["case"], params.get("pool", "solo")] = None
+    return list(wanted)
+
+
 @pytest.fixture(scope="module")
 def refused(
-    tmp_path_factory: pytest.TempPathFactory, broker: RedisServer
-) -> Callable[[str, str], Outcome]:
-    """``refused(case, pool)``: the outcome of a worker on ``INVALID[case]``; each runs once."""
-    outcomes: dict[tuple[str, str], Outcome] = {}
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    broker: RedisServer,
+) -> Iterator[Callable[[str, str], Outcome]]:
+    """``refused(case, pool)``: the outcome of a worker on ``INVALID[case]``; each runs once.
+    Every one the collected tests ask for is started at the first ask, side by side."""
+    futures: dict[tuple[str, str], Future[Outcome]] = {}
+    with ThreadPoolExecutor(REFUSED_SIDE_BY_SIDE, thread_name_prefix="refused") as pool_of:
 
-    def outcome(case: str, pool: str) -> Outcome:
-        if (case, pool) not in outcomes:
+        def submit(case: str, pool: str) -> None:
             invalid = INVALID[case]
-            outcomes[case, pool] = run_worker(
-                tmp_path_factory.mktemp("refused"),
+            futures[case, pool] = pool_of.submit(
+                run_worker,
+                tmp_path_factory.mktemp("refused"),  # here: mktemp is not for threads
                 broker,
                 pool,
                 before=invalid.before,
                 after=invalid.after,
             )
-        return outcomes[case, pool]
 
-    return outcome
+        def outcome(case: str, pool: str) -> Outcome:
+            if not futures:
+                for wanted in refused_cases_collected(request.session):
+                    submit(*wanted)
+            if (case, pool) not in futures:
+                submit(case, pool)
+            return futures[case, pool].result(timeout=REFUSED_WITHIN * 2)
+
+        yield outcome
 
 
 @pytest.mark.parametrize("pool", POOLS)

@@ -32,6 +32,7 @@ from celery import Celery
 
 from celery_singleton_lock.engine.keys import LockKeys
 from celery_singleton_lock.testing import RedisServer
+from tests.support import BROKER_POLLING_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "tests.celery.lockapp"
@@ -40,6 +41,9 @@ APP = "tests.celery.lockapp"
 START_TIMEOUT = 45.0
 #: Seconds a warm shutdown may take before the worker is killed.
 STOP_TIMEOUT = 15.0
+#: Seconds an idle worker's BRPOP on the broker blocks (tests.support.broker_polling): how
+#: long a warm stop may wait before the worker notices it.
+BROKER_POLLING_INTERVAL = 0.1
 
 
 #: Workers started and not yet cleaned up: killed at interpreter exit if a test run is cut
@@ -101,6 +105,7 @@ class Servers:
             "CSL_LOCK_URL": self.lock.url,
             "CSL_QUEUE": queue,
             "PYTHONUNBUFFERED": "1",
+            BROKER_POLLING_ENV: str(BROKER_POLLING_INTERVAL),
         }
         env.pop("CSL_VISIBILITY_TIMEOUT", None)
         if self.visibility_timeout is not None:

@@ -22,6 +22,7 @@ import redis
 from celery import Celery
 
 from celery_singleton_lock import LockedTask
+from tests.support import broker_polling
 
 app = Celery("soakapp")
 app.conf.update(
@@ -30,6 +31,7 @@ app.conf.update(
     singleton_lock_url=os.environ.get("CSL_LOCK_URL"),
     task_default_queue=os.environ.get("CSL_QUEUE", "celery"),  # lock retries come back here
     broker_connection_retry_on_startup=True,
+    broker_transport_options=broker_polling(),
     worker_prefetch_multiplier=1,
     result_expires=3600,
     # a parked call whose hand-off was lost with a killed child (between the release and the

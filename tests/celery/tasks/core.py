@@ -22,6 +22,7 @@ import redis
 from celery import Celery
 
 from celery_singleton_lock import LockedTask
+from tests.support import broker_polling
 
 app = Celery("lockapp")
 
@@ -53,15 +54,15 @@ def configure(
     visibility_timeout: Optional[float] = None,
     **extra: Any,
 ) -> None:
-    transport: dict[str, Any] = {}
+    transport: dict[str, Any] = dict(broker_polling())
     if visibility_timeout is not None:
         # kombu's Redis transport restores unacked messages only every
         # unacked_restore_interval x unacked_restore_throttle: make redelivery prompt.
-        transport = {
-            "visibility_timeout": visibility_timeout,
-            "unacked_restore_interval": 0.5,
-            "unacked_restore_throttle": 1,
-        }
+        transport.update(
+            visibility_timeout=visibility_timeout,
+            unacked_restore_interval=0.5,
+            unacked_restore_throttle=1,
+        )
     app.conf.update(
         broker_url=broker_url,
         result_backend=backend_url,

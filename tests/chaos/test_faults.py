@@ -21,6 +21,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -218,6 +219,8 @@ class BalanceOutcome:
     fences_behind_store: list[str]  # accounts whose counter is below a fence the store saw
     backend_errors: int  # worker log ERROR lines "...; retrying later"
     lock_lost: int
+    #: updates sent that no worker ever logged received (see run_balances): not in ``ledger``
+    lost_by_broker: list[str] = field(default_factory=list)
 
     @property
     def recoveries(self) -> list[float]:
@@ -250,6 +253,7 @@ class BalanceOutcome:
             "fence_repeats": self.fence_repeats,
             "backend_error_retries_logged": self.backend_errors,
             "lock_lost_signals": self.lock_lost,
+            "lost_by_the_broker_never_received": len(self.lost_by_broker),
             "seconds": round(self.seconds, 1),
         }
 
@@ -369,7 +373,14 @@ def run_balances(servers: ChaosServers, plan: Plan) -> BalanceOutcome:
             seconds = time.monotonic() - began
             stuck, gone_after = wait_no_locks(locks, BALANCE_TTL + 2)
             logs = [w.log() for w in group.workers]
-        ledger = store.analyse(sent)
+        # A Redis broker can lose a message that was on its way to a worker killed with
+        # SIGKILL: kombu's transport takes it off the queue (BRPOP) and only then records it
+        # as unacknowledged, and a message still in the dead worker's socket is gone too
+        # (celery/celery#4354, celery/kombu#305). No worker ever logged it received: the lock
+        # never saw it, and the lock's promises (none lost, none doubled) are about the rest.
+        received = received_task_ids(logs)
+        lost_by_broker = sorted(task_id for task_id in sent if task_id not in received)
+        ledger = store.analyse({t: sent[t] for t in sent if t not in lost_by_broker})
         runs = store.runs()
         for kill in kills:
             for account in kill.held:
@@ -400,6 +411,7 @@ def run_balances(servers: ChaosServers, plan: Plan) -> BalanceOutcome:
                 if "ERROR" in line and "retrying later" in line
             ),
             lock_lost=int(store.client.llen(LOCK_LOST_LIST)),
+            lost_by_broker=lost_by_broker,
         )
     finally:
         close_client(client)
@@ -431,7 +443,17 @@ def kill_and_restart(
     return fresh, record, killed
 
 
+def received_task_ids(logs: list[str]) -> set[str]:
+    """The task ids the workers logged received (Celery's "Task NAME[ID] received")."""
+    return {match.group(1) for log in logs for match in RECEIVED.finditer(log)}
+
+
+RECEIVED = re.compile(r"Task [\w.]+\[([0-9a-f-]+)\] received")
+
+
 def assert_exact(outcome: BalanceOutcome) -> None:
+    # only a killed worker's in-flight messages can be lost by the broker, a few per kill
+    assert len(outcome.lost_by_broker) <= 2 * len(outcome.kills), outcome.lost_by_broker
     ledger = outcome.ledger
     assert ledger.applied == ledger.updates, f"{ledger.updates - ledger.applied} never applied"
     assert ledger.lost == 0

@@ -101,14 +101,16 @@ class PinnedConnections:
         """
         return self.call_with(lambda connection: self._round_trip(connection, command))
 
-    def call_with(self, exchange: Callable[[Any], Any]) -> Any:
+    def call_with(self, exchange: Callable[[Any], Any], *, settle_first: bool = True) -> Any:
         """``exchange(connection)`` on a kept connection, retried by its retry policy; the
-        connection is dropped if it stops in the middle (a reply may still be on its way)."""
+        connection is dropped if it stops in the middle (a reply may still be on its way).
+        ``settle_first``: read the reply the connection owes before (else ``exchange`` does,
+        after sending its own command: :meth:`call_packed`)."""
         try:
             connection = self._idle.pop()  # the most recently used: its socket is warm
         except IndexError:
             connection = self._get_connection()
-        if self._owed:
+        if settle_first and self._owed:
             self._settle(connection)
         try:
             return connection.retry.call_with_retry(
@@ -160,25 +162,9 @@ class PinnedConnections:
     def call_packed(self, packed: bytes) -> Any:
         """``call`` for a command already packed (:meth:`pack`): sent first, then the reply a
         release still owes on the connection is read and reported, then this command's."""
-        try:
-            connection = self._idle.pop()
-        except IndexError:
-            connection = self._get_connection()
-        try:
-            return connection.retry.call_with_retry(
-                lambda: self._send_settle_read(connection, packed),
-                lambda error: connection.disconnect(),
-            )
-        except ResponseError:
-            raise  # the reply was read: the connection is clean
-        except BaseException:
-            connection.disconnect()  # a reply may still be on its way: never read it later
-            raise
-        finally:
-            if self.keeps_connections:
-                self._idle.append(connection)
-            else:
-                self._pool.release(connection)
+        return self.call_with(
+            lambda connection: self._send_settle_read(connection, packed), settle_first=False
+        )
 
     def _send_settle_read(self, connection: Any, packed: bytes) -> Any:
         try:

@@ -10,8 +10,9 @@ from .capabilities import Capabilities
 from .fork_safety import ForkSafeLock, current_pid, no_fork, reset_in_forked_children
 from .keys import LockKeys, validate_prefix
 from .latest import Latest
-from .lease import Lease, LockHolder, Owner, Parked
-from .locker import CLUSTER, SINGLE_SERVER, RedisLocker, new_token
+from .lease import Lease, LockHolder, Owner, Parked, new_token
+from .locker import CLUSTER, SINGLE_SERVER, RedisLocker
+from .prepared_acquire import PreparedAcquire
 from .quorum_reading import QUORUM
 from .reading import Client, LockInspector
 from .redlock import MIN_SERVERS, QuorumLocker
@@ -39,6 +40,7 @@ __all__ = [
     "LockReader",
     "Owner",
     "Parked",
+    "PreparedAcquire",
     "QuorumLocker",
     "RedisLocker",
     "ReleaseSubscription",

@@ -25,6 +25,7 @@ from celery_singleton_lock.errors import LockError
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
+    from celery_singleton_lock.engine.prepared_acquire import PreparedAcquire
     from celery_singleton_lock.engine.renewer import Renewer
 
 
@@ -89,6 +90,8 @@ class LockBackend(Protocol):
 
     # -- leases
     def acquire(self, request: AcquireRequest) -> AcquireOutcome: ...
+
+    def prepare(self, request: AcquireRequest) -> PreparedAcquire: ...
 
     def release(self, lease: Lease, *, remember_for: Optional[float] = None) -> bool: ...
 

@@ -15,6 +15,11 @@ from celery_singleton_lock.engine.capabilities import Capabilities
 from celery_singleton_lock.engine.keys import LockKeys
 from celery_singleton_lock.engine.latest import Latest
 from celery_singleton_lock.engine.lease import Lease, LostCallback, Owner
+from celery_singleton_lock.engine.prepared_acquire import (
+    GeneralAcquire,
+    PreparedAcquire,
+    check_call,
+)
 from celery_singleton_lock.engine.renewer import process_renewer  # at import: a hot path
 from celery_singleton_lock.errors import LockConfigurationError, LockError
 
@@ -156,42 +161,50 @@ class BackendBase:
     def acquire(self, request: AcquireRequest) -> AcquireOutcome:
         """Take the lock ``request.name`` (see :meth:`try_acquire` for each field), after
         checking the request against this backend's capabilities."""
+        self._check(request)
+        owner = request.owner or Owner()
+        check_call(request, owner, request.max_lifetime)
+        return self._acquire(request, owner)
+
+    def prepare(self, request: AcquireRequest) -> PreparedAcquire:
+        """``request``, checked once, for many calls that each set its name, owner and time
+        limit (see :mod:`.prepared_acquire`)."""
+        self._check(request)
+        return GeneralAcquire(self, request)
+
+    def _check(self, request: AcquireRequest) -> None:
+        """Refuse what no call of ``request`` could do here (whatever its name and owner)."""
         ttl = request.ttl
         if not ttl > 0:
             raise ValueError(f"ttl must be a positive number of seconds, got {ttl!r}")
-        if request.max_lifetime is not None and not request.max_lifetime > 0:
-            raise ValueError(f"max_lifetime must be positive or None, got {request.max_lifetime!r}")
-        owner = request.owner or Owner()
         if request.latest is not None and request.park is None:
             raise ValueError("latest needs park: the waiting call's message")
-        if (
-            request.unless_finished or request.take_queued or request.park is not None
-        ) and not owner.task_id:
-            raise ValueError("unless_finished, take_queued and park need an owner with a task_id")
         if request.fencing or request.min_replicas or request.take_queued or request.park:
             capabilities = self.capabilities
             for option, feature, what in _NEEDS:
                 if getattr(request, option) and not getattr(capabilities, feature):
-                    raise unsupported(capabilities, what, feature, self.keys(request.name).lock)
+                    raise unsupported(capabilities, what, feature, self._named(request))
         if request.limit != 1 or request.rate is not None:
             self._check_limit(request)
-        return self._acquire(request, owner)
+
+    def _named(self, request: AcquireRequest) -> str:
+        """The lock key an error about ``request`` names (its prefix for a prepared request,
+        which has no name yet)."""
+        return self.keys(request.name).lock if request.name else self.prefix
 
     def _check_limit(self, request: AcquireRequest) -> None:
         limit = request.limit
         if type(limit) is not int or limit < 1:
             raise ValueError(f"limit must be an integer >= 1, got {limit!r}")
         if limit != 1 and not self.capabilities.slots:
-            raise unsupported(
-                self.capabilities, "lock_limit > 1", "slots", self.keys(request.name).lock
-            )
+            raise unsupported(self.capabilities, "lock_limit > 1", "slots", self._named(request))
         if request.rate is not None and not self.capabilities.rate:
-            raise unsupported(self.capabilities, "lock_rate", "rate", self.keys(request.name).lock)
+            raise unsupported(self.capabilities, "lock_rate", "rate", self._named(request))
         if request.latest is not None or request.take_queued or request.min_replicas:
             raise LockConfigurationError(
                 "a limit above 1 or a rate does not combine with latest wins, queued markers "
                 "or replica acknowledgements (each of them is about one lock key)",
-                self.keys(request.name).lock,
+                self._named(request),
             )
 
     if TYPE_CHECKING:  # written by each backend

@@ -21,6 +21,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("celery_singleton_lock.renewal")
 
 
+def new_token() -> str:
+    """A fresh 128-bit random owner token (hex), from ``os.urandom`` as ``secrets`` does."""
+    return os.urandom(16).hex()
+
+
 def as_text(value: Any) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")

@@ -16,7 +16,6 @@ Reading locks is :mod:`.reading`'s job, waiting for a release :mod:`.waiting`'s.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any, Callable, Optional
 
@@ -26,28 +25,35 @@ from redis.exceptions import NoScriptError
 
 from celery_singleton_lock.engine import lease as _lease
 from celery_singleton_lock.engine import script_calls, scripts, server_errors, slots, waiting
-from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
+from celery_singleton_lock.engine.acquire_request import (
+    AcquireOutcome,
+    AcquireRequest,
+    AcquireResult,
+)
 from celery_singleton_lock.engine.backend import ReleaseSubscription
 from celery_singleton_lock.engine.backend_base import BackendBase
 from celery_singleton_lock.engine.capabilities import Capabilities
 from celery_singleton_lock.engine.cooldown import RELEASE_INTO_COOLDOWN, CooldownOperations
-from celery_singleton_lock.engine.deferred import DeferredRelease
-from celery_singleton_lock.engine.fork_safety import current_pid
 from celery_singleton_lock.engine.keys import LockKeys, validate_prefix
 from celery_singleton_lock.engine.latest import LatestOperations
-from celery_singleton_lock.engine.lease import Lease, LockHolder, Owner, already_finished
+from celery_singleton_lock.engine.lease import Lease, LockHolder, Owner, already_finished, new_token
 from celery_singleton_lock.engine.pinned import PinnedConnections
+from celery_singleton_lock.engine.prepared_acquire import (
+    GeneralAcquire,
+    PackedMutex,
+    PreparedAcquire,
+)
 from celery_singleton_lock.engine.queueing import QueueOperations, park_call
 from celery_singleton_lock.engine.reading import Client, LockInspector
+from celery_singleton_lock.engine.releases import Releases
 from celery_singleton_lock.engine.renewer import Renewer
 from celery_singleton_lock.engine.script_calls import Acknowledged, EachKey
 from celery_singleton_lock.engine.server_renewal import RenewOperations
 from celery_singleton_lock.engine.shared_keys import SharedKeys
 from celery_singleton_lock.engine.slot_queue import SlotQueueOperations
-from celery_singleton_lock.errors import AlreadySuperseded, LockError, ReplicasUnavailable
+from celery_singleton_lock.errors import AlreadySuperseded, ReplicasUnavailable
 
 log_acquire = logging.getLogger("celery_singleton_lock.acquire")
-log_release = logging.getLogger("celery_singleton_lock.release")
 
 #: One Redis server, or a Sentinel group's primary: everything is supported.
 SINGLE_SERVER = Capabilities(
@@ -75,17 +81,12 @@ CLUSTER = Capabilities(
 )
 
 
-def new_token() -> str:
-    """A fresh 128-bit random owner token (hex), from ``os.urandom`` as ``secrets`` does."""
-    return os.urandom(16).hex()
-
-
 def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
 
 
 class RedisLocker(
-    DeferredRelease,
+    Releases,
     BackendBase,
     RenewOperations,
     QueueOperations,
@@ -178,32 +179,69 @@ class RedisLocker(
             return (
                 self._parked(keys, reply) if request.latest is None else self._waiting(keys, reply)
             )
-        if type(reply) is not int:
-            text = reply.decode("utf-8", "replace") if isinstance(reply, bytes) else str(reply)
-            pttl, _, fields = text.partition("|")
-            holder = LockHolder.parse(keys.lock, fields, pttl)
-            if holder is None:
-                raise server_errors.not_a_lock(keys.lock)
-            return holder
-        if reply == -1:
-            raise already_finished(keys, owner)
-        if reply == -2:
-            raise AlreadySuperseded(
-                f"task id {owner.task_id} was superseded by a newer call of lock {keys.lock}: "
-                "nothing was taken",
-                keys.lock,
-                {"task_id": owner.task_id},
-            )
-        lease = self._lease(request, keys, token, owner, reply or None, sent_at)
+        outcome = self._mutex_outcome(keys, token, owner, reply, sent_at, request)
+        if type(outcome) is not Lease:
+            return outcome
         if acknowledged is not None and acknowledged < min_replicas:
-            self.release(lease)
+            self.release(outcome)
             raise ReplicasUnavailable(
                 f"lock {keys.lock} was written, but only {acknowledged} of {min_replicas} "
                 f"replica(s) acknowledged it within {request.replica_timeout}s; released it "
                 "again",
                 keys.lock,
             )
-        return self._hold(request, lease, renewer)
+        return self._hold(request, outcome, renewer)
+
+    def _mutex_outcome(
+        self,
+        keys: LockKeys,
+        token: str,
+        owner: Owner,
+        reply: Any,
+        sent_at: float,
+        request: AcquireRequest,
+        max_lifetime: Optional[float] = None,
+    ) -> AcquireResult:
+        """What the ACQUIRE script's ``reply`` (not a list) says: the lease taken (not yet
+        renewed), or the holder; raises for a finished or superseded task id."""
+        if type(reply) is int:
+            if reply >= 0:
+                return self._lease(
+                    request, keys, token, owner, reply or None, sent_at, max_lifetime
+                )
+            if reply == -1:
+                raise already_finished(keys, owner)
+            if reply == -2:
+                raise AlreadySuperseded(
+                    f"task id {owner.task_id} was superseded by a newer call of lock "
+                    f"{keys.lock}: nothing was taken",
+                    keys.lock,
+                    {"task_id": owner.task_id},
+                )
+        text = reply.decode("utf-8", "replace") if isinstance(reply, bytes) else str(reply)
+        pttl, _, fields = text.partition("|")
+        holder = LockHolder.parse(keys.lock, fields, pttl)
+        if holder is None:
+            raise server_errors.not_a_lock(keys.lock)
+        return holder
+
+    def prepare(self, request: AcquireRequest) -> PreparedAcquire:
+        """``request`` checked once for many calls that each set its name, owner and time
+        limit (see :mod:`.prepared_acquire`): packed once when it is a mutex on one server
+        with kept connections."""
+        self._check(request)
+        connections = self.connections
+        if (
+            connections is not None
+            and connections.keeps_connections
+            and request.limit == 1
+            and request.rate is None
+            and request.park is None
+            and not request.min_replicas
+            and request.token is None
+        ):
+            return PackedMutex(self, request)
+        return GeneralAcquire(self, request)
 
     def _acquire_one_of(self, request: AcquireRequest, owner: Owner) -> AcquireOutcome:
         """Take one of ``request.limit`` slots (:mod:`.slots`), or park behind them
@@ -252,8 +290,11 @@ class RedisLocker(
         owner: Owner,
         fence: Optional[int],
         sent_at: float,
+        max_lifetime: Optional[float] = None,
     ) -> Lease:
-        max_lifetime = request.max_lifetime
+        """The lease an acquire took; ``max_lifetime``: the call's, else the request's."""
+        if max_lifetime is None:
+            max_lifetime = request.max_lifetime
         return Lease(
             locker=self,
             keys=keys,
@@ -308,94 +349,6 @@ class RedisLocker(
         ]
         return script_keys, args
 
-    def _with_finish_record(
-        self,
-        lease: Lease,
-        remember_for: Optional[float],
-        script_keys: list[str],
-        args: list[Any],
-    ) -> tuple[list[str], list[Any]]:
-        """``script_keys`` and ``args`` of a release script, with the KEYS and ARGV that record
-        that ``lease``'s owner ran to the end, for ``remember_for`` seconds, appended when
-        asked and the owner has a task id (see RELEASE in :mod:`.scripts`)."""
-        task_id = lease.owner.task_id
-        if remember_for is None or not task_id:
-            return script_keys, args
-        return (
-            [*script_keys, self.shared.of(lease.key)[1], lease.keys.finished(task_id)],
-            [*args, _ms(remember_for), task_id, "1" if self.upgrading else "0"],
-        )
-
-    # -- release ------------------------------------------------------------------------------
-
-    def release(self, lease: Lease, *, remember_for: Optional[float] = None) -> bool:
-        """Release ``lease`` with a compare-and-delete, in one round trip.
-
-        Returns True if the lock was still ours, False if it had expired or been taken over
-        (nothing is deleted then). With ``remember_for`` (seconds), the same script records
-        that the owner's task id ran to the end: for that long, an acquire of this lock by
-        that task id with ``unless_finished`` takes nothing. Releasing twice, or from a forked
-        child that inherited the lease, changes nothing and returns False.
-
-        Raises:
-            LockBackendUnavailable: the server could not be reached; the lease keeps its
-                token (and stays unrenewed), so ``release`` may simply be called again.
-        """
-        script_keys, args = self._release_call(lease, remember_for)
-        return bool(self._release_with(lease, self._release, script_keys, args))
-
-    def _release_call(
-        self, lease: Lease, remember_for: Optional[float]
-    ) -> tuple[list[str], list[Any]]:
-        """KEYS and ARGV of the release script (see its contract in :mod:`.scripts`)."""
-        return self._with_finish_record(
-            lease, remember_for, [lease.key], [lease.token, lease.keys.channel]
-        )
-
-    def _release_with(
-        self,
-        lease: Lease,
-        script: Script,
-        script_keys: list[str],
-        args: list[Any],
-        remember_for: Optional[float] = None,
-    ) -> Any:
-        """Run a release ``script`` for ``lease`` once (its reply), or return 0 without a
-        round trip for a lease already released or inherited from the parent process. With
-        ``remember_for``, the script records the owner's finish too
-        (:meth:`_with_finish_record`)."""
-        script_keys, args = self._with_finish_record(lease, remember_for, script_keys, args)
-        if lease.pid != current_pid():  # inherited from the parent: never touched here
-            return 0
-        with _lease._state_lock:
-            if lease.released:
-                return 0
-            lease.released = True  # from here a failed renewal is not reported as a loss
-        self.renewer.discard(lease)
-        try:
-            released = self._run(script, lease.key, script_keys, args, pinned=True)
-        except LockError:
-            lease.released = False
-            raise
-        if not released:  # the caller reports it (the Celery layer, naming the task)
-            log_release.debug("released %s but it was no longer ours", lease.key)
-        return released
-
-    def release_abandoned(
-        self, name: str, *, task_id: str, host: str, pid: int, slot: int = 1
-    ) -> bool:
-        """Release the lock ``name`` (its ``slot``, :mod:`.slots`) if it is held by that
-        (dead) execution; True if released.
-
-        For a supervisor whose child died holding a lock: it cannot know the child's token,
-        so the owner metadata stands in for it. Callers must first make sure that ``pid`` on
-        ``host`` is really gone.
-        """
-        keys = self.keys(name)
-        key = slots.slot_key(keys, slot)
-        owner = Owner(task_id=task_id, host=host, pid=pid)
-        return bool(self._run(self._release_abandoned, key, [key], [owner.fields, keys.channel]))
-
     # -- plumbing -----------------------------------------------------------------------------
 
     def _run(
@@ -405,20 +358,28 @@ class RedisLocker(
         ``pinned``; redis-py's errors said as ``LockError`` about ``key``."""
         connections = self.connections
         if pinned and connections is not None:
-            # The hot path (every acquire and waited release): EVALSHA packed here, on a kept
-            # connection, without redis-py's Script wrappers. A server that lost the script
-            # (restart, failover, SCRIPT FLUSH) answers NOSCRIPT: loaded, sent again.
-            try:
-                start = connections.start("EVALSHA", script.sha)
-                packed = connections.pack(len(keys), *keys, *args, start=start)
-                try:
-                    return connections.call_packed(packed)
-                except NoScriptError:
-                    script.sha = connections.script_load(script.script)
-                    return connections.call("EVALSHA", script.sha, len(keys), *keys, *args)
-            except server_errors.REDIS_ERRORS as exc:
-                server_errors.raise_translated(exc, key)
+            body = connections.parts(len(keys), *keys, *args)
+            return self._evalsha_packed(script, key, 1 + len(keys) + len(args), body)
         return script_calls.run(script, key, keys, args, self._pinned if pinned else self.client)
+
+    def _evalsha_packed(self, script: Script, key: str, count: int, body: bytes) -> Any:
+        """``EVALSHA`` of ``script`` with the ``count`` parts packed in ``body`` (numkeys,
+        KEYS, ARGV) on a kept connection, without redis-py's Script wrappers (the hot path:
+        every acquire and waited release). A server that lost the script (restart, failover,
+        SCRIPT FLUSH) answers NOSCRIPT: loaded, sent again. Errors said as ``LockError``
+        about ``key``."""
+        connections = self.connections
+        assert connections is not None
+        try:
+            start = connections.start("EVALSHA", script.sha)
+            try:
+                return connections.call_packed(b"*%d\r\n%b%b" % (start[0] + count, start[1], body))
+            except NoScriptError:
+                script.sha = connections.script_load(script.script)
+                start = connections.start("EVALSHA", script.sha)
+                return connections.call_packed(b"*%d\r\n%b%b" % (start[0] + count, start[1], body))
+        except server_errors.REDIS_ERRORS as exc:
+            server_errors.raise_translated(exc, key)
 
     def _run_each(self, script: Script, calls: list[tuple[list[str], list[Any]]]) -> list[int]:
         """Run ``script`` once per ``(keys, args)`` of ``calls`` in one cluster pipeline (one

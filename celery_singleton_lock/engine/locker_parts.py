@@ -1,9 +1,9 @@
 """What :class:`~.locker.RedisLocker` lends the parts it is made of, declared once.
 
-One server's backend is assembled from parts, one job each (:mod:`.queueing`, :mod:`.latest`,
-:mod:`.cooldown`, :mod:`.server_renewal`), which call back into the locker: its keys, its
-script runner, its release. :class:`LockerPart` declares those for the type checker only
-(nothing exists at run time), so each part does not redeclare them.
+One server's backend is assembled from parts, one job each (:mod:`.releases`, :mod:`.queueing`,
+:mod:`.latest`, :mod:`.cooldown`, :mod:`.server_renewal`), which call back into the locker: its
+keys, its script runner, its release. :class:`LockerPart` declares those for the type checker
+only (nothing exists at run time), so each part does not redeclare them.
 """
 
 from __future__ import annotations

@@ -49,8 +49,8 @@ from celery_singleton_lock.engine.backend_base import BackendBase, unsupported
 from celery_singleton_lock.engine.fan_out import FanOut
 from celery_singleton_lock.engine.fork_safety import current_pid
 from celery_singleton_lock.engine.keys import validate_prefix
-from celery_singleton_lock.engine.lease import Lease, LockHolder, Owner
-from celery_singleton_lock.engine.locker import RedisLocker, new_token
+from celery_singleton_lock.engine.lease import Lease, LockHolder, Owner, new_token
+from celery_singleton_lock.engine.locker import RedisLocker
 from celery_singleton_lock.engine.quorum_reading import QUORUM, QuorumInspector, QuorumSubscription
 from celery_singleton_lock.engine.renewer import Renewer
 from celery_singleton_lock.errors import (

@@ -159,11 +159,29 @@ def test_a_reply_owed_by_a_connection_that_failed_to_send_is_reported_lost(
     assert connections.send_later(connections.pack("ECHO", "owed"), lambda *r: replies.append(r))
     connection = connections._idle[-1]
     connection._sock.close()  # the next send on it fails
-    with pytest.raises(redis.exceptions.ConnectionError):
-        connections.call_packed(connections.pack("ECHO", "mine"))
+    assert connections.call_packed(connections.pack("ECHO", "mine")) == b"mine"
     ((reply, error),) = replies
     assert reply is None and isinstance(error, redis.exceptions.ConnectionError)
-    assert connections.call_packed(connections.pack("ECHO", "after")) == b"after"
+
+
+def test_a_packed_call_whose_kept_connection_went_stale_is_sent_on_a_fresh_one(
+    impatient_client: redis.Redis,
+) -> None:
+    # as redis-py's pool reconnects a stale connection it hands out, even with no retries
+    connections = PinnedConnections(impatient_client)
+    assert connections.call_packed(connections.pack("ECHO", "first")) == b"first"
+    connections._idle[-1]._sock.close()
+    assert connections.call_packed(connections.pack("ECHO", "again")) == b"again"
+
+
+def test_a_packed_call_to_a_server_that_is_gone_raises_its_connection_error(
+    impatient_client: redis.Redis, redis_server: RedisServer
+) -> None:
+    connections = PinnedConnections(impatient_client)
+    assert connections.call_packed(connections.pack("ECHO", "first")) == b"first"
+    redis_server.stop()
+    with pytest.raises(redis.exceptions.ConnectionError):
+        connections.call_packed(connections.pack("ECHO", "gone"))
 
 
 def test_a_command_packed_after_its_start_is_the_whole_command_packed(

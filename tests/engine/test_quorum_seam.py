@@ -8,7 +8,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from celery_singleton_lock.engine import QUORUM, Owner, Renewer
+from celery_singleton_lock.engine import QUORUM, AcquireRequest, Owner, Renewer
 from celery_singleton_lock.engine.redlock import QuorumLease, QuorumLocker
 from celery_singleton_lock.errors import LockConfigurationError
 from celery_singleton_lock.testing import RedisServer
@@ -167,3 +167,12 @@ def test_an_acquire_outcome_says_whether_it_was_acquired_or_held(quorum: QuorumL
     first = quorum.try_acquire("a", 30, owner=Owner(task_id="t-1"))
     second = quorum.try_acquire("a", 30, owner=Owner(task_id="t-2"))
     assert (first.state, second.state) == ("acquired", "held")
+
+
+def test_a_prepared_acquire_takes_the_lock_on_a_majority(
+    quorum: QuorumLocker, servers: list[RedisServer]
+) -> None:
+    prepared = quorum.prepare(AcquireRequest("", 30))
+    lease = settled(prepared.acquire("a", Owner(task_id="t-a")))
+    assert holders_on(servers, quorum.keys("a").lock) == [lease.token.encode()] * 3
+    assert lease.release()

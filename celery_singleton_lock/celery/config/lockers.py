@@ -30,6 +30,9 @@ log = logging.getLogger("celery_singleton_lock.worker")
 
 _lockers: weakref.WeakKeyDictionary[Any, LockBackend] = weakref.WeakKeyDictionary()
 _lockers_lock = ForkSafeLock()
+#: Changed whenever a locker is kept or dropped (here, or by a forked child): what was cached
+#: from ``locker_for`` (a task's prepared acquire) is that locker still while this is the same.
+generation = 0
 
 
 class _ChildMakesItsOwnLockers:
@@ -42,7 +45,9 @@ class _ChildMakesItsOwnLockers:
     """
 
     def after_fork_in_child(self) -> None:
+        global generation
         _lockers.clear()
+        generation += 1
 
 
 _child_lockers = _ChildMakesItsOwnLockers()
@@ -72,10 +77,12 @@ def locker_for(app: Any) -> LockBackend:
         prefix=lock_prefix(conf),
         upgrading=upgrading_setting(conf),
     )
+    global generation
     with _lockers_lock:
         locker = _lockers.get(app)
         if locker is None:
             locker = _lockers[app] = made
+            generation += 1
             return locker
     close_locker(made)  # another thread made the locker meanwhile
     return locker
@@ -141,8 +148,10 @@ def close_locker(locker: LockBackend) -> None:
 
 def forget_locker(app: Any) -> None:
     """Drop ``app``'s locker, e.g. after its settings changed (tests)."""
+    global generation
     with _lockers_lock:
         locker = _lockers.pop(app, None)
+        generation += 1
     if locker is not None:
         close_locker(locker)
 

@@ -1,13 +1,18 @@
-"""The acquire request a locked task's call sends: what every call of the task asks (made
-once per resolved options, see :func:`request_base`), then the call's own name, owner and
-time limit (``AcquireRequest.for_call``), in ``LockedTask._acquire``."""
+"""The acquire a locked task's call sends: what every call of the task asks (made once per
+resolved options, see :func:`request_base`), then the call's own name, owner and time limit.
+
+A worker's call of a mutex (no parking, one holder) goes through the locker's prepared acquire
+(:func:`prepared`, ``LockBackend.prepare``: checked and packed once); the others add their own
+fields to the request (``AcquireRequest.for_call``), in ``LockedTask._acquire``."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
+from celery_singleton_lock.celery.config import lockers
+from celery_singleton_lock.celery.config.lockers import locker_for
 from celery_singleton_lock.celery.config.resolution import LockOptions
-from celery_singleton_lock.engine import AcquireRequest
+from celery_singleton_lock.engine import AcquireRequest, LockBackend, PreparedAcquire
 
 if TYPE_CHECKING:
     from celery_singleton_lock.celery.task.locked_task import LockedTask
@@ -47,3 +52,38 @@ def request_base(
     if worker_call:
         task._acquire_base = (options, base)  # per task instance: on_lost is its own
     return base
+
+
+def prepared(task: LockedTask, options: LockOptions) -> PreparedMutex:
+    """The locker and prepared acquire of a worker's mutex call of ``task``, made once per
+    resolved options and locker; kept on the task as ``_prepared_acquire``. A forked child, or
+    a test, makes lockers of its own: the app's locker is known unchanged while
+    ``lockers.generation`` is; a subclass's own ``lock_locker`` is read at every call.
+
+    Raises:
+        LockBackendUnavailable: making the locker asked the server, which did not answer.
+    """
+    cached = task._prepared_acquire
+    generation = lockers.generation  # read before the locker: a change meanwhile is seen next
+    if task._app_locker:
+        if cached is not None and cached.options is options and cached.generation == generation:
+            return cached
+        locker = locker_for(task.app)
+    else:
+        locker = task.lock_locker
+        if cached is not None and cached.options is options and cached.locker is locker:
+            return cached
+    plan = PreparedMutex(
+        options, generation, locker, locker.prepare(request_base(task, options, True, False))
+    )
+    task._prepared_acquire = plan
+    return plan
+
+
+class PreparedMutex(NamedTuple):
+    """What a worker's mutex call of a task acquires through (see :func:`prepared`)."""
+
+    options: LockOptions
+    generation: int
+    locker: LockBackend
+    acquire: PreparedAcquire

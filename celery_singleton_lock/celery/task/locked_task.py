@@ -127,6 +127,10 @@ class LockedTask(Task):  # type: ignore[misc]
     _lock_options: Optional[LockOptions] = None
     #: (options, the acquire request a worker's call starts from): see acquire_plan
     _acquire_base: Optional[tuple[LockOptions, AcquireRequest]] = None
+    #: the locker and prepared acquire of a worker's mutex call: see acquire_plan.prepared
+    _prepared_acquire: Optional[acquire_plan.PreparedMutex] = None
+    #: ``lock_locker`` is this class's own: the app's locker (see acquire_plan.prepared)
+    _app_locker = True
 
     if not celery_api.PUSH_REQUEST_COPIES:  # Celery < 5.5: see there
         push_request = celery_api.push_request_copying_the_current
@@ -265,33 +269,47 @@ class LockedTask(Task):  # type: ignore[misc]
         without the lock. Ends the
         execution (``Ignore``, retry, or an error) when the body must not run."""
         worker_call = bool(task_id) and not request.is_eager
-        wanted = acquire_plan.request_base(self, options, bool(task_id), request.is_eager).for_call(
-            name,
-            lock_owner(task_id, request, current_pid()),
-            self._hard_time_limit(request, options),
-        )
+        owner = lock_owner(task_id, request, current_pid())
+        max_lifetime = self._hard_time_limit(request, options)
         # Policy queue: the acquire parks the message when the lock is held. Policy replace:
-        # the same, but the newest call waits alone (and may be debounced).
+        # the same, but the newest call waits alone (and may be debounced). A limit above 1:
+        # each call takes a slot (a callable caps each call).
+        parks = worker_call and options.on_duplicate in ("queue", "replace")
+        mutex = not parks and options.limit == 1
+        wanted: Optional[AcquireRequest] = None
         newest = None
-        if worker_call and options.on_duplicate in ("queue", "replace"):
-            park = handoff.parked_message(self, request)
-            if options.on_duplicate == "replace" and park is not None:
-                newest = Latest(options.debounce or 0.0, options.debounce_max)
-            wanted = wanted._replace(park=park, latest=newest)
-        limit = options.limit
-        if limit != 1:  # up to N holders: each takes a slot (a callable caps each call)
-            limit = limit_for(self.name, limit, options.keyer, request.args, request.kwargs)
-            wanted = wanted._replace(limit=limit)
+        if not (worker_call and mutex):
+            wanted = acquire_plan.request_base(self, options, bool(task_id), request.is_eager)
+            wanted = wanted.for_call(name, owner, max_lifetime)
+            if parks:
+                park = handoff.parked_message(self, request)
+                if options.on_duplicate == "replace" and park is not None:
+                    newest = Latest(options.debounce or 0.0, options.debounce_max)
+                wanted = wanted._replace(park=park, latest=newest)
+            if options.limit != 1:
+                keyer = options.keyer
+                limit = limit_for(self.name, options.limit, keyer, request.args, request.kwargs)
+                wanted = wanted._replace(limit=limit)
 
         try:
             try:
                 # the first call in a process makes the locker: the server is first asked then
-                locker = self.lock_locker
-                outcome: Any = locker.acquire(wanted)
+                if wanted is None:  # a worker's mutex call: checked and packed once
+                    plan = acquire_plan.prepared(self, options)
+                    locker = plan.locker
+                    outcome: Any = plan.acquire.acquire(name, owner, max_lifetime)
+                else:
+                    locker = self.lock_locker
+                    outcome = locker.acquire(wanted)
             except LockBackendUnavailable as exc:
                 outcome = self._on_backend_unavailable(exc, name, options, request)
                 if outcome is None:
                     return None
+            if type(outcome) is Lease:  # acquired: no policy to apply
+                return outcome, is_marked_copy(request), 1 if wanted is None else wanted.limit
+            if wanted is None:
+                wanted = acquire_plan.request_base(self, options, True, False)
+                wanted = wanted.for_call(name, owner, max_lifetime)
             is_copy = is_marked_copy(request)
             if isinstance(outcome, Parked):
                 holder = outcome.holder or LockHolder.unknown(outcome.key)
@@ -421,6 +439,7 @@ class LockedTask(Task):  # type: ignore[misc]
         own_call = cls.__dict__.get("__call__")
         if own_call is not None and not getattr(own_call, "releases_lock", False):
             cls.__call__ = releases_after_body(own_call)
+        cls._app_locker = inspect.getattr_static(cls, "lock_locker") is _APP_LOCKER
         own_before_start = cls.__dict__.get("before_start")
         if own_before_start is not None and not getattr(own_before_start, "closes_scope", False):
             cls.before_start = closes_scope_on_error(own_before_start)  # type: ignore[method-assign]
@@ -430,3 +449,6 @@ class LockedTask(Task):  # type: ignore[misc]
         if throw and not self.request.called_directly:
             self.release_lock()
         return super().retry(*args, throw=throw, **kwargs)
+
+
+_APP_LOCKER = LockedTask.__dict__["lock_locker"]

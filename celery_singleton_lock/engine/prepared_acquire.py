@@ -1,0 +1,132 @@
+"""Acquires prepared once for many calls: what every call asks is checked and packed once, and
+a call adds only its lock name, owner and time limit.
+
+A task's calls differ in those three fields only; the rest of their :class:`AcquireRequest`
+(TTL, fencing, finish records, queued markers) is the task's. ``backend.prepare(request)``
+checks that request once against the backend and returns a :class:`PreparedAcquire`, whose
+``acquire(name, owner, max_lifetime)`` is the hot path of every call. Two implementations, side
+by side, chosen by the backend:
+
+* :class:`GeneralAcquire`: any backend, any request: ``backend.acquire`` of the request with
+  the call's fields.
+* :class:`PackedMutex`: one Redis server (or a Sentinel group's primary) with kept
+  connections, a mutex (no slots, rate, parking, latest wins or replica acknowledgements):
+  the ACQUIRE script's ``EVALSHA`` is packed from parts packed once (its TTL, flags, the
+  script's SHA), sent on a kept connection, and its reply made into a lease. The same script,
+  keys, arguments and round trip as ``backend.acquire``; measured with ``python -m bench
+  fastpath``, see docs/explanation/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Optional, Protocol
+
+from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
+from celery_singleton_lock.engine.keys import LockKeys
+from celery_singleton_lock.engine.lease import Lease, Owner, new_token
+from celery_singleton_lock.engine.script_calls import _ms
+
+if TYPE_CHECKING:
+    from celery_singleton_lock.engine.locker import RedisLocker
+
+log = logging.getLogger("celery_singleton_lock.acquire")
+
+
+class PreparedAcquire(Protocol):
+    """The acquire of one kind of call, checked once (``backend.prepare(request)``)."""
+
+    #: the request every call starts from (its name, owner and time limit unset)
+    request: AcquireRequest
+
+    def acquire(
+        self, name: str, owner: Owner, max_lifetime: Optional[float] = None
+    ) -> AcquireOutcome:
+        """Take the lock ``name`` for ``owner``, as ``backend.acquire(request)`` with those
+        fields would (the same outcomes and errors)."""
+        ...
+
+
+def check_call(request: AcquireRequest, owner: Owner, max_lifetime: Optional[float]) -> None:
+    """What ``backend.acquire`` checks of a call's own fields (the rest was checked once)."""
+    if max_lifetime is not None and not max_lifetime > 0:
+        raise ValueError(f"max_lifetime must be positive or None, got {max_lifetime!r}")
+    if (request.unless_finished or request.take_queued or request.park is not None) and not (
+        owner.task_id
+    ):
+        raise ValueError("unless_finished, take_queued and park need an owner with a task_id")
+
+
+class Acquires(Protocol):
+    """What :class:`GeneralAcquire` needs of a backend."""
+
+    def acquire(self, request: AcquireRequest) -> AcquireOutcome: ...
+
+
+class GeneralAcquire:
+    """``backend.acquire`` of ``request`` with each call's name, owner and time limit."""
+
+    def __init__(self, backend: Acquires, request: AcquireRequest) -> None:
+        self.backend = backend
+        self.request = request
+
+    def acquire(
+        self, name: str, owner: Owner, max_lifetime: Optional[float] = None
+    ) -> AcquireOutcome:
+        return self.backend.acquire(self.request.for_call(name, owner, max_lifetime))
+
+
+class PackedMutex:
+    """The mutex acquire on one Redis server, its constant parts packed once (see the module
+    docstring). Made by ``RedisLocker.prepare`` for a request it can serve this way."""
+
+    def __init__(self, locker: RedisLocker, request: AcquireRequest) -> None:
+        connections = locker.connections
+        assert connections is not None and connections.keeps_connections
+        self.request = request
+        self._locker = locker
+        self._connections = connections
+        self._renewer = locker.renewer
+        #: ARGV after the lock value, packed once (see ACQUIRE's contract in scripts.py); None:
+        #: the short form (KEYS[1] only, ARGV: ttl, value)
+        self._plain = not (request.fencing or request.unless_finished or request.take_queued)
+        self._encoding = connections.encoding
+        #: the short form's numkeys and TTL (ARGV[1], in ms as _ms makes it), packed once
+        self._numkeys, self._ttl = connections.parts(1), connections.parts(_ms(request.ttl))
+
+    def acquire(
+        self, name: str, owner: Owner, max_lifetime: Optional[float] = None
+    ) -> AcquireOutcome:
+        request = self.request
+        if max_lifetime is not None or not self._plain:  # nothing to check otherwise
+            check_call(request, owner, max_lifetime)
+        locker = self._locker
+        keys = LockKeys.build(locker.prefix, name)
+        token = new_token()
+        sent_at = self._renewer.clock()
+        # The value with an empty fence; the script fills the fence in when fencing.
+        value = f"{token}||{int(locker.wall_clock() * 1000)}|{owner.fields}"
+        lock = keys.lock
+        if self._plain:
+            # EVALSHA sha 1 lock ttl value: EVALSHA, sha, 1 and ttl packed once
+            encoding, errors = self._encoding
+            key_bytes = lock.encode(encoding, errors)
+            value_bytes = value.encode(encoding, errors)
+            body = b"%b$%d\r\n%b\r\n%b$%d\r\n%b\r\n" % (
+                self._numkeys,
+                len(key_bytes),
+                key_bytes,
+                self._ttl,
+                len(value_bytes),
+                value_bytes,
+            )
+            reply = locker._evalsha_packed(locker._acquire_script, lock, 4, body)
+        else:
+            script_keys, args = locker._acquire_call(request, keys, value, owner)
+            reply = locker._run(locker._acquire_script, lock, script_keys, args, pinned=True)
+        outcome = locker._mutex_outcome(keys, token, owner, reply, sent_at, request, max_lifetime)
+        if type(outcome) is Lease:
+            if request.renew:
+                self._renewer.add(outcome)
+            log.debug("acquired %s (fence=%s)", lock, outcome.fence)
+        return outcome

@@ -1,0 +1,207 @@
+"""Releases of leases on one server, as a part of :class:`~.locker.RedisLocker`: waited
+(:meth:`Releases.release`), or sent now with the reply read later
+(:meth:`Releases.release_later`), and a dead owner's lock released by its owner's name.
+
+A deferred release script is sent on a kept connection (:mod:`.pinned`) without waiting: its
+reply is read with the next command on that connection (normally the next task's acquire), by
+the renewer within a second when none follows, or when the locker is closed, and the caller's
+``then`` reports it then. Saves the release's wait (~100 us per task, see
+docs/explanation/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from redis.commands.core import Script
+
+from celery_singleton_lock.engine import lease as _lease
+from celery_singleton_lock.engine import script_calls, server_errors, slots
+from celery_singleton_lock.engine.fork_safety import current_pid
+from celery_singleton_lock.engine.lease import Lease, Owner
+from celery_singleton_lock.engine.locker_parts import LockerPart
+from celery_singleton_lock.engine.pinned import PinnedConnections
+from celery_singleton_lock.errors import LockError
+
+if TYPE_CHECKING:
+    from celery_singleton_lock.engine.renewer import Renewer
+
+log_release = logging.getLogger("celery_singleton_lock.release")
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
+
+class Releases(LockerPart):
+    """The releases of one server (a part of ``RedisLocker``, ahead of ``BackendBase`` in its
+    bases: the base's ``release_later`` defers nothing)."""
+
+    if TYPE_CHECKING:  # provided by RedisLocker (with LockerPart's)
+        connections: Optional[PinnedConnections]
+        _release: Script
+        _release_abandoned: Script
+
+        @property
+        def renewer(self) -> Renewer: ...
+
+    def _with_finish_record(
+        self,
+        lease: Lease,
+        remember_for: Optional[float],
+        script_keys: list[str],
+        args: list[Any],
+    ) -> tuple[list[str], list[Any]]:
+        """``script_keys`` and ``args`` of a release script, with the KEYS and ARGV that record
+        that ``lease``'s owner ran to the end, for ``remember_for`` seconds, appended when
+        asked and the owner has a task id (see RELEASE in :mod:`.scripts`)."""
+        task_id = lease.owner.task_id
+        if remember_for is None or not task_id:
+            return script_keys, args
+        return (
+            [*script_keys, self.shared.of(lease.key)[1], lease.keys.finished(task_id)],
+            [*args, _ms(remember_for), task_id, "1" if self.upgrading else "0"],
+        )
+
+    # -- release ------------------------------------------------------------------------------
+
+    def release(self, lease: Lease, *, remember_for: Optional[float] = None) -> bool:
+        """Release ``lease`` with a compare-and-delete, in one round trip.
+
+        Returns True if the lock was still ours, False if it had expired or been taken over
+        (nothing is deleted then). With ``remember_for`` (seconds), the same script records
+        that the owner's task id ran to the end: for that long, an acquire of this lock by
+        that task id with ``unless_finished`` takes nothing. Releasing twice, or from a forked
+        child that inherited the lease, changes nothing and returns False.
+
+        Raises:
+            LockBackendUnavailable: the server could not be reached; the lease keeps its
+                token (and stays unrenewed), so ``release`` may simply be called again.
+        """
+        script_keys, args = self._release_call(lease, remember_for)
+        return bool(self._release_with(lease, self._release, script_keys, args))
+
+    def _release_call(
+        self, lease: Lease, remember_for: Optional[float]
+    ) -> tuple[list[str], list[Any]]:
+        """KEYS and ARGV of the release script (see its contract in :mod:`.scripts`)."""
+        return self._with_finish_record(
+            lease, remember_for, [lease.key], [lease.token, lease.keys.channel]
+        )
+
+    def _release_with(
+        self,
+        lease: Lease,
+        script: Script,
+        script_keys: list[str],
+        args: list[Any],
+        remember_for: Optional[float] = None,
+    ) -> Any:
+        """Run a release ``script`` for ``lease`` once (its reply), or return 0 without a
+        round trip for a lease already released or inherited from the parent process. With
+        ``remember_for``, the script records the owner's finish too
+        (:meth:`_with_finish_record`)."""
+        script_keys, args = self._with_finish_record(lease, remember_for, script_keys, args)
+        if lease.pid != current_pid():  # inherited from the parent: never touched here
+            return 0
+        with _lease._state_lock:
+            if lease.released:
+                return 0
+            lease.released = True  # from here a failed renewal is not reported as a loss
+        self.renewer.discard(lease)
+        try:
+            released = self._run(script, lease.key, script_keys, args, pinned=True)
+        except LockError:
+            lease.released = False
+            raise
+        if not released:  # the caller reports it (the Celery layer, naming the task)
+            log_release.debug("released %s but it was no longer ours", lease.key)
+        return released
+
+    def release_abandoned(
+        self, name: str, *, task_id: str, host: str, pid: int, slot: int = 1
+    ) -> bool:
+        """Release the lock ``name`` (its ``slot``, :mod:`.slots`) if it is held by that
+        (dead) execution; True if released.
+
+        For a supervisor whose child died holding a lock: it cannot know the child's token,
+        so the owner metadata stands in for it. Callers must first make sure that ``pid`` on
+        ``host`` is really gone.
+        """
+        keys = self.keys(name)
+        key = slots.slot_key(keys, slot)
+        owner = Owner(task_id=task_id, host=host, pid=pid)
+        return bool(self._run(self._release_abandoned, key, [key], [owner.fields, keys.channel]))
+
+    # -- deferred ---------------------------------------------------------------------------
+
+    def release_later(
+        self,
+        lease: Lease,
+        then: Callable[[Optional[bool], Optional[LockError]], None],
+        *,
+        remember_for: Optional[float] = None,
+    ) -> bool:
+        """Send the release of ``lease`` (as :meth:`release`) without waiting for its reply;
+        ``then(released, None)``, or ``then(None, error)``, once the reply is read: before the
+        next command on that kept connection, at the renewer's next tick (within a second),
+        or when the locker is closed. Saves the release's wait (~100 us per task).
+
+        Returns False, having sent nothing, when this locker cannot defer (a cluster, a
+        ``BlockingConnectionPool``, or the send failed): call :meth:`release` then.
+        """
+        connections = self.connections
+        if connections is None or not connections.keeps_connections:
+            return False
+        if lease.pid != current_pid():  # inherited from the parent: never touched here
+            then(False, None)
+            return True
+        with _lease._state_lock.lock:
+            released = lease.released
+            lease.released = True  # from here a failed renewal is not reported as a loss
+        if released:
+            then(False, None)
+            return True
+
+        def settle(reply: Any, error: Optional[BaseException]) -> None:
+            if error is None:
+                then(bool(reply), None)
+                return
+            translated = server_errors.translate(error, lease.key)  # type: ignore[arg-type]
+            then(None, translated if isinstance(translated, LockError) else LockError(str(error)))
+
+        renewer = self.renewer
+        renewer.discard(lease)
+        # EVAL, not EVALSHA: a server that lost its scripts (restart, failover) must still
+        # release now; a NOSCRIPT read later would leave the lock held until then.
+        start = connections.start("EVAL", script_calls.compact(self._release.script))
+        if remember_for is None or not lease.owner.task_id:
+            # EVAL script 1 key token channel: the script's start is packed once
+            encoding, errors = connections.encoding
+            key = lease.key.encode(encoding, errors)
+            token = lease.token.encode(encoding, errors)
+            channel = lease.keys.channel.encode(encoding, errors)
+            command = b"*6\r\n%b$1\r\n1\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n" % (
+                start[1],
+                len(key),
+                key,
+                len(token),
+                token,
+                len(channel),
+                channel,
+            )
+        else:
+            script_keys, args = self._release_call(lease, remember_for)
+            command = connections.pack(len(script_keys), *script_keys, *args, start=start)
+        if not connections.send_later(command, settle):
+            lease.released = False
+            return False
+        renewer.settle_soon(self)
+        return True
+
+    def settle(self) -> None:
+        """Read the replies of releases sent with :meth:`release_later` and still owed by an
+        idle kept connection (their ``then`` is called here)."""
+        if self.connections is not None:
+            self.connections.settle_idle()

@@ -74,8 +74,10 @@ def current_request(task: Any) -> Any:
 
 def header(request: Any, name: str) -> Any:
     """A custom message header of ``request`` (Celery also mirrors them as attributes)."""
-    headers = getattr(request, "headers", None) or {}
-    return headers.get(name, getattr(request, name, None))
+    headers = getattr(request, "headers", None)
+    if headers and name in headers:
+        return headers[name]
+    return getattr(request, name, None)
 
 
 def is_redelivered(request: Any) -> bool:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Optional, Protocol
 
 from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
 from celery_singleton_lock.engine.keys import LockKeys
-from celery_singleton_lock.engine.lease import Lease, Owner, new_token
+from celery_singleton_lock.engine.lease import Owner, new_token
 from celery_singleton_lock.engine.script_calls import _ms
 
 if TYPE_CHECKING:
@@ -124,9 +124,11 @@ class PackedMutex:
         else:
             script_keys, args = locker._acquire_call(request, keys, value, owner)
             reply = locker._run(locker._acquire_script, lock, script_keys, args, pinned=True)
-        outcome = locker._mutex_outcome(keys, token, owner, reply, sent_at, request, max_lifetime)
-        if type(outcome) is Lease:
+        if type(reply) is int and reply >= 0:  # taken (the reply is its fence, 0: none)
+            fence = reply or None
+            lease = locker._lease(request, keys, token, owner, fence, sent_at, max_lifetime)
             if request.renew:
-                self._renewer.add(outcome)
-            log.debug("acquired %s (fence=%s)", lock, outcome.fence)
-        return outcome
+                self._renewer.add(lease)
+            log.debug("acquired %s (fence=%s)", lock, fence)
+            return lease
+        return locker._mutex_outcome(keys, token, owner, reply, sent_at, request, max_lifetime)

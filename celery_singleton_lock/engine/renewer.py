@@ -92,7 +92,8 @@ class Renewer:
                 self._wake_at = lease.renew_due
                 self.wakeups += 1
                 self._wakeup.notify()
-            self._start_locked()
+            if self._thread is None:
+                self._start_locked()
 
     def settle_soon(self, locker: Any) -> None:
         """Have ``locker.settle()`` called at a tick within :data:`SETTLE_WITHIN` seconds: a

@@ -237,7 +237,7 @@ class LockedTask(Task):  # type: ignore[misc]
 
     @closes_scope_on_error
     def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
-        options = self.lock_options
+        options = self._lock_options or self.resolve_lock_options()
         request = self.request
         name = options.keyer.name(args, kwargs)
         outer = open_scope(name)
@@ -252,10 +252,11 @@ class LockedTask(Task):  # type: ignore[misc]
             PAUSE.resumed()
         # From here the scope owns the lock: whatever raises below closes it.
         request.lock = held = LockScope(self, task_id, name, lease, limit, eager=request.is_eager)
-        if already_ran(self, request, is_copy):
+        if (is_copy or self.acks_late) and already_ran(self, request, is_copy):
             held.close()
             self._drop_copy(task_id, "its outcome is stored")
-        rejoin(self, request)  # a join's lock retry whose holder ended meanwhile
+        if options.on_duplicate == "join":
+            rejoin(self, request)  # a join's lock retry whose holder ended meanwhile
         if self.lock_track_started:
             self._store_started(task_id, request)
         if lock_acquired.receivers:
@@ -270,7 +271,7 @@ class LockedTask(Task):  # type: ignore[misc]
         execution (``Ignore``, retry, or an error) when the body must not run."""
         worker_call = bool(task_id) and not request.is_eager
         owner = lock_owner(task_id, request, current_pid())
-        max_lifetime = self._hard_time_limit(request, options)
+        max_lifetime = celery_api.hard_time_limit(request) or options.default_time_limit
         # Policy queue: the acquire parks the message when the lock is held. Policy replace:
         # the same, but the newest call waits alone (and may be debounced). A limit above 1:
         # each call takes a slot (a callable caps each call).
@@ -359,9 +360,6 @@ class LockedTask(Task):  # type: ignore[misc]
         )
         celery_api.logged_already(task_id)
         raise Ignore(f"task id already ran to the end ({why})")
-
-    def _hard_time_limit(self, request: Any, options: LockOptions) -> Optional[float]:
-        return celery_api.hard_time_limit(request) or options.default_time_limit
 
     def _on_backend_unavailable(
         self, exc: LockBackendUnavailable, name: str, options: LockOptions, request: Any

@@ -17,9 +17,9 @@ else):
 
 - ``fstring``: the lock name made by ``FStringKeyer`` (an f-string of the arguments), as
   ``fastpath``'s ``fstring`` contender: the rest is what the canonical lock name costs;
-- ``no-engine``: the locker's ``acquire`` hands back one lease held all along and its deferred
-  release only reports success (the task's report of it still runs): no Redis traffic and no
-  engine code per task, only the Celery layer's.
+- ``no-engine``: the locker's ``acquire`` (and the acquire it prepares for a task) hands back
+  one lease held all along and its deferred release only reports success (the task's report
+  of it still runs): no Redis traffic and no engine code per task, only the Celery layer's.
 
 Exit status 1 (with the reason on stderr) if a task did not succeed or a lock key is left.
 """
@@ -75,15 +75,24 @@ def knock_out_engine(task: Any) -> Callable[[], None]:
         lease.released = False
         return lease
 
+    class HeldLease:
+        """The prepared acquire (a worker's mutex call) handing out the held lease."""
+
+        def __init__(self, request: Any) -> None:
+            self.request = request
+
+        def acquire(self, name: str, owner: Any, max_lifetime: Any = None) -> Any:
+            return acquire(self.request.for_call(name, owner, max_lifetime))
+
     def release_later(lease: Any, then: Any, *, remember_for: Optional[float] = None) -> bool:
         lease.released = True
         then(True, None)  # as the real one does once the reply is read
         return True
 
-    locker.acquire, locker.release_later = acquire, release_later
+    locker.acquire, locker.release_later, locker.prepare = acquire, release_later, HeldLease
 
     def release_held() -> None:
-        del locker.acquire, locker.release_later
+        del locker.acquire, locker.release_later, locker.prepare
         if held:
             held[0].released = False
             locker.release(held[0])

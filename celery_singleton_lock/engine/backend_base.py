@@ -20,7 +20,6 @@ from celery_singleton_lock.engine.prepared_acquire import (
     PreparedAcquire,
     check_call,
 )
-from celery_singleton_lock.engine.renewer import process_renewer  # at import: a hot path
 from celery_singleton_lock.errors import LockConfigurationError, LockError
 
 if TYPE_CHECKING:
@@ -53,11 +52,9 @@ class BackendBase:
 
     prefix: str
     capabilities: Capabilities
-    _renewer: Optional[Renewer]
-
-    @property
-    def renewer(self) -> Renewer:
-        return self._renewer if self._renewer is not None else process_renewer()
+    #: renews this backend's leases: the one given, else the process's (kept: it is the same
+    #: object for the life of the process, a forked child's included)
+    renewer: Renewer
 
     def keys(self, name: str) -> LockKeys:
         """Key names of the lock called ``name`` under this backend's prefix."""

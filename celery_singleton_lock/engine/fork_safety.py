@@ -32,18 +32,20 @@ def reset_in_forked_children(obj: ForkAware) -> None:
     _registered.add(obj)
 
 
-_pid = os.getpid()
+#: This process's id, as ``os.getpid()`` (a system call on every call, several per task on
+#: the hot path) answers it: kept here, and set again in every forked child first thing. The
+#: engine's hot path reads it as ``fork_safety.pid`` (no call); others call current_pid().
+pid = os.getpid()
 
 
 def current_pid() -> int:
-    """This process's id, as ``os.getpid()`` (a system call on every call, several per task on
-    the hot path) answers it: kept here, and set again in every forked child first thing."""
-    return _pid
+    """This process's id (see :data:`pid`)."""
+    return pid
 
 
 def _after_fork_in_child() -> None:
-    global _pid
-    _pid = os.getpid()
+    global pid
+    pid = os.getpid()
     for obj in list(_registered):
         obj.after_fork_in_child()
 

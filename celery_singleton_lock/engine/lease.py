@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional
 from urllib.parse import unquote
 
+from celery_singleton_lock.engine import fork_safety
 from celery_singleton_lock.engine.fork_safety import ForkSafeLock, current_pid
 from celery_singleton_lock.engine.keys import LockKeys
 from celery_singleton_lock.engine.scripts import TOKEN_LENGTH
@@ -48,9 +49,7 @@ def already_finished(keys: LockKeys, owner: Owner) -> AlreadyFinished:
 
 
 def _escape_host(host: str) -> str:
-    if "|" in host or "%" in host:
-        return host.replace("%", "%25").replace("|", "%7C")
-    return host
+    return host.replace("%", "%25").replace("|", "%7C")
 
 
 @dataclass(frozen=True)
@@ -64,7 +63,10 @@ class Owner:
     @property
     def fields(self) -> str:
         """``'<pid>|<host>|<task_id>'``: the owner part of a lock value, as scripts store it."""
-        return f"{self.pid}|{_escape_host(self.host)}|{self.task_id}"
+        host = self.host
+        if "|" in host or "%" in host:
+            host = _escape_host(host)
+        return f"{self.pid}|{host}|{self.task_id}"
 
 
 @dataclass(frozen=True)
@@ -275,7 +277,7 @@ class Lease:
         self.deadline = deadline
         self.renew_due = confirmed_at + self._third
         #: the process that holds the lease: a forked child never touches it
-        self.pid = current_pid()
+        self.pid = fork_safety.pid
         self.lost = LostFlag()
         self.released = False
         # ``on_lost`` given here needs no lock: no other thread can see the lease yet

@@ -46,7 +46,7 @@ from celery_singleton_lock.engine.prepared_acquire import (
 from celery_singleton_lock.engine.queueing import QueueOperations, park_call
 from celery_singleton_lock.engine.reading import Client, LockInspector
 from celery_singleton_lock.engine.releases import Releases
-from celery_singleton_lock.engine.renewer import Renewer
+from celery_singleton_lock.engine.renewer import Renewer, process_renewer
 from celery_singleton_lock.engine.script_calls import Acknowledged, EachKey
 from celery_singleton_lock.engine.server_renewal import RenewOperations
 from celery_singleton_lock.engine.shared_keys import SharedKeys
@@ -124,7 +124,7 @@ class RedisLocker(
         #: records) run beside this one: the per-name keys are written too (see shared_keys).
         self.upgrading = upgrading
         self.prefix = validate_prefix(prefix)
-        self._renewer = renewer
+        self.renewer = renewer if renewer is not None else process_renewer()
         self.wall_clock = wall_clock
         self.inspect = LockInspector(client, prefix=self.prefix)
         self._acquire_script: Script = client.register_script(scripts.ACQUIRE)

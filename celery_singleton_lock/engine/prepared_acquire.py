@@ -20,11 +20,15 @@ by side, chosen by the backend:
 from __future__ import annotations
 
 import logging
+from os import urandom
 from typing import TYPE_CHECKING, Optional, Protocol
 
+from redis.exceptions import NoScriptError
+
+from celery_singleton_lock.engine import server_errors
 from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
 from celery_singleton_lock.engine.keys import LockKeys
-from celery_singleton_lock.engine.lease import Owner, new_token
+from celery_singleton_lock.engine.lease import Owner
 from celery_singleton_lock.engine.script_calls import _ms
 
 if TYPE_CHECKING:
@@ -91,6 +95,8 @@ class PackedMutex:
         #: the short form (KEYS[1] only, ARGV: ttl, value)
         self._plain = not (request.fencing or request.unless_finished or request.take_queued)
         self._encoding = connections.encoding
+        #: the start of the short form's command for the script's SHA (see acquire)
+        self._sha, self._head = "", b""
         #: the short form's numkeys and TTL (ARGV[1], in ms as _ms makes it), packed once
         self._numkeys, self._ttl = connections.parts(1), connections.parts(_ms(request.ttl))
 
@@ -102,7 +108,7 @@ class PackedMutex:
             check_call(request, owner, max_lifetime)
         locker = self._locker
         keys = LockKeys.build(locker.prefix, name)
-        token = new_token()
+        token = urandom(16).hex()  # new_token(), without its call
         sent_at = self._renewer.clock()
         # The value with an empty fence; the script fills the fence in when fencing.
         value = f"{token}||{int(locker.wall_clock() * 1000)}|{owner.fields}"
@@ -120,7 +126,16 @@ class PackedMutex:
                 len(value_bytes),
                 value_bytes,
             )
-            reply = locker._evalsha_packed(locker._acquire_script, lock, 4, body)
+            script = locker._acquire_script
+            if script.sha != self._sha:  # first call, or the script was loaded again
+                self._sha = script.sha
+                self._head = b"*6\r\n" + self._connections.start("EVALSHA", script.sha)[1]
+            try:
+                reply = self._connections.call_packed(self._head + body)
+            except NoScriptError:  # the server lost it: loaded and sent again
+                reply = locker._evalsha_packed(script, lock, 4, body)
+            except server_errors.REDIS_ERRORS as exc:
+                server_errors.raise_translated(exc, lock)
         else:
             script_keys, args = locker._acquire_call(request, keys, value, owner)
             reply = locker._run(locker._acquire_script, lock, script_keys, args, pinned=True)
@@ -129,6 +144,7 @@ class PackedMutex:
             lease = locker._lease(request, keys, token, owner, fence, sent_at, max_lifetime)
             if request.renew:
                 self._renewer.add(lease)
-            log.debug("acquired %s (fence=%s)", lock, fence)
+            if log.isEnabledFor(logging.DEBUG):  # one call, not two, when it is not
+                log.debug("acquired %s (fence=%s)", lock, fence)
             return lease
         return locker._mutex_outcome(keys, token, owner, reply, sent_at, request, max_lifetime)

@@ -52,7 +52,7 @@ from celery_singleton_lock.engine.keys import validate_prefix
 from celery_singleton_lock.engine.lease import Lease, LockHolder, Owner, new_token
 from celery_singleton_lock.engine.locker import RedisLocker
 from celery_singleton_lock.engine.quorum_reading import QUORUM, QuorumInspector, QuorumSubscription
-from celery_singleton_lock.engine.renewer import Renewer
+from celery_singleton_lock.engine.renewer import Renewer, process_renewer
 from celery_singleton_lock.errors import (
     AlreadyFinished,
     LockBackendUnavailable,
@@ -123,7 +123,7 @@ class QuorumLocker(BackendBase):
                 f"{len(clients)}; give 3 or 5 URLs, or one URL for a single server"
             )
         self.prefix = validate_prefix(prefix)
-        self._renewer = renewer
+        self.renewer = renewer if renewer is not None else process_renewer()
         #: one locker per server, in the order given
         self.servers = [
             RedisLocker(client, prefix=self.prefix, renewer=renewer, wall_clock=wall_clock)

@@ -16,9 +16,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from redis.commands.core import Script
 
+from celery_singleton_lock.engine import fork_safety, script_calls, server_errors, slots
 from celery_singleton_lock.engine import lease as _lease
-from celery_singleton_lock.engine import script_calls, server_errors, slots
-from celery_singleton_lock.engine.fork_safety import current_pid
 from celery_singleton_lock.engine.lease import Lease, Owner
 from celery_singleton_lock.engine.locker_parts import LockerPart
 from celery_singleton_lock.engine.pinned import PinnedConnections
@@ -43,8 +42,7 @@ class Releases(LockerPart):
         _release: Script
         _release_abandoned: Script
 
-        @property
-        def renewer(self) -> Renewer: ...
+        renewer: Renewer
 
     def _with_finish_record(
         self,
@@ -103,7 +101,7 @@ class Releases(LockerPart):
         ``remember_for``, the script records the owner's finish too
         (:meth:`_with_finish_record`)."""
         script_keys, args = self._with_finish_record(lease, remember_for, script_keys, args)
-        if lease.pid != current_pid():  # inherited from the parent: never touched here
+        if lease.pid != fork_safety.pid:  # inherited from the parent: never touched here
             return 0
         with _lease._state_lock:
             if lease.released:
@@ -154,7 +152,7 @@ class Releases(LockerPart):
         connections = self.connections
         if connections is None or not connections.keeps_connections:
             return False
-        if lease.pid != current_pid():  # inherited from the parent: never touched here
+        if lease.pid != fork_safety.pid:  # inherited from the parent: never touched here
             then(False, None)
             return True
         with _lease._state_lock.lock:

@@ -9,7 +9,7 @@ import difflib
 import inspect
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
 from celery_singleton_lock.arguments import ArgumentKeyer
@@ -86,6 +86,13 @@ class LockOptions:
     cooldown_after: str = "success"
     #: at most ``rate[0]`` body starts per key in any ``rate[1]`` seconds, or None
     rate: Optional[tuple[int, float]] = None
+    #: a worker's call takes the key alone, without parking (``lock_limit`` 1, a policy other
+    #: than ``queue`` and ``replace``): the task's prepared acquire (see acquire_plan)
+    mutex: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        mutex = self.limit == 1 and self.on_duplicate not in ("queue", "replace")
+        object.__setattr__(self, "mutex", mutex)  # frozen: set once, here
 
 
 def check_option_names(task_name: str, cls: type) -> None:

@@ -225,7 +225,7 @@ def connect(sender: Any = None) -> None:
     for signal, receiver in _RECEIVERS:
         uid = f"csl-metrics-{receiver.__name__}"
         signal.connect(receiver, sender=sender, weak=False, dispatch_uid=uid)
-    timing.connect(sender)
+    timing.connect(sender, user="metrics")
 
 
 def tear_down(sender: Any = None) -> None:
@@ -234,7 +234,7 @@ def tear_down(sender: Any = None) -> None:
     global _metrics
     for signal, receiver in _RECEIVERS:
         signal.disconnect(sender=sender, dispatch_uid=f"csl-metrics-{receiver.__name__}")
-    timing.disconnect(sender)
+    timing.disconnect(sender, user="metrics")
     _metrics = None
 
 

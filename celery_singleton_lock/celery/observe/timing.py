@@ -75,9 +75,15 @@ def held(task_id: Optional[str]) -> Optional[float]:
     return None if acquired is None else max(0.0, time.monotonic() - acquired)
 
 
-def connect(sender: Any = None) -> None:
-    """Start timing executions (idempotent: ``dispatch_uid``); of ``sender`` only if given
-    (the bench)."""
+#: who asked for timing, by the sender they asked it for (None: every task): the metrics, the
+#: trace events; timing runs for a sender while anyone asks
+_users: dict[Any, set[str]] = {}
+
+
+def connect(sender: Any = None, *, user: str) -> None:
+    """Start timing executions for ``user`` (``"metrics"``, ``"tracing"``; idempotent); of
+    ``sender`` only if given (the bench)."""
+    _users.setdefault(sender, set()).add(user)
     for signal, receiver, uid in (
         (signals.task_prerun, _on_prerun, "csl-timing-prerun"),
         (signals.task_postrun, _forget, "csl-timing-postrun"),
@@ -86,8 +92,14 @@ def connect(sender: Any = None) -> None:
         signal.connect(receiver, sender=sender, weak=False, dispatch_uid=uid)
 
 
-def disconnect(sender: Any = None) -> None:
-    """Stop timing (tests, the bench): what :func:`connect` with this ``sender`` started."""
+def disconnect(sender: Any = None, *, user: str) -> None:
+    """``user`` no longer needs timing (of ``sender``): stopped once no one does (tests, the
+    bench, trace events that find nothing to record)."""
+    users = _users.get(sender, set())
+    users.discard(user)
+    if users:
+        return
+    _users.pop(sender, None)
     for signal, uid in (
         (signals.task_prerun, "csl-timing-prerun"),
         (signals.task_postrun, "csl-timing-postrun"),

@@ -8,7 +8,12 @@ reason, holder) and ``lock.lost``. A lock is lost in the renewer thread, where t
 is not current: the span current at the acquire is kept, by task id, until the release.
 
 Connected at worker start only when ``opentelemetry`` imports and the setting
-``singleton_lock_trace_events`` is not False; no hard dependency.
+``singleton_lock_trace_events`` is not False; no hard dependency. A process that reaches its
+first lock with no tracer provider set (the API alone, installed as another package's
+dependency: no span can record) disconnects them again, so that it pays nothing per task
+(measured ~12 us per task with ``python -m bench fastpath``). Set the SDK's tracer provider
+before the first task runs (at import, or in ``worker_process_init`` as the OpenTelemetry
+Celery instrumentation does).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from celery import signals
 
 from celery_singleton_lock.celery.observe import timing
 from celery_singleton_lock.celery.signals import lock_acquired, lock_duplicate, lock_lost
+from celery_singleton_lock.engine import reset_in_forked_children
 
 #: the recording span of each execution holding its lock in this process, by task id
 _spans: dict[str, Any] = {}
@@ -47,9 +53,40 @@ def _recording_span() -> Any:
     return span if span.is_recording() else None
 
 
+#: whether this process has a tracer provider: None until its first lock (a forked child
+#: looks again: its provider may be set in ``worker_process_init``)
+_provider_set: Optional[bool] = None
+
+
+class _ForkedChildLooksAgain:
+    def after_fork_in_child(self) -> None:
+        global _provider_set
+        _provider_set = None
+
+
+_child_looks_again = _ForkedChildLooksAgain()
+reset_in_forked_children(_child_looks_again)
+
+
+def _no_provider() -> bool:
+    """True, once, in a process whose spans can never record: the receivers are disconnected
+    then (see the module docstring)."""
+    global _provider_set
+    if _provider_set is None:
+        from opentelemetry import trace
+
+        _provider_set = not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+        if not _provider_set:
+            disconnect()
+            return True
+    return False
+
+
 def _on_acquired(
     task_id: Optional[str] = None, key: str = "", fence: Optional[int] = None, **_: Any
 ) -> None:
+    if _provider_set is None and _no_provider():
+        return
     span = _recording_span()
     if span is None:
         return
@@ -68,6 +105,8 @@ def _on_acquired(
 def _on_duplicate(
     key: str = "", holder: Any = None, action: str = "", reason: str = "held", **_: Any
 ) -> None:
+    if _provider_set is None and _no_provider():
+        return
     span = _recording_span()
     if span is None:
         return
@@ -104,15 +143,18 @@ _RECEIVERS = (
 def connect(conf: Any) -> bool:
     """Add lock events to spans from now on; False when opentelemetry is not installed or
     the setting turns them off."""
+    global _provider_set
     if conf.get("singleton_lock_trace_events") is False or not available():
         return False
+    _provider_set = None  # looked at again at the next lock
     for signal, receiver in _RECEIVERS:
         signal.connect(receiver, weak=False, dispatch_uid=f"csl-trace-{receiver.__name__}")
-    timing.connect()
+    timing.connect(user="tracing")
     return True
 
 
 def disconnect() -> None:
     for signal, receiver in _RECEIVERS:
         signal.disconnect(dispatch_uid=f"csl-trace-{receiver.__name__}")
+    timing.disconnect(user="tracing")
     _spans.clear()

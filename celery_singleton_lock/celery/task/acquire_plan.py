@@ -64,19 +64,26 @@ def prepared(task: LockedTask, options: LockOptions) -> PreparedMutex:
         LockBackendUnavailable: making the locker asked the server, which did not answer.
     """
     cached = task._prepared_acquire
-    generation = lockers.generation  # read before the locker: a change meanwhile is seen next
     if task._app_locker:
-        if cached is not None and cached.options is options and cached.generation == generation:
+        if (
+            cached is not None
+            and cached.options is options
+            and cached.generation == lockers.generation
+        ):
             return cached
-        locker = locker_for(task.app)
+        locker = locker_for(task.app)  # may make it: the generation changes then
+        generation = lockers.generation
+        keep = locker_for(task.app) is locker  # else it changed meanwhile: not kept
     else:
         locker = task.lock_locker
         if cached is not None and cached.options is options and cached.locker is locker:
             return cached
+        generation, keep = lockers.generation, True
     plan = PreparedMutex(
         options, generation, locker, locker.prepare(request_base(task, options, True, False))
     )
-    task._prepared_acquire = plan
+    if keep:
+        task._prepared_acquire = plan
     return plan
 
 

@@ -97,13 +97,6 @@ class LockScope(LockHandle):
         assert lease is not None  # a scope is only ever opened with its lease
         return lease
 
-    def start_body(self) -> bool:
-        """True for the first call only: the call that runs the body, and closes the scope
-        after it (a subclass ``__call__`` calling ``super().__call__`` nests a second one)."""
-        first = not self._body_started
-        self._body_started = True
-        return first
-
     def close(self, *, finished: bool = False, succeeded: bool = False) -> None:
         """Stop renewal and release the lock; later calls do nothing. Never raises.
 
@@ -227,18 +220,22 @@ def closes_scope_on_error(before_start: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def releases_after_body(call: F) -> F:
+def releases_after_body(call: F, *, takes_self: bool = True) -> F:
     """Wrap a task's ``run`` (or a subclass's own ``__call__``) so that the scope opened in
-    ``before_start`` is closed as the body ends, however it ends."""
+    ``before_start`` is closed as the body ends, however it ends. ``takes_self=False``: ``call``
+    is the function of a ``staticmethod`` ``run``, called without the task."""
 
     @functools.wraps(call)
     def __call__(self: LockedTask, *args: Any, **kwargs: Any) -> Any:
-        request = celery_api.current_request(self)
-        held = getattr(request, "lock", None)
-        owns = isinstance(held, LockScope) and held.start_body()
+        held = getattr(celery_api.current_request(self), "lock", None)
+        # the first call runs the body and closes the scope (a subclass ``__call__`` calling
+        # ``super().__call__`` nests a second one, which owns nothing)
+        owns = isinstance(held, LockScope) and not held._body_started
+        if owns:
+            held._body_started = True  # type: ignore[union-attr]
         finished = succeeded = False
         try:
-            result = call(self, *args, **kwargs)
+            result = call(self, *args, **kwargs) if takes_self else call(*args, **kwargs)
             finished = succeeded = True
             return result
         except (Retry, Ignore, Reject):
@@ -265,14 +262,10 @@ def body_releasing(run: Any) -> Callable[..., Any]:
     """
     if isinstance(run, staticmethod):
         function = run.__func__
-
-        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-            return function(*args, **kwargs)
-
-        wrapper = releases_after_body(functools.wraps(function)(method))
+        wrapper = releases_after_body(function, takes_self=False)
         # The bound method's signature is the function's: drop the inherited __wrapped__
         # (inspect would otherwise take the function's first parameter for ``self``).
-        del wrapper.__wrapped__
+        del wrapper.__wrapped__  # type: ignore[attr-defined]
         wrapper.__signature__ = _with_self(function)  # type: ignore[attr-defined]
     else:
         wrapper = releases_after_body(run)

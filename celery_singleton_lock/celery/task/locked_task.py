@@ -27,9 +27,9 @@ from celery_singleton_lock.celery.signals import lock_acquired, lock_backend_err
 from celery_singleton_lock.celery.task import acquire_plan
 from celery_singleton_lock.celery.task.execution import (
     LockScope,
+    _open,
     body_releasing,
     closes_scope_on_error,
-    open_scope,
     releases_after_body,
 )
 from celery_singleton_lock.celery.task.lock_view import LockHandle
@@ -50,6 +50,7 @@ from celery_singleton_lock.errors import (
     DuplicateTaskError,
     LockBackendUnavailable,
     LockConfigurationError,
+    LockError,
     ReplicasUnavailable,
 )
 
@@ -235,40 +236,65 @@ class LockedTask(Task):  # type: ignore[misc]
 
     # -- acquire: the hot path ---------------------------------------------------------------
 
-    @closes_scope_on_error
     def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
         options = self._lock_options or self.resolve_lock_options()
         request = self.request
         name = options.keyer.name(args, kwargs)
-        outer = open_scope(name)
+        outer = _open.by_name.get(name)  # open_scope(name), without its call
         if outer is not None:
             request.lock = outer.nested()
             return
-        acquired = self._acquire(task_id, name, options, request)
+        acquired: Optional[tuple[Lease, bool, int]]
+        if options.mutex and task_id and not request.is_eager:
+            # A worker's mutex call, the hot path: through the task's prepared acquire. Any
+            # other outcome goes on in _acquire, as the general way's would.
+            owner = lock_owner(task_id, request, current_pid())
+            max_lifetime = celery_api.hard_time_limit(request) or options.default_time_limit
+            try:
+                # the first call in a process makes the locker: the server is first asked then
+                plan = acquire_plan.prepared(self, options)
+                first: Any = plan.acquire.acquire(name, owner, max_lifetime)
+            except (LockBackendUnavailable, AlreadyFinished, AlreadySuperseded) as exc:
+                first = exc  # handled in _acquire, as the general way's
+            if type(first) is Lease:
+                acquired = first, is_marked_copy(request), 1
+            else:
+                acquired = self._acquire(task_id, name, options, request, first)
+        else:
+            acquired = self._acquire(task_id, name, options, request)
         if acquired is None:
             return  # running without the lock (lock_on_backend_error="run")
         lease, is_copy, limit = acquired
         if PAUSE.active:
             PAUSE.resumed()
-        # From here the scope owns the lock: whatever raises below closes it.
+        # From here the scope owns the lock: whatever raises below closes it (as
+        # closes_scope_on_error does for a subclass's own before_start, written out here to
+        # save every task the wrapper's call).
         request.lock = held = LockScope(self, task_id, name, lease, limit, eager=request.is_eager)
-        if (is_copy or self.acks_late) and already_ran(self, request, is_copy):
+        try:
+            if (is_copy or self.acks_late) and already_ran(self, request, is_copy):
+                held.close()
+                self._drop_copy(task_id, "its outcome is stored")
+            if options.on_duplicate == "join":
+                rejoin(self, request)  # a join's lock retry whose holder ended meanwhile
+            if self.lock_track_started:
+                self._store_started(task_id, request)
+            if lock_acquired.receivers:
+                lock_acquired.send(sender=self, task_id=task_id, key=lease.key, fence=lease.fence)
+        except BaseException:
             held.close()
-            self._drop_copy(task_id, "its outcome is stored")
-        if options.on_duplicate == "join":
-            rejoin(self, request)  # a join's lock retry whose holder ended meanwhile
-        if self.lock_track_started:
-            self._store_started(task_id, request)
-        if lock_acquired.receivers:
-            lock_acquired.send(sender=self, task_id=task_id, key=lease.key, fence=lease.fence)
+            raise
+
+    before_start.closes_scope = True  # type: ignore[attr-defined]
 
     def _acquire(
-        self, task_id: str, name: str, options: LockOptions, request: Any
+        self, task_id: str, name: str, options: LockOptions, request: Any, first: Any = None
     ) -> Optional[tuple[Lease, bool, int]]:
         """Take the lock, applying the duplicate policy if it is held: the lease, whether
         this message is a copy of an earlier delivery and the call's lock_limit; None to run
-        without the lock. Ends the
-        execution (``Ignore``, retry, or an error) when the body must not run."""
+        without the lock. Ends the execution (``Ignore``, retry, or an error) when the body
+        must not run. ``first``: what a worker's mutex call's prepared acquire gave instead
+        of a lease (the holder, or the error), from ``before_start``: not acquired again."""
         worker_call = bool(task_id) and not request.is_eager
         owner = lock_owner(task_id, request, current_pid())
         max_lifetime = celery_api.hard_time_limit(request) or options.default_time_limit
@@ -276,41 +302,30 @@ class LockedTask(Task):  # type: ignore[misc]
         # the same, but the newest call waits alone (and may be debounced). A limit above 1:
         # each call takes a slot (a callable caps each call).
         parks = worker_call and options.on_duplicate in ("queue", "replace")
-        mutex = not parks and options.limit == 1
-        wanted: Optional[AcquireRequest] = None
+        wanted = acquire_plan.request_base(self, options, bool(task_id), request.is_eager)
+        wanted = wanted.for_call(name, owner, max_lifetime)
         newest = None
-        if not (worker_call and mutex):
-            wanted = acquire_plan.request_base(self, options, bool(task_id), request.is_eager)
-            wanted = wanted.for_call(name, owner, max_lifetime)
-            if parks:
-                park = handoff.parked_message(self, request)
-                if options.on_duplicate == "replace" and park is not None:
-                    newest = Latest(options.debounce or 0.0, options.debounce_max)
-                wanted = wanted._replace(park=park, latest=newest)
-            if options.limit != 1:
-                keyer = options.keyer
-                limit = limit_for(self.name, options.limit, keyer, request.args, request.kwargs)
-                wanted = wanted._replace(limit=limit)
+        if parks:
+            park = handoff.parked_message(self, request)
+            if options.on_duplicate == "replace" and park is not None:
+                newest = Latest(options.debounce or 0.0, options.debounce_max)
+            wanted = wanted._replace(park=park, latest=newest)
+        if options.limit != 1:
+            keyer = options.keyer
+            limit = limit_for(self.name, options.limit, keyer, request.args, request.kwargs)
+            wanted = wanted._replace(limit=limit)
 
         try:
             try:
+                if isinstance(first, LockError):
+                    raise first
                 # the first call in a process makes the locker: the server is first asked then
-                if wanted is None:  # a worker's mutex call: checked and packed once
-                    plan = acquire_plan.prepared(self, options)
-                    locker = plan.locker
-                    outcome: Any = plan.acquire.acquire(name, owner, max_lifetime)
-                else:
-                    locker = self.lock_locker
-                    outcome = locker.acquire(wanted)
+                locker = self.lock_locker
+                outcome: Any = locker.acquire(wanted) if first is None else first
             except LockBackendUnavailable as exc:
                 outcome = self._on_backend_unavailable(exc, name, options, request)
                 if outcome is None:
                     return None
-            if type(outcome) is Lease:  # acquired: no policy to apply
-                return outcome, is_marked_copy(request), 1 if wanted is None else wanted.limit
-            if wanted is None:
-                wanted = acquire_plan.request_base(self, options, True, False)
-                wanted = wanted.for_call(name, owner, max_lifetime)
             is_copy = is_marked_copy(request)
             if isinstance(outcome, Parked):
                 holder = outcome.holder or LockHolder.unknown(outcome.key)

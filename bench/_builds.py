@@ -21,6 +21,7 @@ from celery_singleton_lock.celery import LockedTask
 from celery_singleton_lock.celery.config.lockers import forget_locker
 from celery_singleton_lock.celery.config.servers import make_client
 from celery_singleton_lock.engine import Lease, QuorumLocker, RedisLocker, Renewer
+from celery_singleton_lock.engine.prepared_acquire import GeneralAcquire
 
 from ._common import BenchError, RoundTripCounter, counting_connection_class
 from ._paired import Call
@@ -255,10 +256,15 @@ def locked_task(setup: WorkerSetup, name: str, **options: Any) -> Any:
 
 class PooledLocker(RedisLocker):
     """Acquire and release through the client itself: one pool checkout per command, no
-    kept connection (everything through redis-py's public API)."""
+    kept connection (everything through redis-py's public API). A task's prepared acquire is
+    the general one, so that it goes through ``_run`` too."""
 
     def _run(self, script: Any, key: str, keys: Any, args: Any, *, pinned: bool = False) -> Any:
         return super()._run(script, key, keys, args, pinned=False)
+
+    def prepare(self, request: Any) -> Any:
+        self._check(request)
+        return GeneralAcquire(self, request)
 
 
 class FStringKeyer(ArgumentKeyer):

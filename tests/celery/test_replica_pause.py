@@ -9,6 +9,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from celery_singleton_lock.celery.duplicates import backend_outage
 from celery_singleton_lock.celery.task import locked_task
 from celery_singleton_lock.celery.task.replica_pause import ReplicaPause
 from celery_singleton_lock.testing import RedisServer
@@ -42,7 +43,8 @@ def paused_then_resumed(
     """Three calls refused for want of a replica until each was retried, then a replica of the
     lock server attached: the log records, the results and the refusals counted."""
     pause = ReplicaPause()
-    monkeypatch.setattr(locked_task, "PAUSE", pause)
+    monkeypatch.setattr(locked_task, "PAUSE", pause)  # resumed there
+    monkeypatch.setattr(backend_outage, "PAUSE", pause)  # refused there
     kept = Kept()
     logger = logging.getLogger(LOGGER)
     monkeypatch.setattr(logger, "level", logging.DEBUG)

@@ -20,10 +20,11 @@ from celery_singleton_lock.celery.config.options import TASK_ONLY_OPTIONS, TASK_
 from celery_singleton_lock.celery.config.resolution import LockOptions, check_option_names, resolve
 from celery_singleton_lock.celery.duplicates import enqueue, latest, policies
 from celery_singleton_lock.celery.duplicates import parking as handoff
+from celery_singleton_lock.celery.duplicates.backend_outage import on_backend_unavailable
 from celery_singleton_lock.celery.duplicates.dispatch import handle as handle_duplicate
 from celery_singleton_lock.celery.duplicates.join import rejoin
 from celery_singleton_lock.celery.duplicates.redelivery import already_ran, is_marked_copy
-from celery_singleton_lock.celery.signals import lock_acquired, lock_backend_error, lock_lost
+from celery_singleton_lock.celery.signals import lock_acquired, lock_lost
 from celery_singleton_lock.celery.task import acquire_plan
 from celery_singleton_lock.celery.task.execution import (
     LockScope,
@@ -32,7 +33,6 @@ from celery_singleton_lock.celery.task.execution import (
     closes_scope_on_error,
     releases_after_body,
 )
-from celery_singleton_lock.celery.task.lock_view import LockHandle
 from celery_singleton_lock.celery.task.replica_pause import PAUSE
 from celery_singleton_lock.engine import (
     AcquireRequest,
@@ -51,7 +51,6 @@ from celery_singleton_lock.errors import (
     LockBackendUnavailable,
     LockConfigurationError,
     LockError,
-    ReplicasUnavailable,
 )
 
 log = logging.getLogger("celery_singleton_lock.acquire")
@@ -323,9 +322,8 @@ class LockedTask(Task):  # type: ignore[misc]
                 locker = self.lock_locker
                 outcome: Any = locker.acquire(wanted) if first is None else first
             except LockBackendUnavailable as exc:
-                outcome = self._on_backend_unavailable(exc, name, options, request)
-                if outcome is None:
-                    return None
+                on_backend_unavailable(self, exc, name, options, request)
+                return None  # it returns only to run without the lock
             is_copy = is_marked_copy(request)
             if isinstance(outcome, Parked):
                 holder = outcome.holder or LockHolder.unknown(outcome.key)
@@ -375,29 +373,6 @@ class LockedTask(Task):  # type: ignore[misc]
         )
         celery_api.logged_already(task_id)
         raise Ignore(f"task id already ran to the end ({why})")
-
-    def _on_backend_unavailable(
-        self, exc: LockBackendUnavailable, name: str, options: LockOptions, request: Any
-    ) -> Optional[Lease]:
-        if lock_backend_error.receivers:
-            lock_backend_error.send(sender=self, task_id=request.id, key=exc.key or name, error=exc)
-        if request.is_eager and options.on_backend_error == "retry":
-            # apply() callers get the error now rather than a retry loop
-            raise LockBackendUnavailable(
-                f"task {self.name}[{request.id}]: {exc.message}", exc.key
-            ) from exc
-        if options.on_backend_error == "run":
-            log.error("task %s[%s]: %s; running WITHOUT the lock", self.name, request.id, exc)
-            request.lock = LockHandle(exc.key, None, locked=False)
-            if self.lock_track_started:
-                self._store_started(request.id, request)
-            return None
-        if isinstance(exc, ReplicasUnavailable):
-            PAUSE.refused_one(self, request.id, exc)  # said once, not per task
-        else:
-            log.error("task %s[%s]: %s; retrying later", self.name, request.id, exc)
-        unknown = LockHolder.unknown(exc.key or name)
-        policies.retry(policies.Duplicate(self, request, options, name, unknown), exc)
 
     def _on_lock_lost(self, lease: Lease) -> None:
         # Runs in the renewer thread: the body learns of it through request.lock.lost/check().

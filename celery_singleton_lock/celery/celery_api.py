@@ -85,18 +85,6 @@ def is_redelivered(request: Any) -> bool:
     return bool((getattr(request, "delivery_info", None) or {}).get("redelivered"))
 
 
-def redelivered_or_marked(request: Any, name: str) -> bool:
-    """:func:`is_redelivered`, or the custom header ``name`` is set (:func:`header`): in one
-    call, as every task asks it."""
-    delivery = getattr(request, "delivery_info", None)
-    if delivery and delivery.get("redelivered"):
-        return True
-    headers = getattr(request, "headers", None)
-    if headers and name in headers:
-        return bool(headers[name])
-    return bool(getattr(request, name, None))
-
-
 def hard_time_limit(request: Any) -> Optional[float]:
     """The hard time limit the message carries, if any."""
     limits = request.timelimit

@@ -20,7 +20,6 @@ by side, chosen by the backend:
 from __future__ import annotations
 
 import logging
-from os import urandom
 from typing import TYPE_CHECKING, Optional, Protocol
 
 from redis.exceptions import NoScriptError
@@ -28,7 +27,7 @@ from redis.exceptions import NoScriptError
 from celery_singleton_lock.engine import server_errors
 from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
 from celery_singleton_lock.engine.keys import LockKeys
-from celery_singleton_lock.engine.lease import Owner
+from celery_singleton_lock.engine.lease import Owner, new_token
 from celery_singleton_lock.engine.script_calls import _ms
 
 if TYPE_CHECKING:
@@ -91,8 +90,8 @@ class PackedMutex:
         self._locker = locker
         self._connections = connections
         self._renewer = locker.renewer
-        #: ARGV after the lock value, packed once (see ACQUIRE's contract in scripts.py); None:
-        #: the short form (KEYS[1] only, ARGV: ttl, value)
+        #: the short form of ACQUIRE (see its contract in scripts.py): KEYS[1] only, ARGV ttl
+        #: and value; otherwise all six keys and seven arguments
         self._plain = not (request.fencing or request.unless_finished or request.take_queued)
         self._encoding = connections.encoding
         #: the start of the short form's command for the script's SHA (see acquire)
@@ -108,7 +107,7 @@ class PackedMutex:
             check_call(request, owner, max_lifetime)
         locker = self._locker
         keys = LockKeys.build(locker.prefix, name)
-        token = urandom(16).hex()  # new_token(), without its call
+        token = new_token()
         sent_at = self._renewer.clock()
         # The value with an empty fence; the script fills the fence in when fencing.
         value = f"{token}||{int(locker.wall_clock() * 1000)}|{owner.fields}"

@@ -22,7 +22,7 @@ COPY_HEADER = "singleton_lock_copy"
 def is_marked_copy(request: Any) -> bool:
     """The message may repeat an execution that already ran: the broker redelivered it
     (``acks_late``), or a copy re-sent it under the same task id."""
-    return celery_api.redelivered_or_marked(request, COPY_HEADER)
+    return celery_api.is_redelivered(request) or bool(celery_api.header(request, COPY_HEADER))
 
 
 def outcome_stored(task: Any, request: Any) -> bool:

@@ -28,9 +28,9 @@ from celery_singleton_lock.celery.signals import lock_acquired, lock_lost
 from celery_singleton_lock.celery.task import acquire_plan
 from celery_singleton_lock.celery.task.execution import (
     LockScope,
-    _open,
     body_releasing,
     closes_scope_on_error,
+    open_scope,
     releases_after_body,
 )
 from celery_singleton_lock.celery.task.replica_pause import PAUSE
@@ -239,7 +239,7 @@ class LockedTask(Task):  # type: ignore[misc]
         options = self._lock_options or self.resolve_lock_options()
         request = self.request
         name = options.keyer.name(args, kwargs)
-        outer = _open.by_name.get(name)  # open_scope(name), without its call
+        outer = open_scope(name)
         if outer is not None:
             request.lock = outer.nested()
             return

@@ -2,31 +2,25 @@
 
 Layout, for prefix ``P`` and lock name ``N``::
 
-    P:{N}            the lock (a string with a TTL, see :mod:`.scripts`)
+    P:{N}            the lock (a string with a TTL, see lua/includes/lock_value.lua)
     P:{N}:slot:<k>   slot k (2..N) of a lock taken by up to N holders (``lock_limit``; slot 1
                      is the lock key itself, see slots.py)
     P:{N}:starts     its recent acquisitions, token scored by the server's clock in ms, trimmed
                      to the window of ``lock_rate`` (see slots.py)
-    P:{N}:fence      its fence counter in earlier builds (a string that never expires): read,
-                     and kept in step, by ACQUIRE; fences now come from a counter shared by
-                     every name (see shared_keys.py)
     P:{N}:released   the channel its releases are published on
     P:{N}:queued     the task id of the message queued under this name (opt-in enqueue
                      deduplication): written by ENQUEUE with its own TTL, deleted by the
-                     acquire of that task id or by a compare-and-delete (see scripts.py)
+                     acquire of that task id or by a compare-and-delete (see lua/enqueue.lua)
     P:{N}:parked     the task ids parked behind the lock, oldest first (policy ``queue``)
     P:{N}:parked-messages
                      their parked messages, by task id
     P:{N}:parked-rule
                      'slots|rate|window ms' of calls parked over slots, a rate or a cooldown
-                     (see slot_queue_scripts.py), while any is parked
+                     (see lua/includes/slot_queue.lua), while any is parked
     P:handoff-due    (one per prefix, no hash tag) lock names a hand-off sweeper should look
-                     at, scored by when (see scripts.py)
-    P:{N}:finished:<owner task id>
-                     that owner ran to the end under this lock, as earlier builds recorded it
-                     ('fence|acquired_at|pid|host|task_id', with a TTL): still read by an
-                     acquire that asks for it, written only while upgrading; records now go
-                     to time-bucketed sets shared by every name (see shared_keys.py)
+                     at, scored by when (see lua/includes/handoff.lua)
+
+The fence counter and the finish records are shared by many names (see shared_keys.py).
 
 ``{N}`` is a Redis Cluster hash tag: the lock and its keys always share a slot, so one
 script may touch them all (the shared keys carry a tag of the same slot).
@@ -60,18 +54,17 @@ def validate_prefix(prefix: str) -> str:
 
 
 def handoff_index(prefix: str) -> str:
-    """Key of the sorted set of lock names a hand-off sweeper looks at (see scripts.py)."""
+    """Key of the sorted set of lock names a hand-off sweeper looks at (lua/handoff_due.lua)."""
     return f"{prefix}:handoff-due"
 
 
 class LockKeys(NamedTuple):
-    """The lock key, fence counter key and release channel of one name.
+    """The lock key and release channel of one name.
 
     A named tuple, not a frozen dataclass: made for every acquire, and a tuple is made in a
     third of the time (immutable all the same)."""
 
     lock: str
-    fence: str
     channel: str
 
     @classmethod
@@ -82,7 +75,7 @@ class LockKeys(NamedTuple):
                 "without braces or whitespace"
             )
         lock = f"{prefix}:{{{name}}}"
-        return _new(cls, (lock, f"{lock}:fence", f"{lock}:released"))
+        return _new(cls, (lock, f"{lock}:released"))
 
     @property
     def queued(self) -> str:
@@ -113,13 +106,6 @@ class LockKeys(NamedTuple):
     def handoff_due(self) -> str:
         """Key of the prefix's hand-off index (no hash tag: one per prefix)."""
         return handoff_index(self.lock[: self.lock.index(":{")])
-
-    def finished(self, task_id: str) -> str:
-        """Key recording that the owner running ``task_id`` ran to the end (see module doc)."""
-        lock = self.lock
-        if lock[-1] != "}":  # a slot's keys (slots.py): the record is the lock's, any slot
-            lock = lock[: lock.rindex("}") + 1]
-        return f"{lock}:finished:{task_id}"
 
     @property
     def name(self) -> str:

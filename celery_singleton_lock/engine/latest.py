@@ -1,6 +1,7 @@
 """ "Latest wins" on one server (policy ``replace``, and ``lock_debounce``), as a part of
 :class:`~.locker.RedisLocker`: at most one call waits behind a lock, the newest; a debounced
-call is held until its due time. Scripts in :mod:`.latest_scripts`; the parked list, the
+call is held until its due time. Scripts in ``lua/`` (acquire_or_replace, release_latest,
+clear_superseded; the keys in lua/includes/displace.lua); the parked list, the
 hand-off index and the sweeper are those of policy ``queue`` (:mod:`.queueing`).
 """
 
@@ -12,10 +13,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Sequence
 
 from redis.commands.core import Script
 
-from celery_singleton_lock.engine import latest_scripts, script_calls, server_errors
+from celery_singleton_lock.engine import script_calls, server_errors
 from celery_singleton_lock.engine.keys import LockKeys
 from celery_singleton_lock.engine.lease import Lease, Owner, Parked, as_text
 from celery_singleton_lock.engine.locker_parts import LockerPart
+from celery_singleton_lock.engine.lua_scripts import source
 from celery_singleton_lock.engine.queueing import QueueOperations, as_bytes, handed_on
 
 if TYPE_CHECKING:
@@ -42,21 +44,24 @@ def _ms(seconds: Optional[float]) -> int:
 
 #: Seconds a worker has to mark the calls it displaced before a sweeper does it for them.
 SUPERSEDED_GRACE = 5.0
+#: Task ids remembered as superseded per lock, at most (the oldest are forgotten first; the
+#: scripts' own constant, lua/includes/displace.lua).
+MAX_SUPERSEDED = 1000
 
 
 def debounce_key(keys: LockKeys) -> str:
-    """Key of the lock's debounce hash (see :mod:`.latest_scripts`)."""
+    """Key of the lock's debounce hash (see lua/includes/displace.lua)."""
     return f"{keys.lock}:latest"
 
 
 def superseded_index(prefix: str) -> str:
-    """Key of the prefix's index of displaced calls left to mark (see :mod:`.latest_scripts`)."""
+    """Key of the prefix's index of displaced calls left to mark (see lua/includes/displace.lua)."""
     return f"{prefix}:superseded-due"
 
 
 def superseded_keys(keys: LockKeys) -> list[str]:
     """Keys of the lock's superseded ids, of its calls left to mark, and of the prefix's index
-    of those (see :mod:`.latest_scripts`)."""
+    of those (see lua/includes/displace.lua)."""
     prefix = keys.lock[: keys.lock.index(":{")]
     return [f"{keys.lock}:superseded", f"{keys.lock}:superseded-left", superseded_index(prefix)]
 
@@ -68,14 +73,14 @@ class LatestOperations(LockerPart):
         _handoff_due: Script
 
     def _register_latest_scripts(self, client: Client) -> None:
-        self._acquire_or_replace: Script = client.register_script(latest_scripts.ACQUIRE_OR_REPLACE)
-        self._release_latest: Script = client.register_script(latest_scripts.RELEASE_LATEST)
-        self._clear_superseded: Script = client.register_script(latest_scripts.CLEAR_SUPERSEDED)
+        self._acquire_or_replace: Script = client.register_script(source("acquire_or_replace"))
+        self._release_latest: Script = client.register_script(source("release_latest"))
+        self._clear_superseded: Script = client.register_script(source("clear_superseded"))
 
     def _replace_call(
         self, request: AcquireRequest, latest: Latest, keys: LockKeys, value: str, owner: Owner
     ) -> tuple[list[str], list[Any]]:
-        """KEYS and ARGV of ACQUIRE_OR_REPLACE (its contract in :mod:`.latest_scripts`)."""
+        """KEYS and ARGV of ACQUIRE_OR_REPLACE (its contract in lua/acquire_or_replace.lua)."""
         counter, finished = self.shared.of(keys.lock)
         script_keys = [
             keys.lock,
@@ -84,7 +89,6 @@ class LatestOperations(LockerPart):
             keys.parked_messages,
             keys.handoff_due,
             debounce_key(keys),
-            keys.fence,
             *superseded_keys(keys),
         ]
         args = [
@@ -97,12 +101,11 @@ class LatestOperations(LockerPart):
             _ms(request.reservation_ttl),
             _ms(latest.debounce),
             _ms(latest.debounce_max),
-            "1" if self.upgrading else "0",
             _ms(request.finished_ttl),
             _ms(SUPERSEDED_GRACE),
         ]
         if request.unless_finished:
-            script_keys += (finished, keys.finished(owner.task_id))
+            script_keys.append(finished)
         return script_keys, args
 
     @staticmethod

@@ -13,13 +13,16 @@ from urllib.parse import unquote
 from celery_singleton_lock.engine import fork_safety
 from celery_singleton_lock.engine.fork_safety import ForkSafeLock, current_pid
 from celery_singleton_lock.engine.keys import LockKeys
-from celery_singleton_lock.engine.scripts import TOKEN_LENGTH
 from celery_singleton_lock.errors import AlreadyFinished
 
 if TYPE_CHECKING:
     from celery_singleton_lock.engine.backend import LockBackend
 
 log = logging.getLogger("celery_singleton_lock.renewal")
+
+#: Width of the token at the start of a lock value (hex of 128 random bits; the scripts read
+#: it as ``string.sub(value, 1, 32)``, see lua/includes/lock_value.lua).
+TOKEN_LENGTH = 32
 
 
 def new_token() -> str:
@@ -108,7 +111,7 @@ class LockHolder:
             acquired_at=None if acquired_ms is None else acquired_ms / 1000.0,
             fence=as_int(fence),
             ttl=None if ttl_ms is None or ttl_ms < 0 else ttl_ms / 1000.0,
-            cooling=pid == "cooldown",  # cooldown.COOLDOWN_PID
+            cooling=pid == "cooldown",  # the pid of lua/includes/cooldown.lua
         )
 
     @classmethod

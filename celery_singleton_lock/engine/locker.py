@@ -1,9 +1,10 @@
 """Leases on one Redis server: acquire, release and renew, the only writes the engine makes.
 
 Knows nothing of Celery. One round trip to acquire, one to release, one per tick to renew
-every lease of the process (see :mod:`.renewer`). Each runs one script of :mod:`.scripts`
-through a redis-py ``Script`` object. Acquire and release run on connections the locker keeps
-checked out of its client's pool (:mod:`.pinned`); renewal runs through the client itself.
+every lease of the process (see :mod:`.renewer`). Each runs one script of ``lua/``
+(:mod:`.lua_scripts`) through a redis-py ``Script`` object. Acquire and release run on
+connections the locker keeps checked out of its client's pool (:mod:`.pinned`); renewal runs
+through the client itself.
 
 On a Redis Cluster (a redis-py ``RedisCluster`` client) every script runs through the client,
 which sends it to the primary of its keys' slot (each lock's keys share one hash tag) and
@@ -24,7 +25,7 @@ from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
 from celery_singleton_lock.engine import lease as _lease
-from celery_singleton_lock.engine import script_calls, scripts, server_errors, slots, waiting
+from celery_singleton_lock.engine import script_calls, server_errors, slots, waiting
 from celery_singleton_lock.engine.acquire_request import (
     AcquireOutcome,
     AcquireRequest,
@@ -33,10 +34,11 @@ from celery_singleton_lock.engine.acquire_request import (
 from celery_singleton_lock.engine.backend import ReleaseSubscription
 from celery_singleton_lock.engine.backend_base import BackendBase
 from celery_singleton_lock.engine.capabilities import Capabilities
-from celery_singleton_lock.engine.cooldown import RELEASE_INTO_COOLDOWN, CooldownOperations
+from celery_singleton_lock.engine.cooldown import CooldownOperations
 from celery_singleton_lock.engine.keys import LockKeys, validate_prefix
 from celery_singleton_lock.engine.latest import LatestOperations
 from celery_singleton_lock.engine.lease import Lease, LockHolder, Owner, already_finished, new_token
+from celery_singleton_lock.engine.lua_scripts import source
 from celery_singleton_lock.engine.pinned import PinnedConnections
 from celery_singleton_lock.engine.prepared_acquire import (
     GeneralAcquire,
@@ -117,23 +119,19 @@ class RedisLocker(
         prefix: str = "singleton-lock",
         renewer: Optional[Renewer] = None,
         wall_clock: Callable[[], float] = time.time,
-        upgrading: bool = False,
     ) -> None:
         self.client = client
-        #: True while workers of the previous version (per-name fence counters and finish
-        #: records) run beside this one: the per-name keys are written too (see shared_keys).
-        self.upgrading = upgrading
         self.prefix = validate_prefix(prefix)
         self.renewer = renewer if renewer is not None else process_renewer()
         self.wall_clock = wall_clock
         self.inspect = LockInspector(client, prefix=self.prefix)
-        self._acquire_script: Script = client.register_script(scripts.ACQUIRE)
-        self._release: Script = client.register_script(scripts.RELEASE)
-        self._renew: Script = client.register_script(scripts.RENEW)
-        self._release_abandoned: Script = client.register_script(scripts.RELEASE_ABANDONED)
-        self._renew_by_owner: Script = client.register_script(scripts.RENEW_BY_OWNER)
-        self._acquire_slot: Script = client.register_script(slots.ACQUIRE_SLOT)
-        self._release_cooling: Script = client.register_script(RELEASE_INTO_COOLDOWN)
+        self._acquire_script: Script = client.register_script(source("acquire"))
+        self._release: Script = client.register_script(source("release"))
+        self._renew: Script = client.register_script(source("renew"))
+        self._release_abandoned: Script = client.register_script(source("release_abandoned"))
+        self._renew_by_owner: Script = client.register_script(source("renew_by_owner"))
+        self._acquire_slot: Script = client.register_script(source("acquire_slot"))
+        self._release_cooling: Script = client.register_script(source("release_into_cooldown"))
         self._register_queue_scripts(client)
         self._register_slot_queue_scripts(client)
         self._register_latest_scripts(client)
@@ -263,7 +261,6 @@ class RedisLocker(
             self.shared.of(keys.lock),
             owner.task_id,
             _ms(request.finished_ttl) if request.unless_finished else None,
-            self.upgrading,
         )
         reply = self._run(self._acquire_slot, keys.lock, script_keys, args, pinned=True)
         if type(reply) is list:
@@ -318,7 +315,7 @@ class RedisLocker(
     def _acquire_call(
         self, request: AcquireRequest, keys: LockKeys, value: str, owner: Owner
     ) -> tuple[list[str], list[Any]]:
-        """KEYS and ARGV of the acquire script (see its contract in :mod:`.scripts`) for the
+        """KEYS and ARGV of the acquire script (see its contract in lua/acquire.lua) for the
         lock ``value`` (its fence empty)."""
         fencing, unless_finished, take_queued = (
             request.fencing,
@@ -328,24 +325,14 @@ class RedisLocker(
         if not (fencing or unless_finished or take_queued):
             return [keys.lock], [_ms(request.ttl), value]
         counter, finished = self.shared.of(keys.lock)
-        task_id = owner.task_id
-        script_keys = [
-            keys.lock,
-            counter,
-            keys.fence,
-            finished,
-            # the previous version's record, looked for only with unless_finished
-            keys.finished(task_id) if unless_finished else keys.lock,
-            keys.queued,
-        ]
+        script_keys = [keys.lock, counter, finished, keys.queued]
         args: list[Any] = [
             _ms(request.ttl),
             value,
             "1" if fencing else "0",
-            task_id,
+            owner.task_id,
             _ms(request.finished_ttl) if unless_finished else "",
             ("2" if request.queued_while_held else "1") if take_queued else "0",
-            "1" if self.upgrading else "0",
         ]
         return script_keys, args
 

@@ -27,7 +27,6 @@ class LockerPart:
         prefix: str
         cluster: bool
         shared: SharedKeys
-        upgrading: bool
         wall_clock: Callable[[], float]
 
         def keys(self, name: str) -> LockKeys: ...

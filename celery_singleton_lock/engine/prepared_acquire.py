@@ -90,8 +90,8 @@ class PackedMutex:
         self._locker = locker
         self._connections = connections
         self._renewer = locker.renewer
-        #: the short form of ACQUIRE (see its contract in scripts.py): KEYS[1] only, ARGV ttl
-        #: and value; otherwise all six keys and seven arguments
+        #: the short form of ACQUIRE (see its contract in lua/acquire.lua): KEYS[1] only, ARGV
+        #: ttl and value; otherwise all four keys and six arguments
         self._plain = not (request.fencing or request.unless_finished or request.take_queued)
         self._encoding = connections.encoding
         #: the start of the short form's command for the script's SHA (see acquire)

@@ -2,21 +2,23 @@
 (``on_duplicate='queue'``), as a part of :class:`~.locker.RedisLocker`.
 
 Kept apart from the plain leases of :mod:`.locker` because they are a job of their own (their
-scripts are in :mod:`.queue_scripts`); a backend without them says so in its capabilities
+scripts are in ``lua/``: enqueue, clear_queued, acquire_or_park, release_and_hand_off,
+handoff_due, drop_parked); a backend without them says so in its capabilities
 (:mod:`.backend`), and the Celery layer refuses the options that need them.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from redis.commands.core import Script
 
 from celery_singleton_lock.engine import lease as _lease
-from celery_singleton_lock.engine import queue_scripts, server_errors
+from celery_singleton_lock.engine import server_errors
 from celery_singleton_lock.engine.keys import LockKeys, handoff_index
 from celery_singleton_lock.engine.lease import Lease, LockHolder, Owner, Parked
 from celery_singleton_lock.engine.locker_parts import LockerPart
+from celery_singleton_lock.engine.lua_scripts import source
 
 if TYPE_CHECKING:
     from celery_singleton_lock.engine.acquire_request import AcquireRequest
@@ -37,6 +39,11 @@ def handed_on(reply: Any) -> tuple[bool, Optional[bytes]]:
     return bool(reply), None
 
 
+#: Token of a lock value that reserves the lock for the parked task id it names (not hex: no
+#: owner has it; lua/includes/handoff.lua).
+HANDOFF_TOKEN = "handoff-reserved-for-next-parked"
+
+
 def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
 
@@ -47,25 +54,12 @@ def park_call(
     keys: LockKeys,
     value: str,
     owner: Owner,
-    *,
-    latest_keys: Sequence[str] = (),
-    latest_args: Sequence[Any] = (),
 ) -> tuple[list[str], list[Any]]:
     """KEYS and ARGV of ACQUIRE_OR_PARK on ``locker``'s server (its contract in
-    :mod:`.queue_scripts`) for the lock ``value`` (its fence empty). ACQUIRE_OR_REPLACE
-    (:mod:`.latest_scripts`) takes the same, with ``latest_keys`` before the per-name fence
-    key and ``latest_args`` before the upgrade flag."""
+    lua/acquire_or_park.lua) for the lock ``value`` (its fence empty)."""
     counter, finished = locker.shared.of(keys.lock)
-    script_keys = [
-        keys.lock,
-        counter,
-        keys.parked,
-        keys.parked_messages,
-        keys.handoff_due,
-        *latest_keys,
-        keys.fence,
-    ]
-    args = [
+    script_keys = [keys.lock, counter, keys.parked, keys.parked_messages, keys.handoff_due]
+    args: list[Any] = [
         _ms(request.ttl),
         value,
         "1" if request.fencing else "0",
@@ -73,11 +67,9 @@ def park_call(
         request.park,
         keys.name,
         _ms(request.reservation_ttl),
-        *latest_args,
-        "1" if locker.upgrading else "0",
     ]
     if request.unless_finished:
-        script_keys += (finished, keys.finished(owner.task_id))
+        script_keys.append(finished)
         args.append(_ms(request.finished_ttl))
     return script_keys, args
 
@@ -86,14 +78,12 @@ class QueueOperations(LockerPart):
     """Queued markers and parking on one server (a part of ``RedisLocker``)."""
 
     def _register_queue_scripts(self, client: Client) -> None:
-        self._enqueue: Script = client.register_script(queue_scripts.ENQUEUE)
-        self._clear_queued: Script = client.register_script(queue_scripts.CLEAR_QUEUED)
-        self._acquire_or_park: Script = client.register_script(queue_scripts.ACQUIRE_OR_PARK)
-        self._release_and_hand_off: Script = client.register_script(
-            queue_scripts.RELEASE_AND_HAND_OFF
-        )
-        self._handoff_due: Script = client.register_script(queue_scripts.HANDOFF_DUE)
-        self._drop_parked: Script = client.register_script(queue_scripts.DROP_PARKED)
+        self._enqueue: Script = client.register_script(source("enqueue"))
+        self._clear_queued: Script = client.register_script(source("clear_queued"))
+        self._acquire_or_park: Script = client.register_script(source("acquire_or_park"))
+        self._release_and_hand_off: Script = client.register_script(source("release_and_hand_off"))
+        self._handoff_due: Script = client.register_script(source("handoff_due"))
+        self._drop_parked: Script = client.register_script(source("drop_parked"))
 
     if TYPE_CHECKING:  # provided by RedisLocker (SlotQueueOperations)
 

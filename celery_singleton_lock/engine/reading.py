@@ -64,18 +64,11 @@ class LockInspector:
         """The counter the fences of ``name`` come from (0 if none yet): every fence handed out
         for ``name`` is at most this and the next is above it. The counter is shared by many
         names (see :mod:`.shared_keys`), so it is ``name``'s last fence only if no other name
-        was fenced since; a per-name counter of the previous version counts too."""
-        keys = LockKeys.build(self.prefix, name)
+        was fenced since."""
+        lock = LockKeys.build(self.prefix, name).lock
         shared = SharedKeys(self.prefix, cluster=isinstance(self.client, RedisCluster))
-        counter = shared.of(keys.lock)[0]
-
-        def fetch() -> list[Any]:
-            pipe = self.client.pipeline(transaction=False)
-            pipe.get(counter)
-            pipe.get(keys.fence)
-            return pipe.execute()
-
-        return max(as_int(value) or 0 for value in server_errors.call(fetch, keys.lock))
+        counter = shared.of(lock)[0]
+        return as_int(server_errors.call(lambda: self.client.get(counter), lock)) or 0
 
     def parked(self, name: str) -> list[str]:
         """The task ids parked behind lock ``name`` (policy ``queue``), oldest first."""

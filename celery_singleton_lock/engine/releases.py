@@ -53,13 +53,13 @@ class Releases(LockerPart):
     ) -> tuple[list[str], list[Any]]:
         """``script_keys`` and ``args`` of a release script, with the KEYS and ARGV that record
         that ``lease``'s owner ran to the end, for ``remember_for`` seconds, appended when
-        asked and the owner has a task id (see RELEASE in :mod:`.scripts`)."""
+        asked and the owner has a task id (see lua/release.lua)."""
         task_id = lease.owner.task_id
         if remember_for is None or not task_id:
             return script_keys, args
         return (
-            [*script_keys, self.shared.of(lease.key)[1], lease.keys.finished(task_id)],
-            [*args, _ms(remember_for), task_id, "1" if self.upgrading else "0"],
+            [*script_keys, self.shared.of(lease.key)[1]],
+            [*args, _ms(remember_for), task_id],
         )
 
     # -- release ------------------------------------------------------------------------------
@@ -83,7 +83,7 @@ class Releases(LockerPart):
     def _release_call(
         self, lease: Lease, remember_for: Optional[float]
     ) -> tuple[list[str], list[Any]]:
-        """KEYS and ARGV of the release script (see its contract in :mod:`.scripts`)."""
+        """KEYS and ARGV of the release script (see its contract in lua/release.lua)."""
         return self._with_finish_record(
             lease, remember_for, [lease.key], [lease.token, lease.keys.channel]
         )

@@ -1,5 +1,5 @@
 """Policy ``queue`` over N slots, a cooldown or a rate, on one server: a part of
-:class:`~.locker.RedisLocker` (the scripts, and why they are so, in :mod:`.slot_queue_scripts`).
+:class:`~.locker.RedisLocker` (the scripts, and why they are so, in lua/includes/slot_queue.lua).
 
 The mutex's queue (:mod:`.queueing`) stays what it was for a lock with one holder, no rate
 and no cooldown: these operations are used only when a task asks for one of those three, and
@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING, Any, Optional
 from redis.commands.core import Script
 
 from celery_singleton_lock.engine import lease as _lease
-from celery_singleton_lock.engine import server_errors, slot_queue_scripts, slots
+from celery_singleton_lock.engine import server_errors, slots
 from celery_singleton_lock.engine.keys import LockKeys
 from celery_singleton_lock.engine.lease import Lease, LockHolder, Owner, Parked, already_finished
 from celery_singleton_lock.engine.locker_parts import LockerPart
+from celery_singleton_lock.engine.lua_scripts import source
 from celery_singleton_lock.engine.queueing import as_bytes
 
 if TYPE_CHECKING:
@@ -49,8 +50,8 @@ class SlotQueueOperations(LockerPart):
     ``RedisLocker``, which also provides ``_lease`` and ``_hold``)."""
 
     def _register_slot_queue_scripts(self, client: Client) -> None:
-        self._slot_or_park: Script = client.register_script(slot_queue_scripts.ACQUIRE_SLOT_OR_PARK)
-        self._hand_on_slots: Script = client.register_script(slot_queue_scripts.HAND_ON_SLOTS)
+        self._slot_or_park: Script = client.register_script(source("acquire_slot_or_park"))
+        self._hand_on_slots: Script = client.register_script(source("hand_on_slots"))
 
     if TYPE_CHECKING:  # provided by RedisLocker
 
@@ -77,15 +78,14 @@ class SlotQueueOperations(LockerPart):
         limit = request.limit
         counter, finished = self.shared.of(keys.lock)
         script_keys = [slots.slot_key(keys, slot) for slot in range(1, limit + 1)]
-        script_keys += (counter, keys.fence, keys.starts, keys.parked, keys.parked_messages)
+        script_keys += (counter, keys.starts, keys.parked, keys.parked_messages)
         script_keys += (keys.handoff_due, keys.parked_rule)
         args: list[Any] = [_ms(request.ttl), value, "1" if request.fencing else "0", limit]
         args += _rate_args(request.rate)
         args += (owner.task_id, request.park, keys.name, _ms(request.reservation_ttl))
-        args += ("1" if self.upgrading else "0", "")
         if request.unless_finished:
-            script_keys += (finished, keys.finished(owner.task_id))
-            args[-1] = _ms(request.finished_ttl)
+            script_keys.append(finished)
+            args.append(_ms(request.finished_ttl))
         reply = self._run(self._slot_or_park, keys.lock, script_keys, args, pinned=True)
         if reply == -1:
             raise already_finished(keys, owner)

@@ -1,7 +1,7 @@
 """Waiting for a lock to be released: a subscription to its release channel.
 
 Every release (and every reclaim of a dead holder's lock) publishes the lock key on
-``<lock key>:released`` in the same script that deletes it (see :mod:`.scripts`).
+``<lock key>:released`` in the same script that deletes it (see lua/release.lua).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from celery import Celery
 from celery.result import AsyncResult
 
 from celery_singleton_lock import DuplicateTaskSkipped
-from celery_singleton_lock.engine import scripts
+from celery_singleton_lock.engine.lua_scripts import source
 from celery_singleton_lock.testing import RedisServer
 from tests.celery.tasks import gil, policies
 from tests.celery.workers import Servers, client_app, close_client, unique, worker_group
@@ -99,7 +99,7 @@ def test_duplicate_never_runs_beside_a_body_that_holds_the_gil_past_the_ttl(scen
 def test_main_process_renews_every_childs_lock_in_one_round_trip_per_tick(scene: Scene) -> None:
     servers, client, lock_store = scene.servers, scene.client, scene.store
     children = 3
-    sha = hashlib.sha1(scripts.RENEW_BY_OWNER.encode()).hexdigest()
+    sha = hashlib.sha1(source("renew_by_owner").encode()).hexdigest()
     keys = [unique("batch") for _ in range(children)]
     with worker_group(servers) as group:
         (worker,) = group.start(1, pool="prefork", concurrency=children)

@@ -9,7 +9,8 @@ import pytest
 import redis
 
 from celery_singleton_lock import AlreadyFinished
-from celery_singleton_lock.engine import Lease, LockHolder, Owner, RedisLocker, Renewer, scripts
+from celery_singleton_lock.engine import Lease, LockHolder, Owner, RedisLocker, Renewer
+from celery_singleton_lock.engine.lua_scripts import source
 from celery_singleton_lock.engine.waiting import subscribe_releases, wait_for_release
 from celery_singleton_lock.testing import RedisServer
 from tests.engine.conftest import finish_record, stored_fields, stored_token
@@ -150,26 +151,18 @@ def test_lock_frees_itself_after_its_ttl_without_renewal(locker: RedisLocker) ->
 def test_keys_share_one_hash_tag(locker: RedisLocker) -> None:
     keys = locker.keys("task.name:abc")
     assert keys.lock == "t:{task.name:abc}"
-    assert keys.fence.startswith(keys.lock) and keys.channel.startswith(keys.lock)
-    assert keys.queued.startswith(keys.lock) and keys.finished("t").startswith(keys.lock)
+    assert keys.channel.startswith(keys.lock) and keys.queued.startswith(keys.lock)
 
 
 def test_a_resent_acquire_with_the_same_token_is_idempotent(redis_client: redis.Redis) -> None:
     """The script contract: a resend after a lost reply acquires again, with the same fence."""
-    acquire = redis_client.register_script(scripts.ACQUIRE)
+    acquire = redis_client.register_script(source("acquire"))
     token = "a" * 32
     value = f"{token}||1700000000000|42|w1|t-1"
     assert acquire(keys=["t:{plain}"], args=[5000, value]) == 0
     assert acquire(keys=["t:{plain}"], args=[5000, value]) == 0
-    fenced_keys = [
-        "t:{fenced}",
-        "t:fence",
-        "t:{fenced}:fence",
-        "t:finished",
-        "t:{fenced}:finished:t-1",
-        "t:{fenced}:queued",
-    ]
-    fenced_args = ["1", "t-1", "", "0", "0"]
+    fenced_keys = ["t:{fenced}", "t:fence", "t:finished", "t:{fenced}:queued"]
+    fenced_args = ["1", "t-1", "", "0"]
     assert acquire(keys=fenced_keys, args=[5000, value, *fenced_args]) == 1
     stored = redis_client.get("t:{fenced}")
     assert acquire(keys=fenced_keys, args=[5000, value, *fenced_args]) == 1

@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 
 from celery_singleton_lock.engine import Parked, RedisLocker
-from celery_singleton_lock.engine.latest import superseded_keys
-from celery_singleton_lock.engine.latest_scripts import MAX_SUPERSEDED
+from celery_singleton_lock.engine.latest import MAX_SUPERSEDED, superseded_keys
 from celery_singleton_lock.errors import AlreadySuperseded
 from tests.engine.test_latest_wins import attempt, waiting_ids
 

@@ -149,5 +149,5 @@ def test_every_key_of_a_limited_rated_lock_shares_one_cluster_slot(locker: Redis
 
     keys = locker.keys("job")
     shared = SharedKeys("t", cluster=True).of(keys.lock)  # the counter and records of its slot
-    script_keys, _ = acquire_call(keys, 10, 1000, "v", True, (3, 1.0), shared, "t", 60000, False)
+    script_keys, _ = acquire_call(keys, 10, 1000, "v", True, (3, 1.0), shared, "t", 60000)
     assert len({key_slot(key.encode()) for key in script_keys}) == 1

@@ -83,7 +83,7 @@ def _scan_strings(client: redis.Redis, match: str) -> Iterator[list[Any]]:
 
 def lock_shaped_prefixes(client: Client, exclude: str) -> list[str]:
     """Prefixes other than ``exclude`` with lock-shaped keys: ``<prefix>:{<name>}`` strings
-    whose value has ``|`` right after the 32-character token (see ``engine/scripts.py``).
+    whose value has ``|`` right after the 32-character token (see ``engine/lua/``).
 
     Bounded: at most ``OTHER_PREFIX_SCANS`` SCAN calls, never KEYS. None looked for on a
     Redis Cluster (a bounded SCAN there is one cursor per primary; the hint is not worth it).

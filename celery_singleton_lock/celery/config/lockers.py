@@ -75,7 +75,6 @@ def locker_for(app: Any) -> LockBackend:
         transport_options(conf, source),
         cluster=cluster_setting(conf),
         prefix=lock_prefix(conf),
-        upgrading=upgrading_setting(conf),
     )
     global generation
     with _lockers_lock:
@@ -88,20 +87,6 @@ def locker_for(app: Any) -> LockBackend:
     return locker
 
 
-def upgrading_setting(conf: Any) -> bool:
-    """``singleton_lock_upgrading``: True or False (see the option's declaration).
-
-    Raises:
-        LockConfigurationError: anything else.
-    """
-    value = conf.get("singleton_lock_upgrading", False)
-    if not isinstance(value, bool):
-        raise LockConfigurationError(
-            f"singleton_lock_upgrading must be True or False, got {value!r}"
-        )
-    return value
-
-
 def make_locker(
     url: str,
     options: Optional[dict[str, Any]],
@@ -109,7 +94,6 @@ def make_locker(
     *,
     cluster: Optional[bool],
     prefix: str,
-    upgrading: bool = False,
 ) -> LockBackend:
     """The locker of the server(s) ``url`` names: a :class:`QuorumLocker` over a client per
     server for a quorum (see :mod:`.quorum_settings`), else a ``RedisLocker`` over
@@ -121,7 +105,7 @@ def make_locker(
     servers = quorum_urls(url)
     if servers is None:
         client = make_client(url, options, transport, cluster=cluster)
-        return RedisLocker(client, prefix=prefix, upgrading=upgrading)
+        return RedisLocker(client, prefix=prefix)
     if cluster:
         raise LockConfigurationError(
             "singleton_lock_cluster = True, but singleton_lock_url lists a Redlock quorum of "
@@ -135,10 +119,7 @@ def make_locker(
             len(servers) - 1,
         )
     clients = [make_client(part, options, cluster=False) for part in servers]
-    quorum = QuorumLocker(clients, prefix=prefix)  # type: ignore[arg-type]  # plain clients
-    for server in quorum.servers:
-        server.upgrading = upgrading
-    return quorum
+    return QuorumLocker(clients, prefix=prefix)  # type: ignore[arg-type]  # plain clients
 
 
 def close_locker(locker: LockBackend) -> None:

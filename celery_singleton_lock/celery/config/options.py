@@ -213,12 +213,6 @@ APP_SETTINGS: dict[str, Option] = {
         "True, False or None",
         "True: the lock URL names a Redis Cluster node; False: one server; None: ask it.",
     ),
-    "singleton_lock_upgrading": Option(
-        False,
-        "True or False",
-        "True while workers of an earlier build (per-name fence counters and finish records) "
-        "still run: this one writes those keys too, so theirs stay in step (how-to: Upgrade).",
-    ),
     "singleton_lock_handoff_timeout": Option(
         60.0,
         f"1 to {MAX_TTL:g} seconds",

@@ -1,0 +1,63 @@
+-- Take a lock (the mutex): a SET NX PX, with a fence, a finish-record check and the queued
+-- marker's deletion when asked.
+-- KEYS[1]  lock key (string; its value: includes/lock_value.lua)
+-- With one key the script is a SET NX PX and reads no other key. Otherwise all four:
+-- KEYS[2]  the shared fence counter (see includes/take_lock.lua)
+-- KEYS[3]  the finish-record bucket prefix (see includes/finish_records.lua)
+-- KEYS[4]  the lock's queued marker (see enqueue.lua)
+-- ARGV[1]  ttl in ms
+-- ARGV[2]  the lock value with an empty fence: '<token>||<acquired_at>|<pid>|<host>|<task_id>'
+-- ARGV[3]  '1' to hand out a fence, '0' not
+-- ARGV[4]  the owner's task id ('' without ARGV[5] and ARGV[6])
+-- ARGV[5]  the finish records' lifetime in ms: when this task id has one, nothing is taken
+--          (this owner already ran to the end under this lock); '' not to look
+-- ARGV[6]  '1': the queued marker is deleted if it holds exactly this task id, WHATEVER the
+--          outcome below (acquired, held by someone else, finished): this message has
+--          reached a worker, so it is no longer queued (a lock retry it sends writes a marker
+--          again, see enqueue.lua);
+--          '2': the same, except while the lock is held by another owner: a call that will
+--          be sent again (policy retry) stays queued, so no duplicate is published between
+--          this acquire and its re-send; '0' the marker is not read
+-- Returns  integer >= 0: acquired; the fence (>= 1), or 0 without fencing. Also returned
+--                   when the lock already holds this token: a resend after a lost reply is
+--                   not a duplicate.
+--          integer -1 (only with ARGV[5]): the finish record exists; nothing changed.
+--          string 'pttl|fence|acquired_at|pid|host|task_id': held by someone else (pttl is the
+--                   remaining TTL in ms, -1 without one; the holder's token is not returned).
+--          error NOTLOCK: the key holds a string that is not a lock value (WRONGTYPE if it is
+--                   not a string at all).
+--- @include "lock_value"
+--- @include "finish_records"
+--- @include "take_lock"
+
+local v
+if #KEYS == 1 then
+  if redis.call('SET', KEYS[1], ARGV[2], 'NX', 'PX', ARGV[1]) then
+    return 0
+  end
+  v = redis.call('GET', KEYS[1])
+else
+  local finished = ARGV[5] ~= '' and is_finished(KEYS[3], ARGV[5], ARGV[4])
+  local take = ARGV[6] == '1' or (ARGV[6] == '2' and finished)
+  if ARGV[6] == '2' and not take then
+    local held = redis.call('GET', KEYS[1])
+    take = not held or string.sub(held, 1, 32) == string.sub(ARGV[2], 1, 32)
+  end
+  if take and redis.call('GET', KEYS[4]) == ARGV[4] then
+    redis.call('DEL', KEYS[4])
+  end
+  if finished then
+    return -1
+  end
+  v = redis.call('GET', KEYS[1])
+  if not v then
+    return take_lock(KEYS[1], ARGV[2], ARGV[1], ARGV[3], KEYS[2])
+  end
+end
+if string.sub(v, 33, 33) ~= '|' then
+  return redis.error_reply('NOTLOCK ' .. KEYS[1] .. ' holds a value that is not a lock')
+end
+if string.sub(v, 1, 32) == string.sub(ARGV[2], 1, 32) then
+  return fence_of(v)
+end
+return redis.call('PTTL', KEYS[1]) .. '|' .. string.sub(v, 34)

@@ -1,0 +1,115 @@
+-- acquire.lua for a task whose newest duplicate wins (policy replace, lock_debounce): take the
+-- lock, or become the one call that waits behind it, displacing the call that waited there,
+-- in one round trip. (The keys of latest wins: includes/displace.lua.)
+-- KEYS[1]  lock key               KEYS[2]  shared fence counter key (as acquire.lua's)
+-- KEYS[3]  parked task ids (list) KEYS[4]  parked messages (hash)
+-- KEYS[5]  hand-off index         KEYS[6]  the lock's latest-wins hash
+-- KEYS[7]  the lock's superseded task ids (sorted set)
+-- KEYS[8]  the lock's superseded calls left to mark (hash)
+-- KEYS[9]  the prefix's index of calls left to mark (sorted set)
+-- KEYS[10] optional: the finish-record bucket prefix (as acquire.lua's KEYS[3])
+-- ARGV[1]  ttl in ms              ARGV[2]  the lock value with an empty fence (as acquire.lua)
+-- ARGV[3]  '1' to hand out a fence, '0' not
+-- ARGV[4]  the owner's task id (not empty)
+-- ARGV[5]  this task id's message, stored if it waits (opaque bytes)
+-- ARGV[6]  the lock name (member of the index)
+-- ARGV[7]  unused (ms a reservation lives: this script makes none)
+-- ARGV[8]  debounce in ms; '0': none (a free lock is taken at once)
+-- ARGV[9]  debounce max in ms (from the burst's first call); '0': none
+-- ARGV[10] ms the finish records (with KEYS[10]) and the superseded records live
+-- ARGV[11] ms after a displacement at which a sweeper marks the calls still left to mark
+-- Returns  integer >= 0: acquired, as acquire.lua: the lock was free with nothing waiting (no
+--                   debounce), or reserved for this id (a call waiting behind it stays).
+--          integer -1: the finish record exists; nothing changed.
+--          integer -2: this task id was superseded (a stale copy); nothing changed.
+--          string 'pttl|fence|acquired_at|pid|host|task_id': held by an execution of this
+--                   very task id (a copy): nothing changed.
+--          array {holder, position, displaced}: this call waits (or already waited: kept, no
+--                   timer restarted). holder as the string above ('' when the lock is free:
+--                   a debounce holds the call; or a call was left waiting by a holder that
+--                   ended without handing on: this one takes its place and a sweeper hands
+--                   it the lock at its next look), position its 1-based place (2 behind a call
+--                   whose reservation is on its way), displaced the messages of the calls
+--                   it took the place of (each '<task id>\n<message>'), which will never run.
+--          error NOTLOCK: the key holds a string that is not a lock value.
+--- @include "lock_value"
+--- @include "handoff"
+--- @include "finish_records"
+--- @include "take_lock"
+--- @include "displace"
+
+local lock, parked, messages, index, burst = KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local id, name = ARGV[4], ARGV[6]
+local debounce, debounce_max = tonumber(ARGV[8]), tonumber(ARGV[9])
+if KEYS[10] and is_finished(KEYS[10], ARGV[10], id) then
+  return -1
+end
+if redis.call('ZSCORE', KEYS[7], id) then
+  return -2
+end
+local v = redis.call('GET', lock)
+local take, reserved, holder = false, false, ''
+if v then
+  if string.sub(v, 33, 33) ~= '|' then
+    return redis.error_reply('NOTLOCK ' .. lock .. ' holds a value that is not a lock')
+  end
+  local token = string.sub(v, 1, 32)
+  if token == string.sub(ARGV[2], 1, 32) then
+    return fence_of(v)
+  end
+  local holder_id = task_id_of(v)
+  if token == HANDOFF_TOKEN and holder_id == id then
+    take = true
+  else
+    holder = redis.call('PTTL', lock) .. '|' .. string.sub(v, 34)
+    if token == HANDOFF_TOKEN then
+      reserved = holder_id
+    elseif holder_id == id then
+      return holder
+    end
+  end
+elseif debounce == 0 and redis.call('LLEN', parked) == 0 then
+  take = true
+end
+if take then
+  redis.call('LREM', parked, 0, id)
+  redis.call('HDEL', messages, id)
+  if redis.call('LLEN', parked) == 0 then
+    redis.call('ZREM', index, name)
+    redis.call('DEL', burst)
+  else  -- a newer call waits: a sweeper looks when this lease could run out, not before due
+    redis.call('ZADD', index, 'GT', now_ms() + tonumber(ARGV[1]), name)
+  end
+  return take_lock(lock, ARGV[2], ARGV[1], ARGV[3], KEYS[2])
+end
+local position = redis.call('LPOS', parked, id)
+if position then
+  return {holder, position + 1, {}}
+end
+local gone = displace(parked, messages, id, reserved, KEYS[7], KEYS[8], KEYS[9], name,
+                     tonumber(ARGV[10]), tonumber(ARGV[11]))
+redis.call('HSET', messages, id, ARGV[5])
+position = redis.call('RPUSH', parked, id)
+local now = now_ms()
+if debounce > 0 then
+  local first = now
+  if #gone > 0 then
+    first = tonumber(redis.call('HGET', burst, 'first') or now)
+  end
+  local due = now + debounce
+  if debounce_max > 0 and first + debounce_max < due then
+    due = first + debounce_max
+  end
+  redis.call('HSET', burst, 'first', first, 'due', due, 'newest', id)
+  redis.call('PEXPIRE', burst, due - now + 3600000)
+  redis.call('ZADD', index, due, name)
+else
+  local pttl = redis.call('PTTL', lock)
+  if pttl < 0 then
+    pttl = 0
+  end
+  redis.call('HSET', burst, 'newest', id)
+  redis.call('PEXPIRE', burst, pttl + 3600000)
+  redis.call('ZADD', index, 'LT', now + pttl, name)  -- look no later than the holder's end
+end
+return {holder, position, gone}

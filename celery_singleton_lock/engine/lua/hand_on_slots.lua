@@ -1,0 +1,75 @@
+-- The release of one slot of a task whose duplicates queue (ARGV[4] 'release'), a sweeper's
+-- step (ARGV[4] 'sweep') or the drop of a parked id that will never run (ARGV[4] 'drop'),
+-- each followed by the hand-off of the free slots to the parked ids without a reservation,
+-- oldest first, as far as the rate allows (includes/slot_queue.lua).
+-- KEYS[1..N]  the N slot keys       KEYS[N+1]  the lock's starts (sorted set)
+-- KEYS[N+2]   parked task ids       KEYS[N+3]  parked messages      KEYS[N+4]  hand-off index
+-- KEYS[N+5]   the lock's rule
+-- KEYS[N+6]   optional ('release' only): the finish-record bucket prefix (as release.lua's
+--             KEYS[2])
+-- ARGV[1]     N   ARGV[2]  the rate's starts ('' none)   ARGV[3]  its window in ms
+-- ARGV[4]     'release', 'sweep' or 'drop'
+-- ARGV[5]     'release': the releasing owner's token; 'drop': the task id to drop
+-- ARGV[6]     channel to publish a release on   ARGV[7]  the lock name (index member)
+-- ARGV[8]     ms a reservation lives
+-- ARGV[9]     'release': the cooldown in ms ('' none): the slot stays taken that long (as
+--             release_into_cooldown.lua), and is handed on when it ends; nothing is
+--             published then
+-- ARGV[10..11] with KEYS[N+6]: as release.lua's ARGV[3..4]
+-- Returns     {done, handed...}: done 1 when released ('release': 0 if the token held no
+--             slot: nothing released), dropped ('drop': 0 if the id was neither parked nor
+--             reserved for) or swept; then the messages of the ids just handed a slot, to
+--             publish. 'drop' hands at most one slot (the sweeper does the rest).
+--             error NOTLOCK: a slot key holds a string that is not a lock value.
+--- @include "slot_queue"
+--- @include "finish_records"
+--- @include "cooldown"
+
+local n, mode = tonumber(ARGV[1]), ARGV[4]
+local q = {starts = KEYS[n + 1], parked = KEYS[n + 2], messages = KEYS[n + 3],
+           index = KEYS[n + 4], rule = KEYS[n + 5], name = ARGV[7],
+           reserve = tonumber(ARGV[8]), rate = tonumber(ARGV[2]), window = tonumber(ARGV[3])}
+local done, max = 1, n
+if mode == 'release' then
+  local slot
+  for i = 1, n do
+    if redis.call('GETRANGE', KEYS[i], '0', '31') == ARGV[5] then
+      slot = i
+      break
+    end
+  end
+  if not slot then
+    return {0}
+  end
+  local v = redis.call('GET', KEYS[slot])
+  if KEYS[n + 6] then
+    record_finished(KEYS[n + 6], ARGV[10], ARGV[11])
+  end
+  if ARGV[9] ~= '' then
+    cool_down(KEYS[slot], v, ARGV[9])
+  else
+    redis.call('DEL', KEYS[slot])
+    redis.call('PUBLISH', ARGV[6], KEYS[slot])
+  end
+elseif mode == 'drop' then
+  local id = ARGV[5]
+  done = math.min(1, redis.call('LREM', q.parked, 0, id) + redis.call('HDEL', q.messages, id))
+  for i = 1, n do
+    local v = redis.call('GET', KEYS[i])
+    if v and string.sub(v, 1, 32) == HANDOFF_TOKEN and task_id_of(v) == id then
+      redis.call('DEL', KEYS[i])
+      redis.call('ZREM', q.starts, 'r:' .. id)
+      done = 1
+    end
+  end
+  max = 1
+end
+local now = now_ms()
+local free, reserved = survey(n, nil, nil)
+local handed = hand_slots(n, q, free, reserved, now, max, nil)
+schedule(n, q, now)
+local reply = {done}
+for _, message in ipairs(handed) do
+  reply[#reply + 1] = message
+end
+return reply

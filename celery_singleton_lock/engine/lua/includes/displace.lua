@@ -1,0 +1,49 @@
+-- Latest wins (policy replace, and lock_debounce): at most one call WAITS per lock (the
+-- newest); the calls it displaces never run. Keys per lock, beside the others (same hash tag):
+--   P:{N}:latest            hash: 'newest' (the task id of the call waiting, so that a reader
+--                           can tell it from a parked call of policy queue); with a debounce,
+--                           'first' (server ms of the burst's first call) and 'due' (server ms
+--                           at which the waiting call may run)
+--   P:{N}:superseded        sorted set: the task ids displaced by a newer call, scored by
+--                           server ms; an acquire by one of them (a stale copy of its message)
+--                           is refused. Kept for the finish records' lifetime, at most
+--                           MAX_SUPERSEDED ids (the oldest are forgotten first).
+--   P:{N}:superseded-left   hash: the displaced calls not yet marked REVOKED, task id ->
+--                           message. The worker that displaced them marks them and clears them
+--                           (clear_superseded.lua); one that dies first leaves them to a sweeper.
+--   P:superseded-due        (one per prefix, no hash tag, as the hand-off index) lock names
+--                           with calls left to mark, scored by when a sweeper should mark them:
+--                           a grace after the displacement, for the worker to do it first.
+-- Why the record is written by the script that displaces: the worker marks the displaced call
+-- after the script returns, and a worker that died in between left it PENDING for ever.
+--- @include "now_ms"
+
+local MAX_SUPERSEDED = 1000
+
+-- Take out of the parked list every waiting call but `keep` and `reserved` (whose message is
+-- on its way); returns their messages (each '<task id>\n...'), oldest first. Each is
+-- recorded as superseded (`ids`) and as left to mark (`left`); `index` says when a sweeper
+-- marks those still left.
+local function displace(parked, messages, keep, reserved, ids, left, index, name, keep_ms,
+                        grace_ms)
+  local gone = {}
+  local now = now_ms()
+  for _, other in ipairs(redis.call('LRANGE', parked, 0, -1)) do
+    if other ~= keep and other ~= reserved then
+      local message = redis.call('HGET', messages, other) or (other .. '\n')
+      table.insert(gone, message)
+      redis.call('LREM', parked, 0, other)
+      redis.call('HDEL', messages, other)
+      redis.call('ZADD', ids, now, other)
+      redis.call('HSET', left, other, message)
+    end
+  end
+  if #gone > 0 then
+    redis.call('ZREMRANGEBYSCORE', ids, '-inf', now - keep_ms)
+    redis.call('ZREMRANGEBYRANK', ids, 0, -(MAX_SUPERSEDED + 1))
+    redis.call('PEXPIRE', ids, keep_ms)
+    redis.call('PEXPIRE', left, keep_ms)
+    redis.call('ZADD', index, 'NX', now + grace_ms, name)  -- an earlier look stays
+  end
+  return gone
+end

@@ -1,0 +1,19 @@
+-- The release of a lock by its owner: a compare-and-delete of the token, published to the
+-- lock's waiters, with the owner's finish record when asked (finish_records.lua).
+--- @include "finish_records"
+
+-- Release `lock` if it holds `token`, publishing the release on `channel`; with `base` (the
+-- finish-record bucket prefix), record that task id `id` finished, for `width` ms. Returns
+-- whether it was released (false: not ours, nothing changed).
+local function release_lock(lock, token, channel, base, width, id)
+  local v = redis.call('GET', lock)
+  if not v or string.sub(v, 1, 32) ~= token then
+    return false
+  end
+  if base then
+    record_finished(base, width, id)
+  end
+  redis.call('DEL', lock)
+  redis.call('PUBLISH', channel, lock)
+  return true
+end

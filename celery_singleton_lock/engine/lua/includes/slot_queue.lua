@@ -1,0 +1,123 @@
+-- Policy queue over N slots (lock_limit), a cooldown and a rate: the mutex's hand-off queue
+-- (handoff.lua: the same parked list, parked messages, hand-off index and reservation value)
+-- over the N slot keys KEYS[1..n] of a lock (slots.py).
+--
+-- - a slot is reserved for ONE parked task id at a time (the reservation value names it), and
+--   the parked ids are handed free slots in arrival order, skipping the ids already holding a
+--   reservation: so two slots are never reserved for one call, and no call overtakes an older
+--   one;
+-- - a parked id stays in the list until it takes its slot (or is dropped), so a reservation
+--   that runs out (its message was never delivered) is made again for the same id by a
+--   sweeper;
+-- - with a rate, a reservation counts as a start of its own, scored at the latest the
+--   reserved call can start (now + the reservation's life, member 'r:<task id>'), and the
+--   call's real start replaces it when it takes its slot: a call is never handed a slot the
+--   rate would refuse it, and the starts of the window are never more than the rate;
+-- - a cooldown is a release that leaves the slot taken (cooldown.lua); the slot is handed on
+--   when the cooldown ends, by the sweeper the index names it to;
+-- - every script ends by writing the lock's due time in the hand-off index (schedule): the
+--   soonest of a taken slot's TTL (a holder that may die, a cooldown or a reservation that
+--   ends) and, with a free slot and an id waiting for it, now or the rate's next start. So
+--   nothing polls: a sweeper looks at the lock when something can change, and a release
+--   hands on at once.
+--
+-- The lock's rule (P:{N}:parked-rule: 'N|rate|window ms', '' for no rate) is written when a
+-- call is parked and deleted with the last parked id: the sweeper, which knows only the
+-- lock's name, reads it to call hand_on_slots.lua with the lock's slot keys.
+--
+-- `q` is the lock's queue: {starts, parked, messages, index, rule, name, reserve, rate,
+-- window} (keys, the lock name, the reservation's life in ms, the rate or nil, its window).
+--- @include "lock_value"
+--- @include "handoff"
+--- @include "rate"
+
+-- The slots KEYS[1..n] now: free slot indices (in order), parked ids holding a reservation
+-- (id -> slot), the slot holding token (or nil), the slot held by an execution of task id
+-- id (a copy, or nil), the slot that frees first and its PTTL (or nil). Raises NOTLOCK.
+local function survey(n, token, id)
+  local free, reserved, mine, copy, first, first_pttl = {}, {}, nil, nil, nil, nil
+  for i = 1, n do
+    local v = redis.call('GET', KEYS[i])
+    if not v then
+      free[#free + 1] = i
+    else
+      if string.sub(v, 33, 33) ~= '|' then
+        error({err = 'NOTLOCK ' .. KEYS[i] .. ' holds a value that is not a lock'})
+      end
+      local t, holder = string.sub(v, 1, 32), task_id_of(v)
+      if t == token then
+        mine = i
+      elseif t == HANDOFF_TOKEN then
+        reserved[holder] = i
+      elseif id and holder == id then
+        copy = copy or i
+      end
+      local pttl = redis.call('PTTL', KEYS[i])
+      if pttl >= 0 and (not first_pttl or pttl < first_pttl) then
+        first, first_pttl = i, pttl
+      end
+    end
+  end
+  return free, reserved, mine, copy, first, first_pttl
+end
+
+-- Reserve free slots for the parked ids without one, oldest first, while the rate allows,
+-- stopping at stop_id (the caller, who takes a slot itself) and after max slots. Returns
+-- the handed messages, the slots still free, and whether the walk reached stop_id or the
+-- end of the list (false: it stopped for the rate or for max).
+local function hand_slots(n, q, free, reserved, now, max, stop_id)
+  local handed = {}
+  if #free == 0 then
+    return handed, free, false
+  end
+  -- at most n ids hold a reservation: n + #free + 1 ids hold #free + 1 without one
+  local walked = redis.call('LRANGE', q.parked, 0, n + #free)
+  for _, id in ipairs(walked) do
+    if id == stop_id then
+      return handed, free, true
+    end
+    if not reserved[id] then
+      if #free == 0 or #handed >= max then
+        return handed, free, false
+      end
+      if q.rate then
+        redis.call('ZREM', q.starts, 'r:' .. id)
+        if rate_wait(q.starts, q.rate, q.window, now) > 0 then
+          return handed, free, false
+        end
+        redis.call('ZADD', q.starts, now + q.reserve, 'r:' .. id)
+        redis.call('PEXPIRE', q.starts, q.window + q.reserve)
+      end
+      local slot = table.remove(free, 1)
+      redis.call('SET', KEYS[slot], HANDOFF_TOKEN .. '||' .. now .. '|0||' .. id,
+                 'PX', q.reserve)
+      reserved[id] = slot
+      handed[#handed + 1] = redis.call('HGET', q.messages, id) or ''
+    end
+  end
+  return handed, free, true  -- the whole list: a longer one returned above
+end
+
+-- Write when a sweeper should next look at the lock (see above), or take it out of the index
+-- (and drop its rule) when nothing is parked.
+local function schedule(n, q, now)
+  local waiting = redis.call('LLEN', q.parked)
+  if waiting == 0 then
+    redis.call('ZREM', q.index, q.name)
+    redis.call('DEL', q.rule)
+    return
+  end
+  local free, reserved, _, _, _, first_pttl = survey(n, nil, nil)
+  local due
+  local holding = 0
+  for _ in pairs(reserved) do
+    holding = holding + 1
+  end
+  if #free > 0 and waiting > holding then
+    due = now + rate_wait(q.starts, q.rate, q.window, now)
+  end
+  if first_pttl and (not due or now + first_pttl < due) then
+    due = now + first_pttl
+  end
+  redis.call('ZADD', q.index, due or (now + q.reserve), q.name)
+end

@@ -1,0 +1,30 @@
+-- release.lua for a task whose newest duplicate wins: release (compare-and-delete), then
+-- reserve the lock for the call waiting behind it, unless that call's debounce runs on (the
+-- index then holds its due time, and a sweeper hands it the lock then).
+-- KEYS[1]  lock key               KEYS[2]  parked task ids (list)
+-- KEYS[3]  parked messages (hash) KEYS[4]  hand-off index
+-- KEYS[5]  the lock's debounce hash
+-- KEYS[6]  optional: the finish-record bucket prefix (as release.lua's KEYS[2])
+-- ARGV[1]  token of the releasing owner
+-- ARGV[2]  channel to publish the release on
+-- ARGV[3]  the lock name (member of the index)
+-- ARGV[4]  ms the reservation lives
+-- ARGV[5..6]  with KEYS[6]: as release.lua's ARGV[3..4] (record lifetime in ms, the owner's
+--          task id)
+-- Returns  0: not ours (expired, taken over): nothing released.
+--          1: released; nothing waits, or the waiting call is not due yet.
+--          string: released and reserved for the waiting call; its message, to publish.
+--- @include "handoff"
+--- @include "release_lock"
+
+local lock, parked, messages, index, burst = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local name, reserve_ms = ARGV[3], ARGV[4]
+if not release_lock(lock, ARGV[1], ARGV[2], KEYS[6], ARGV[5], ARGV[6]) then
+  return 0
+end
+local due = tonumber(redis.call('HGET', burst, 'due') or '0')
+if due > now_ms() and redis.call('LLEN', parked) > 0 then
+  redis.call('ZADD', index, due, name)
+  return 1
+end
+return hand_off(lock, parked, messages, index, name, reserve_ms) or 1

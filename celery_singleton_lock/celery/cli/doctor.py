@@ -419,7 +419,7 @@ def doctor(settings: Any, as_json: bool, ping_timeout: float) -> None:
     try:
         target = settings.target()
         try:
-            findings = run_doctor(target, settings.load_app(), ping_timeout, settings.invocation)
+            findings = run_doctor(target, settings.user_app, ping_timeout, settings.invocation)
         finally:
             target.close()
     except _ERRORS as exc:

@@ -88,22 +88,6 @@ def test_doctor_counts_one_fence_counter_for_two_fenced_names(redis_server: Redi
     )
 
 
-def test_doctor_says_nothing_of_earlier_builds_keys_when_there_are_none(
-    redis_server: RedisServer,
-) -> None:
-    assert "earlier builds" not in doctor(redis_server).stdout
-
-
-def test_doctor_counts_the_per_name_fence_counters_of_earlier_builds(
-    redis_server: RedisServer,
-) -> None:
-    redis_server.client().set("singleton-lock:{proj.job:a}:fence", 7)
-    assert (
-        "INFO keys: 1 per-name fence counters (earlier builds) under prefix 'singleton-lock'"
-        in doctor(redis_server).stdout
-    )
-
-
 def test_doctor_counts_finish_records_by_task_id(redis_server: RedisServer) -> None:
     locker = RedisLocker(redis_server.client(), renewer=Renewer(autostart=False))
     for name in ("proj.job:a", "proj.job:b", "proj.job:c"):

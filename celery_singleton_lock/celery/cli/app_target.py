@@ -88,10 +88,6 @@ class Target:
     def close(self) -> None:
         self.backend.close()
 
-    def locker(self) -> LockBackend:
-        """A locker writing where ``inspector`` reads (every server of a quorum)."""
-        return self.backend
-
 
 def open_target(
     *,

@@ -1,12 +1,11 @@
-"""Click plumbing both lock commands share, importable without the Celery layer.
+"""``celery [-A proj] locks ...``: the one lock command, a group added to Celery's own.
 
-``celery -A proj locks ...`` is added to Celery's own command through the ``celery.commands``
-entry point (pyproject.toml), which the ``celery`` command loads in EVERY ``celery`` process:
-``celery worker`` of an app that takes no locks included. So the group it loads is this light
-one: its sub-commands (:mod:`celery_singleton_lock.celery.cli`) are imported only when
-``celery locks ...`` itself runs, and a worker of an app with no locked task never imports the
-Celery layer (whose import connects signal receivers). ``list``, ``show``, ``release``... are
-the very command objects of the standalone ``celery-singleton-lock`` command.
+Celery finds it through the ``celery.commands`` entry point (pyproject.toml), which the
+``celery`` command loads in EVERY ``celery`` process: ``celery worker`` of an app that takes no
+locks included. So the group lives here, outside the Celery layer (whose package import
+connects signal receivers), and its sub-commands (:mod:`celery_singleton_lock.celery.cli`) are
+imported only when ``celery locks ...`` itself runs. Nothing of the Celery layer imports this
+module.
 """
 
 from __future__ import annotations
@@ -93,9 +92,12 @@ def app_argument(argv: list[str]) -> Optional[str]:
     return None
 
 
-def app_label(app: Any) -> str:
-    """How the app Celery loaded is named in messages (``Target.source``)."""
-    return f"app {app.main!r}" if getattr(app, "main", None) else "Celery's default app (no -A)"
+def app_label(app: Any, given: bool) -> str:
+    """How the app Celery loaded is named in messages (``Target.source``); without ``-A``,
+    Celery's default app (whose ``main`` may say "default", or nothing)."""
+    if given and getattr(app, "main", None):
+        return f"app {app.main!r}"
+    return "the app -A names" if given else "Celery's default app (no -A)"
 
 
 @click.group(name="locks", cls=LazyGroup)
@@ -112,8 +114,9 @@ def locks(
     """List and show celery-singleton-lock locks, release an abandoned one.
 
     The lock server and key prefix are the ones the app's workers use (its
-    singleton_lock_url, else its Redis broker, else its Redis result backend). Every command
-    names the server it queried on stderr.
+    singleton_lock_url, else its Redis broker, else its Redis result backend), or --url.
+    Without -A (no app module at hand), give --url: the commands then take any lock name,
+    and release needs --force. Every command names the server it queried on stderr.
 
     Exit status: 0 done, 1 nothing to do (the lock is free), 2 an error or a refused release.
     """
@@ -126,5 +129,10 @@ def locks(
         given = app_argument(sys.argv[1:]) or os.environ.get("CELERY_APP")
     program = f"celery -A {shlex.quote(given)} locks" if isinstance(given, str) else "celery locks"
     ctx.obj = Settings(
-        url=url, app_path=None, prefix=prefix, app=app, app_label=app_label(app), program=program
+        app=app,
+        app_given=isinstance(given, str),
+        url=url,
+        prefix=prefix,
+        app_label=app_label(app, isinstance(given, str)),
+        program=program,
     )

@@ -208,8 +208,11 @@ def hold_lock(task: Any, *args: Any, **kwargs: Any) -> Iterator[Lease]:
 
     The lock is taken through the task app's own lock server and prefix (``singleton_lock_url``
     ...), under task id ``"hold_lock"`` (:data:`HOLD_LOCK_TASK_ID`), renewed while held, and
-    released when the block ends, which wakes a ``wait`` duplicate. Yields the
-    :class:`~celery_singleton_lock.engine.Lease` (``.key``, ``.fence``, ``.held``)::
+    released when the block ends, which wakes a ``wait`` duplicate. A ``lock_limit`` task's
+    lock is held whole: all the call's N slots (N from a callable limit for these arguments),
+    so that no call of that name runs during the hold, as when N runs are in progress. Yields
+    the :class:`~celery_singleton_lock.engine.Lease` of slot 1 (``.key``, ``.fence``,
+    ``.held``)::
 
         with hold_lock(rebuild_report, "2024-01-31"):
             with pytest.raises(DuplicateTaskSkipped):
@@ -218,14 +221,16 @@ def hold_lock(task: Any, *args: Any, **kwargs: Any) -> Iterator[Lease]:
     Raises:
         LockConfigurationError: ``task`` is not a ``LockedTask``.
         UnsupportedArgumentError: the arguments cannot name a lock, as for a real call.
-        DuplicateTaskError: someone else holds that lock already (a run still going, or a
-            lock left behind by an earlier test).
-        LockLostError: at the end of the block, if the lock was lost meanwhile (its key
-            deleted or expired, e.g. the server was flushed), so the block did not run under it.
+        DuplicateTaskError: someone else holds that lock (or a slot of it) already (a run
+            still going, or a lock left behind by an earlier test); nothing is held then.
+        LockLostError: at the end of the block, if the lock (or a slot) was lost meanwhile
+            (its key deleted or expired, e.g. the server was flushed), so the block did not run
+            under it.
         LockBackendUnavailable: the lock server could not be reached.
     """
     # Imported here: the engine tests use RedisServer without loading the Celery layer.
     from celery_singleton_lock.celery import LockedTask
+    from celery_singleton_lock.celery.config.limits import limit_for
     from celery_singleton_lock.celery.config.lockers import locker_for
 
     if not isinstance(task, LockedTask):
@@ -235,33 +240,42 @@ def hold_lock(task: Any, *args: Any, **kwargs: Any) -> Iterator[Lease]:
         )
     options = task.lock_options
     name = options.keyer.name(args, kwargs)
-    outcome = locker_for(task.app).acquire(
-        AcquireRequest(
-            name, options.ttl, owner=Owner(task_id=HOLD_LOCK_TASK_ID), fencing=options.fencing
-        )
+    limit = limit_for(task.name, options.limit, options.keyer, args, kwargs)
+    request = AcquireRequest(
+        name,
+        options.ttl,
+        owner=Owner(task_id=HOLD_LOCK_TASK_ID),
+        fencing=options.fencing,
+        limit=limit,
     )
-    if isinstance(outcome, LockHolder):
-        raise DuplicateTaskError(
-            f"hold_lock: the lock of {task.name}{_call_text(args, kwargs)} ({outcome.key}) is "
-            f"already held by task id {outcome.task_id!r} on {outcome.host}: wait for that run "
-            "to end, or start each test with locks of its own (other arguments, or a fresh "
-            "singleton_lock_prefix)",
-            outcome.key,
-            outcome.as_dict(),
-        )
-    assert isinstance(outcome, Lease)  # nothing is parked without a message
-    lease = outcome
+    locker = locker_for(task.app)
+    leases: list[Lease] = []
+    while len(leases) < limit:  # each acquire of a limited lock takes one free slot
+        outcome = locker.acquire(request)
+        if isinstance(outcome, LockHolder):
+            for lease in leases:
+                lease.release()
+            raise DuplicateTaskError(
+                f"hold_lock: the lock of {task.name}{_call_text(args, kwargs)} ({outcome.key}) "
+                f"is already held by task id {outcome.task_id!r} on {outcome.host}: wait for "
+                "that run to end, or start each test with locks of its own (other arguments, "
+                "or a fresh singleton_lock_prefix)",
+                outcome.key,
+                outcome.as_dict(),
+            )
+        assert isinstance(outcome, Lease)  # nothing is parked without a message
+        leases.append(outcome)
     try:
-        yield lease
+        yield leases[0]
     finally:
         # compare-and-delete: False when the key was no longer ours
-        still_ours = lease.release()
-    if not still_ours:
+        lost = [lease.key for lease in leases if not lease.release()]
+    if lost:
         raise LockLostError(
-            f"hold_lock: the lock of {task.name}{_call_text(args, kwargs)} ({lease.key}) was "
-            "lost while the block ran (its key was deleted or expired): the block did not run "
-            "under it",
-            lease.key,
+            f"hold_lock: the lock of {task.name}{_call_text(args, kwargs)} ({', '.join(lost)}) "
+            "was lost while the block ran (its key was deleted or expired): the block did not "
+            "run under it",
+            lost[0],
         )
 
 

@@ -6,8 +6,8 @@ A page may hold these markers, each on a line of its own; the build replaces the
   default, allowed values, meaning), from the declarations the package validates with;
 - ``<!-- generated: app-settings -->``: the same for the app-wide settings;
 - ``<!-- generated: cli -->``: the ``--help`` of ``celery locks`` and of each of its commands,
-  from the click commands the package installs (its entry points, so this file need not know
-  the module that defines them).
+  from the click group pyproject.toml declares as Celery's entry point (so this file need not
+  know the module that defines it).
 
 A repository path written as inline code (`` `celery_singleton_lock/engine/locker.py` ``) in a
 page, README.md or CONTRIBUTING.md must name a file or folder that exists: otherwise a
@@ -19,13 +19,19 @@ The generators are pure functions, tested in ``tests/unit/test_docs_reference.py
 
 from __future__ import annotations
 
+import importlib
 import logging
 import re
-from importlib.metadata import entry_points
+import sys
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
 import click
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python < 3.11
+    import tomli as tomllib
 
 from celery_singleton_lock.celery.config import options
 
@@ -81,10 +87,14 @@ def app_settings_table() -> str:
     return _table(("app setting", "default", "allowed", "meaning"), rows)
 
 
-def _installed_command(group: str, name: str) -> click.Command:
-    (entry,) = entry_points(group=group, name=name)
-    command = entry.load()
-    assert isinstance(command, click.Command), entry
+def _declared_command(group: str, name: str) -> click.Command:
+    """The click command pyproject.toml declares under entry point ``group`` / ``name`` (read
+    from the file, not the installed metadata, which may be another checkout's)."""
+    with open(ROOT / "pyproject.toml", "rb") as f:
+        target = tomllib.load(f)["project"]["entry-points"][group][name]
+    module, _, attribute = target.partition(":")
+    command = getattr(importlib.import_module(module), attribute)
+    assert isinstance(command, click.Command), target
     return command
 
 
@@ -94,19 +104,15 @@ def _help(command: click.Command, name: str, parent: Optional[click.Context]) ->
 
 
 def cli_help() -> str:
-    """The help of ``celery -A proj locks`` and its commands, then the standalone command's."""
-    group = _installed_command("celery.commands", "locks")
+    """The help of ``celery -A proj locks`` and of each of its commands."""
+    group = _declared_command("celery.commands", "locks")
     assert isinstance(group, click.Group)
     parent = click.Context(group, info_name="celery -A proj locks", terminal_width=88)
     blocks = [("celery -A proj locks --help", _help(group, "celery -A proj locks", None))]
-    for name in sorted(group.commands):
-        blocks.append(
-            (f"celery -A proj locks {name} --help", _help(group.commands[name], name, parent))
-        )
-    standalone = _installed_command("console_scripts", "celery-singleton-lock")
-    blocks.append(
-        ("celery-singleton-lock --help", _help(standalone, "celery-singleton-lock", None))
-    )
+    for name in group.list_commands(parent):
+        command = group.get_command(parent, name)
+        assert command is not None, name
+        blocks.append((f"celery -A proj locks {name} --help", _help(command, name, parent)))
     return "\n".join(f"### `{title}`\n\n```text\n{text}\n```\n" for title, text in blocks)
 
 

@@ -1,10 +1,11 @@
 """``locks doctor`` against real Redis servers: one line per finding with its fix, exit 0
-when healthy and 1 otherwise (the click command run in-process, as ``celery-singleton-lock``
-runs it; ``celery locks doctor`` is the same command object)."""
+when healthy and 1 otherwise (``celery locks --url URL doctor``: the click group run in-process,
+with Celery's default app as ``celery`` without ``-A`` gives it)."""
 
 from __future__ import annotations
 
 import json
+import types
 from typing import Any, Iterator
 
 import pytest
@@ -13,14 +14,17 @@ from click.testing import CliRunner
 
 from celery_singleton_lock.celery import LockedTask
 from celery_singleton_lock.celery.cli.app_target import open_target
-from celery_singleton_lock.celery.cli.commands import main
 from celery_singleton_lock.celery.cli.doctor import run_doctor
+from celery_singleton_lock.command_line import locks
 from celery_singleton_lock.engine import Lease, Owner, RedisLocker, Renewer
 from celery_singleton_lock.testing import RedisServer
 
 
 def doctor(server: RedisServer, *args: str) -> Any:
-    return CliRunner().invoke(main, ["--url", server.url, "doctor", *args])
+    context = types.SimpleNamespace(app=Celery(set_as_current=False))  # what celery gives
+    return CliRunner().invoke(
+        locks, ["--url", server.url, "doctor", *args], obj=context, prog_name="celery locks"
+    )
 
 
 def problems(output: str) -> list[str]:
@@ -72,7 +76,7 @@ def test_doctor_reports_an_enqueue_marker_without_ttl_as_stray(redis_server: Red
     redis_server.client().set("singleton-lock:{proj.job:abc}:queued", "t-1")
     (line,) = problems(doctor(redis_server).stdout)
     # the command that clears it, as this one was run
-    assert f"fix: celery-singleton-lock --url {redis_server.url} clear-queued proj.job:abc" in line
+    assert f"fix: celery locks --url {redis_server.url} clear-queued proj.job:abc" in line
 
 
 def test_doctor_counts_one_fence_counter_for_two_fenced_names(redis_server: RedisServer) -> None:
@@ -81,22 +85,6 @@ def test_doctor_counts_one_fence_counter_for_two_fenced_names(redis_server: Redi
         locker.try_acquire(name, 30, owner=Owner(task_id="t"), fencing=True, renew=False)
     assert (
         "INFO keys: 1 fence counters under prefix 'singleton-lock'" in doctor(redis_server).stdout
-    )
-
-
-def test_doctor_says_nothing_of_earlier_builds_keys_when_there_are_none(
-    redis_server: RedisServer,
-) -> None:
-    assert "earlier builds" not in doctor(redis_server).stdout
-
-
-def test_doctor_counts_the_per_name_fence_counters_of_earlier_builds(
-    redis_server: RedisServer,
-) -> None:
-    redis_server.client().set("singleton-lock:{proj.job:a}:fence", 7)
-    assert (
-        "INFO keys: 1 per-name fence counters (earlier builds) under prefix 'singleton-lock'"
-        in doctor(redis_server).stdout
     )
 
 

@@ -17,10 +17,10 @@ from celery_singleton_lock import (
     LockLostError,
 )
 from celery_singleton_lock.celery import lock_duplicate
-from celery_singleton_lock.engine import RedisLocker
+from celery_singleton_lock.engine import AcquireRequest, Lease, Owner, RedisLocker
 from celery_singleton_lock.testing import HOLD_LOCK_TASK_ID, hold_lock
 from tests.celery.conftest import lock_key_of
-from tests.celery.tasks import policies
+from tests.celery.tasks import limits, policies
 from tests.support import wait_until
 
 
@@ -104,6 +104,44 @@ def test_a_waiting_duplicate_runs_once_hold_lock_ends(
         lock_duplicate.disconnect(record)
     assert result.get(timeout=15)["key"] == unique_key
     assert store.llen(f"runs:{unique_key}") == 1
+
+
+def test_no_call_of_a_lock_limit_task_runs_under_hold_lock(
+    worker: Any, store: redis.Redis, unique_key: str
+) -> None:
+    # lock_limit=3: hold_lock holds all 3 slots, as 3 runs in progress would
+    with hold_lock(limits.limit3_skip, unique_key):
+        for _ in range(3):
+            with pytest.raises(DuplicateTaskSkipped) as skipped:
+                limits.limit3_skip.delay(unique_key).get(timeout=10)
+            assert skipped.value.holder is not None
+            assert skipped.value.holder["task_id"] == "hold_lock"
+    assert store.llen(f"runs:{unique_key}") == 0
+    assert limits.limit3_skip.delay(unique_key).get(timeout=10)["slot"] == 1  # all released
+
+
+def test_hold_lock_holds_the_slots_a_callable_lock_limit_gives_that_call(
+    worker: Any, store: redis.Redis, unique_key: str
+) -> None:
+    key = f"big-{unique_key}"  # the tenant's limit is 2
+    with hold_lock(limits.limit_per_tenant, key), pytest.raises(DuplicateTaskSkipped):
+        limits.limit_per_tenant.delay(key).get(timeout=10)
+    assert store.llen(f"runs:{key}") == 0
+
+
+def test_hold_lock_of_a_limited_lock_holds_nothing_when_a_slot_is_taken(
+    celery_app: Any, locker: RedisLocker, store: redis.Redis, unique_key: str
+) -> None:
+    name = limits.limit3_skip.lock_options.keyer.name((unique_key,), {})
+    running = locker.acquire(AcquireRequest(name, 30, owner=Owner(task_id="running"), limit=3))
+    assert isinstance(running, Lease)
+    try:
+        with pytest.raises(DuplicateTaskError), hold_lock(limits.limit3_skip, unique_key):
+            pytest.fail("the block ran without the lock")
+        # the 2 slots it took before it found the third held are free again
+        assert not store.exists(f"{running.key}:slot:2", f"{running.key}:slot:3")
+    finally:
+        running.release()
 
 
 def test_hold_lock_refuses_a_lock_someone_else_holds(

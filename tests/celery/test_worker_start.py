@@ -293,6 +293,56 @@ def test_worker_refused_by_the_check_says_why_in_one_critical_line(
     assert "Traceback" not in outcome.output
 
 
+# -- the lock server's Redis version ---------------------------------------------------------
+
+#: The worker's redis-py reads the real server's INFO, then the version a Redis 6.0 reports
+#: (redis-server here is 7.0: an old one cannot be had)
+OLD_REDIS = """
+import redis
+
+_info = redis.Redis.info
+
+
+def _info_of_redis_6_0(self, section=None, *args, **kwargs):
+    reply = _info(self, section, *args, **kwargs)
+    if "redis_version" in reply:
+        reply["redis_version"] = "6.0.16"
+    return reply
+
+
+redis.Redis.info = _info_of_redis_6_0
+"""
+REPLACE_TASK = """
+@app.task(base=LockedTask, name="billing.latest_balance", on_duplicate="replace")
+def latest_balance(account_id: int) -> None:
+    return None
+"""
+
+
+def test_replace_on_a_lock_server_older_than_redis_6_2_refuses_the_start(
+    tmp_path: Path, broker: RedisServer
+) -> None:
+    outcome = run_worker(tmp_path, broker, "solo", before=OLD_REDIS, after=REPLACE_TASK)
+    assert outcome.returncode == EX_CONFIG and not outcome.said_ready, outcome.output
+    [line] = [line for line in outcome.output.splitlines() if "worker not started" in line]
+    assert "CRITICAL" in line
+    assert "task billing.latest_balance: on_duplicate='replace' needs Redis >= 6.2" in line
+    assert f"lock server 127.0.0.1:{broker.port} runs Redis 6.0.16" in line
+    assert "Traceback" not in outcome.output
+
+
+def test_a_lock_server_older_than_redis_6_2_starts_a_worker_without_replace(
+    tmp_path: Path, broker: RedisServer
+) -> None:
+    outcome = run_worker(tmp_path, broker, "solo", before=OLD_REDIS)
+    assert outcome.said_ready, outcome.output
+
+
+def test_replace_on_the_real_redis_7_starts(tmp_path: Path, broker: RedisServer) -> None:
+    outcome = run_worker(tmp_path, broker, "solo", after=REPLACE_TASK)
+    assert outcome.said_ready, outcome.output
+
+
 # -- eviction ---------------------------------------------------------------------------------
 
 

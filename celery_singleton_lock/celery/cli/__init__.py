@@ -1,1 +1,1 @@
-"""The command line: ``celery-singleton-lock`` and ``celery -A proj locks``."""
+"""The ``celery locks`` sub-commands (the group is :mod:`celery_singleton_lock.command_line`)."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, TypeVar
 
@@ -53,37 +52,6 @@ class CliError(click.ClickException):
 # -- choosing the server ---------------------------------------------------------------------
 
 
-def load_app(app_path: str) -> Any:
-    """The Celery app ``app_path`` names, found as ``celery -A`` finds it (the current
-    directory on ``sys.path``), with its configuration loaded.
-
-    Raises:
-        LockConfigurationError: one line saying why it could not be loaded.
-    """
-    from celery import Celery
-    from celery.app.utils import find_app
-    from celery.utils.imports import import_from_cwd
-
-    module_name, _, attribute = app_path.partition(":")
-    try:
-        # find_app would retry "module:attr" as a module name, and report that one missing
-        app = getattr(import_from_cwd(module_name), attribute) if attribute else find_app(app_path)
-        if isinstance(app, Celery):
-            app.conf.get("singleton_lock_prefix")  # a lazy config_from_object loads here
-    except LockError as exc:  # a task's lock options, validated as the module defines it
-        raise LockConfigurationError(f"cannot load app -A {app_path}: {exc}") from None
-    except Exception as exc:  # noqa: BLE001 - the user's module may raise anything on import
-        raise LockConfigurationError(
-            f"cannot load app -A {app_path}: {type(exc).__name__}: {exc}"
-        ) from None
-    if not isinstance(app, Celery):
-        raise LockConfigurationError(
-            f"-A {app_path} is not a Celery app (it is {type(app).__name__}); "
-            "give module:attribute of the Celery() instance"
-        )
-    return app
-
-
 @dataclass
 class Target:
     """The lock backend of the server(s) the commands below work on."""
@@ -120,10 +88,6 @@ class Target:
     def close(self) -> None:
         self.backend.close()
 
-    def locker(self) -> LockBackend:
-        """A locker writing where ``inspector`` reads (every server of a quorum)."""
-        return self.backend
-
 
 def open_target(
     *,
@@ -132,8 +96,8 @@ def open_target(
     app_label: str = "-A",
     prefix: Optional[str] = None,
 ) -> Target:
-    """The server and prefix to inspect: ``url``, else ``app``'s lock server, else
-    ``$SINGLETON_LOCK_URL``, else the default; ``prefix``, else ``app``'s, else the default.
+    """The server and prefix to inspect: ``url``, else ``app``'s lock server, else the
+    default; ``prefix``, else ``app``'s, else the default.
 
     Raises:
         LockConfigurationError: a bad URL, prefix or app setting, said in one line.
@@ -149,10 +113,8 @@ def open_target(
             if setting == "default"
             else f"{app_label}, its {setting}"
         )
-    elif os.environ.get("SINGLETON_LOCK_URL"):
-        url, source = os.environ["SINGLETON_LOCK_URL"], "$SINGLETON_LOCK_URL"
     else:
-        url, source = DEFAULT_URL, "default: no --url, -A or $SINGLETON_LOCK_URL"
+        url, source = DEFAULT_URL, "default: no --url nor app"
     if app is not None:
         options = app.conf.get("singleton_lock_redis_options")
         prefix = prefix if prefix is not None else lock_prefix(app.conf)

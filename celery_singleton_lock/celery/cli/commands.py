@@ -1,14 +1,11 @@
-"""The ``celery-singleton-lock`` command: list and show the locks held now, release one.
+"""``celery locks list / show / release / clear-queued``: the locks held now, release one.
 
-The lock server is ``--url``, else the one the Celery app given with ``-A`` uses (the choice a
-worker makes), else ``$SINGLETON_LOCK_URL``, else ``redis://localhost:6379/0``.
-
-The work is done by plain functions taking a :class:`Target` (an inspector and the server it talks
-to); the click commands only parse, call and print, and ``celery locks``
-(:mod:`.celery_command`) runs the very same command objects with the app Celery loaded.
-Every bad input is one ``Error: ...`` line on stderr. Exit status: 0 done (an answer, a
-release), 1 nothing to do (the lock is free, or changed hands before ``release``), 2 an error
-or a refused release.
+The lock server is ``--url``, else the one the Celery app uses (the choice a worker makes).
+The work is done by plain functions taking a :class:`Target` (an inspector and the server it
+talks to); the click commands only parse, call and print. The group that runs them, with the
+app Celery loaded, is :mod:`celery_singleton_lock.command_line`. Every bad input is one
+``Error: ...`` line on stderr. Exit status: 0 done (an answer, a release), 1 nothing to do (the
+lock is free, or changed hands before ``release``), 2 an error or a refused release.
 """
 
 from __future__ import annotations
@@ -27,11 +24,8 @@ from celery_singleton_lock.celery.cli.app_target import (
     CliError,
     Target,
     asking,
-    load_app,
     open_target,
 )
-from celery_singleton_lock.celery.cli.console import serve
-from celery_singleton_lock.celery.cli.doctor import doctor
 from celery_singleton_lock.celery.cli.lock_listing import (
     describe_holder,
     holder_json,
@@ -55,7 +49,6 @@ from celery_singleton_lock.celery.cli.lock_release import (
     release_lock,
 )
 from celery_singleton_lock.celery.config.urls import redact_loosely
-from celery_singleton_lock.command_line import OneLineGroup
 from celery_singleton_lock.engine import LockKeys
 from celery_singleton_lock.errors import LockConfigurationError, LockError
 
@@ -76,46 +69,38 @@ def _json_argument(option: str, text: str, kind: type) -> Any:
 
 @dataclass
 class Settings:
-    """What the group's options (or ``celery``'s) chose, for the sub-commands: ``ctx.obj``."""
+    """What the group's options (and ``celery``'s) chose, for the sub-commands: ``ctx.obj``."""
 
+    #: the app Celery loaded: the one ``-A`` names, else Celery's default app
+    app: Any
+    #: ``-A`` (or ``$CELERY_APP``) was given. Celery's default app has no tasks: without one,
+    #: any name may be a lock's (the engine's own), and no node is asked before a release
+    app_given: bool
     url: Optional[str]
-    app_path: Optional[str]
     prefix: Optional[str]
-    app: Any = None
-    #: how the app is named to the user; ``-A <app_path>`` by default
-    app_label: Optional[str] = None
+    #: how the app is named to the user
+    app_label: str
     #: the command line up to the group's options, for the commands a report suggests
-    program: str = "celery-singleton-lock"
+    program: str = "celery locks"
+
+    @property
+    def user_app(self) -> Any:
+        """The app ``-A`` names, or None."""
+        return self.app if self.app_given else None
 
     @property
     def invocation(self) -> str:
         """The command line that runs a sub-command the way this one ran (app, server,
         prefix), for the commands a report suggests (its password hidden)."""
         words = [self.program]
-        if self.app_path:
-            words.append(f"-A {shlex.quote(self.app_path)}")
         if self.url:
             words.append(f"--url {shlex.quote(redact_loosely(self.url))}")
         if self.prefix:
             words.append(f"--prefix {shlex.quote(self.prefix)}")
         return " ".join(words)
 
-    def load_app(self) -> Any:
-        if self.app is None and self.app_path:
-            self.app = load_app(self.app_path)
-        return self.app
-
-    @property
-    def has_app(self) -> bool:
-        return self.app is not None or bool(self.app_path)
-
     def target(self) -> Target:
-        return open_target(
-            url=self.url,
-            app=self.load_app(),
-            app_label=self.app_label or f"-A {self.app_path}",
-            prefix=self.prefix,
-        )
+        return open_target(url=self.url, app=self.app, app_label=self.app_label, prefix=self.prefix)
 
 
 @contextlib.contextmanager
@@ -126,37 +111,7 @@ def _one_line_errors() -> Iterator[None]:
         raise CliError(str(exc)) from None
 
 
-@click.group(cls=OneLineGroup)
-@click.option(
-    "--url", metavar="URL", help="Redis URL of the lock server: redis://, rediss:// or unix://."
-)
-@click.option(
-    "-A",
-    "--app",
-    "app_path",
-    metavar="MODULE:ATTR",
-    help="Celery app to take the lock server and prefix from (found as celery -A finds it).",
-)
-@click.option(
-    "--prefix",
-    help="Key prefix of the locks (default: the app's, else singleton-lock).",
-)
-@click.pass_context
-def main(
-    ctx: click.Context, url: Optional[str], app_path: Optional[str], prefix: Optional[str]
-) -> None:
-    """Inspect celery-singleton-lock locks, release an abandoned one.
-
-    The same commands as celery -A PROJ locks. The lock server is --url, else the one the
-    Celery app given with -A uses (as its workers choose it), else $SINGLETON_LOCK_URL, else
-    redis://localhost:6379/0. Every command names the server it queried on stderr.
-
-    Exit status: 0 done, 1 nothing to do (the lock is free), 2 an error or a refused release.
-    """
-    ctx.obj = Settings(url, app_path, prefix)
-
-
-@main.command(name="list")
+@click.command(name="list")
 @click.option(
     "--limit",
     type=click.IntRange(min=1),
@@ -211,14 +166,14 @@ def list_command(settings: Settings, limit: int, as_json: bool) -> None:
 
 
 NEEDS_APP = (
-    "show --task needs -A MODULE:ATTR: the lock name is a hash of the call's arguments bound "
+    "show --task needs -A: the lock name is a hash of the call's arguments bound "
     "to the task's signature (and its lock_on / lock_key), which only the app knows; or "
     "compute it in Python, app.tasks[TASKNAME].lock_options.keyer.name(args, kwargs), and "
     "give it as NAME"
 )
 
 
-@main.command()
+@click.command()
 @click.argument("name", required=False)
 @click.option(
     "--task",
@@ -252,7 +207,6 @@ def show(
     \b
       celery -A proj locks show --task proj.tasks.rebuild \\
           --args '[42]' --kwargs '{"full": true}'
-      celery-singleton-lock -A proj.celery:app show --task proj.tasks.rebuild ...
 
     Every slot of a lock_limit is shown (its holder, or a cooldown and what is left of it),
     then what the lock_rate window holds (starts in it, seconds until it is empty). Calls
@@ -270,9 +224,9 @@ def show(
         if task_name is not None:
             args = _json_argument("--args", args_json or "[]", list)
             kwargs = _json_argument("--kwargs", kwargs_json or "{}", dict)
-            if not settings.has_app:
+            if not settings.app_given:
                 raise LockConfigurationError(NEEDS_APP)
-            name = lock_name_of_call(settings.load_app(), task_name, args, kwargs)
+            name = lock_name_of_call(settings.app, task_name, args, kwargs)
         assert name is not None
         target = settings.target()
         try:
@@ -283,7 +237,7 @@ def show(
             views = inspector.per_server(name) if target.quorum else None
             parked = asking(target, lambda: inspector.parked(name))
             newest = asking(target, lambda: inspector.waiting_newest(name)) if parked else None
-            if settings.has_app and not slot_holders and not parked:
+            if settings.app_given and not slot_holders and not parked:
                 # the app's locks are its tasks' (without one, --url alone, a lock may be
                 # the engine's, under a name of its own); the shared fence counter says
                 # nothing of one name, so it does not count as something of it
@@ -307,7 +261,7 @@ def show(
         raise SystemExit(EXIT_FREE)
 
 
-@main.command()
+@click.command()
 @click.argument("name")
 @click.option(
     "--slot",
@@ -338,12 +292,12 @@ def release(
     error (with an app: NAME is no name a task takes a lock under, and it is free).
     """
     with _one_line_errors():
-        if not force and not settings.has_app:
+        if not force and not settings.app_given:
             raise LockConfigurationError(
-                "release needs -A MODULE:ATTR to ask the holder's worker node whether it is "
-                "alive (through the app's broker); or give --force to release without asking"
+                "release needs -A to ask the holder's worker node whether it is alive "
+                "(through the app's broker); or give --force to release without asking"
             )
-        app = settings.load_app()
+        app = settings.app
 
         def answers_ping(node: str) -> bool:
             return node_is_alive(app, node, ping_timeout)
@@ -358,7 +312,7 @@ def release(
             outcome = release_lock(
                 target, name, is_alive=None if force else answers_ping, slot=in_key or slot
             )
-            if outcome.holder is None and not outcome.held_slots and settings.has_app:
+            if outcome.holder is None and not outcome.held_slots and settings.app_given:
                 refuse_a_name_no_task_takes(name, target.inspector.prefix)
         finally:
             target.close()
@@ -401,7 +355,7 @@ def held_slots(settings: Settings, name: str, outcome: Released) -> str:
     )
 
 
-@main.command(name="clear-queued")
+@click.command(name="clear-queued")
 @click.argument("name")
 @click.pass_obj
 def clear_queued(settings: Settings, name: str) -> None:
@@ -419,7 +373,7 @@ def clear_queued(settings: Settings, name: str) -> None:
         try:
             name, _ = lock_name_from_key(target, name)
             cleared = clear_queued_marker(target, name)
-            if cleared is None and settings.has_app:
+            if cleared is None and settings.app_given:
                 refuse_a_name_no_task_takes(name, target.inspector.prefix)
         finally:
             target.close()
@@ -428,10 +382,3 @@ def clear_queued(settings: Settings, name: str) -> None:
         click.echo(f"{name}: no enqueue marker")
         raise SystemExit(EXIT_FREE)
     click.echo(f"{name}: enqueue marker of task {cleared} deleted; the next call is published")
-
-
-main.add_command(doctor)
-main.add_command(serve)
-
-if __name__ == "__main__":
-    main()

@@ -339,7 +339,7 @@ def serve(settings: Any, port: int, bind: str, allow_release: bool, ping_timeout
     except LockError as exc:
         raise CliError(str(exc)) from None
     console = LockConsole(
-        target, app=settings.load_app(), allow_release=allow_release, ping_timeout=ping_timeout
+        target, app=settings.user_app, allow_release=allow_release, ping_timeout=ping_timeout
     )
     server = quiet_server(bind, port, console)
     mode = "releases allowed" if allow_release else "read-only"

@@ -354,23 +354,13 @@ def check_counts(target: Target) -> list[Finding]:
         return []
     client, prefix = target.client, target.inspector.prefix
     found = []
-    # The shared keys (engine/shared_keys.py: one counter per server or Cluster slot, finish
-    # records as task ids in bucket sets), then the previous version's per-name keys.
-    for what, match, type_, always in (
-        ("fence counters", f"{prefix}:fence*", "string", True),
-        ("finish records", f"{prefix}:finished*", "set", True),
-        # said only when there are any: most servers never ran an earlier build
-        ("per-name fence counters (earlier builds)", f"{prefix}:{{*}}:fence", "string", False),
-        (
-            "per-name finish records (earlier builds)",
-            f"{prefix}:{{*}}:finished:*",
-            "string",
-            False,
-        ),
+    # the shared keys (engine/shared_keys.py): one counter per server or Cluster slot, finish
+    # records as task ids in bucket sets
+    for what, match, type_ in (
+        ("fence counters", f"{prefix}:fence*", "string"),
+        ("finish records", f"{prefix}:finished*", "set"),
     ):
         keys, stopped = _scan(client, match, type_)
-        if not keys and not always:
-            continue
         counted = len(keys)
         if type_ == "set" and keys:
             pipe = client.pipeline(transaction=False)
@@ -419,7 +409,7 @@ def doctor(settings: Any, as_json: bool, ping_timeout: float) -> None:
     try:
         target = settings.target()
         try:
-            findings = run_doctor(target, settings.load_app(), ping_timeout, settings.invocation)
+            findings = run_doctor(target, settings.user_app, ping_timeout, settings.invocation)
         finally:
             target.close()
     except _ERRORS as exc:

@@ -118,7 +118,7 @@ def release_lock(
                 f"lock {holder.key} is held by {describe_holder(holder)} (alive: answered "
                 "ping); use --force to release anyway"
             )
-    locker = target.locker()
+    locker = target.backend
     task_id, host, pid = holder.task_id, holder.host, holder.pid
     released = asking(
         target,
@@ -142,7 +142,7 @@ def clear_queued_marker(target: Target, name: str) -> Optional[str]:
     """Delete the enqueue marker of lock ``name`` (``dedupe_on_enqueue``) if it still names the
     task id read first (compare-and-delete); that task id, or None when there was none."""
     LockKeys.build(target.inspector.prefix, name)  # a bad name is bad input, not server trouble
-    locker = target.locker()
+    locker = target.backend
     queued = asking(target, lambda: locker.queued(name))
     if queued is None or not asking(target, lambda: locker.clear_queued(name, queued)):
         return None

@@ -12,6 +12,11 @@ What it finds is said first, by its real cause, naming the server:
   WARNING naming the server and what the locked tasks do until it answers
   (``lock_on_backend_error``).
 
+When a registered task needs a newer Redis than some (``on_duplicate='replace'``: Redis 6.2), the
+server's ``redis_version`` is read too (:func:`redis_version`): a server too old for the task's
+scripts refuses the start, naming the task, the option and the version
+(:func:`.start_checks.check_lock_servers`).
+
 A TLS handshake to a plain server may hang (the server waits for a line that never ends) or
 fail with an SSL error; either way the URL is then tried once the other way (plain for
 ``rediss://``, TLS without verification for ``redis://``): a server that answers that way
@@ -103,18 +108,54 @@ def probe(
     return Unusable(f"{server} {what} ({described})", heals=True)
 
 
-def _ping(
+def _client(
     url: str, options: Optional[Mapping[str, Any]], transport: Optional[Mapping[str, Any]]
-) -> Optional[redis.RedisError]:
+) -> Any:
+    """A client of the probe's short timeouts and no retry; a node of a Redis Cluster answers
+    as a single server does."""
     settings = {
         **(options or {}),
         "socket_timeout": PROBE_TIMEOUT,
         "socket_connect_timeout": PROBE_TIMEOUT,
         "retry": Retry(NoBackoff(), 0),
     }
+    return make_client(url, settings, transport, cluster=False)
+
+
+def redis_version(
+    url: str,
+    options: Optional[Mapping[str, Any]] = None,
+    transport: Optional[Mapping[str, Any]] = None,
+) -> Optional[tuple[int, ...]]:
+    """The ``redis_version`` of the server at ``url`` (``INFO server``), as numbers; None when
+    it cannot be read (``INFO`` refused to an ACL user, a reply without it): nothing is
+    refused for a version not known."""
     try:
-        # a node of a Redis Cluster answers PING as a single server does
-        client = make_client(url, settings, transport, cluster=False)
+        client = _client(url, options, transport)
+    except redis.RedisError:
+        return None
+    try:
+        found = client.info("server").get("redis_version")
+    except redis.RedisError:
+        return None
+    finally:
+        close_client(client)
+    return parse_version(found)
+
+
+def parse_version(text: Any) -> Optional[tuple[int, ...]]:
+    """``"6.0.16"`` -> ``(6, 0, 16)``; None for what is not dotted numbers."""
+    try:
+        return tuple(int(part) for part in str(text).split("."))
+    except ValueError:
+        return None
+
+
+def _ping(
+    url: str, options: Optional[Mapping[str, Any]], transport: Optional[Mapping[str, Any]]
+) -> Optional[redis.RedisError]:
+    try:
+        client = _client(url, options, transport)
     except redis.RedisError as exc:
         return exc
     try:

@@ -6,8 +6,9 @@
   configuration does not start: it logs one CRITICAL line naming the setting or task and exits
   with status 78 (``EX_CONFIG``) before its pool starts and before it says "ready".
 * The lock server (:func:`check_lock_servers`, see :mod:`.server_probe`): one it cannot
-  use for a reason retrying will not heal (wrong password, TLS mismatch) refuses the start
-  the same way; one that is down is named in one WARNING saying what the tasks do meanwhile.
+  use for a reason retrying will not heal (wrong password, TLS mismatch, a Redis older than a
+  task's policy needs) refuses the start the same way; one that is down is named in one
+  WARNING saying what the tasks do meanwhile.
 * Eviction (:func:`report_lock_server`, at ``worker_ready``): the lock server's
   ``maxmemory-policy``. A server that may evict keys can drop a held lock (two executions run
   at once) or, under ``allkeys-*``, a fence counter (fences go backwards).
@@ -50,7 +51,12 @@ from celery_singleton_lock.celery.config.servers import (
 from celery_singleton_lock.celery.config.urls import redact
 from celery_singleton_lock.celery.observe import metrics
 from celery_singleton_lock.celery.task.locked_task import LockedTask
-from celery_singleton_lock.celery.worker.server_probe import probe, unusable_at_start
+from celery_singleton_lock.celery.worker.server_probe import (
+    probe,
+    redis_version,
+    unusable_at_start,
+    where,
+)
 from celery_singleton_lock.engine import CLUSTER, SINGLE_SERVER
 from celery_singleton_lock.errors import LockConfigurationError, LockError
 
@@ -124,15 +130,20 @@ def check_lock_servers(app: Any) -> None:
     """
     url, source = choose_url(app.conf)
     servers = quorum_urls(url) or [url]
+    options = app.conf.get("singleton_lock_redis_options")
+    transport = transport_options(app.conf, source)
+    needing = needs_newer_redis(locked_tasks(app))
     for server in servers:
         found = probe(
             server,
-            app.conf.get("singleton_lock_redis_options"),
-            transport_options(app.conf, source),
+            options,
+            transport,
             setting="singleton_lock_url" if source == "default" else source,
         )
         if found is None:
             unusable_at_start.discard(server)  # a worker started earlier in this process
+            if needing:  # asked only when a task needs more than any Redis this supports
+                refuse_too_old(needing, where(server), redis_version(server, options, transport))
             continue
         if not found.heals:
             raise LockConfigurationError(found.cause)
@@ -142,6 +153,41 @@ def check_lock_servers(app: Any) -> None:
             found.cause,
             meanwhile(locked_tasks(app), len(servers)),
         )
+
+
+#: A policy whose scripts need a newer Redis than the others (Redis 6.0): the oldest version
+#: they run on, and the commands that need it. See docs/reference/supported-versions.md.
+REDIS_NEEDED = {"replace": ((6, 2), "ZADD GT/LT and LPOS")}
+
+
+def needs_newer_redis(tasks: list[LockedTask]) -> list[tuple[str, str]]:
+    """(task name, policy) of the ``tasks`` whose policy is in :data:`REDIS_NEEDED`."""
+    return [
+        (task.name, task.lock_options.on_duplicate)
+        for task in tasks
+        if task.lock_options.on_duplicate in REDIS_NEEDED
+    ]
+
+
+def refuse_too_old(
+    needing: list[tuple[str, str]], server: str, version: Optional[tuple[int, ...]]
+) -> None:
+    """Refuse the start if the lock ``server``'s ``version`` is older than a policy of
+    ``needing`` (:func:`needs_newer_redis`) needs; a version not known refuses nothing.
+
+    Raises:
+        LockConfigurationError: naming the task, the option, the server's version and what
+            to do.
+    """
+    for task, policy in needing:
+        minimum, commands = REDIS_NEEDED[policy]
+        if version is not None and version < minimum:
+            raise LockConfigurationError(
+                f"task {task}: on_duplicate={policy!r} needs Redis >= "
+                f"{'.'.join(map(str, minimum))} (its scripts use {commands}), but lock server "
+                f"{server} runs Redis {'.'.join(map(str, version))}; upgrade the lock server "
+                "(or point singleton_lock_url at a newer one), or choose another on_duplicate"
+            )
 
 
 def meanwhile(tasks: list[LockedTask], servers: int) -> str:

@@ -5,17 +5,11 @@ token :data:`COOLDOWN_TOKEN` and the pid field ``cooldown`` for the cooldown's l
 acquire finds it held (by the run that just ended, its remaining TTL the cooldown left), no
 one can release or renew it (no owner has that token, no process that pid), and it frees
 itself when the cooldown ends. Nothing is published: a waiter re-checks at the holder's TTL.
-The same works on a slot key (:mod:`.slots`).
+The same works on a slot key (:mod:`.slots`). The release itself: :mod:`.kinds.cooldown`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
-
-from redis.commands.core import Script
-
-from celery_singleton_lock.engine.lease import Lease
-from celery_singleton_lock.engine.locker_parts import LockerPart
 from celery_singleton_lock.engine.shared_keys import FUNCTIONS
 
 #: The token of a key in its cooldown: 32 characters, never a real token (those are hex).
@@ -52,22 +46,3 @@ redis.call('SET', KEYS[1],
            .. string.sub(v, pid_end), 'PX', ARGV[2])
 return 1
 """
-
-
-class CooldownOperations(LockerPart):
-    """The cooldown release of one server (a part of ``RedisLocker``, which registers
-    :data:`RELEASE_INTO_COOLDOWN` as ``_release_cooling``)."""
-
-    if TYPE_CHECKING:  # provided by RedisLocker
-        _release_cooling: Script
-
-    def release_cooling(
-        self, lease: Lease, cooldown: float, *, remember_for: Optional[float] = None
-    ) -> bool:
-        """Release ``lease`` (as ``release`` does, ``remember_for`` too), leaving its key taken
-        for ``cooldown`` seconds: True if it was still ours (its cooldown then began), False
-        if not (nothing changed)."""
-        args: list[Any] = [lease.token, max(1, int(cooldown * 1000))]
-        return bool(
-            self._release_with(lease, self._release_cooling, [lease.key], args, remember_for)
-        )

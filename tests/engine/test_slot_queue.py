@@ -1,4 +1,4 @@
-"""Policy ``queue`` over N slots, a rate and a cooldown (engine/slot_queue.py): parked calls
+"""Policy ``queue`` over N slots, a rate and a cooldown (engine/kinds/slot_queue.py): parked calls
 are handed each freed slot in arrival order, atomically in the release, once each."""
 
 from __future__ import annotations

@@ -44,11 +44,9 @@ from typing import Any, Callable, Optional, Sequence, Union, cast
 import redis
 
 from celery_singleton_lock.engine import checks
-from celery_singleton_lock.engine import lease as _lease
 from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
 from celery_singleton_lock.engine.checks import unsupported
 from celery_singleton_lock.engine.fan_out import FanOut
-from celery_singleton_lock.engine.fork_safety import current_pid
 from celery_singleton_lock.engine.keys import LockKeys, validate_prefix
 from celery_singleton_lock.engine.lease import Lease, LockHolder, Owner, new_token
 from celery_singleton_lock.engine.locker import RedisLocker
@@ -282,14 +280,8 @@ class QuorumLocker:
             LockBackendUnavailable: fewer than a majority answered; the lease is no longer
                 ``held`` but keeps its token, so ``release`` may simply be called again.
         """
-        if lease.pid != current_pid():
+        if not lease.releasing():
             return False
-        with _lease._state_lock:
-            if lease.released:
-                return False
-            lease.released = True
-        if lease.renewer is not None:
-            lease.renewer.discard(lease)
         try:
             released = self._release_everywhere(lease, remember_for)
         except LockError:

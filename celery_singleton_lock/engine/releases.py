@@ -95,6 +95,7 @@ class Releases:
         ``remember_for``, the script records the owner's finish too
         (:meth:`_with_finish_record`)."""
         script_keys, args = self._with_finish_record(lease, remember_for, script_keys, args)
+        # Lease.releasing, written out: the waited release adds no call to the mutex path.
         if lease.pid != fork_safety.pid:  # inherited from the parent: never touched here
             return 0
         with _lease._state_lock:

@@ -108,13 +108,10 @@ class RedisLocker:
         self.client = client
         self.prefix = validate_prefix(prefix)
         self.renewer = renewer if renewer is not None else process_renewer()
-        self.wall_clock = wall_clock
         self.inspect = LockInspector(client, prefix=self.prefix)
         self.server = server = RedisServer(client)
-        #: True for a Redis Cluster client: scripts run through it, renewal per node.
-        self.cluster = server.cluster
-        self.capabilities = CLUSTER if self.cluster else SINGLE_SERVER
-        self.shared = SharedKeys(self.prefix, cluster=self.cluster)
+        self.capabilities = CLUSTER if server.cluster else SINGLE_SERVER
+        self.shared = SharedKeys(self.prefix, cluster=server.cluster)
         #: Acquire/release connections kept out of the pool (None on a cluster: pool per node).
         self.connections = server.connections
         self.issuer = issuer = Issuer(self, self.prefix, self.shared, self.renewer, wall_clock)

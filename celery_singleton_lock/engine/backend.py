@@ -14,18 +14,15 @@ backends make in :mod:`.checks`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional, Protocol, Sequence, Union
+from collections.abc import Iterator
+from typing import Any, Optional, Protocol, Sequence, Union
 
 from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
 from celery_singleton_lock.engine.capabilities import Capabilities
 from celery_singleton_lock.engine.keys import LockKeys
 from celery_singleton_lock.engine.lease import LeaseKeeper, LockHolder, Owner
-
-if TYPE_CHECKING:
-    from collections.abc import Iterator
-
-    from celery_singleton_lock.engine.prepared_acquire import PreparedAcquire
-    from celery_singleton_lock.engine.renewer import Renewer
+from celery_singleton_lock.engine.prepared_acquire import PreparedAcquire
+from celery_singleton_lock.engine.renewer import Renewer
 
 
 class ReleaseSubscription(Protocol):

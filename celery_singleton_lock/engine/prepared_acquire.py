@@ -20,18 +20,16 @@ by side, chosen by the backend:
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Optional, Protocol
+from typing import Optional, Protocol
 
 from redis.exceptions import NoScriptError
 
 from celery_singleton_lock.engine import server_errors
 from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
 from celery_singleton_lock.engine.keys import LockKeys
+from celery_singleton_lock.engine.kinds.mutex import Mutex
 from celery_singleton_lock.engine.lease import Owner, new_token
 from celery_singleton_lock.engine.script_calls import _ms
-
-if TYPE_CHECKING:
-    from celery_singleton_lock.engine.kinds.mutex import Mutex
 
 log = logging.getLogger("celery_singleton_lock.acquire")
 

@@ -21,6 +21,7 @@ from celery_singleton_lock.celery import LockedTask
 from celery_singleton_lock.celery.config.lockers import forget_locker
 from celery_singleton_lock.celery.config.servers import make_client
 from celery_singleton_lock.engine import Lease, QuorumLocker, RedisLocker, Renewer
+from celery_singleton_lock.engine.checks import check
 from celery_singleton_lock.engine.prepared_acquire import GeneralAcquire
 
 from ._common import BenchError, RoundTripCounter, counting_connection_class
@@ -259,11 +260,17 @@ class PooledLocker(RedisLocker):
     kept connection (everything through redis-py's public API). A task's prepared acquire is
     the general one, so that it goes through ``_run`` too."""
 
-    def _run(self, script: Any, key: str, keys: Any, args: Any, *, pinned: bool = False) -> Any:
-        return super()._run(script, key, keys, args, pinned=False)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        run = self.server.run
+
+        def pooled(script: Any, key: str, keys: Any, args: Any, *, pinned: bool = False) -> Any:
+            return run(script, key, keys, args, pinned=False)
+
+        self.server.run = pooled  # type: ignore[method-assign]
 
     def prepare(self, request: Any) -> Any:
-        self._check(request)
+        check(request, self.capabilities, self.prefix)
         return GeneralAcquire(self, request)
 
 

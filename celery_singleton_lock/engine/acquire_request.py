@@ -1,7 +1,7 @@
 """What one acquire asks of a backend (:class:`AcquireRequest`) and what it answers.
 
 Apart from the seam (:mod:`.backend`) because the engine's own modules build and read these
-on the hot path (:mod:`.locker`, :mod:`.queueing`, :mod:`.latest`), while the protocols are
+on the hot path (:mod:`.locker`, :mod:`.kinds`), while the protocols are
 read by the Celery layer.
 """
 
@@ -22,7 +22,7 @@ AcquireResult = Union[Lease, LockHolder]
 
 
 class AcquireRequest(NamedTuple):
-    """One acquire (see :meth:`.backend_base.BackendBase.try_acquire` for what each field asks).
+    """One acquire (see :func:`.checks.try_acquire` for what each field asks).
 
     A named tuple, not a dataclass: immutable, and as cheap to make as a tuple (it is made for
     every task execution); Python 3.9 has no slotted dataclasses.

@@ -9,24 +9,20 @@ refuse an option when a task is registered and when a worker starts, never found
 ``isinstance`` check or a method that turns out to be a stub.
 
 The request and outcome of one acquire are in :mod:`.acquire_request`; the checks both
-backends share in :mod:`.backend_base`.
+backends make in :mod:`.checks`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence, Union
+from collections.abc import Iterator
+from typing import Any, Optional, Protocol, Sequence, Union
 
 from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
 from celery_singleton_lock.engine.capabilities import Capabilities
 from celery_singleton_lock.engine.keys import LockKeys
-from celery_singleton_lock.engine.lease import Lease, LockHolder, Owner
-from celery_singleton_lock.errors import LockError
-
-if TYPE_CHECKING:
-    from collections.abc import Iterator
-
-    from celery_singleton_lock.engine.prepared_acquire import PreparedAcquire
-    from celery_singleton_lock.engine.renewer import Renewer
+from celery_singleton_lock.engine.lease import LeaseKeeper, LockHolder, Owner
+from celery_singleton_lock.engine.prepared_acquire import PreparedAcquire
+from celery_singleton_lock.engine.renewer import Renewer
 
 
 class ReleaseSubscription(Protocol):
@@ -66,8 +62,9 @@ class LockReader(Protocol):
     def queued_names(self, count: int = 500) -> Iterator[str]: ...
 
 
-class LockBackend(Protocol):
-    """What the Celery layer, the renewer and the CLI need of a lock server.
+class LockBackend(LeaseKeeper, Protocol):
+    """What the Celery layer, the renewer and the CLI need of a lock server (the releases and
+    renewal of a lease: :class:`~.lease.LeaseKeeper`).
 
     Operations a backend's :class:`Capabilities` exclude are refused (``acquire`` with
     ``fencing``, ``park``..., and ``enqueue``) with ``LockConfigurationError``; the reads of
@@ -93,42 +90,7 @@ class LockBackend(Protocol):
 
     def prepare(self, request: AcquireRequest) -> PreparedAcquire: ...
 
-    def release(self, lease: Lease, *, remember_for: Optional[float] = None) -> bool: ...
-
-    def release_cooling(
-        self, lease: Lease, cooldown: float, *, remember_for: Optional[float] = None
-    ) -> bool: ...
-
-    def release_later(
-        self,
-        lease: Lease,
-        then: Callable[[Optional[bool], Optional[LockError]], None],
-        *,
-        remember_for: Optional[float] = None,
-    ) -> bool: ...
-
     def settle(self) -> None: ...
-
-    def release_handing_off(
-        self, lease: Lease, *, reservation_ttl: float, remember_for: Optional[float] = None
-    ) -> tuple[bool, Optional[bytes]]: ...
-
-    def release_latest(
-        self, lease: Lease, *, reservation_ttl: float, remember_for: Optional[float] = None
-    ) -> tuple[bool, Optional[bytes]]: ...
-
-    def release_handing_on(
-        self,
-        lease: Lease,
-        *,
-        limit: int,
-        rate: Optional[tuple[int, float]] = None,
-        cooldown: Optional[float] = None,
-        reservation_ttl: float,
-        remember_for: Optional[float] = None,
-    ) -> tuple[bool, list[bytes]]: ...
-
-    def renew_batch(self, leases: Sequence[Lease], *, now: float) -> list[int]: ...
 
     def renew_by_owner(
         self, held: Sequence[tuple[str, Owner, float]], *, limits: Optional[Sequence[int]] = None

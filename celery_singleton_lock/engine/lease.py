@@ -7,22 +7,19 @@ import os
 import socket
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Optional
+from typing import Any, Callable, ClassVar, Optional, Protocol, Sequence
 from urllib.parse import unquote
 
 from celery_singleton_lock.engine import fork_safety
 from celery_singleton_lock.engine.fork_safety import ForkSafeLock, current_pid
 from celery_singleton_lock.engine.keys import LockKeys
-from celery_singleton_lock.errors import AlreadyFinished
-
-if TYPE_CHECKING:
-    from celery_singleton_lock.engine.backend import LockBackend
-
-log = logging.getLogger("celery_singleton_lock.renewal")
+from celery_singleton_lock.errors import AlreadyFinished, LockError
 
 #: Width of the token at the start of a lock value (hex of 128 random bits; the scripts read
 #: it as ``string.sub(value, 1, 32)``, see lua/includes/lock_value.lua).
 TOKEN_LENGTH = 32
+
+log = logging.getLogger("celery_singleton_lock.renewal")
 
 
 def new_token() -> str:
@@ -111,7 +108,7 @@ class LockHolder:
             acquired_at=None if acquired_ms is None else acquired_ms / 1000.0,
             fence=as_int(fence),
             ttl=None if ttl_ms is None or ttl_ms < 0 else ttl_ms / 1000.0,
-            cooling=pid == "cooldown",  # the pid of lua/includes/cooldown.lua
+            cooling=pid == "cooldown",  # cooldown.COOLDOWN_PID
         )
 
     @classmethod
@@ -165,6 +162,54 @@ class Parked:
 
 
 LostCallback = Callable[["Lease"], None]
+
+
+class Registry(Protocol):
+    """What keeps a lease alive (the process's renewer, :mod:`.renewer`)."""
+
+    def add(self, lease: Lease) -> None: ...
+
+    def discard(self, lease: Lease) -> None: ...
+
+
+class LeaseKeeper(Protocol):
+    """What releases and renews a lease: the backend that granted it (:mod:`.backend`)."""
+
+    def release(self, lease: Lease, *, remember_for: Optional[float] = None) -> bool: ...
+
+    def release_cooling(
+        self, lease: Lease, cooldown: float, *, remember_for: Optional[float] = None
+    ) -> bool: ...
+
+    def release_later(
+        self,
+        lease: Lease,
+        then: Callable[[Optional[bool], Optional[LockError]], None],
+        *,
+        remember_for: Optional[float] = None,
+    ) -> bool: ...
+
+    def release_handing_off(
+        self, lease: Lease, *, reservation_ttl: float, remember_for: Optional[float] = None
+    ) -> tuple[bool, Optional[bytes]]: ...
+
+    def release_latest(
+        self, lease: Lease, *, reservation_ttl: float, remember_for: Optional[float] = None
+    ) -> tuple[bool, Optional[bytes]]: ...
+
+    def release_handing_on(
+        self,
+        lease: Lease,
+        *,
+        limit: int,
+        rate: Optional[tuple[int, float]] = None,
+        cooldown: Optional[float] = None,
+        reservation_ttl: float,
+        remember_for: Optional[float] = None,
+    ) -> tuple[bool, list[bytes]]: ...
+
+    def renew_batch(self, leases: Sequence[Lease], *, now: float) -> list[int]: ...
+
 
 #: Guards the lost/released state of every lease. State changes are rare (loss, release,
 #: registering a callback), so one lock for all leases costs nothing in contention and saves
@@ -221,7 +266,10 @@ class Lease:
     ``on_lost`` callbacks fire, once, from the renewer thread) when Redis says the lock is no
     longer ours, or when Redis could not be reached for longer than the TTL.
 
-    ``ttl`` (and ``keys``, ``token``) are fixed when the lease is created.
+    ``ttl`` (and ``keys``, ``token``) are fixed when the lease is created. A lease given a
+    ``renewer`` registers itself with it at once, and leaves it when released. A release that
+    fails (the server unreachable, an error in the script) leaves it not ``held``: nothing
+    renews it any more and its key expires within its TTL; it may be released again.
     """
 
     #: what an acquire that returns this got (see ``engine.AcquireOutcome``)
@@ -239,8 +287,10 @@ class Lease:
         "lost",
         "owner",
         "pid",
+        "release_failed",
         "released",
         "renew_due",
+        "renewer",
         "token",
         "ttl",
         "ttl_ms",
@@ -249,7 +299,7 @@ class Lease:
     def __init__(
         self,
         *,
-        locker: LockBackend,
+        locker: LeaseKeeper,
         keys: LockKeys,
         token: str,
         ttl: float,
@@ -258,6 +308,7 @@ class Lease:
         confirmed_at: float,
         deadline: Optional[float],
         on_lost: Optional[LostCallback] = None,
+        renewer: Optional[Registry] = None,
     ) -> None:
         if len(token) != TOKEN_LENGTH:
             # Renewal sends tokens back to back at a fixed width; a shorter or longer one
@@ -283,8 +334,39 @@ class Lease:
         self.pid = fork_safety.pid
         self.lost = LostFlag()
         self.released = False
+        #: a release was sent and failed: not held, not renewed, may be released again
+        self.release_failed = False
         # ``on_lost`` given here needs no lock: no other thread can see the lease yet
         self._lost_callbacks: Optional[list[LostCallback]] = None if on_lost is None else [on_lost]
+        #: what keeps this lease alive until it is released (None: not renewed)
+        self.renewer = renewer
+        if renewer is not None:
+            renewer.add(self)
+
+    def keep_renewed(self, renewer: Registry) -> None:
+        """Have ``renewer`` keep this lease alive until it is released."""
+        self.renewer = renewer
+        renewer.add(self)
+
+    def releasing(self) -> bool:
+        """Mark the lease released and leave its renewer, before its release is sent: False
+        when there is nothing to send (already released, or inherited from the parent)."""
+        if self.pid != fork_safety.pid:  # inherited from the parent: never touched here
+            return False
+        with _state_lock:
+            if self.released:
+                return False
+            self.released = True  # from here a failed renewal is not reported as a loss
+        if self.renewer is not None:
+            self.renewer.discard(self)
+        return True
+
+    def not_released(self) -> None:
+        """Its release failed: not held from now on (nothing renews it and its key expires
+        within its TTL; a lease reported held would block nobody and protect nothing), but
+        it keeps its token so that it may be released again."""
+        self.released = False
+        self.release_failed = True
 
     @property
     def inherited(self) -> bool:
@@ -293,7 +375,7 @@ class Lease:
 
     @property
     def held(self) -> bool:
-        return not (self.released or self.lost._set or self.inherited)
+        return not (self.released or self.release_failed or self.lost._set or self.inherited)
 
     def on_lost(self, callback: LostCallback) -> None:
         """Call ``callback(lease)`` once when the lease is lost (immediately if it already is)."""
@@ -337,4 +419,6 @@ class Lease:
 
     def __repr__(self) -> str:
         state = "held" if self.held else ("lost" if self.lost._set else "released")
+        if self.release_failed and not self.released:
+            state = "release failed"
         return f"<Lease {self.key} fence={self.fence} {state}>"

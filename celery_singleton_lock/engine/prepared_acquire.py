@@ -20,18 +20,16 @@ by side, chosen by the backend:
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Optional, Protocol
+from typing import Optional, Protocol
 
 from redis.exceptions import NoScriptError
 
 from celery_singleton_lock.engine import server_errors
 from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
 from celery_singleton_lock.engine.keys import LockKeys
+from celery_singleton_lock.engine.kinds.mutex import Mutex
 from celery_singleton_lock.engine.lease import Owner, new_token
 from celery_singleton_lock.engine.script_calls import _ms
-
-if TYPE_CHECKING:
-    from celery_singleton_lock.engine.locker import RedisLocker
 
 log = logging.getLogger("celery_singleton_lock.acquire")
 
@@ -83,15 +81,17 @@ class PackedMutex:
     """The mutex acquire on one Redis server, its constant parts packed once (see the module
     docstring). Made by ``RedisLocker.prepare`` for a request it can serve this way."""
 
-    def __init__(self, locker: RedisLocker, request: AcquireRequest) -> None:
-        connections = locker.connections
+    def __init__(self, mutex: Mutex, request: AcquireRequest) -> None:
+        connections = mutex.server.connections
         assert connections is not None and connections.keeps_connections
         self.request = request
-        self._locker = locker
+        self._mutex = mutex
+        self._server = mutex.server
+        self._issuer = mutex.issuer
         self._connections = connections
-        self._renewer = locker.renewer
-        #: the short form of ACQUIRE (see its contract in lua/acquire.lua): KEYS[1] only, ARGV
-        #: ttl and value; otherwise all four keys and six arguments
+        self._renewer = mutex.issuer.renewer
+        #: the short form of ACQUIRE (see its contract in lua/acquire.lua): KEYS[1] only, ARGV ttl
+        #: and value; otherwise all six keys and seven arguments
         self._plain = not (request.fencing or request.unless_finished or request.take_queued)
         self._encoding = connections.encoding
         #: the start of the short form's command for the script's SHA (see acquire)
@@ -105,12 +105,12 @@ class PackedMutex:
         request = self.request
         if max_lifetime is not None or not self._plain:  # nothing to check otherwise
             check_call(request, owner, max_lifetime)
-        locker = self._locker
-        keys = LockKeys.build(locker.prefix, name)
+        issuer = self._issuer
+        keys = LockKeys.build(issuer.prefix, name)
         token = new_token()
         sent_at = self._renewer.clock()
         # The value with an empty fence; the script fills the fence in when fencing.
-        value = f"{token}||{int(locker.wall_clock() * 1000)}|{owner.fields}"
+        value = f"{token}||{int(issuer.wall_clock() * 1000)}|{owner.fields}"
         lock = keys.lock
         if self._plain:
             # EVALSHA sha 1 lock ttl value: EVALSHA, sha, 1 and ttl packed once
@@ -125,25 +125,25 @@ class PackedMutex:
                 len(value_bytes),
                 value_bytes,
             )
-            script = locker._acquire_script
+            script = self._mutex._acquire_script
             if script.sha != self._sha:  # first call, or the script was loaded again
                 self._sha = script.sha
                 self._head = b"*6\r\n" + self._connections.start("EVALSHA", script.sha)[1]
             try:
                 reply = self._connections.call_packed(self._head + body)
             except NoScriptError:  # the server lost it: loaded and sent again
-                reply = locker._evalsha_packed(script, lock, 4, body)
+                reply = self._server.evalsha_packed(script, lock, 4, body)
             except server_errors.REDIS_ERRORS as exc:
                 server_errors.raise_translated(exc, lock)
         else:
-            script_keys, args = locker._acquire_call(request, keys, value, owner)
-            reply = locker._run(locker._acquire_script, lock, script_keys, args, pinned=True)
+            mutex = self._mutex
+            script_keys, args = mutex._acquire_call(request, keys, value, owner)
+            reply = self._server.run(mutex._acquire_script, lock, script_keys, args, pinned=True)
         if type(reply) is int and reply >= 0:  # taken (the reply is its fence, 0: none)
             fence = reply or None
-            lease = locker._lease(request, keys, token, owner, fence, sent_at, max_lifetime)
-            if request.renew:
-                self._renewer.add(lease)
+            # renewed from now if the request asks (the lease registers itself)
+            lease = issuer.lease(request, keys, token, owner, fence, sent_at, max_lifetime)
             if log.isEnabledFor(logging.DEBUG):  # one call, not two, when it is not
                 log.debug("acquired %s (fence=%s)", lock, fence)
             return lease
-        return locker._mutex_outcome(keys, token, owner, reply, sent_at, request, max_lifetime)
+        return self._mutex.outcome(keys, token, owner, reply, sent_at, request, max_lifetime)

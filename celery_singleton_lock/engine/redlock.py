@@ -43,14 +43,18 @@ from typing import Any, Callable, Optional, Sequence, Union, cast
 
 import redis
 
-from celery_singleton_lock.engine import lease as _lease
+from celery_singleton_lock.engine import checks
 from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
-from celery_singleton_lock.engine.backend_base import BackendBase, unsupported
+from celery_singleton_lock.engine.checks import unsupported
 from celery_singleton_lock.engine.fan_out import FanOut
-from celery_singleton_lock.engine.fork_safety import current_pid
-from celery_singleton_lock.engine.keys import validate_prefix
+from celery_singleton_lock.engine.keys import LockKeys, validate_prefix
 from celery_singleton_lock.engine.lease import Lease, LockHolder, Owner, new_token
 from celery_singleton_lock.engine.locker import RedisLocker
+from celery_singleton_lock.engine.prepared_acquire import (
+    GeneralAcquire,
+    PreparedAcquire,
+    check_call,
+)
 from celery_singleton_lock.engine.quorum_reading import QUORUM, QuorumInspector, QuorumSubscription
 from celery_singleton_lock.engine.renewer import Renewer, process_renewer
 from celery_singleton_lock.errors import (
@@ -98,7 +102,7 @@ class QuorumLease(Lease):
         return not self.pending
 
 
-class QuorumLocker(BackendBase):
+class QuorumLocker:
     """Leases on a majority of ``clients`` (N >= 3 independent Redis masters), composed of one
     :class:`~.locker.RedisLocker` per server; see the module.
 
@@ -108,6 +112,7 @@ class QuorumLocker(BackendBase):
     """
 
     capabilities = QUORUM
+    try_acquire = checks.try_acquire
 
     def __init__(
         self,
@@ -135,17 +140,30 @@ class QuorumLocker(BackendBase):
         #: reads the locks held on a majority, and each server's view
         self.inspect = QuorumInspector(self.fan_out, self.prefix)
 
+    def keys(self, name: str) -> LockKeys:
+        """Key names of the lock called ``name`` under this backend's prefix."""
+        return LockKeys.build(self.prefix, name)
+
     # -- acquire ------------------------------------------------------------------------------
 
-    def _acquire(self, request: AcquireRequest, owner: Owner) -> AcquireOutcome:
-        """Take the lock on a majority of the servers (see the module docstring); the request
-        was checked against :data:`QUORUM` by :meth:`~.backend.BackendBase.acquire`.
+    def prepare(self, request: AcquireRequest) -> PreparedAcquire:
+        """``request``, checked once, for many calls that each set its name, owner and time
+        limit (see :mod:`.prepared_acquire`)."""
+        checks.check(request, QUORUM, self.prefix)
+        return GeneralAcquire(self, request)
+
+    def acquire(self, request: AcquireRequest) -> AcquireOutcome:
+        """Take the lock on a majority of the servers (see the module docstring), after
+        checking the request against :data:`QUORUM`.
 
         Raises:
             AlreadyFinished: with ``unless_finished``, a server holds that record.
             LockBackendUnavailable: fewer than a majority answered, or the majority came
                 too late (no validity left); nothing is held.
         """
+        checks.check(request, QUORUM, self.prefix)
+        owner = request.owner or Owner()
+        check_call(request, owner, request.max_lifetime)
         ttl = request.ttl
         for attempt in range(SPLIT_VOTE_ATTEMPTS):
             last = attempt + 1 == SPLIT_VOTE_ATTEMPTS
@@ -160,7 +178,7 @@ class QuorumLocker(BackendBase):
             if request.on_lost is not None:
                 outcome.on_lost(request.on_lost)
             if request.renew:
-                self.renewer.add(outcome)
+                outcome.keep_renewed(self.renewer)
         return outcome
 
     def _attempt(
@@ -259,22 +277,35 @@ class QuorumLocker(BackendBase):
         :meth:`RedisLocker.release` (the record is written on each server that still held it).
 
         Raises:
-            LockBackendUnavailable: fewer than a majority answered; the lease keeps its token,
-                so ``release`` may simply be called again.
+            LockBackendUnavailable: fewer than a majority answered; the lease is no longer
+                ``held`` but keeps its token, so ``release`` may simply be called again.
         """
-        if lease.pid != current_pid():
+        if not lease.releasing():
             return False
-        with _lease._state_lock:
-            if lease.released:
-                return False
-            lease.released = True
-        self.renewer.discard(lease)
         try:
             released = self._release_everywhere(lease, remember_for)
         except LockError:
-            lease.released = False
+            lease.not_released()
             raise
         return released >= self.quorum
+
+    def release_later(
+        self,
+        lease: Lease,
+        then: Callable[[Optional[bool], Optional[LockError]], None],
+        *,
+        remember_for: Optional[float] = None,
+    ) -> bool:
+        """False: nothing is sent without waiting on a quorum (it waits for its majority);
+        the caller calls :meth:`release`."""
+        return False
+
+    def settle(self) -> None:
+        """Nothing to read: no release is sent without waiting here."""
+
+    def release_all(self) -> int:
+        """See :func:`.checks.release_all`."""
+        return checks.release_all(self)
 
     def release_cooling(
         self, lease: Lease, cooldown: float, *, remember_for: Optional[float] = None

@@ -1,6 +1,7 @@
-"""Releases of leases on one server, as a part of :class:`~.locker.RedisLocker`: waited
-(:meth:`Releases.release`), or sent now with the reply read later
-(:meth:`Releases.release_later`), and a dead owner's lock released by its owner's name.
+"""Releases of leases on one server, of every kind (each releases through
+:meth:`Releases.release_with`): waited (:meth:`Releases.release`), or sent now with the reply
+read later (:meth:`Releases.release_later`), and a dead owner's lock released by its owner's
+name.
 
 A deferred release script is sent on a kept connection (:mod:`.pinned`) without waiting: its
 reply is read with the next command on that connection (normally the next task's acquire), by
@@ -12,37 +13,30 @@ docs/explanation/benchmarks.md).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
 from redis.commands.core import Script
 
 from celery_singleton_lock.engine import fork_safety, script_calls, server_errors, slots
 from celery_singleton_lock.engine import lease as _lease
+from celery_singleton_lock.engine.kinds.issuer import Issuer
 from celery_singleton_lock.engine.lease import Lease, Owner
-from celery_singleton_lock.engine.locker_parts import LockerPart
-from celery_singleton_lock.engine.pinned import PinnedConnections
+from celery_singleton_lock.engine.lua_scripts import source
+from celery_singleton_lock.engine.redis_server import RedisServer
+from celery_singleton_lock.engine.script_calls import _ms
 from celery_singleton_lock.errors import LockError
-
-if TYPE_CHECKING:
-    from celery_singleton_lock.engine.renewer import Renewer
 
 log_release = logging.getLogger("celery_singleton_lock.release")
 
 
-def _ms(seconds: float) -> int:
-    return max(1, int(seconds * 1000))
+class Releases:
+    """The releases of leases on ``server``."""
 
-
-class Releases(LockerPart):
-    """The releases of one server (a part of ``RedisLocker``, ahead of ``BackendBase`` in its
-    bases: the base's ``release_later`` defers nothing)."""
-
-    if TYPE_CHECKING:  # provided by RedisLocker (with LockerPart's)
-        connections: Optional[PinnedConnections]
-        _release: Script
-        _release_abandoned: Script
-
-        renewer: Renewer
+    def __init__(self, server: RedisServer, issuer: Issuer) -> None:
+        self.server = server
+        self.issuer = issuer
+        self._release: Script = server.register(source("release"))
+        self._release_abandoned: Script = server.register(source("release_abandoned"))
 
     def _with_finish_record(
         self,
@@ -58,7 +52,7 @@ class Releases(LockerPart):
         if remember_for is None or not task_id:
             return script_keys, args
         return (
-            [*script_keys, self.shared.of(lease.key)[1]],
+            [*script_keys, self.issuer.shared.of(lease.key)[1]],
             [*args, _ms(remember_for), task_id],
         )
 
@@ -74,11 +68,12 @@ class Releases(LockerPart):
         child that inherited the lease, changes nothing and returns False.
 
         Raises:
-            LockBackendUnavailable: the server could not be reached; the lease keeps its
-                token (and stays unrenewed), so ``release`` may simply be called again.
+            LockBackendUnavailable: the server could not be reached; the lease is no longer
+                ``held`` (nothing renews it, its key expires within its TTL) but keeps its
+                token, so ``release`` may simply be called again.
         """
         script_keys, args = self._release_call(lease, remember_for)
-        return bool(self._release_with(lease, self._release, script_keys, args))
+        return bool(self.release_with(lease, self._release, script_keys, args))
 
     def _release_call(
         self, lease: Lease, remember_for: Optional[float]
@@ -88,7 +83,7 @@ class Releases(LockerPart):
             lease, remember_for, [lease.key], [lease.token, lease.keys.channel]
         )
 
-    def _release_with(
+    def release_with(
         self,
         lease: Lease,
         script: Script,
@@ -101,17 +96,20 @@ class Releases(LockerPart):
         ``remember_for``, the script records the owner's finish too
         (:meth:`_with_finish_record`)."""
         script_keys, args = self._with_finish_record(lease, remember_for, script_keys, args)
+        # Lease.releasing, written out: the waited release adds no call to the mutex path.
         if lease.pid != fork_safety.pid:  # inherited from the parent: never touched here
             return 0
         with _lease._state_lock:
             if lease.released:
                 return 0
             lease.released = True  # from here a failed renewal is not reported as a loss
-        self.renewer.discard(lease)
+        renewer = lease.renewer
+        if renewer is not None:
+            renewer.discard(lease)
         try:
-            released = self._run(script, lease.key, script_keys, args, pinned=True)
+            released = self.server.run(script, lease.key, script_keys, args, pinned=True)
         except LockError:
-            lease.released = False
+            lease.not_released()
             raise
         if not released:  # the caller reports it (the Celery layer, naming the task)
             log_release.debug("released %s but it was no longer ours", lease.key)
@@ -127,10 +125,11 @@ class Releases(LockerPart):
         so the owner metadata stands in for it. Callers must first make sure that ``pid`` on
         ``host`` is really gone.
         """
-        keys = self.keys(name)
+        keys = self.issuer.keys(name)
         key = slots.slot_key(keys, slot)
         owner = Owner(task_id=task_id, host=host, pid=pid)
-        return bool(self._run(self._release_abandoned, key, [key], [owner.fields, keys.channel]))
+        args = [owner.fields, keys.channel]
+        return bool(self.server.run(self._release_abandoned, key, [key], args))
 
     # -- deferred ---------------------------------------------------------------------------
 
@@ -149,7 +148,7 @@ class Releases(LockerPart):
         Returns False, having sent nothing, when this locker cannot defer (a cluster, a
         ``BlockingConnectionPool``, or the send failed): call :meth:`release` then.
         """
-        connections = self.connections
+        connections = self.server.connections
         if connections is None or not connections.keeps_connections:
             return False
         if lease.pid != fork_safety.pid:  # inherited from the parent: never touched here
@@ -169,8 +168,9 @@ class Releases(LockerPart):
             translated = server_errors.translate(error, lease.key)  # type: ignore[arg-type]
             then(None, translated if isinstance(translated, LockError) else LockError(str(error)))
 
-        renewer = self.renewer
-        renewer.discard(lease)
+        renewer = lease.renewer
+        if renewer is not None:
+            renewer.discard(lease)
         # EVAL, not EVALSHA: a server that lost its scripts (restart, failover) must still
         # release now; a NOSCRIPT read later would leave the lock held until then.
         start = connections.start("EVAL", script_calls.compact(self._release.script))
@@ -195,11 +195,11 @@ class Releases(LockerPart):
         if not connections.send_later(command, settle):
             lease.released = False
             return False
-        renewer.settle_soon(self)
+        self.issuer.renewer.settle_soon(self)
         return True
 
     def settle(self) -> None:
         """Read the replies of releases sent with :meth:`release_later` and still owed by an
         idle kept connection (their ``then`` is called here)."""
-        if self.connections is not None:
-            self.connections.settle_idle()
+        if self.server.connections is not None:
+            self.server.connections.settle_idle()

@@ -1,31 +1,31 @@
 """Renewal on one server: a batch of leases by their tokens (the pool's renewer thread, one
 round trip per tick for every lease of the process), and the locks of a supervisor's children
-by their owner fields (the worker's main process, which knows no child's token). A part of
-:class:`~.locker.RedisLocker`.
+by their owner fields (the worker's main process, which knows no child's token). Beside the
+renewer (:mod:`.renewer`), which calls it through the backend of each lease.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from redis.commands.core import Script
 
 from celery_singleton_lock.engine import slots
+from celery_singleton_lock.engine.kinds.issuer import Issuer
 from celery_singleton_lock.engine.lease import Lease, Owner
-from celery_singleton_lock.engine.locker_parts import LockerPart
+from celery_singleton_lock.engine.lua_scripts import source
+from celery_singleton_lock.engine.redis_server import RedisServer
+from celery_singleton_lock.engine.script_calls import _ms
 
 
-def _ms(seconds: float) -> int:
-    return max(1, int(seconds * 1000))
+class ServerRenewal:
+    """The renewals on ``server``, by token and by owner."""
 
-
-class RenewOperations(LockerPart):
-    """The renewals of one server (a part of ``RedisLocker``, which registers the ``_renew``
-    and ``_renew_by_owner`` scripts)."""
-
-    if TYPE_CHECKING:  # provided by RedisLocker
-        _renew: Script
-        _renew_by_owner: Script
+    def __init__(self, server: RedisServer, issuer: Issuer) -> None:
+        self.server = server
+        self.issuer = issuer
+        self._renew: Script = server.register(source("renew"))
+        self._renew_by_owner: Script = server.register(source("renew_by_owner"))
 
     def renew_batch(self, leases: Sequence[Lease], *, now: float) -> list[int]:
         """Renew ``leases`` in one round trip; return the indices of the leases NOT renewed.
@@ -42,8 +42,8 @@ class RenewOperations(LockerPart):
             lease.ttl_ms if lease.deadline is None else _ms(min(lease.ttl, lease.deadline - now))
             for lease in leases
         ]
-        if self.cluster:
-            return self._run_each(
+        if self.server.cluster:
+            return self.server.run_each(
                 self._renew,
                 [([lease.key], [ttl_ms, lease.token]) for lease, ttl_ms in zip(leases, ttls)],
             )
@@ -53,7 +53,7 @@ class RenewOperations(LockerPart):
             if ttl_ms != default_ms:
                 args += (index + 1, ttl_ms)
         keys = [lease.key for lease in leases]
-        lost = self._run(self._renew, keys[0], keys, args)
+        lost = self.server.run(self._renew, keys[0], keys, args)
         return [int(index) - 1 for index in lost]
 
     def renew_by_owner(
@@ -73,14 +73,14 @@ class RenewOperations(LockerPart):
             return []
         if limits is not None and any(limit != 1 for limit in limits):
             return self._renew_slots_by_owner(held, limits)
-        keys = [self.keys(name).lock for name, _, _ in held]
-        if self.cluster:  # one call per key (one slot each)
-            return self._run_each(
+        keys = [self.issuer.keys(name).lock for name, _, _ in held]
+        if self.server.cluster:  # one call per key (one slot each)
+            return self.server.run_each(
                 self._renew_by_owner,
                 [([key], [owner.fields, _ms(ttl)]) for key, (_, owner, ttl) in zip(keys, held)],
             )
         args = [owner.fields for _, owner, _ in held] + [_ms(ttl) for _, _, ttl in held]
-        lost = self._run(self._renew_by_owner, keys[0], keys, args)
+        lost = self.server.run(self._renew_by_owner, keys[0], keys, args)
         return [int(index) - 1 for index in lost]
 
     def _renew_slots_by_owner(
@@ -91,17 +91,17 @@ class RenewOperations(LockerPart):
         entries: list[tuple[str, Owner, float]] = []
         of: list[int] = []  # the index into ``held`` of each slot sent
         for index, ((name, owner, ttl), limit) in enumerate(zip(held, limits)):
-            keys = self.keys(name)
+            keys = self.issuer.keys(name)
             for slot in range(1, limit + 1):
                 entries.append((slots.slot_key(keys, slot), owner, ttl))
                 of.append(index)
         calls = [([key], [owner.fields, _ms(ttl)]) for key, owner, ttl in entries]
-        if self.cluster:
-            lost_slots = set(self._run_each(self._renew_by_owner, calls))
+        if self.server.cluster:
+            lost_slots = set(self.server.run_each(self._renew_by_owner, calls))
         else:
             keys_sent = [key for key, _, _ in entries]
             args = [owner.fields for _, owner, _ in entries] + [_ms(t) for _, _, t in entries]
-            reply = self._run(self._renew_by_owner, keys_sent[0], keys_sent, args)
+            reply = self.server.run(self._renew_by_owner, keys_sent[0], keys_sent, args)
             lost_slots = {int(index) - 1 for index in reply}
         renewed = {of[index] for index in range(len(entries)) if index not in lost_slots}
         return [index for index in range(len(held)) if index not in renewed]

@@ -1,4 +1,4 @@
-"""``lock_cooldown``: a release that leaves the key taken for a while (engine/cooldown.py)."""
+"""``lock_cooldown``: a release that leaves the key taken for a while (engine/kinds/cooldown.py)."""
 
 from __future__ import annotations
 

@@ -10,8 +10,8 @@ import redis
 
 from celery_singleton_lock import AlreadyFinished
 from celery_singleton_lock.engine import Lease, LockHolder, Owner, RedisLocker
+from celery_singleton_lock.engine.kinds.parking import HANDOFF_TOKEN
 from celery_singleton_lock.engine.lease import Parked
-from celery_singleton_lock.engine.queueing import HANDOFF_TOKEN
 
 
 def attempt(

@@ -43,6 +43,25 @@ def test_a_release_that_timed_out_can_be_sent_again_and_the_lock_ends_free() -> 
         assert locker.inspect.read("job") is None
 
 
+def test_a_failed_release_leaves_the_lease_not_held_and_not_renewed() -> None:
+    # Bug 4: a lease whose release failed was reported held while nothing renewed it. It is
+    # not held (its key expires within its TTL; renewing it again would block the key for as
+    # long as the process lives), and the renewer and ``held`` agree.
+    with RedisServer.running() as server:
+        renewer = Renewer(autostart=False)
+        client = server.client(socket_timeout=0.3, socket_connect_timeout=0.3)
+        locker = RedisLocker(client, prefix="t", renewer=renewer)
+        lease = locker.try_acquire("job", ttl=30)
+        assert isinstance(lease, Lease)
+        assert lease.held and renewer.leases() == [lease]
+        server.stop()
+        with pytest.raises(LockBackendUnavailable):
+            lease.release()
+        assert not lease.held
+        assert renewer.leases() == []
+        assert locker.release_all() == 0  # nothing this process holds is left to release
+
+
 @pytest.mark.parametrize("fencing", [False, True])
 @pytest.mark.parametrize("kind", ["string", "hash"])
 def test_a_key_not_written_by_us_gives_a_clear_error(

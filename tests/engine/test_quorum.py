@@ -186,6 +186,19 @@ def test_two_servers_stopped_make_renewal_unavailable(
         quorum.renew_batch([lease], now=quorum.renewer.clock())
 
 
+def test_a_release_that_reached_no_majority_leaves_the_lease_not_held_and_not_renewed(
+    quorum: QuorumLocker, servers: list[RedisServer]
+) -> None:
+    lease = settled(quorum.try_acquire("job", 5))
+    assert lease in quorum.renewer.leases()
+    servers[0].stop()
+    servers[1].stop()
+    with pytest.raises(LockBackendUnavailable):
+        lease.release()
+    assert not lease.held
+    assert lease not in quorum.renewer.leases()
+
+
 def test_restarted_servers_resume_the_quorum(
     quorum: QuorumLocker, servers: list[RedisServer]
 ) -> None:

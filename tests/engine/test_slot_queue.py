@@ -1,4 +1,4 @@
-"""Policy ``queue`` over N slots, a rate and a cooldown (engine/slot_queue.py): parked calls
+"""Policy ``queue`` over N slots, a rate and a cooldown (engine/kinds/slot_queue.py): parked calls
 are handed each freed slot in arrival order, atomically in the release, once each."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 import redis
 
 from celery_singleton_lock.engine import Lease, LockHolder, Owner, RedisLocker
+from celery_singleton_lock.engine.kinds.parking import HANDOFF_TOKEN
 from celery_singleton_lock.engine.lease import Parked
-from celery_singleton_lock.engine.queueing import HANDOFF_TOKEN
 from celery_singleton_lock.errors import LockNotOwnedError
 from tests.support import wait_until
 

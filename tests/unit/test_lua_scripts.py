@@ -9,9 +9,9 @@ from importlib import resources
 import pytest
 
 from celery_singleton_lock.engine import lua_scripts
+from celery_singleton_lock.engine.kinds.parking import HANDOFF_TOKEN
 from celery_singleton_lock.engine.latest import MAX_SUPERSEDED
 from celery_singleton_lock.engine.lease import TOKEN_LENGTH
-from celery_singleton_lock.engine.queueing import HANDOFF_TOKEN
 from celery_singleton_lock.errors import LockError
 
 LUA = resources.files("celery_singleton_lock.engine") / "lua"

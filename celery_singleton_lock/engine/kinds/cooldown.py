@@ -5,25 +5,27 @@ token and a pid no owner has, for the cooldown's length (lua/release_into_cooldo
 acquire finds it held (by the run that just ended, its remaining TTL the cooldown left), no
 one can release or renew it, and it frees itself when the cooldown ends. Nothing is
 published: a waiter re-checks at the holder's TTL. The same works on a slot key
-(:mod:`.slots`).
+(:mod:`..slots`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 from redis.commands.core import Script
 
 from celery_singleton_lock.engine.lease import Lease
-from celery_singleton_lock.engine.locker_parts import LockerPart
+from celery_singleton_lock.engine.lua_scripts import source
+from celery_singleton_lock.engine.redis_server import RedisServer
+from celery_singleton_lock.engine.releases import Releases
 
 
-class CooldownOperations(LockerPart):
-    """The cooldown release of one server (a part of ``RedisLocker``, which registers
-    lua/release_into_cooldown.lua as ``_release_cooling``)."""
+class Cooldown:
+    """The cooldown release on ``server``."""
 
-    if TYPE_CHECKING:  # provided by RedisLocker
-        _release_cooling: Script
+    def __init__(self, server: RedisServer, releases: Releases) -> None:
+        self.releases = releases
+        self._release_cooling: Script = server.register(source("release_into_cooldown"))
 
     def release_cooling(
         self, lease: Lease, cooldown: float, *, remember_for: Optional[float] = None
@@ -33,5 +35,7 @@ class CooldownOperations(LockerPart):
         if not (nothing changed)."""
         args: list[Any] = [lease.token, max(1, int(cooldown * 1000))]
         return bool(
-            self._release_with(lease, self._release_cooling, [lease.key], args, remember_for)
+            self.releases.release_with(
+                lease, self._release_cooling, [lease.key], args, remember_for
+            )
         )

@@ -1,7 +1,7 @@
-"""Policy ``queue`` over N slots, a cooldown or a rate, on one server: a part of
-:class:`~.locker.RedisLocker` (the scripts, and why they are so, in lua/includes/slot_queue.lua).
+"""Policy ``queue`` over N slots, a cooldown or a rate, on one server (the scripts, and why
+they are so, in lua/includes/slot_queue.lua).
 
-The mutex's queue (:mod:`.queueing`) stays what it was for a lock with one holder, no rate
+The mutex's queue (:mod:`.parking`) stays what it was for a lock with one holder, no rate
 and no cooldown: these operations are used only when a task asks for one of those three, and
 the sweeper and the drop of a parked call tell the two apart by the lock's rule, written when
 a call is parked here.
@@ -9,28 +9,33 @@ a call is parked here.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+import logging
+from typing import Any, Optional
 
 from redis.commands.core import Script
 
 from celery_singleton_lock.engine import lease as _lease
 from celery_singleton_lock.engine import server_errors, slots
-from celery_singleton_lock.engine.keys import LockKeys
-from celery_singleton_lock.engine.lease import Lease, LockHolder, Owner, Parked, already_finished
-from celery_singleton_lock.engine.locker_parts import LockerPart
+from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
+from celery_singleton_lock.engine.kinds.issuer import Issuer
+from celery_singleton_lock.engine.kinds.parking import as_bytes
+from celery_singleton_lock.engine.lease import (
+    Lease,
+    LockHolder,
+    Owner,
+    Parked,
+    already_finished,
+    new_token,
+)
 from celery_singleton_lock.engine.lua_scripts import source
-from celery_singleton_lock.engine.queueing import as_bytes
+from celery_singleton_lock.engine.redis_server import RedisServer
+from celery_singleton_lock.engine.releases import Releases
+from celery_singleton_lock.engine.script_calls import _ms
 
-if TYPE_CHECKING:
-    from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
-    from celery_singleton_lock.engine.reading import Client
+log_acquire = logging.getLogger("celery_singleton_lock.acquire")
 
 #: A lock's rule: its number of slots and its rate (``(count, seconds)`` or None).
 Rule = tuple[int, Optional[tuple[int, float]]]
-
-
-def _ms(seconds: float) -> int:
-    return max(1, int(seconds * 1000))
 
 
 def _rate_args(rate: Optional[tuple[int, float]]) -> list[Any]:
@@ -45,38 +50,25 @@ def parse_rule(raw: Any) -> Optional[Rule]:
     return int(count), (None if not rate else (int(rate), int(window) / 1000.0))
 
 
-class SlotQueueOperations(LockerPart):
-    """Parking behind N slots, and the hand-off of each freed slot (a part of
-    ``RedisLocker``, which also provides ``_lease`` and ``_hold``)."""
+class SlotQueue:
+    """Parking behind N slots on ``server``, and the hand-off of each freed slot."""
 
-    def _register_slot_queue_scripts(self, client: Client) -> None:
-        self._slot_or_park: Script = client.register_script(source("acquire_slot_or_park"))
-        self._hand_on_slots: Script = client.register_script(source("hand_on_slots"))
+    def __init__(self, server: RedisServer, issuer: Issuer, releases: Releases) -> None:
+        self.server = server
+        self.issuer = issuer
+        self.releases = releases
+        self._slot_or_park: Script = server.register(source("acquire_slot_or_park"))
+        self._hand_on_slots: Script = server.register(source("hand_on_slots"))
 
-    if TYPE_CHECKING:  # provided by RedisLocker
-
-        def _lease(
-            self,
-            request: AcquireRequest,
-            keys: LockKeys,
-            token: str,
-            owner: Owner,
-            fence: Optional[int],
-            sent_at: float,
-        ) -> Lease: ...
-
-        @staticmethod
-        def _hold(request: AcquireRequest, lease: Lease, renewer: Any) -> Lease: ...
-
-        def hand_off_if_free(self, name: str, *, reservation_ttl: float) -> Optional[bytes]: ...
-
-    def _acquire_slot_or_park(
-        self, request: AcquireRequest, owner: Owner, token: str, value: str, sent_at: float
-    ) -> AcquireOutcome:
-        """One round trip of ACQUIRE_SLOT_OR_PARK for the lock ``value`` (fence empty)."""
-        keys = self.keys(request.name)
+    def acquire(self, request: AcquireRequest, owner: Owner) -> AcquireOutcome:
+        """One round trip of ACQUIRE_SLOT_OR_PARK: a slot taken, or the call parked."""
+        issuer = self.issuer
+        keys = issuer.keys(request.name)
+        token = request.token or new_token()
+        sent_at = issuer.renewer.clock()
+        value = f"{token}||{int(issuer.wall_clock() * 1000)}|{owner.fields}"
         limit = request.limit
-        counter, finished = self.shared.of(keys.lock)
+        counter, finished = issuer.shared.of(keys.lock)
         script_keys = [slots.slot_key(keys, slot) for slot in range(1, limit + 1)]
         script_keys += (counter, keys.starts, keys.parked, keys.parked_messages)
         script_keys += (keys.handoff_due, keys.parked_rule)
@@ -86,7 +78,7 @@ class SlotQueueOperations(LockerPart):
         if request.unless_finished:
             script_keys.append(finished)
             args.append(_ms(request.finished_ttl))
-        reply = self._run(self._slot_or_park, keys.lock, script_keys, args, pinned=True)
+        reply = self.server.run(self._slot_or_park, keys.lock, script_keys, args, pinned=True)
         if reply == -1:
             raise already_finished(keys, owner)
         if isinstance(reply, (bytes, str)):  # a copy of this task id holds a slot
@@ -97,10 +89,11 @@ class SlotQueueOperations(LockerPart):
             return holder
         if len(reply) == 2 and isinstance(reply[0], int):
             slot, fence = int(reply[0]), int(reply[1])
-            lease = self._lease(
+            lease = issuer.lease(
                 request, slots.slot_keys(keys, slot), token, owner, fence or None, sent_at
             )
-            return self._hold(request, lease, self.renewer)  # type: ignore[attr-defined]
+            log_acquire.debug("acquired %s (fence=%s)", lease.key, lease.fence)
+            return lease
         fields, position, *handed = reply
         holder = None
         if fields:
@@ -138,7 +131,7 @@ class SlotQueueOperations(LockerPart):
         script_keys, args = self._hand_on_call(
             keys.name, limit, rate, "release", lease.token, reservation_ttl, cooldown_ms
         )
-        done, *handed = self._release_with(
+        done, *handed = self.releases.release_with(
             lease, self._hand_on_slots, script_keys, args, remember_for
         ) or [0]
         return bool(done), [as_bytes(message) for message in handed]
@@ -154,7 +147,7 @@ class SlotQueueOperations(LockerPart):
         cooldown_ms: Any = "",
     ) -> tuple[list[str], list[Any]]:
         """KEYS and ARGV of HAND_ON_SLOTS (see its contract)."""
-        keys = self.keys(name)
+        keys = self.issuer.keys(name)
         script_keys = [slots.slot_key(keys, slot) for slot in range(1, limit + 1)]
         script_keys += (keys.starts, keys.parked, keys.parked_messages, keys.handoff_due)
         script_keys.append(keys.parked_rule)
@@ -165,15 +158,15 @@ class SlotQueueOperations(LockerPart):
     def parked_rule(self, name: str) -> Optional[Rule]:
         """The rule of the calls parked behind lock ``name`` over slots, a rate or a
         cooldown; None when they are parked behind the mutex (or none are)."""
-        key = self.keys(name).parked_rule
-        return parse_rule(server_errors.call(lambda: self.client.get(key), key))
+        key = self.issuer.keys(name).parked_rule
+        return parse_rule(server_errors.call(lambda: self.server.client.get(key), key))
 
     def hand_on_slots(self, name: str, rule: Rule, *, reservation_ttl: float) -> list[bytes]:
         """A sweeper's step on a lock parked over slots: reserve its free slots for the
         oldest parked ids without one, as far as the rate allows; their messages, to
         publish."""
         script_keys, args = self._hand_on_call(name, rule[0], rule[1], "sweep", "", reservation_ttl)
-        _, *handed = self._run(self._hand_on_slots, script_keys[0], script_keys, args)
+        _, *handed = self.server.run(self._hand_on_slots, script_keys[0], script_keys, args)
         return [as_bytes(message) for message in handed]
 
     def drop_from_slots(
@@ -185,15 +178,5 @@ class SlotQueueOperations(LockerPart):
         script_keys, args = self._hand_on_call(
             name, rule[0], rule[1], "drop", task_id, reservation_ttl
         )
-        done, *handed = self._run(self._hand_on_slots, script_keys[0], script_keys, args)
+        done, *handed = self.server.run(self._hand_on_slots, script_keys[0], script_keys, args)
         return bool(done), [as_bytes(message) for message in handed]
-
-    def hand_on(self, name: str, *, reservation_ttl: float) -> list[bytes]:
-        """A sweeper's step on the lock ``name``: if calls are parked behind it and a slot (or
-        the lock) is free, reserve it for the oldest parked call without one (as far as a
-        rate allows), for ``reservation_ttl`` seconds; the messages to publish."""
-        rule = self.parked_rule(name)
-        if rule is None:  # the mutex's queue (:mod:`.queueing`)
-            message = self.hand_off_if_free(name, reservation_ttl=reservation_ttl)
-            return [] if message is None else [message]
-        return self.hand_on_slots(name, rule, reservation_ttl=reservation_ttl)

@@ -1,0 +1,199 @@
+"""What both backends (:mod:`.locker`, :mod:`.redlock`) do alike, written once as functions
+they call: the checks of a request against a backend's :class:`~.capabilities.Capabilities`
+(as redis-py's ``lock.py``, a public method validates, then delegates), the keyword form of
+an acquire (:func:`try_acquire`), and the release of every lease at shutdown
+(:func:`release_all`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
+from celery_singleton_lock.engine.backend import LockBackend
+from celery_singleton_lock.engine.capabilities import Capabilities
+from celery_singleton_lock.engine.keys import LockKeys
+from celery_singleton_lock.engine.latest import Latest
+from celery_singleton_lock.engine.lease import LostCallback, Owner
+from celery_singleton_lock.errors import LockConfigurationError, LockError
+
+log_release = logging.getLogger("celery_singleton_lock.release")
+
+
+#: field of the request -> the capability it needs, and the option it comes from (for people)
+_NEEDS = (
+    ("fencing", "fencing", "lock_fencing (a fencing token)"),
+    ("min_replicas", "replica_acks", "lock_min_replicas"),
+    ("take_queued", "enqueue_markers", "dedupe_on_enqueue (queued markers)"),
+    ("park", "parking", "on_duplicate='queue' (parked messages)"),
+)
+
+
+def unsupported(capabilities: Capabilities, what: str, feature: str, name: str) -> LockError:
+    """The error for asking ``capabilities`` for ``feature`` (said to people as ``what``)."""
+    return LockConfigurationError(
+        f"{what} is not supported on {capabilities.kind}: {capabilities.why_not(feature)}; "
+        f"{capabilities.instead} for it",
+        name,
+    )
+
+
+def try_acquire(
+    backend: LockBackend,
+    name: str,
+    ttl: float,
+    *,
+    owner: Optional[Owner] = None,
+    fencing: bool = False,
+    renew: bool = True,
+    max_lifetime: Optional[float] = None,
+    on_lost: Optional[LostCallback] = None,
+    unless_finished: bool = False,
+    min_replicas: int = 0,
+    replica_timeout: float = 1.0,
+    take_queued: bool = False,
+    park: Optional[bytes] = None,
+    reservation_ttl: float = 30.0,
+    token: Optional[str] = None,
+    latest: Optional[Latest] = None,
+    limit: int = 1,
+    rate: Optional[tuple[int, float]] = None,
+    finished_ttl: float = 3600.0,
+) -> AcquireOutcome:
+    """Take the lock ``name`` for ``ttl`` seconds, without waiting: ``backend.acquire`` of an
+    :class:`AcquireRequest` of these arguments (each backend's ``try_acquire``).
+
+    Returns the :class:`Lease` when acquired, or the current :class:`LockHolder` (with
+    its remaining TTL) when someone else holds it, or :class:`Parked` with ``park``.
+
+    Args:
+        renew: keep the lease alive from the process renewer until it is released.
+        max_lifetime: seconds after which renewal stops and the lease is lost (the key
+            then expires); None renews until release.
+        fencing: hand out a fencing token, strictly increasing per lock name.
+        on_lost: called once, from the renewer thread, if the lease is lost.
+        unless_finished: take nothing if ``owner.task_id`` already ran to the end under
+            this lock (a release with ``remember_for`` recorded it), in the same round
+            trip.
+        finished_ttl: with ``unless_finished``: the ``remember_for`` of the releases
+            whose records are looked for (records are kept in buckets of that width).
+        min_replicas: hold the lock only once this many replicas acknowledged it (and its
+            fence), waiting up to ``replica_timeout`` seconds (``WAIT``, sent with the
+            acquire in the same round trip); otherwise it is released again and
+            ``LockBackendUnavailable`` raised.
+        take_queued: delete the lock's queued marker (see ``enqueue``) if it holds
+            ``owner.task_id``, whatever the outcome, in the same round trip: this
+            message is no longer queued.
+        park: this task id's message. When the lock is held (or free but promised to an
+            older parked task id), the message is parked behind it, in arrival order,
+            and :class:`Parked` returned; a release with ``release_handing_off`` then
+            reserves the lock for the oldest parked id and returns its message to
+            publish. A lock reserved for ``owner.task_id`` is taken over.
+        reservation_ttl: with ``park``: seconds a reservation made by this call lives.
+        token: the owner token to write (a fresh one by default); a quorum sends the
+            same token to each of its servers (:mod:`.redlock`).
+        latest: with ``park``: the newest call wins (see :class:`~.latest.Latest`): at
+            most one call waits, a newer one takes its place (:attr:`Parked.displaced`
+            names the calls it displaced); release with ``release_latest``.
+        limit: up to this many holders at once, each on its own slot (:mod:`.slots`);
+            not with ``latest``, ``take_queued`` or ``min_replicas``. With ``park``,
+            calls park behind the slots and are handed each freed slot in arrival order
+            (:mod:`.kinds.slot_queue`): release with ``release_handing_on``.
+        rate: ``(count, seconds)``: at most ``count`` acquisitions in any window of that
+            many seconds (server clock); over it, a :class:`LockHolder` with
+            ``over_rate`` and the wait as its ``ttl`` (with ``park``: parked, and handed
+            a slot when the rate allows). Not with those three either.
+
+    Raises:
+        AlreadyFinished: with ``unless_finished``, that record exists.
+        LockBackendUnavailable: the server could not be reached or refused the write.
+        LockConfigurationError: an option this backend's capabilities exclude.
+        LockNotOwnedError: the lock's key holds data this package did not write.
+    """
+    return backend.acquire(
+        AcquireRequest(
+            name,
+            ttl,
+            owner,
+            fencing,
+            renew,
+            max_lifetime,
+            on_lost,
+            unless_finished,
+            min_replicas,
+            replica_timeout,
+            take_queued,
+            park,
+            reservation_ttl,
+            token,
+            latest,
+            limit,
+            rate,
+            finished_ttl,
+        )
+    )
+
+
+def check(request: AcquireRequest, capabilities: Capabilities, prefix: str) -> None:
+    """Refuse what no call of ``request`` could do on a backend of ``capabilities`` under
+    ``prefix`` (whatever its name and owner)."""
+    ttl = request.ttl
+    if not ttl > 0:
+        raise ValueError(f"ttl must be a positive number of seconds, got {ttl!r}")
+    if request.latest is not None and request.park is None:
+        raise ValueError("latest needs park: the waiting call's message")
+    if request.fencing or request.min_replicas or request.take_queued or request.park:
+        for option, feature, what in _NEEDS:
+            if getattr(request, option) and not getattr(capabilities, feature):
+                raise unsupported(capabilities, what, feature, _named(request, prefix))
+    if request.limit != 1 or request.rate is not None:
+        _check_limit(request, capabilities, prefix)
+
+
+def _named(request: AcquireRequest, prefix: str) -> str:
+    """The lock key an error about ``request`` names (its prefix for a prepared request,
+    which has no name yet)."""
+    return LockKeys.build(prefix, request.name).lock if request.name else prefix
+
+
+def _check_limit(request: AcquireRequest, capabilities: Capabilities, prefix: str) -> None:
+    limit = request.limit
+    if type(limit) is not int or limit < 1:
+        raise ValueError(f"limit must be an integer >= 1, got {limit!r}")
+    if limit != 1 and not capabilities.slots:
+        raise unsupported(capabilities, "lock_limit > 1", "slots", _named(request, prefix))
+    if request.rate is not None and not capabilities.rate:
+        raise unsupported(capabilities, "lock_rate", "rate", _named(request, prefix))
+    if request.latest is not None or request.take_queued or request.min_replicas:
+        raise LockConfigurationError(
+            "a limit above 1 or a rate does not combine with latest wins, queued markers "
+            "or replica acknowledgements (each of them is about one lock key)",
+            _named(request, prefix),
+        )
+
+
+def release_all(backend: LockBackend) -> int:
+    """Release every lease this process still holds through ``backend``; returns how many
+    were released here (each backend's ``release_all``).
+
+    At shutdown: a plain release, without a hand-off (no message is sent from a process
+    on its way out), but a lock with task ids parked behind it is made due in the
+    hand-off index (``hand_off_soon``), so a sweeper hands it on at its next tick
+    rather than at the old holder's TTL. One lease that cannot be released is logged and
+    the others are still released.
+    """
+    backend.settle()  # the deferred releases are reported before the process goes
+    released = 0
+    parking = backend.capabilities.parking
+    me: object = backend
+    for lease in backend.renewer.leases():
+        if lease.locker is me and lease.held:
+            try:
+                if backend.release(lease):
+                    released += 1
+                    if parking:
+                        backend.hand_off_soon(lease.keys.name)
+            except LockError as exc:
+                log_release.error("could not release %s: %s", lease.key, exc)
+    return released

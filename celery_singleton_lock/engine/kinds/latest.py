@@ -1,0 +1,137 @@
+""" "Latest wins" on one server (policy ``replace``, and ``lock_debounce``): at most one call
+waits behind a lock, the newest; a debounced call is held until its due time. Scripts in
+``lua/`` (acquire_or_replace, release_latest, clear_superseded; the keys in
+lua/includes/displace.lua); the parked list, the hand-off index and the sweeper are those of
+policy ``queue`` (:mod:`.parking`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Optional, Sequence
+
+from redis.commands.core import Script
+
+from celery_singleton_lock.engine import script_calls, server_errors
+from celery_singleton_lock.engine.acquire_request import AcquireRequest
+from celery_singleton_lock.engine.keys import LockKeys
+from celery_singleton_lock.engine.kinds.issuer import Issuer
+from celery_singleton_lock.engine.kinds.parking import Parking, as_bytes, handed_on
+from celery_singleton_lock.engine.latest import (
+    SUPERSEDED_GRACE,
+    debounce_key,
+    superseded_index,
+    superseded_keys,
+)
+from celery_singleton_lock.engine.lease import Lease, Owner, Parked, as_text
+from celery_singleton_lock.engine.lua_scripts import source
+from celery_singleton_lock.engine.redis_server import RedisServer
+from celery_singleton_lock.engine.releases import Releases
+
+
+def _ms(seconds: Optional[float]) -> int:
+    return 0 if not seconds else max(1, int(seconds * 1000))
+
+
+class LatestWins:
+    """The newest waiting call wins, on ``server``."""
+
+    def __init__(self, server: RedisServer, issuer: Issuer, releases: Releases) -> None:
+        self.server = server
+        self.issuer = issuer
+        self.releases = releases
+        self.acquire_script: Script = server.register(source("acquire_or_replace"))
+        self._release_latest: Script = server.register(source("release_latest"))
+        self._clear_superseded: Script = server.register(source("clear_superseded"))
+        self._handoff_due: Script = server.register(source("handoff_due"))
+
+    def acquire_call(
+        self, request: AcquireRequest, keys: LockKeys, value: str, owner: Owner
+    ) -> tuple[list[str], list[Any]]:
+        """KEYS and ARGV of ACQUIRE_OR_REPLACE (its contract in lua/acquire_or_replace.lua)."""
+        latest = request.latest
+        assert latest is not None  # the backend sends only such a request here
+        counter, finished = self.issuer.shared.of(keys.lock)
+        script_keys = [
+            keys.lock,
+            counter,
+            keys.parked,
+            keys.parked_messages,
+            keys.handoff_due,
+            debounce_key(keys),
+            *superseded_keys(keys),
+        ]
+        args = [
+            _ms(request.ttl),
+            value,
+            "1" if request.fencing else "0",
+            owner.task_id,
+            request.park,
+            keys.name,
+            _ms(request.reservation_ttl),
+            _ms(latest.debounce),
+            _ms(latest.debounce_max),
+            _ms(request.finished_ttl),
+            _ms(SUPERSEDED_GRACE),
+        ]
+        if request.unless_finished:
+            script_keys.append(finished)
+        return script_keys, args
+
+    @staticmethod
+    def parked(keys: LockKeys, reply: list[Any]) -> Parked:
+        """The reply of ACQUIRE_OR_REPLACE when the call waits, as :class:`Parked`."""
+        fields, position, displaced = reply
+        parked = Parking.parked(keys, [fields, position, None])
+        return dataclasses.replace(
+            parked, displaced=tuple(as_bytes(message) for message in displaced)
+        )
+
+    def release_latest(
+        self, lease: Lease, *, reservation_ttl: float, remember_for: Optional[float] = None
+    ) -> tuple[bool, Optional[bytes]]:
+        """Release ``lease`` and, in the same round trip, reserve the lock for the call that
+        waits behind it, unless its debounce runs on (a sweeper then hands it the lock when it
+        is due). Returns whether the lock was still ours, and the message the caller must now
+        publish (None when nothing was handed on)."""
+        keys = lease.keys
+        script_keys = [
+            lease.key,
+            keys.parked,
+            keys.parked_messages,
+            keys.handoff_due,
+            debounce_key(keys),
+        ]
+        args: list[Any] = [lease.token, keys.channel, keys.name, _ms(reservation_ttl)]
+        return handed_on(
+            self.releases.release_with(lease, self._release_latest, script_keys, args, remember_for)
+        )
+
+    def superseded_left(self, limit: int = 100) -> list[tuple[str, list[bytes]]]:
+        """The calls displaced by a newer one that their worker has not marked superseded
+        within :data:`SUPERSEDED_GRACE` (it died in between): (lock name, their messages) of
+        at most ``limit`` locks. Mark each, then :meth:`clear_superseded` it."""
+        index = superseded_index(self.issuer.prefix)
+        due = script_calls.run(self._handoff_due, index, [index], [limit], self.server.client)
+        names = [as_text(name) for name in due]
+        left = []
+        for name in names:
+            key = superseded_keys(self.issuer.keys(name))[1]
+            messages = server_errors.call(functools.partial(self.server.client.hvals, key), key)
+            left.append((name, [as_bytes(message) for message in messages]))
+        return left
+
+    def clear_superseded(
+        self, name: str, task_ids: Sequence[str], *, look_again_in: float = 0.0
+    ) -> int:
+        """The displaced calls ``task_ids`` of the lock ``name`` were marked superseded: no
+        longer left to mark (their ids stay recorded, so a stale copy is refused). With
+        ``look_again_in``, a sweeper looks at the calls still left that many seconds from now.
+        Returns how many are still left."""
+        _, left, index = superseded_keys(self.issuer.keys(name))
+        args = [name, _ms(look_again_in), *task_ids]
+        reply = script_calls.run(
+            self._clear_superseded, left, [left, index], args, self.server.client
+        )
+        return int(reply)

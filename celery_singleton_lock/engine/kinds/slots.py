@@ -1,0 +1,65 @@
+"""Up to N holders of one lock name, and a rate of starts (``lock_limit``, ``lock_rate``): one
+of N slots taken in one round trip (lua/acquire_slot.lua, with the slot keys of
+:mod:`..slots`). Parking behind the slots is :mod:`.slot_queue`'s job."""
+
+from __future__ import annotations
+
+import logging
+
+from redis.commands.core import Script
+
+from celery_singleton_lock.engine import lease as _lease
+from celery_singleton_lock.engine import server_errors, slots
+from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
+from celery_singleton_lock.engine.kinds.issuer import Issuer
+from celery_singleton_lock.engine.lease import LockHolder, Owner, already_finished, new_token
+from celery_singleton_lock.engine.lua_scripts import source
+from celery_singleton_lock.engine.redis_server import RedisServer
+from celery_singleton_lock.engine.script_calls import _ms
+
+log_acquire = logging.getLogger("celery_singleton_lock.acquire")
+
+
+class Slots:
+    """One of N slots, within a rate, on ``server``."""
+
+    def __init__(self, server: RedisServer, issuer: Issuer) -> None:
+        self.server = server
+        self.issuer = issuer
+        self._acquire_slot: Script = server.register(source("acquire_slot"))
+
+    def acquire(self, request: AcquireRequest, owner: Owner) -> AcquireOutcome:
+        """Take one of ``request.limit`` slots, within ``request.rate``, in one round trip."""
+        issuer = self.issuer
+        keys = issuer.keys(request.name)
+        token = request.token or new_token()
+        sent_at = issuer.renewer.clock()
+        value = f"{token}||{int(issuer.wall_clock() * 1000)}|{owner.fields}"
+        script_keys, args = slots.acquire_call(
+            keys,
+            request.limit,
+            _ms(request.ttl),
+            value,
+            request.fencing,
+            request.rate,
+            issuer.shared.of(keys.lock),
+            owner.task_id,
+            _ms(request.finished_ttl) if request.unless_finished else None,
+        )
+        reply = self.server.run(self._acquire_slot, keys.lock, script_keys, args, pinned=True)
+        if type(reply) is list:
+            slot, fence = int(reply[0]), int(reply[1])
+            if slot == 0:  # over the rate: ``fence`` is the wait in ms
+                return LockHolder(keys.lock, "", "", None, None, None, fence / 1000.0, False, True)
+            lease = issuer.lease(
+                request, slots.slot_keys(keys, slot), token, owner, fence or None, sent_at
+            )
+            log_acquire.debug("acquired %s (fence=%s)", lease.key, lease.fence)
+            return lease
+        if reply == -1:
+            raise already_finished(keys, owner)
+        pttl, _, fields = _lease.as_text(reply).partition("|")
+        holder = LockHolder.parse(keys.lock, fields, pttl)
+        if holder is None:
+            raise server_errors.not_a_lock(keys.lock)
+        return holder

@@ -229,6 +229,41 @@ def test_method_of_a_class_based_task_named_like_an_option_is_left_alone(app: Ce
     assert app.register_task(Rebuild()).lock_options.ttl == 15.0
 
 
+def test_own_constants_and_methods_of_a_class_based_task_named_lock_are_left_alone(
+    app: Celery,
+) -> None:
+    class Rebuild(LockedTask):  # type: ignore[misc]
+        name = "billing.rebuild"
+        lock_prefix_doc = "the accounts' locks"  # a constant of the user's, not an option
+        lock_docs = ("a", "b")
+
+        def lock_helper(self) -> str:
+            return "rebuild"
+
+        def run(self, account_id: int) -> None:
+            return None
+
+    assert app.register_task(Rebuild()).lock_options.ttl == 15.0
+
+
+def test_a_typo_of_an_option_in_a_class_based_task_is_refused_naming_the_option_meant(
+    app: Celery,
+) -> None:
+    class Rebuild(LockedTask):  # type: ignore[misc]
+        name = "billing.rebuild"
+        lock_prefix_doc = "the accounts' locks"
+        lock_tll = 5
+
+        def run(self, account_id: int) -> None:
+            return None
+
+    with pytest.raises(
+        LockConfigurationError, match=r"lock_tll \(did you mean lock_ttl\?\)"
+    ) as info:
+        app.register_task(Rebuild())
+    assert "lock_prefix_doc" not in str(info.value)
+
+
 def test_misspelt_option_of_a_class_based_task_fails_at_worker_start(app: Celery) -> None:
     class Rebuild(LockedTask):  # type: ignore[misc]
         name = "billing.rebuild"

@@ -96,13 +96,17 @@ class LockOptions:
 
 
 def check_option_names(task_name: str, cls: type) -> None:
-    """Refuse a lock-looking attribute of the task class ``cls`` that is no option.
+    """Refuse a lock-looking attribute of the task class ``cls`` that looks like a misspelt
+    option.
 
     ``@app.task(base=LockedTask, lock_tll=5)`` makes ``lock_tll`` a class attribute that
     nothing reads: the task would run with the default TTL. Known names are those the classes
     of this package declare (``LockedTask``, the ``compat`` bases). In a class Celery built
-    from ``@app.task`` options every attribute is an option; in a hand-written subclass a
-    method or property is its own code, not an option, and is left alone.
+    from ``@app.task`` options every attribute is an option, so every unknown lock-looking
+    name is refused. A hand-written subclass also holds its own code and constants: a method
+    or property is left alone, and so is a plain attribute unless its name is within a typo
+    of an option (``lock_tll``; not ``lock_prefix_doc``): refusing every ``lock_*`` name
+    would forbid users names of their own for no safety gained.
 
     Raises:
         LockConfigurationError: naming the task, each unknown option and the closest known one.
@@ -114,6 +118,7 @@ def check_option_names(task_name: str, cls: type) -> None:
                 known.setdefault(
                     name, LOCK_OPTION_NAME.match(name) is not None and not _is_code(value)
                 )
+    options = sorted(name for name, is_option in known.items() if is_option)
     unknown: list[str] = []
     for klass in cls.__mro__:
         if klass.__module__.startswith(_OURS) or klass is object:
@@ -125,10 +130,9 @@ def check_option_names(task_name: str, cls: type) -> None:
             if LOCK_OPTION_NAME.match(name)
             and name not in known
             and name not in unknown
-            and (from_options or not _is_code(value))
+            and (from_options or (not _is_code(value) and _closest(name, options) is not None))
         ]
     if unknown:
-        options = sorted(name for name, is_option in known.items() if is_option)
         raise LockConfigurationError(
             f"task {task_name}: unknown option(s) "
             + ", ".join(suggest(name, options) for name in sorted(unknown))
@@ -140,10 +144,16 @@ def _is_code(value: Any) -> bool:
     return inspect.isroutine(value) or isinstance(value, (property, classmethod, staticmethod))
 
 
+def _closest(name: str, known: list[str], cutoff: float = 0.8) -> Optional[str]:
+    """The one of ``known`` that ``name`` is a likely typo of (difflib's ratio >= ``cutoff``)."""
+    close = difflib.get_close_matches(name, known, n=1, cutoff=cutoff)
+    return close[0] if close else None
+
+
 def suggest(name: str, known: list[str]) -> str:
     """``name``, with the closest of ``known`` if one is close (for a misspelt name)."""
-    close = difflib.get_close_matches(name, known, n=1)
-    return f"{name} (did you mean {close[0]}?)" if close else name
+    close = _closest(name, known, cutoff=0.6)
+    return f"{name} (did you mean {close}?)" if close else name
 
 
 def _number(task: str, name: str, value: Any, low: float, high: float) -> float:

@@ -52,8 +52,21 @@ _open = _OpenScopes()
 
 
 def open_scope(name: str) -> Optional[LockScope]:
-    """The scope open in this thread for lock ``name``, if any."""
-    return _open.by_name.get(name)
+    """The scope open in this thread for lock ``name``, if any: one whose request is still
+    running in this thread (a run this one is nested in). A scope left open by a request
+    that has ended is never taken for an outer scope: it is closed here (its lock released,
+    its renewal stopped), and the new run takes a lock of its own."""
+    scope = _open.by_name.get(name)
+    if scope is None or scope.running():  # the rare nested run pays for the check, no other
+        return scope
+    log.error(
+        "task %s[%s]: its lock %s was still open after its run ended; released now",
+        scope.task.name,
+        scope.task_id,
+        scope.key,
+    )
+    scope.close()
+    return None
 
 
 class LockScope(LockHandle):
@@ -96,6 +109,13 @@ class LockScope(LockHandle):
         lease = self._lease
         assert lease is not None  # a scope is only ever opened with its lease
         return lease
+
+    def running(self) -> bool:
+        """Whether the request this scope was opened for is still on its task's request
+        stack in this thread."""
+        return any(
+            getattr(request, "lock", None) is self for request in self.task.request_stack.stack
+        )
 
     def close(self, *, finished: bool = False, succeeded: bool = False) -> None:
         """Stop renewal and release the lock; later calls do nothing. Never raises.
@@ -221,7 +241,7 @@ def closes_scope_on_error(before_start: F) -> F:
 
 
 def releases_after_body(call: F, *, takes_self: bool = True) -> F:
-    """Wrap a task's ``run`` (or a subclass's own ``__call__``) so that the scope opened in
+    """Wrap a task's ``run`` (or a ``__call__`` other than Celery's) so that the scope opened in
     ``before_start`` is closed as the body ends, however it ends. ``takes_self=False``: ``call``
     is the function of a ``staticmethod`` ``run``, called without the task."""
 

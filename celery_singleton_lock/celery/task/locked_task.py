@@ -421,12 +421,18 @@ class LockedTask(Task):  # type: ignore[misc]
         run = inspect.getattr_static(cls, "run")
         if run is not _TASK_RUN and not getattr(run, "releases_lock", False):
             cls.run = body_releasing(run)
-        # A subclass's own __call__ releases too, whether or not it calls super() (its run,
-        # called inside, then owns nothing); a subclass's own before_start that raises after
+        # Any __call__ but Celery's releases too, wherever it comes from (this class, or a
+        # base placed before LockedTask, such as a cache that may answer without calling
+        # run), whether or not it calls super() (its run, called inside, then owns nothing).
+        # The tracer calls this resolved __call__ (Celery's task_has_custom), so the scope is
+        # closed however __call__ is composed. A subclass's own before_start that raises after
         # super().before_start releases too.
-        own_call = cls.__dict__.get("__call__")
-        if own_call is not None and not getattr(own_call, "releases_lock", False):
-            cls.__call__ = releases_after_body(own_call)
+        call = inspect.getattr_static(cls, "__call__")
+        celerys = str(getattr(call, "__module__", "")).startswith(
+            "celery."
+        )  # or its worker's patch
+        if not celerys and not getattr(call, "releases_lock", False):
+            cls.__call__ = releases_after_body(call)
         cls._app_locker = inspect.getattr_static(cls, "lock_locker") is _APP_LOCKER
         own_before_start = cls.__dict__.get("before_start")
         if own_before_start is not None and not getattr(own_before_start, "closes_scope", False):

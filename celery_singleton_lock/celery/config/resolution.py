@@ -37,7 +37,7 @@ from celery_singleton_lock.celery.config.options import (
     TASK_OPTIONS,
     UNSET,
 )
-from celery_singleton_lock.celery.duplicates.policies import DuplicatePolicy, policy_named
+from celery_singleton_lock.celery.duplicates.policies import POLICIES, DuplicatePolicy
 from celery_singleton_lock.engine import LockKeys, validate_prefix
 from celery_singleton_lock.errors import LockConfigurationError
 
@@ -274,7 +274,7 @@ def resolve(
     except LockConfigurationError as exc:
         raise LockConfigurationError(f"task {task_name}: {exc.message}") from None
 
-    policy = policy_named(task_name, value["on_duplicate"])
+    policy = POLICIES[_choice(task_name, "on_duplicate", value["on_duplicate"], tuple(POLICIES))]()
     limit = checked_limit(task_name, value["lock_limit"], value)  # before the policy's checks
     rate = checked_rate(task_name, value["lock_rate"], value)
     cooldown, cooldown_after = checked_cooldown(

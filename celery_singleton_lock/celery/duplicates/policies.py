@@ -17,7 +17,7 @@ from typing import Any, Callable, ClassVar, Mapping, NoReturn, Optional
 from celery.exceptions import Ignore
 
 from celery_singleton_lock.celery import celery_api
-from celery_singleton_lock.celery.config.app_settings import celery_setting, handoff_settings
+from celery_singleton_lock.celery.config.app_settings import celery_setting
 from celery_singleton_lock.celery.duplicates import actions, latest
 from celery_singleton_lock.celery.duplicates import parking as handoff
 from celery_singleton_lock.celery.duplicates.join import join, rejoin
@@ -84,9 +84,9 @@ class DuplicatePolicy:
         only); True if the lease was still ours."""
         raise AssertionError(f"on_duplicate={self.name!r} hands nothing on")
 
-    def reclaimed(self, app: Any, locker: Any, name: str) -> None:
-        """The worker reclaimed lock ``name`` from a dead pool child: hand it on now if a call
-        is parked behind it (rather than at the dead holder's TTL, when the sweeper would)."""
+    def reclaimed(self, task: Any, locker: Any, name: str) -> None:
+        """The worker reclaimed lock ``name`` from a dead pool child of ``task``: hand it on
+        now to a call parked behind it (not at the dead holder's TTL, when a sweeper would)."""
 
 
 class Skip(DuplicatePolicy):
@@ -255,11 +255,10 @@ class Queue(DuplicatePolicy):
             handoff.publish(scope.task.app, message, scope.name)
         return bool(owned)
 
-    def reclaimed(self, app: Any, locker: Any, name: str) -> None:
+    def reclaimed(self, task: Any, locker: Any, name: str) -> None:
         # a slot of a lock_limit too: the engine reads how the calls are parked
-        reservation_ttl = handoff_settings(app.conf)[1]
-        for message in locker.hand_on(name, reservation_ttl=reservation_ttl):
-            handoff.publish(app, message, name)
+        for message in locker.hand_on(name, reservation_ttl=task.lock_options.handoff_timeout):
+            handoff.publish(task.app, message, name)
 
 
 class Replace(Queue):
@@ -283,7 +282,7 @@ class Replace(Queue):
     ) -> NoReturn:
         latest.wait_newest(duplicate, parked)
 
-    def reclaimed(self, app: Any, locker: Any, name: str) -> None:
+    def reclaimed(self, task: Any, locker: Any, name: str) -> None:
         pass  # the newest waiting call is handed a free lock by the sweeper (see .latest)
 
     def release(
@@ -299,27 +298,13 @@ class Replace(Queue):
         return bool(owned)
 
 
-#: The registry: ``on_duplicate``'s names -> the policy classes (in the order documented).
+#: The registry: ``on_duplicate``'s names (validated against it) -> the policy classes.
 POLICIES: dict[str, type[DuplicatePolicy]] = {
     policy.name: policy for policy in (Skip, Retry, Wait, Fail, Join, Queue, Replace)
 }
 #: the names of the policies that park (what a backend needs ``parking`` for)
 PARKING = tuple(name for name, policy in POLICIES.items() if policy.parks)
 _WAIT, _SKIP = Wait(), Skip()
-
-
-def policy_named(task: str, name: Any) -> DuplicatePolicy:
-    """The policy ``on_duplicate=name`` chooses.
-
-    Raises:
-        LockConfigurationError: ``name`` is no policy (naming the task and the choices).
-    """
-    policy = POLICIES.get(name) if isinstance(name, str) else None
-    if policy is None:
-        raise LockConfigurationError(
-            f"task {task}: on_duplicate={name!r} is not one of {', '.join(map(repr, POLICIES))}"
-        )
-    return policy()
 
 
 def on_held(duplicate: actions.Duplicate, acquire: Acquire) -> Lease:

@@ -99,7 +99,7 @@ def reclaim_dead_holder(task: LockedTask, task_id: str, args: Any, kwargs: Any, 
                         holder.pid,
                     )
                     # a parked call gets the lock now, not at the dead holder's TTL
-                    task.lock_options.policy.reclaimed(task.app, locker, name)
+                    task.lock_options.policy.reclaimed(task, locker, name)
                     if lock_released.receivers:
                         with no_fork:  # Celery's Signal takes a lock (see parking.publish)
                             lock_released.send(

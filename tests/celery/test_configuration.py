@@ -13,6 +13,8 @@ import pytest
 from celery import Celery
 
 from celery_singleton_lock import LockConfigurationError, LockedTask
+from celery_singleton_lock.celery.config.options import POLICIES
+from celery_singleton_lock.celery.duplicates.policies import POLICIES as POLICY_CLASSES
 from celery_singleton_lock.celery.worker.start_checks import check_configuration
 
 
@@ -37,6 +39,19 @@ def register(app: Celery, **options: Any) -> Any:
 def test_unknown_policy_fails_at_registration(app: Celery, policy: Any) -> None:
     with pytest.raises(LockConfigurationError, match=r"billing\.job.*on_duplicate"):
         register(app, on_duplicate=policy)
+
+
+def test_every_documented_policy_is_a_registered_class_chosen_once(app: Celery) -> None:
+    # the docs list options.POLICIES; the registry maps the same names, in the same order
+    assert tuple(POLICY_CLASSES) == POLICIES
+    app.conf.result_backend = "redis://127.0.0.1:1/0"  # join reads outcomes (never contacted)
+
+    def job(account_id: int) -> None:
+        return None
+
+    for name, policy in POLICY_CLASSES.items():
+        task = app.task(name=f"billing.{name}", base=LockedTask, shared=False, on_duplicate=name)
+        assert type(task(job).lock_options.policy) is policy
 
 
 @pytest.mark.parametrize("ttl", [0, -1, 0.01, 10**9, math.inf, math.nan, "15", True])

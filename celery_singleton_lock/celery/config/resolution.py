@@ -281,7 +281,7 @@ def resolve(
         task_name, value["lock_cooldown"], value["lock_cooldown_after"], policy.name
     )
     debounce, debounce_max = check_latest_wins(task_name, policy, value)
-    policy.check(task_name, attributes, conf, dedupe=dedupe, finished_ttl=finished_ttl)
+    policy.check(task_name, {**value, "ignore_result": attributes.get("ignore_result")}, conf)
     _, handoff_timeout = handoff_settings(conf)
 
     return LockOptions(

@@ -52,16 +52,9 @@ class DuplicatePolicy:
     #: what a call that took the lock does before its body, or None (read on the hot path)
     acquired: Optional[Callable[[Any, Any], None]] = None
 
-    def check(
-        self,
-        task: str,
-        attributes: Mapping[str, Any],
-        conf: Mapping[str, Any],
-        *,
-        dedupe: bool,
-        finished_ttl: Optional[float],
-    ) -> None:
-        """Refuse (``LockConfigurationError``) options this policy cannot honour."""
+    def check(self, task: str, chosen: Mapping[str, Any], conf: Mapping[str, Any]) -> None:
+        """Refuse (``LockConfigurationError``) options this policy cannot honour; ``chosen``:
+        the task's option values (validated) and ``ignore_result``."""
 
     def held(self, duplicate: actions.Duplicate, acquire: Acquire) -> Lease:
         """The lock is held: end the execution, or return the lease a wait got."""
@@ -135,18 +128,10 @@ class Join(DuplicatePolicy):
     def __init__(self) -> None:
         self.acquired = rejoin  # a join's lock retry whose holder ended while it travelled
 
-    def check(
-        self,
-        task: str,
-        attributes: Mapping[str, Any],
-        conf: Mapping[str, Any],
-        *,
-        dedupe: bool,
-        finished_ttl: Optional[float],
-    ) -> None:
+    def check(self, task: str, chosen: Mapping[str, Any], conf: Mapping[str, Any]) -> None:
         """A join ends with the outcome its holder stored: the task's results must be stored
         (``ignore_result`` is resolved from ``task_ignore_result`` by Celery's ``bind``)."""
-        if attributes.get("ignore_result"):
+        if chosen["ignore_result"]:
             raise LockConfigurationError(
                 f"task {task}: on_duplicate='join' needs the task's results, but it has "
                 "ignore_result=True; set ignore_result=False or choose another on_duplicate"
@@ -177,22 +162,14 @@ class Queue(DuplicatePolicy):
     )
     waiting = "parked message"
 
-    def check(
-        self,
-        task: str,
-        attributes: Mapping[str, Any],
-        conf: Mapping[str, Any],
-        *,
-        dedupe: bool,
-        finished_ttl: Optional[float],
-    ) -> None:
+    def check(self, task: str, chosen: Mapping[str, Any], conf: Mapping[str, Any]) -> None:
         """Parking runs the duplicates: it cannot also drop them at enqueue, and it needs the
         finish record that keeps a hand-off sent twice from running twice."""
-        if dedupe:
+        if chosen["dedupe_on_enqueue"]:
             raise LockConfigurationError(
                 f"task {task}: on_duplicate={self.name!r} runs {self.runs}; choose one of the two"
             )
-        if finished_ttl is None:
+        if chosen["lock_finished_ttl"] is None:
             raise LockConfigurationError(
                 f"task {task}: on_duplicate={self.name!r} needs lock_finished_ttl (it keeps a "
                 f"{self.waiting} that was handed the lock twice from running twice); set it to "

@@ -13,6 +13,8 @@ import pytest
 from celery import Celery
 
 from celery_singleton_lock import LockConfigurationError, LockedTask
+from celery_singleton_lock.celery.config.options import POLICIES
+from celery_singleton_lock.celery.duplicates.policies import POLICIES as POLICY_CLASSES
 from celery_singleton_lock.celery.worker.start_checks import check_configuration
 
 
@@ -37,6 +39,19 @@ def register(app: Celery, **options: Any) -> Any:
 def test_unknown_policy_fails_at_registration(app: Celery, policy: Any) -> None:
     with pytest.raises(LockConfigurationError, match=r"billing\.job.*on_duplicate"):
         register(app, on_duplicate=policy)
+
+
+def test_every_documented_policy_is_a_registered_class_chosen_once(app: Celery) -> None:
+    # the docs list options.POLICIES; the registry maps the same names, in the same order
+    assert tuple(POLICY_CLASSES) == POLICIES
+    app.conf.result_backend = "redis://127.0.0.1:1/0"  # join reads outcomes (never contacted)
+
+    def job(account_id: int) -> None:
+        return None
+
+    for name, policy in POLICY_CLASSES.items():
+        task = app.task(name=f"billing.{name}", base=LockedTask, shared=False, on_duplicate=name)
+        assert type(task(job).lock_options.policy) is policy
 
 
 @pytest.mark.parametrize("ttl", [0, -1, 0.01, 10**9, math.inf, math.nan, "15", True])
@@ -227,6 +242,41 @@ def test_method_of_a_class_based_task_named_like_an_option_is_left_alone(app: Ce
             return None
 
     assert app.register_task(Rebuild()).lock_options.ttl == 15.0
+
+
+def test_own_constants_and_methods_of_a_class_based_task_named_lock_are_left_alone(
+    app: Celery,
+) -> None:
+    class Rebuild(LockedTask):  # type: ignore[misc]
+        name = "billing.rebuild"
+        lock_prefix_doc = "the accounts' locks"  # a constant of the user's, not an option
+        lock_docs = ("a", "b")
+
+        def lock_helper(self) -> str:
+            return "rebuild"
+
+        def run(self, account_id: int) -> None:
+            return None
+
+    assert app.register_task(Rebuild()).lock_options.ttl == 15.0
+
+
+def test_a_typo_of_an_option_in_a_class_based_task_is_refused_naming_the_option_meant(
+    app: Celery,
+) -> None:
+    class Rebuild(LockedTask):  # type: ignore[misc]
+        name = "billing.rebuild"
+        lock_prefix_doc = "the accounts' locks"
+        lock_tll = 5
+
+        def run(self, account_id: int) -> None:
+            return None
+
+    with pytest.raises(
+        LockConfigurationError, match=r"lock_tll \(did you mean lock_ttl\?\)"
+    ) as info:
+        app.register_task(Rebuild())
+    assert "lock_prefix_doc" not in str(info.value)
 
 
 def test_misspelt_option_of_a_class_based_task_fails_at_worker_start(app: Celery) -> None:

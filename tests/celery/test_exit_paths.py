@@ -57,6 +57,29 @@ def test_a_subclass_call_that_calls_super_holds_the_lock_until_it_returns(
     assert_released(store, lock_key_of(exits.own_call_super, unique_key))
 
 
+def test_a_base_before_lockedtask_whose_call_answers_early_leaves_the_lock_free(
+    worker: Any, store: redis.Redis, unique_key: str
+) -> None:
+    # class Cached(EarlyAnswer, LockedTask): the cache answers without calling run
+    task = exits.answers_early
+    assert task.delay(unique_key, cached=True).get(timeout=10) == "from the cache"
+    assert_released(store, lock_key_of(task, unique_key))
+    # the next call of that name takes the lock itself (not a leftover scope's)
+    assert task.delay(unique_key).get(timeout=10) == {"held": True}
+    assert_released(store, lock_key_of(task, unique_key))
+
+
+def test_a_base_before_lockedtask_whose_call_answers_early_in_the_caller_thread(
+    celery_app: Any, store: redis.Redis, unique_key: str
+) -> None:
+    # apply(): both calls run in this thread, where a leftover scope would be found
+    task = exits.answers_early
+    assert task.apply(args=(unique_key,), kwargs={"cached": True}).get() == "from the cache"
+    assert not store.exists(lock_key_of(task, unique_key))
+    assert task.apply(args=(unique_key,)).get() == {"held": True}
+    assert not store.exists(lock_key_of(task, unique_key))
+
+
 def test_a_locked_body_runs_without_celerys_task_call_and_its_request_copy(
     worker: Any, store: redis.Redis, unique_key: str
 ) -> None:

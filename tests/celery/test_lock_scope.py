@@ -147,3 +147,29 @@ def test_a_run_inherited_from_a_mixin_holds_the_lock_and_releases_it(
     task = celery_app.register_task(_MixedIn())
     assert task.apply(args=(unique_key,)).get() is True  # held in the body
     assert not store.exists(lock_key_of(task, unique_key))
+
+
+class _PatchedLater(LockedTask):
+    """Its ``__call__`` is set after the class is built (as a patching library would), so no
+    wrapper closes the scope when it answers without calling ``run``."""
+
+    lock_on = ("key",)
+
+    def run(self, key: str, early: bool = False) -> dict[str, Any]:
+        lock = self.request.lock
+        return {"reentrant": lock.reentrant, "key_held": bool(lock.held)}
+
+
+def _answers_early(self: Any, *args: Any, **kwargs: Any) -> Any:
+    return "early" if kwargs.get("early") else self.run(*args, **kwargs)
+
+
+def test_a_scope_left_open_by_an_ended_run_is_not_taken_for_an_outer_one(
+    celery_app: Any, store: redis.Redis, unique_key: str
+) -> None:
+    _PatchedLater.__call__ = _answers_early  # type: ignore[assignment]
+    task = celery_app.register_task(_PatchedLater())
+    assert task.apply(args=(unique_key,), kwargs={"early": True}).get() == "early"
+    # the next run in this thread takes the lock itself (the leftover is closed first)
+    assert task.apply(args=(unique_key,)).get() == {"reentrant": False, "key_held": True}
+    assert not store.exists(lock_key_of(task, unique_key))

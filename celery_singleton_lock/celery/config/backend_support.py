@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Optional
 
 from celery_singleton_lock.celery.config.quorum_settings import quorum_urls
+from celery_singleton_lock.celery.duplicates.policies import PARKING
 from celery_singleton_lock.engine import QUORUM, Capabilities
 from celery_singleton_lock.errors import LockConfigurationError
 
@@ -22,7 +23,7 @@ NEEDS: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     "lock_fencing": ("fencing", bool, "fencing"),
     "dedupe_on_enqueue": ("enqueue_markers", bool, "dedupe_on_enqueue"),
     "lock_min_replicas": ("replica_acks", bool, "min_replicas"),
-    "on_duplicate": ("parking", lambda policy: policy in ("queue", "replace"), "on_duplicate"),
+    "on_duplicate": ("parking", lambda policy: policy in PARKING, "on_duplicate"),
     "lock_limit": ("slots", lambda limit: limit != 1, "limit"),
     "lock_cooldown": ("cooldown", bool, "cooldown"),
     "lock_rate": ("rate", lambda rate: rate is not None, "rate"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional
 
 from celery_singleton_lock.celery.config.options import MAX_TTL
+from celery_singleton_lock.celery.duplicates.policies import DuplicatePolicy, Replace
 from celery_singleton_lock.errors import LockConfigurationError
 
 
@@ -28,18 +29,11 @@ def _seconds(task: str, name: str, value: Any, low: float, too_low: str) -> Opti
 
 
 def check_latest_wins(
-    task: str,
-    on_duplicate: str,
-    values: Mapping[str, Any],
-    *,
-    dedupe: bool,
-    finished_ttl: Optional[float],
+    task: str, policy: DuplicatePolicy, values: Mapping[str, Any]
 ) -> tuple[Optional[float], Optional[float]]:
-    """The task's ``lock_debounce`` and ``lock_debounce_max``, checked with its policy.
-
-    ``replace`` runs the newest duplicate after the running one: it cannot also drop
-    duplicates at enqueue (the newest would be dropped), and it needs the finish record that
-    keeps a hand-off sent twice from running twice. A debounce is a way of replacing.
+    """The task's ``lock_debounce`` and ``lock_debounce_max``, checked with its policy: a
+    debounce is a way of replacing (``replace``, the policy whose acquire waits as the newest
+    call); None, None for any other policy. The policy's own needs are its ``check``.
 
     Raises:
         LockConfigurationError: naming the task and the options that contradict each other.
@@ -66,24 +60,12 @@ def check_latest_wins(
             f"must be at least lock_debounce={debounce:g}: it bounds how long a stream of calls "
             "can keep putting the run off, and one call alone puts it off by lock_debounce",
         )
-        if on_duplicate != "replace":
+        if not isinstance(policy, Replace):
             raise LockConfigurationError(
                 f"task {task}: lock_debounce={debounce:g} holds each call back and lets the "
                 f"newest win, which is on_duplicate='replace', but on_duplicate="
-                f"{on_duplicate!r}; set on_duplicate='replace'"
+                f"{policy.name!r}; set on_duplicate='replace'"
             )
-    if on_duplicate != "replace":
+    if not isinstance(policy, Replace):
         return None, None
-    if dedupe:
-        raise LockConfigurationError(
-            f"task {task}: on_duplicate='replace' runs the newest duplicate once the running "
-            "call ends, but dedupe_on_enqueue=True drops every newer call before it is "
-            "queued; choose one of the two"
-        )
-    if finished_ttl is None:
-        raise LockConfigurationError(
-            f"task {task}: on_duplicate='replace' needs lock_finished_ttl (it keeps a waiting "
-            "call that was handed the lock twice from running twice); set it to a number of "
-            "seconds (default 3600) or choose another on_duplicate"
-        )
     return debounce, debounce_max

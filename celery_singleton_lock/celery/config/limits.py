@@ -52,6 +52,14 @@ _NOT_WITH_RATE = {
     "this combination is not supported: a rate is kept on the master alone)",
 }
 
+#: the same for a cooldown
+_NOT_WITH_COOLDOWN = {
+    "join": "on_duplicate='join' (a join waits for a running execution, and a cooldown has none)",
+    "replace": "on_duplicate='replace' (latest wins hands the newest call a released key, and "
+    "a cooldown releases none; on_duplicate='queue' hands parked calls on when the cooldown "
+    "ends)",
+}
+
 
 def _refuse_combined(
     task: str, what: str, reasons: Mapping[str, str], others: Mapping[str, Any]
@@ -110,16 +118,9 @@ def checked_cooldown(task: str, value: Any, after: Any, policy: str) -> Any:
             f"task {task}: lock_cooldown must be None or a number of seconds from 0 to "
             f"{MAX_TTL:g}, got {value!r}"
         )
-    if value and policy in ("join", "replace"):
-        why = (
-            "a join waits for a running execution, and a cooldown has none"
-            if policy == "join"
-            else "latest wins hands the newest call a released key, and a cooldown releases "
-            "none; on_duplicate='queue' hands parked calls on when the cooldown ends"
-        )
-        raise LockConfigurationError(
-            f"task {task}: lock_cooldown={value!r} does not combine with "
-            f"on_duplicate={policy!r} ({why}); choose one of the two"
+    if value:
+        _refuse_combined(
+            task, f"lock_cooldown={value!r}", _NOT_WITH_COOLDOWN, {"on_duplicate": policy}
         )
     return (float(value) or None), after
 

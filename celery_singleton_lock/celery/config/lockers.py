@@ -9,8 +9,8 @@ import logging
 import weakref
 from typing import Any, Mapping, Optional
 
+from celery_singleton_lock.celery.config.app_settings import lock_prefix
 from celery_singleton_lock.celery.config.quorum_settings import quorum_urls
-from celery_singleton_lock.celery.config.resolution import lock_prefix
 from celery_singleton_lock.celery.config.servers import (
     choose_url,
     cluster_setting,

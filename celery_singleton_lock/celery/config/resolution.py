@@ -13,6 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
 
 from celery_singleton_lock.arguments import ArgumentKeyer
+
+# handoff_settings and lock_prefix are read from here too (the CLI, the worker's checks)
+from celery_singleton_lock.celery.config.app_settings import handoff_settings as handoff_settings
+from celery_singleton_lock.celery.config.app_settings import lock_prefix as lock_prefix
 from celery_singleton_lock.celery.config.backend_support import (
     capabilities_from_settings,
     refuse_unsupported,
@@ -24,17 +28,16 @@ from celery_singleton_lock.celery.config.limits import (
     checked_rate,
 )
 from celery_singleton_lock.celery.config.options import (
-    APP_SETTINGS,
     BACKEND_ERROR_POLICIES,
     CELERY_SINGLETON_SETTINGS,
     KNOWN_SETTINGS,
     LISTED_IN,
     MAX_TTL,
     MIN_TTL,
-    POLICIES,
     TASK_OPTIONS,
     UNSET,
 )
+from celery_singleton_lock.celery.duplicates.policies import POLICIES, DuplicatePolicy
 from celery_singleton_lock.engine import LockKeys, validate_prefix
 from celery_singleton_lock.errors import LockConfigurationError
 
@@ -52,7 +55,8 @@ class LockOptions:
     keyer: ArgumentKeyer
     prefix: str
     ttl: float
-    on_duplicate: str
+    #: the ``on_duplicate`` policy, chosen once here: the task asks it, never its name
+    policy: DuplicatePolicy
     fencing: bool
     retry_backoff: float
     retry_backoff_max: float
@@ -91,18 +95,27 @@ class LockOptions:
     mutex: bool = field(init=False)
 
     def __post_init__(self) -> None:
-        mutex = self.limit == 1 and self.on_duplicate not in ("queue", "replace")
+        mutex = self.limit == 1 and not self.policy.parks
         object.__setattr__(self, "mutex", mutex)  # frozen: set once, here
+
+    @property
+    def on_duplicate(self) -> str:
+        """The name of the task's ``on_duplicate`` policy (as set)."""
+        return self.policy.name
 
 
 def check_option_names(task_name: str, cls: type) -> None:
-    """Refuse a lock-looking attribute of the task class ``cls`` that is no option.
+    """Refuse a lock-looking attribute of the task class ``cls`` that looks like a misspelt
+    option.
 
     ``@app.task(base=LockedTask, lock_tll=5)`` makes ``lock_tll`` a class attribute that
     nothing reads: the task would run with the default TTL. Known names are those the classes
     of this package declare (``LockedTask``, the ``compat`` bases). In a class Celery built
-    from ``@app.task`` options every attribute is an option; in a hand-written subclass a
-    method or property is its own code, not an option, and is left alone.
+    from ``@app.task`` options every attribute is an option, so every unknown lock-looking
+    name is refused. A hand-written subclass also holds its own code and constants: a method
+    or property is left alone, and so is a plain attribute unless its name is within a typo
+    of an option (``lock_tll``; not ``lock_prefix_doc``): refusing every ``lock_*`` name
+    would forbid users names of their own for no safety gained.
 
     Raises:
         LockConfigurationError: naming the task, each unknown option and the closest known one.
@@ -114,6 +127,7 @@ def check_option_names(task_name: str, cls: type) -> None:
                 known.setdefault(
                     name, LOCK_OPTION_NAME.match(name) is not None and not _is_code(value)
                 )
+    options = sorted(name for name, is_option in known.items() if is_option)
     unknown: list[str] = []
     for klass in cls.__mro__:
         if klass.__module__.startswith(_OURS) or klass is object:
@@ -125,10 +139,9 @@ def check_option_names(task_name: str, cls: type) -> None:
             if LOCK_OPTION_NAME.match(name)
             and name not in known
             and name not in unknown
-            and (from_options or not _is_code(value))
+            and (from_options or (not _is_code(value) and _closest(name, options) is not None))
         ]
     if unknown:
-        options = sorted(name for name, is_option in known.items() if is_option)
         raise LockConfigurationError(
             f"task {task_name}: unknown option(s) "
             + ", ".join(suggest(name, options) for name in sorted(unknown))
@@ -140,10 +153,16 @@ def _is_code(value: Any) -> bool:
     return inspect.isroutine(value) or isinstance(value, (property, classmethod, staticmethod))
 
 
+def _closest(name: str, known: list[str], cutoff: float = 0.8) -> Optional[str]:
+    """The one of ``known`` that ``name`` is a likely typo of (difflib's ratio >= ``cutoff``)."""
+    close = difflib.get_close_matches(name, known, n=1, cutoff=cutoff)
+    return close[0] if close else None
+
+
 def suggest(name: str, known: list[str]) -> str:
     """``name``, with the closest of ``known`` if one is close (for a misspelt name)."""
-    close = difflib.get_close_matches(name, known, n=1)
-    return f"{name} (did you mean {close[0]}?)" if close else name
+    close = _closest(name, known, cutoff=0.6)
+    return f"{name} (did you mean {close}?)" if close else name
 
 
 def _number(task: str, name: str, value: Any, low: float, high: float) -> float:
@@ -169,79 +188,6 @@ def _choice(task: str, name: str, value: Any, allowed: tuple[str, ...]) -> str:
             f"task {task}: {name}={value!r} is not one of {', '.join(map(repr, allowed))}"
         )
     return str(value)
-
-
-def _check_results_stored(
-    task: str, attributes: Mapping[str, Any], conf: Mapping[str, Any]
-) -> None:
-    """A ``join`` duplicate ends with the outcome its holder stored: the task's results must be
-    stored (``ignore_result`` is resolved from ``task_ignore_result`` by Celery's ``bind``)."""
-    if attributes.get("ignore_result"):
-        raise LockConfigurationError(
-            f"task {task}: on_duplicate='join' needs the task's results, but it has "
-            "ignore_result=True; set ignore_result=False or choose another on_duplicate"
-        )
-    if celery_setting(conf, "result_backend") in (None, "", "disabled"):
-        raise LockConfigurationError(
-            f"task {task}: on_duplicate='join' needs a result backend to read the running "
-            "execution's outcome from; set the app's result_backend or choose another "
-            "on_duplicate"
-        )
-
-
-def _check_queue(task: str, dedupe: bool, finished_ttl: Optional[float]) -> None:
-    """``queue`` runs every duplicate: it cannot also drop them at enqueue, and it needs the
-    finish record that keeps a hand-off sent twice from running twice."""
-    if dedupe:
-        raise LockConfigurationError(
-            f"task {task}: on_duplicate='queue' runs every duplicate, one after the other, but "
-            "dedupe_on_enqueue=True drops them before they are queued; choose one of the two"
-        )
-    if finished_ttl is None:
-        raise LockConfigurationError(
-            f"task {task}: on_duplicate='queue' needs lock_finished_ttl (it keeps a parked "
-            "message that was handed the lock twice from running twice); set it to a number "
-            "of seconds (default 3600) or choose another on_duplicate"
-        )
-
-
-def handoff_settings(conf: Mapping[str, Any]) -> tuple[float, float]:
-    """The sweep interval and the reservation TTL of policy ``queue``, validated.
-
-    Raises:
-        LockConfigurationError: naming the setting.
-    """
-    values = []
-    for setting, low, high in (
-        ("singleton_lock_handoff_sweep_interval", 0.05, 3600.0),
-        ("singleton_lock_handoff_timeout", 1.0, MAX_TTL),
-    ):
-        value = conf.get(setting)
-        value = APP_SETTINGS[setting].default if value is None else value
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or not (low <= value <= high)
-        ):
-            raise LockConfigurationError(
-                f"{setting} must be a number of seconds from {low} to {high}, got {value!r}"
-            )
-        values.append(float(value))
-    return values[0], values[1]
-
-
-def celery_setting(conf: Mapping[str, Any], name: str) -> Any:
-    """A Celery setting as Celery reads it: ``broker_url``, ``broker_write_url`` and
-    ``result_backend`` also come from ``$CELERY_BROKER_URL``, ``$CELERY_BROKER_WRITE_URL`` and
-    ``$CELERY_RESULT_BACKEND`` (what ``celery -b`` and ``--result-backend`` set), which their
-    properties read and ``conf.get()`` does not."""
-    return getattr(conf, name, None) or conf.get(name)
-
-
-def lock_prefix(conf: Mapping[str, Any]) -> Any:
-    """The configured key prefix (validated by the caller); the default when unset."""
-    prefix = conf.get("singleton_lock_prefix")
-    return APP_SETTINGS["singleton_lock_prefix"].default if prefix is None else prefix
 
 
 def unknown_settings(conf: Mapping[str, Any]) -> list[str]:
@@ -328,19 +274,14 @@ def resolve(
     except LockConfigurationError as exc:
         raise LockConfigurationError(f"task {task_name}: {exc.message}") from None
 
-    on_duplicate = _choice(task_name, "on_duplicate", value["on_duplicate"], POLICIES)
-    limit = checked_limit(task_name, value["lock_limit"], value)  # before join's own checks
+    policy = POLICIES[_choice(task_name, "on_duplicate", value["on_duplicate"], tuple(POLICIES))]()
+    limit = checked_limit(task_name, value["lock_limit"], value)  # before the policy's checks
     rate = checked_rate(task_name, value["lock_rate"], value)
     cooldown, cooldown_after = checked_cooldown(
-        task_name, value["lock_cooldown"], value["lock_cooldown_after"], on_duplicate
+        task_name, value["lock_cooldown"], value["lock_cooldown_after"], policy.name
     )
-    if on_duplicate == "join":
-        _check_results_stored(task_name, attributes, conf)
-    if on_duplicate == "queue":
-        _check_queue(task_name, dedupe, finished_ttl)
-    debounce, debounce_max = check_latest_wins(
-        task_name, on_duplicate, value, dedupe=dedupe, finished_ttl=finished_ttl
-    )
+    debounce, debounce_max = check_latest_wins(task_name, policy, value)
+    policy.check(task_name, {**value, "ignore_result": attributes.get("ignore_result")}, conf)
     _, handoff_timeout = handoff_settings(conf)
 
     return LockOptions(
@@ -354,7 +295,7 @@ def resolve(
         ),
         prefix=prefix,
         ttl=ttl,
-        on_duplicate=on_duplicate,
+        policy=policy,
         fencing=fencing,
         retry_backoff=backoff,
         retry_backoff_max=backoff_max,

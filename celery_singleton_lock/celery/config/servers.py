@@ -28,8 +28,8 @@ from redis.backoff import ExponentialBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 
+from celery_singleton_lock.celery.config.app_settings import celery_setting
 from celery_singleton_lock.celery.config.quorum_settings import as_url, quorum_urls
-from celery_singleton_lock.celery.config.resolution import celery_setting
 from celery_singleton_lock.celery.config.sentinel import (
     SentinelMasterConnection,
     SentinelMasterSSLConnection,

@@ -23,15 +23,12 @@ from __future__ import annotations
 import datetime
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from celery.utils import uuid
 
 from celery_singleton_lock.celery.config.lockers import locker_for
 from celery_singleton_lock.errors import LockBackendUnavailable, LockError
-
-if TYPE_CHECKING:
-    from celery_singleton_lock.celery.task.locked_task import LockedTask
 
 log = logging.getLogger("celery_singleton_lock.enqueue")
 
@@ -95,7 +92,7 @@ class Dedupe:
 
 
 def publish_once(
-    task: LockedTask,
+    task: Any,
     args: Any,
     kwargs: Any,
     task_id: Optional[str],
@@ -157,7 +154,7 @@ def publish_once(
         raise
 
 
-def forget_discarded(task: LockedTask, request: Any) -> bool:
+def forget_discarded(task: Any, request: Any) -> bool:
     """Remove the queued marker of a message the worker discarded without running it (a
     revoked or expired task); True if it was removed. Never raises."""
     try:

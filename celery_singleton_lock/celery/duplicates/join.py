@@ -13,7 +13,7 @@ from celery.exceptions import Ignore
 
 from celery_singleton_lock.celery import celery_api
 from celery_singleton_lock.celery.celery_api import BACKEND_ERRORS
-from celery_singleton_lock.celery.duplicates.policies import (
+from celery_singleton_lock.celery.duplicates.actions import (
     Duplicate,
     release_notifications,
     retry,
@@ -144,7 +144,7 @@ def rejoin(task: Any, request: Any) -> None:
     """A ``join`` duplicate's lock retry that took the lock: if the execution it joined ended
     with an outcome while the retry was on its way, end with that outcome (``Ignore``; the
     caller's scope releases the lock after it is stored), else run the body."""
-    if task.lock_options.on_duplicate != "join" or request.is_eager:
+    if request.is_eager:
         return
     joined = str(celery_api.header(request, JOIN_HEADER) or "")
     if not joined:

@@ -34,7 +34,7 @@ from kombu.exceptions import KombuError
 from kombu.utils import json
 
 from celery_singleton_lock.celery import celery_api
-from celery_singleton_lock.celery.duplicates.policies import Duplicate, describe
+from celery_singleton_lock.celery.duplicates.actions import Duplicate, describe
 from celery_singleton_lock.engine import Parked
 from celery_singleton_lock.errors import LockError
 

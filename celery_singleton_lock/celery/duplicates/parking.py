@@ -40,8 +40,8 @@ from kombu.exceptions import KombuError
 from kombu.utils import json
 
 from celery_singleton_lock.celery import celery_api
+from celery_singleton_lock.celery.config.app_settings import handoff_settings
 from celery_singleton_lock.celery.config.lockers import locker_for
-from celery_singleton_lock.celery.config.resolution import handoff_settings
 from celery_singleton_lock.engine import no_fork
 from celery_singleton_lock.errors import LockError
 

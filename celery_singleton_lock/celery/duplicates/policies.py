@@ -1,319 +1,295 @@
-"""What a duplicate does when its lock is held: skip, retry, wait, fail, join or queue.
+"""The duplicate policies (``on_duplicate``): one small class each, side by side, and the one
+registry that maps the option's names to them.
 
-Each policy either returns a lease (``wait`` got the lock) or ends the execution by raising
-what Celery's tracer understands: ``Ignore`` after storing the state first (skip: the outcome,
-so ``AsyncResult.get()`` never hangs; retry: RETRY, then a new message is sent with a
-countdown), or an exception (fail).
-
-A lock retry is not a Celery retry: it does not count against the task's ``max_retries`` and
-does not call ``on_retry`` or send ``task_retry`` (``lock_duplicate`` with ``action="retry"``
-announces it). Celery's retry stores RETRY after sending the new message; storing it before
-is what keeps a fast new attempt's SUCCESS from being overwritten.
+The policy object is chosen once, when a task's options are resolved (``LockOptions.policy``);
+the task and its lock scope then ask it, never its name: whether the acquire parks the call
+(:attr:`DuplicatePolicy.parks`), what a held lock does (:func:`on_held`), what a parked call
+does, what a call that took the lock checks first, and how the release hands the lock on.
+The policies are built from the actions of :mod:`.actions` (skip, fail, retry, wait),
+:mod:`.join`, :mod:`.parking` and :mod:`.latest`; none of them imports the task class.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import random
-import time
-from dataclasses import dataclass
-from typing import Any, Callable, Iterator, NoReturn, Optional
+from typing import Any, Callable, ClassVar, Mapping, NoReturn, Optional
 
 from celery.exceptions import Ignore
 
 from celery_singleton_lock.celery import celery_api
-from celery_singleton_lock.celery.celery_api import BACKEND_ERRORS, ignores_result
-from celery_singleton_lock.celery.config.resolution import LockOptions
-from celery_singleton_lock.celery.duplicates import enqueue
+from celery_singleton_lock.celery.config.app_settings import celery_setting
+from celery_singleton_lock.celery.duplicates import actions, latest
 from celery_singleton_lock.celery.duplicates import parking as handoff
-from celery_singleton_lock.celery.duplicates.redelivery import (
-    COPY_HEADER,
-    RETRY_HEADER,
-    is_marked_copy,
-    lock_retries,
-    outcome_stored,
-)
-from celery_singleton_lock.celery.signals import lock_duplicate
-from celery_singleton_lock.engine import (
-    AcquireResult,
-    Lease,
-    LockHolder,
-    Parked,
-    wait_for_release,
-)
-from celery_singleton_lock.errors import (
-    DuplicateTaskError,
-    DuplicateTaskSkipped,
-    LockBackendUnavailable,
-    LockError,
-)
+from celery_singleton_lock.celery.duplicates.join import join, rejoin
+from celery_singleton_lock.engine import AcquireRequest, AcquireResult, Latest, Lease, Parked
+from celery_singleton_lock.errors import LockConfigurationError
+
+#: The acquire a waiting policy repeats (``wait``, ``join``): it never parks.
+Acquire = Callable[[], AcquireResult]
 
 log = logging.getLogger("celery_singleton_lock.duplicate")
 
-#: seconds a lock retry for a cooldown's end (or a rate window's) is sent after it, so that it
-#: finds the key gone (the window slid)
-COOLDOWN_MARGIN = 0.05
+
+class DuplicatePolicy:
+    """What a call does when another execution holds its lock; the defaults are those of a
+    policy that neither parks nor waits (``skip``)."""
+
+    #: the option's value that chooses this policy
+    name: ClassVar[str] = ""
+    #: a worker's acquire parks the message behind a held lock (in the same round trip), and
+    #: the holder's release hands the lock on to it: :meth:`park`, :meth:`parked`,
+    #: :meth:`release` (and a finish record keeps a hand-off sent twice from running twice)
+    parks: ClassVar[bool] = False
+    #: a held lock sends the message again later: with ``dedupe_on_enqueue`` the acquire keeps
+    #: the call's queued marker meanwhile
+    resends: ClassVar[bool] = False
+    #: in an eager call (``apply()``) there is no message to send again or park and no
+    #: stored result to join: such a policy waits in place instead
+    waits_when_eager: ClassVar[bool] = False
+    #: what it does with a held lock stores a state under the call's task id: a copy that
+    #: finds its own task id holding the lock skips instead (that state is the holder's)
+    stores_state: ClassVar[bool] = False
+    #: what a call that took the lock does before its body, or None (read on the hot path)
+    acquired: Optional[Callable[[Any, Any], None]] = None
+
+    def check(self, task: str, chosen: Mapping[str, Any], conf: Mapping[str, Any]) -> None:
+        """Refuse (``LockConfigurationError``) options this policy cannot honour; ``chosen``:
+        the task's option values (validated) and ``ignore_result``."""
+
+    def held(self, duplicate: actions.Duplicate, acquire: Acquire) -> Lease:
+        """The lock is held: end the execution, or return the lease a wait got."""
+        actions.skip(duplicate)
+
+    def park(self, task: Any, request: Any, options: Any, wanted: AcquireRequest) -> AcquireRequest:
+        """The acquire of a worker's call of a parking policy, told to park its message."""
+        return wanted
+
+    def parked(
+        self, duplicate: actions.Duplicate, parked: Parked, wanted: AcquireRequest
+    ) -> NoReturn:
+        """The acquire parked the call (policies that park only)."""
+        raise AssertionError(f"on_duplicate={self.name!r} parks nothing")
+
+    def release(
+        self, scope: Any, options: Any, cooldown: Optional[float], remember_for: Optional[float]
+    ) -> bool:
+        """Release ``scope``'s lease handing the lock on to a parked call (policies that park
+        only); True if the lease was still ours."""
+        raise AssertionError(f"on_duplicate={self.name!r} hands nothing on")
+
+    def reclaimed(self, task: Any, locker: Any, name: str) -> None:
+        """The worker reclaimed lock ``name`` from a dead pool child of ``task``: hand it on
+        now to a call parked behind it (not at the dead holder's TTL, when a sweeper would)."""
 
 
-def backoff_delay(
-    attempt: int, base: float, cap: float, rng: Callable[[], float] = random.random
-) -> float:
-    """Exponential backoff with full jitter: uniform in ``[0, min(cap, base * 2**attempt))``."""
-    return float(rng() * min(cap, base * (2 ** min(attempt, 60))))
+class Skip(DuplicatePolicy):
+    """End without running the body; ``DuplicateTaskSkipped`` is the stored outcome."""
+
+    name = "skip"
 
 
-def describe(holder: LockHolder) -> str:
-    """Who holds the lock, to follow "held by": a running task, or no one (a rate window, or a
-    cooldown, whose holder fields are those of the run that ended)."""
-    if holder.over_rate:
-        return f"no one: the key's lock_rate allows its next start in {holder.ttl or 0:.1f}s"
-    ttl = "no TTL" if holder.ttl is None else f"{holder.ttl:.1f}s left"
-    run = f"task {holder.task_id or '?'} on {holder.host or '?'}"
-    if holder.cooling:
-        return f"no one: the key is in its lock_cooldown after the run of {run} ended ({ttl})"
-    return f"{run} pid {holder.pid if holder.pid is not None else '?'} ({ttl})"
+class Fail(DuplicatePolicy):
+    """End with ``DuplicateTaskError``."""
+
+    name = "fail"
+    stores_state = True
+
+    def held(self, duplicate: actions.Duplicate, acquire: Acquire) -> Lease:
+        actions.fail(duplicate)
 
 
-@dataclass
-class Duplicate:
-    """One execution that found its lock held."""
+class Retry(DuplicatePolicy):
+    """Send the call again after a jittered backoff (``lock_retry_backoff``)."""
 
-    task: Any
-    request: Any
-    options: LockOptions
-    name: str
-    holder: LockHolder
-    #: why the call cannot run now: "held" (another execution holds the lock), "limit"
-    #: (every one of the key's lock_limit slots is held), "cooldown" (the key is in the
-    #: cooldown after a run), "rate" (the key's lock_rate allows no start now)
-    reason: str = "held"
+    name = "retry"
+    resends = True
+    waits_when_eager = True
 
-    @property
-    def is_copy(self) -> bool:
-        """This is a copy of an execution that was running under the same task id (a broker
-        redelivery): it must never store a state, which belongs to that execution."""
-        same_id = bool(self.holder.task_id) and self.holder.task_id == self.request.id
-        return same_id or is_marked_copy(self.request)
+    def held(self, duplicate: actions.Duplicate, acquire: Acquire) -> Lease:
+        actions.retry(duplicate)
 
-    @property
-    def label(self) -> str:
-        return f"{self.task.name}[{self.request.id}]"
 
-    def announce(self, action: str, reason: Optional[str] = None) -> None:
-        """Signal ``lock_duplicate`` and send the ``task-lock-duplicate`` event, saying why
-        the call could not run now: ``reason``, else this duplicate's own (``self.reason``);
-        the metrics label duplicates with it."""
-        request, reason = self.request, reason or self.reason
-        celery_api.send_event(
-            self.task,
-            "task-lock-duplicate",
-            task_id=request.id,
-            hostname=request.hostname or "",
-            key=self.holder.key,
-            holder=self.holder.task_id,
-            action=action,
-            reason=reason,
-        )
-        if lock_duplicate.receivers:
-            lock_duplicate.send(
-                sender=self.task,
-                task_id=self.request.id,
-                key=self.holder.key,
-                holder=self.holder.as_dict(),
-                action=action,
-                reason=reason,
+class Wait(DuplicatePolicy):
+    """Block the worker slot until the release, up to ``lock_wait_timeout``, then retry."""
+
+    name = "wait"
+
+    def held(self, duplicate: actions.Duplicate, acquire: Acquire) -> Lease:
+        return actions.wait(duplicate, acquire)
+
+
+class Join(DuplicatePolicy):
+    """Wait for the running call and take its outcome (see :mod:`.join`)."""
+
+    name = "join"
+    waits_when_eager = True
+    stores_state = True
+
+    def __init__(self) -> None:
+        self.acquired = rejoin  # a join's lock retry whose holder ended while it travelled
+
+    def check(self, task: str, chosen: Mapping[str, Any], conf: Mapping[str, Any]) -> None:
+        """A join ends with the outcome its holder stored: the task's results must be stored
+        (``ignore_result`` is resolved from ``task_ignore_result`` by Celery's ``bind``)."""
+        if chosen["ignore_result"]:
+            raise LockConfigurationError(
+                f"task {task}: on_duplicate='join' needs the task's results, but it has "
+                "ignore_result=True; set ignore_result=False or choose another on_duplicate"
+            )
+        if celery_setting(conf, "result_backend") in (None, "", "disabled"):
+            raise LockConfigurationError(
+                f"task {task}: on_duplicate='join' needs a result backend to read the running "
+                "execution's outcome from; set the app's result_backend or choose another "
+                "on_duplicate"
             )
 
-
-def skip(duplicate: Duplicate) -> NoReturn:
-    """End without running the body; store ``DuplicateTaskSkipped`` as the outcome."""
-    task, request, holder = duplicate.task, duplicate.request, duplicate.holder
-    message = f"task {duplicate.label} skipped: lock {holder.key} is held by {describe(holder)}"
-    log.warning(message)
-    duplicate.announce("skip")
-    # Store the skip unless the outcome belongs to another execution of this task id: the
-    # holder itself, or an original that already finished.
-    if (
-        holder.task_id != request.id
-        and not ignores_result(task, request)
-        and not (duplicate.is_copy and outcome_stored(task, request))
-    ):
-        celery_api.store_failure_quietly(
-            task, request, DuplicateTaskSkipped(message, holder.key, holder.as_dict())
-        )
-    celery_api.logged_already(request.id)
-    raise Ignore(message)
+    def held(self, duplicate: actions.Duplicate, acquire: Acquire) -> Lease:
+        return join(duplicate, acquire)
 
 
-def fail(duplicate: Duplicate) -> NoReturn:
-    holder = duplicate.holder
-    duplicate.announce("fail")
-    raise DuplicateTaskError(
-        f"task {duplicate.label} refused to run: lock {holder.key} is held by "
-        f"{describe(holder)} (on_duplicate='fail')",
-        holder.key,
-        holder.as_dict(),
+class Queue(DuplicatePolicy):
+    """Park the call behind the lock; the releases hand the lock on in arrival order (see
+    :mod:`.parking`). A call that could not be parked takes a lock retry."""
+
+    name = "queue"
+    parks = True
+    waits_when_eager = True
+    stores_state = True
+    #: what it runs (against dedupe_on_enqueue), and what waits, for the registration errors
+    runs = (
+        "every duplicate, one after the other, but dedupe_on_enqueue=True drops them before "
+        "they are queued"
     )
+    waiting = "parked message"
 
-
-def parked_reason(parked: Parked, limit: int, rate: Optional[tuple[int, float]]) -> str:
-    """Why a parked call could not run now (see :attr:`Duplicate.reason`): as far as the
-    reply tells (it names the slot that frees first, none when no slot is taken)."""
-    holder = parked.holder
-    if holder is not None and holder.cooling:
-        return "cooldown"
-    if holder is None and rate is not None:
-        return "rate"
-    return "limit" if limit != 1 else "held"
-
-
-def queue(duplicate: Duplicate, parked: Parked) -> NoReturn:
-    """The message is parked behind the lock (by the acquire itself): end now, holding no
-    worker slot; the release before it sends it again (see :mod:`.parking`). Its state is
-    left as it is: it has not run yet."""
-    for handed in (parked.handed, *parked.more_handed) if parked.handed is not None else ():
-        # a slot was free but promised to an older parked message: this caller sends it
-        handoff.publish(duplicate.task.app, handed, duplicate.name)
-    ahead = describe(duplicate.holder) if parked.holder is not None else "an older parked call"
-    log.info(
-        "task %s: lock %s held by %s; queued behind it (position %d)",
-        duplicate.label,
-        parked.key,
-        ahead,
-        parked.position,
-    )
-    duplicate.announce("queue")
-    celery_api.logged_already(duplicate.request.id)
-    raise Ignore(f"queued behind lock {parked.key} (position {parked.position})")
-
-
-def retry(
-    duplicate: Duplicate,
-    cause: Optional[LockError] = None,
-    *,
-    extra_headers: Optional[dict[str, Any]] = None,
-) -> NoReturn:
-    """Send the execution again after a jittered backoff; fail once the budget is spent."""
-    task, request, options = duplicate.task, duplicate.request, duplicate.options
-    attempt = lock_retries(request)
-    holder = duplicate.holder
-    if options.max_retries is not None and attempt >= options.max_retries:
-        if options.dedupe_on_enqueue and not request.is_eager:
-            # its acquire kept the queued marker for the re-send that will not come
-            enqueue.forget_discarded(task, request)
-        if cause is not None:
-            raise type(cause)(
-                f"task {duplicate.label}: gave up after {attempt} lock retries "
-                f"(lock_max_retries={options.max_retries}): {cause.message}",
-                cause.key,
-                cause.holder,
+    def check(self, task: str, chosen: Mapping[str, Any], conf: Mapping[str, Any]) -> None:
+        """Parking runs the duplicates: it cannot also drop them at enqueue, and it needs the
+        finish record that keeps a hand-off sent twice from running twice."""
+        if chosen["dedupe_on_enqueue"]:
+            raise LockConfigurationError(
+                f"task {task}: on_duplicate={self.name!r} runs {self.runs}; choose one of the two"
             )
-        raise DuplicateTaskError(
-            f"task {duplicate.label}: lock {holder.key} still held by {describe(holder)} "
-            f"after {attempt} lock retries (lock_max_retries={options.max_retries})",
-            holder.key,
-            holder.as_dict(),
-        )
-    reason = cause or DuplicateTaskError(
-        f"lock {holder.key} held by {describe(holder)}", holder.key, holder.as_dict()
-    )
-    if request.is_eager:
-        # apply() would re-run the retry signature recursively, at once: the caller gets the
-        # outcome instead (``handle`` has already waited for a held lock).
-        raise reason
-    if (holder.cooling or holder.over_rate) and holder.ttl is not None:
-        countdown = holder.ttl + COOLDOWN_MARGIN  # the cooldown's end, the window's: no polling
-    else:
-        countdown = backoff_delay(attempt, options.retry_backoff, options.retry_backoff_max)
-    if cause is None:
+        if chosen["lock_finished_ttl"] is None:
+            raise LockConfigurationError(
+                f"task {task}: on_duplicate={self.name!r} needs lock_finished_ttl (it keeps a "
+                f"{self.waiting} that was handed the lock twice from running twice); set it to "
+                "a number of seconds (default 3600) or choose another on_duplicate"
+            )
+
+    def held(self, duplicate: actions.Duplicate, acquire: Acquire) -> Lease:
+        actions.retry(duplicate)  # a call that could not be parked (see parking.parked_message)
+
+    def park(self, task: Any, request: Any, options: Any, wanted: AcquireRequest) -> AcquireRequest:
+        return wanted._replace(park=handoff.parked_message(task, request))
+
+    def parked(
+        self, duplicate: actions.Duplicate, parked: Parked, wanted: AcquireRequest
+    ) -> NoReturn:
+        """The message is parked behind the lock: end now, holding no worker slot; the
+        release before it sends it again. Its state is left as it is: it has not run yet."""
+        for handed in (parked.handed, *parked.more_handed) if parked.handed is not None else ():
+            # a slot was free but promised to an older parked message: this caller sends it
+            handoff.publish(duplicate.task.app, handed, duplicate.name)
+        holder = parked.holder
+        if holder is not None and holder.cooling:
+            duplicate.reason = "cooldown"
+        elif holder is None and wanted.rate is not None:
+            duplicate.reason = "rate"
+        elif wanted.limit != 1:
+            duplicate.reason = "limit"  # as far as the reply tells (the slot freed first)
+        ahead = actions.describe(duplicate.holder) if holder is not None else "an older parked call"
         log.info(
-            "task %s: lock held by %s; lock retry %d in %.2fs",
+            "task %s: lock %s held by %s; queued behind it (position %d)",
             duplicate.label,
-            describe(holder),
-            attempt + 1,
-            countdown,
+            parked.key,
+            ahead,
+            parked.position,
         )
-        duplicate.announce("retry")
-    headers = {
-        **(getattr(request, "headers", None) or {}),
-        **(extra_headers or {}),
-        RETRY_HEADER: attempt + 1,
-    }
-    if duplicate.is_copy:
-        headers[COPY_HEADER] = 1
-    else:
-        # RETRY is stored BEFORE the new message exists. Celery's own retry stores it after
-        # sending, and a new message that runs at once can store SUCCESS in between: the
-        # late RETRY then overwrites it and ``get()`` never returns. A copy stores nothing:
-        # the state belongs to the execution it copies.
-        _store_retry(task, request, reason)
-    celery_api.send_again(task, request, countdown=countdown, headers=headers)
-    celery_api.logged_already(request.id)
-    raise Ignore(f"lock retry {attempt + 1} sent: {reason}")
+        duplicate.announce("queue")
+        celery_api.logged_already(duplicate.request.id)
+        raise Ignore(f"queued behind lock {parked.key} (position {parked.position})")
+
+    def release(
+        self, scope: Any, options: Any, cooldown: Optional[float], remember_for: Optional[float]
+    ) -> bool:
+        lease = scope.lease
+        if scope.limit != 1 or options.rate is not None or options.cooldown:
+            # parked over slots, a rate or a cooldown: each freed slot handed on
+            owned, messages = lease.locker.release_handing_on(
+                lease,
+                limit=scope.limit,
+                rate=options.rate,
+                cooldown=cooldown,
+                reservation_ttl=options.handoff_timeout,
+                remember_for=remember_for,
+            )
+        else:
+            owned, handed = lease.locker.release_handing_off(
+                lease, reservation_ttl=options.handoff_timeout, remember_for=remember_for
+            )
+            messages = [] if handed is None else [handed]
+        for message in messages:
+            handoff.publish(scope.task.app, message, scope.name)
+        return bool(owned)
+
+    def reclaimed(self, task: Any, locker: Any, name: str) -> None:
+        # a slot of a lock_limit too: the engine reads how the calls are parked
+        for message in locker.hand_on(name, reservation_ttl=task.lock_options.handoff_timeout):
+            handoff.publish(task.app, message, name)
 
 
-def _store_retry(task: Any, request: Any, reason: LockError) -> None:
-    """Store RETRY with ``reason`` as the state's result, unless results are ignored."""
-    if ignores_result(task, request):
-        return
-    try:
-        celery_api.store_retry(task, request, reason)
-    except BACKEND_ERRORS as exc:  # the retry message matters more than the state
-        log.warning("task %s[%s]: cannot store RETRY (%s)", task.name, request.id, exc)
+class Replace(Queue):
+    """The newest duplicate waits alone, parked, and runs after the holder (see
+    :mod:`.latest`); ``lock_debounce`` holds each call back first."""
 
-
-@contextlib.contextmanager
-def release_notifications(
-    duplicate: Duplicate, extra_headers: Optional[dict[str, Any]] = None
-) -> Iterator[Any]:
-    """A subscription to the lock's releases, closed at the end. A lock server unreachable
-    now sends the duplicate on a lock retry, as the acquire's own outage does."""
-    locker = duplicate.task.lock_locker
-    try:
-        pubsub = locker.subscribe_releases(duplicate.name)
-    except LockBackendUnavailable as exc:
-        retry(duplicate, exc, extra_headers=extra_headers)
-    try:
-        yield pubsub
-    finally:
-        pubsub.close()
-
-
-def waited_for(duplicate: Duplicate, holder: LockHolder, pubsub: Any, deadline: float) -> bool:
-    """Wait for ``holder`` to release (woken by its release, or at its TTL: a crashed holder
-    publishes nothing); False, without waiting, once ``deadline`` has passed."""
-    duplicate.holder = holder
-    remaining = deadline - time.monotonic()
-    if remaining <= 0:
-        return False
-    holder_ttl = holder.ttl if holder.ttl is not None else remaining
-    wait_for_release(pubsub, min(remaining, holder_ttl + 0.01))
-    return True
-
-
-def wait(duplicate: Duplicate, acquire: Callable[[], AcquireResult]) -> Lease:
-    """Block the worker slot until the lock is released or ``lock_wait_timeout`` passes.
-
-    Woken by the release notification, and re-checking at the holder's remaining TTL (a
-    crashed holder publishes nothing). Subscribing happens before each re-check, so a release
-    between the check and the wait is never missed. Falls back to ``retry`` on timeout.
-    """
-    deadline = time.monotonic() + duplicate.options.wait_timeout
-    duplicate.announce("wait")
-    with release_notifications(duplicate) as pubsub:
-        try:
-            while True:
-                outcome = acquire()
-                if isinstance(outcome, Lease):
-                    return outcome
-                if not waited_for(duplicate, outcome, pubsub, deadline):
-                    break
-        except LockBackendUnavailable as exc:
-            retry(duplicate, exc)
-    log.info(
-        "task %s: waited %.1fs for the lock; retrying later",
-        duplicate.label,
-        duplicate.options.wait_timeout,
+    name = "replace"
+    runs = (
+        "the newest duplicate once the running call ends, but dedupe_on_enqueue=True drops "
+        "every newer call before it is queued"
     )
-    retry(duplicate)
+    waiting = "waiting call"
+
+    def park(self, task: Any, request: Any, options: Any, wanted: AcquireRequest) -> AcquireRequest:
+        park = handoff.parked_message(task, request)
+        newest = None if park is None else Latest(options.debounce or 0.0, options.debounce_max)
+        return wanted._replace(park=park, latest=newest)
+
+    def parked(
+        self, duplicate: actions.Duplicate, parked: Parked, wanted: AcquireRequest
+    ) -> NoReturn:
+        latest.wait_newest(duplicate, parked)
+
+    def reclaimed(self, task: Any, locker: Any, name: str) -> None:
+        pass  # the newest waiting call is handed a free lock by the sweeper (see .latest)
+
+    def release(
+        self, scope: Any, options: Any, cooldown: Optional[float], remember_for: Optional[float]
+    ) -> bool:
+        # no slots, rate or cooldown here: refused at registration (see config/limits.py)
+        lease = scope.lease
+        owned, handed = lease.locker.release_latest(
+            lease, reservation_ttl=options.handoff_timeout, remember_for=remember_for
+        )
+        if handed is not None:
+            handoff.publish(scope.task.app, handed, scope.name)
+        return bool(owned)
+
+
+#: The registry: ``on_duplicate``'s names (validated against it) -> the policy classes.
+POLICIES: dict[str, type[DuplicatePolicy]] = {
+    policy.name: policy for policy in (Skip, Retry, Wait, Fail, Join, Queue, Replace)
+}
+#: the names of the policies that park (what a backend needs ``parking`` for)
+PARKING = tuple(name for name, policy in POLICIES.items() if policy.parks)
+_WAIT, _SKIP = Wait(), Skip()
+
+
+def on_held(duplicate: actions.Duplicate, acquire: Acquire) -> Lease:
+    """Apply the task's policy to a held lock; returns a lease only if a ``wait`` got one, or
+    a ``join`` found the holder gone without an outcome."""
+    policy: DuplicatePolicy = duplicate.options.policy
+    if policy.waits_when_eager and duplicate.request.is_eager:
+        policy = _WAIT  # wait in place up to lock_wait_timeout, then fail
+    if policy.stores_state and duplicate.holder.task_id == duplicate.request.id:
+        policy = _SKIP  # a state stored under the running execution's id would clobber it
+    return policy.held(duplicate, acquire)

@@ -275,7 +275,7 @@ def parking_task_names(app: Any) -> list[str]:
     names = []
     for task in list(app.tasks.values()):
         options = getattr(task, "_lock_options", None)
-        if options is not None and options.on_duplicate in ("queue", "replace"):
+        if options is not None and options.policy.parks:
             names.append(f"{options.keyer.namespace}{options.task_name}")
     return names
 

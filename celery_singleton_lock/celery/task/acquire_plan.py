@@ -7,31 +7,27 @@ fields to the request (``AcquireRequest.for_call``), in ``LockedTask._acquire``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 from celery_singleton_lock.celery.config import lockers
 from celery_singleton_lock.celery.config.lockers import locker_for
 from celery_singleton_lock.celery.config.resolution import LockOptions
 from celery_singleton_lock.engine import AcquireRequest, LockBackend, PreparedAcquire
 
-if TYPE_CHECKING:
-    from celery_singleton_lock.celery.task.locked_task import LockedTask
 
-
-def request_base(
-    task: LockedTask, options: LockOptions, has_id: bool, eager: bool
-) -> AcquireRequest:
-    """What every acquire of this task asks, before the call's own name, owner and time
-    limit; made once per resolved options for a worker's call (a task id, not eager)."""
-    cached = task._acquire_base
+def request_base(task: Any, options: LockOptions, has_id: bool, eager: bool) -> AcquireRequest:
+    """What every acquire of ``task`` (a ``LockedTask``: not imported, it imports this module)
+    asks, before the call's own name, owner and time limit; made once per resolved options for
+    a worker's call (a task id, not eager)."""
+    cached: Optional[tuple[LockOptions, AcquireRequest]] = task._acquire_base
     worker_call = has_id and not eager
     if worker_call and cached is not None and cached[0] is options:
         return cached[1]
     # A redelivered message of an acks_late task may repeat an execution that already
     # ran to the end: the acquire itself looks for that execution's finish record. A
-    # message a queue (or replace) hands the lock twice must not run twice: the same.
+    # message a parking policy (queue, replace) hands the lock twice must not run twice.
     unless_finished = bool(task.acks_late and has_id and options.finished_ttl) or (
-        worker_call and options.on_duplicate in ("queue", "replace")
+        worker_call and options.policy.parks
     )
     # This message is no longer queued: the acquire deletes its marker (enqueue dedupe).
     take_queued = bool(options.dedupe_on_enqueue and worker_call)
@@ -44,7 +40,7 @@ def request_base(
         min_replicas=options.min_replicas,
         replica_timeout=options.min_replicas_timeout,
         take_queued=take_queued,
-        queued_while_held=take_queued and options.on_duplicate == "retry",
+        queued_while_held=take_queued and options.policy.resends,
         reservation_ttl=options.handoff_timeout,
         finished_ttl=options.finished_ttl or 3600.0,
         rate=options.rate,
@@ -54,7 +50,7 @@ def request_base(
     return base
 
 
-def prepared(task: LockedTask, options: LockOptions) -> PreparedMutex:
+def prepared(task: Any, options: LockOptions) -> PreparedMutex:
     """The locker and prepared acquire of a worker's mutex call of ``task``, made once per
     resolved options and locker; kept on the task as ``_prepared_acquire``. A forked child, or
     a test, makes lockers of its own: the app's locker is known unchanged while
@@ -63,7 +59,7 @@ def prepared(task: LockedTask, options: LockOptions) -> PreparedMutex:
     Raises:
         LockBackendUnavailable: making the locker asked the server, which did not answer.
     """
-    cached = task._prepared_acquire
+    cached: Optional[PreparedMutex] = task._prepared_acquire
     if task._app_locker:
         if (
             cached is not None

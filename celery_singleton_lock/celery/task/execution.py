@@ -23,20 +23,16 @@ import functools
 import inspect
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Optional, TypeVar
+from typing import Any, Callable, Optional, TypeVar
 
 from celery.exceptions import Ignore, Reject, Retry
 from redis.exceptions import RedisError
 
 from celery_singleton_lock.celery import celery_api
-from celery_singleton_lock.celery.duplicates import parking as handoff
 from celery_singleton_lock.celery.signals import lock_released
 from celery_singleton_lock.celery.task.lock_view import LockHandle
 from celery_singleton_lock.engine import Lease
 from celery_singleton_lock.errors import LockError
-
-if TYPE_CHECKING:
-    from celery_singleton_lock.celery.task.locked_task import LockedTask
 
 log = logging.getLogger("celery_singleton_lock.release")
 
@@ -52,8 +48,21 @@ _open = _OpenScopes()
 
 
 def open_scope(name: str) -> Optional[LockScope]:
-    """The scope open in this thread for lock ``name``, if any."""
-    return _open.by_name.get(name)
+    """The scope open in this thread for lock ``name``, if any: one whose request is still
+    running in this thread (a run this one is nested in). A scope left open by a request
+    that has ended is never taken for an outer scope: it is closed here (its lock released,
+    its renewal stopped), and the new run takes a lock of its own."""
+    scope = _open.by_name.get(name)
+    if scope is None or scope.running():  # the rare nested run pays for the check, no other
+        return scope
+    log.error(
+        "task %s[%s]: its lock %s was still open after its run ended; released now",
+        scope.task.name,
+        scope.task_id,
+        scope.key,
+    )
+    scope.close()
+    return None
 
 
 class LockScope(LockHandle):
@@ -66,7 +75,7 @@ class LockScope(LockHandle):
 
     def __init__(
         self,
-        task: LockedTask,
+        task: Any,
         task_id: str,
         name: str,
         lease: Lease,
@@ -97,6 +106,13 @@ class LockScope(LockHandle):
         assert lease is not None  # a scope is only ever opened with its lease
         return lease
 
+    def running(self) -> bool:
+        """Whether the request this scope was opened for is still on its task's request
+        stack in this thread."""
+        return any(
+            getattr(request, "lock", None) is self for request in self.task.request_stack.stack
+        )
+
     def close(self, *, finished: bool = False, succeeded: bool = False) -> None:
         """Stop renewal and release the lock; later calls do nothing. Never raises.
 
@@ -113,9 +129,9 @@ class LockScope(LockHandle):
             del _open.by_name[self.name]
         task = self.task
         options = task._lock_options or task.resolve_lock_options()
-        queue = options.on_duplicate in ("queue", "replace")
-        # a queue task's finish is always recorded: a hand-off sent twice must not run twice
-        remember = finished and (task.acks_late or queue)
+        policy = options.policy
+        # a parking task's finish is always recorded: a hand-off sent twice must not run twice
+        remember = finished and (task.acks_late or policy.parks)
         remember_for = options.finished_ttl if remember else None
         lease = self._lease
         assert lease is not None  # a scope is only ever opened with its lease
@@ -126,30 +142,8 @@ class LockScope(LockHandle):
             else None
         )
         try:
-            if queue and (self.limit != 1 or options.rate is not None or options.cooldown):
-                # parked over slots, a rate or a cooldown: each freed slot handed on
-                owned, messages = lease.locker.release_handing_on(
-                    lease,
-                    limit=self.limit,
-                    rate=options.rate,
-                    cooldown=cooldown,
-                    reservation_ttl=options.handoff_timeout,
-                    remember_for=remember_for,
-                )
-                for message in messages:
-                    handoff.publish(task.app, message, self.name)
-            elif queue:
-                locker = lease.locker
-                hand_on = (
-                    locker.release_latest
-                    if options.on_duplicate == "replace"
-                    else locker.release_handing_off
-                )
-                owned, handed = hand_on(
-                    lease, reservation_ttl=options.handoff_timeout, remember_for=remember_for
-                )
-                if handed is not None:
-                    handoff.publish(task.app, handed, self.name)
+            if policy.parks:  # the lock is handed on to a parked call
+                owned = policy.release(self, options, cooldown, remember_for)
             elif cooldown:
                 owned = lease.locker.release_cooling(lease, cooldown, remember_for=remember_for)
             elif not self.eager and lease.locker.release_later(
@@ -207,7 +201,7 @@ def closes_scope_on_error(before_start: F) -> F:
     rest of it, or by a subclass's code around ``super().before_start``) closes the scope."""
 
     @functools.wraps(before_start)
-    def wrapper(self: LockedTask, *args: Any, **kwargs: Any) -> Any:
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         try:
             return before_start(self, *args, **kwargs)
         except BaseException:
@@ -221,12 +215,12 @@ def closes_scope_on_error(before_start: F) -> F:
 
 
 def releases_after_body(call: F, *, takes_self: bool = True) -> F:
-    """Wrap a task's ``run`` (or a subclass's own ``__call__``) so that the scope opened in
+    """Wrap a task's ``run`` (or a ``__call__`` other than Celery's) so that the scope opened in
     ``before_start`` is closed as the body ends, however it ends. ``takes_self=False``: ``call``
     is the function of a ``staticmethod`` ``run``, called without the task."""
 
     @functools.wraps(call)
-    def __call__(self: LockedTask, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
         held = getattr(celery_api.current_request(self), "lock", None)
         # the first call runs the body and closes the scope (a subclass ``__call__`` calling
         # ``super().__call__`` nests a second one, which owns nothing)

@@ -18,11 +18,10 @@ from celery_singleton_lock.celery.config.limits import limit_for
 from celery_singleton_lock.celery.config.lockers import locker_for
 from celery_singleton_lock.celery.config.options import TASK_ONLY_OPTIONS, TASK_OPTIONS, UNSET
 from celery_singleton_lock.celery.config.resolution import LockOptions, check_option_names, resolve
-from celery_singleton_lock.celery.duplicates import enqueue, latest, policies
-from celery_singleton_lock.celery.duplicates import parking as handoff
+from celery_singleton_lock.celery.duplicates import enqueue, latest
+from celery_singleton_lock.celery.duplicates.actions import Duplicate
 from celery_singleton_lock.celery.duplicates.backend_outage import on_backend_unavailable
-from celery_singleton_lock.celery.duplicates.dispatch import handle as handle_duplicate
-from celery_singleton_lock.celery.duplicates.join import rejoin
+from celery_singleton_lock.celery.duplicates.policies import on_held
 from celery_singleton_lock.celery.duplicates.redelivery import already_ran, is_marked_copy
 from celery_singleton_lock.celery.signals import lock_acquired, lock_lost
 from celery_singleton_lock.celery.task import acquire_plan
@@ -36,7 +35,6 @@ from celery_singleton_lock.celery.task.execution import (
 from celery_singleton_lock.celery.task.replica_pause import PAUSE
 from celery_singleton_lock.engine import (
     AcquireRequest,
-    Latest,
     Lease,
     LockBackend,
     LockHolder,
@@ -274,8 +272,9 @@ class LockedTask(Task):  # type: ignore[misc]
             if (is_copy or self.acks_late) and already_ran(self, request, is_copy):
                 held.close()
                 self._drop_copy(task_id, "its outcome is stored")
-            if options.on_duplicate == "join":
-                rejoin(self, request)  # a join's lock retry whose holder ended meanwhile
+            after_acquire = options.policy.acquired
+            if after_acquire is not None:
+                after_acquire(self, request)  # e.g. a join's retry whose holder ended meanwhile
             if self.lock_track_started:
                 self._store_started(task_id, request)
             if lock_acquired.receivers:
@@ -297,18 +296,13 @@ class LockedTask(Task):  # type: ignore[misc]
         worker_call = bool(task_id) and not request.is_eager
         owner = lock_owner(task_id, request, current_pid())
         max_lifetime = celery_api.hard_time_limit(request) or options.default_time_limit
-        # Policy queue: the acquire parks the message when the lock is held. Policy replace:
-        # the same, but the newest call waits alone (and may be debounced). A limit above 1:
-        # each call takes a slot (a callable caps each call).
-        parks = worker_call and options.on_duplicate in ("queue", "replace")
+        # A parking policy (queue, replace): the acquire parks the message when the lock is
+        # held. A limit above 1: each call takes a slot (a callable caps each call).
+        policy = options.policy
         wanted = acquire_plan.request_base(self, options, bool(task_id), request.is_eager)
         wanted = wanted.for_call(name, owner, max_lifetime)
-        newest = None
-        if parks:
-            park = handoff.parked_message(self, request)
-            if options.on_duplicate == "replace" and park is not None:
-                newest = Latest(options.debounce or 0.0, options.debounce_max)
-            wanted = wanted._replace(park=park, latest=newest)
+        if worker_call and policy.parks:
+            wanted = policy.park(self, request, options, wanted)
         if options.limit != 1:
             keyer = options.keyer
             limit = limit_for(self.name, options.limit, keyer, request.args, request.kwargs)
@@ -327,13 +321,9 @@ class LockedTask(Task):  # type: ignore[misc]
             is_copy = is_marked_copy(request)
             if isinstance(outcome, Parked):
                 holder = outcome.holder or LockHolder.unknown(outcome.key)
-                parked = policies.Duplicate(self, request, options, name, holder)
-                if newest is not None:
-                    latest.wait_newest(parked, outcome)
-                parked.reason = policies.parked_reason(outcome, wanted.limit, wanted.rate)
-                policies.queue(parked, outcome)
+                policy.parked(Duplicate(self, request, options, name, holder), outcome, wanted)
             if not isinstance(outcome, Lease):
-                duplicate = policies.Duplicate(self, request, options, name, outcome)
+                duplicate = Duplicate(self, request, options, name, outcome)
                 if outcome.over_rate:
                     duplicate.reason = "rate"
                 elif outcome.cooling:
@@ -344,7 +334,7 @@ class LockedTask(Task):  # type: ignore[misc]
                 # A duplicate policy acquires again (a wait, a join): never parked then.
                 again = wanted if wanted.park is None else wanted._replace(park=None, latest=None)
                 acquire = partial(locker.acquire, again)  # without park: never Parked
-                outcome = handle_duplicate(duplicate, acquire)  # type: ignore[arg-type]
+                outcome = on_held(duplicate, acquire)  # type: ignore[arg-type]
         except AlreadyFinished:
             self._drop_copy(task_id, "its finish is recorded under the lock")
         except AlreadySuperseded as exc:
@@ -421,12 +411,18 @@ class LockedTask(Task):  # type: ignore[misc]
         run = inspect.getattr_static(cls, "run")
         if run is not _TASK_RUN and not getattr(run, "releases_lock", False):
             cls.run = body_releasing(run)
-        # A subclass's own __call__ releases too, whether or not it calls super() (its run,
-        # called inside, then owns nothing); a subclass's own before_start that raises after
+        # Any __call__ but Celery's releases too, wherever it comes from (this class, or a
+        # base placed before LockedTask, such as a cache that may answer without calling
+        # run), whether or not it calls super() (its run, called inside, then owns nothing).
+        # The tracer calls this resolved __call__ (Celery's task_has_custom), so the scope is
+        # closed however __call__ is composed. A subclass's own before_start that raises after
         # super().before_start releases too.
-        own_call = cls.__dict__.get("__call__")
-        if own_call is not None and not getattr(own_call, "releases_lock", False):
-            cls.__call__ = releases_after_body(own_call)
+        call = inspect.getattr_static(cls, "__call__")
+        celerys = str(getattr(call, "__module__", "")).startswith(
+            "celery."
+        )  # or its worker's patch
+        if not celerys and not getattr(call, "releases_lock", False):
+            cls.__call__ = releases_after_body(call)
         cls._app_locker = inspect.getattr_static(cls, "lock_locker") is _APP_LOCKER
         own_before_start = cls.__dict__.get("before_start")
         if own_before_start is not None and not getattr(own_before_start, "closes_scope", False):

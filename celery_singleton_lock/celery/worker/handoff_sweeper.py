@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Optional
 
+from celery_singleton_lock.celery.config.app_settings import handoff_settings
 from celery_singleton_lock.celery.config.lockers import locker_for
-from celery_singleton_lock.celery.config.resolution import handoff_settings
 from celery_singleton_lock.celery.duplicates import latest
 from celery_singleton_lock.celery.duplicates.parking import SWEEP_BATCH, publish
 from celery_singleton_lock.celery.worker.ticking import Ticking

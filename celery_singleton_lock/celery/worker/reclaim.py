@@ -98,7 +98,8 @@ def reclaim_dead_holder(task: LockedTask, task_id: str, args: Any, kwargs: Any, 
                         holder.key,
                         holder.pid,
                     )
-                    hand_on(task, locker, name)
+                    # a parked call gets the lock now, not at the dead holder's TTL
+                    task.lock_options.policy.reclaimed(task, locker, name)
                     if lock_released.receivers:
                         with no_fork:  # Celery's Signal takes a lock (see parking.publish)
                             lock_released.send(
@@ -134,14 +135,3 @@ def _held_by(locker: Any, name: str, limit: int, task_id: str, node: str) -> Any
         if holder is not None and holder.task_id == task_id and holder.host == node:
             return holder
     return None
-
-
-def hand_on(task: LockedTask, locker: Any, name: str) -> None:
-    """Policy ``queue``: hand a reclaimed lock to its oldest parked message now, rather than
-    at the dead holder's TTL (when the sweeper would find it)."""
-    options = task.lock_options
-    if options.on_duplicate != "queue":
-        return
-    # a slot of a lock_limit too: the engine reads how the calls are parked (slot_queue.py)
-    for message in locker.hand_on(name, reservation_ttl=options.handoff_timeout):
-        handoff.publish(task.app, message, name)

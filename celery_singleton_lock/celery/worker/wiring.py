@@ -100,7 +100,7 @@ def _forget_discarded_message(
     options = sender.lock_options
     if options.dedupe_on_enqueue:
         enqueue.forget_discarded(sender, request)
-    if options.on_duplicate in ("queue", "replace") and not terminated:
+    if options.policy.parks and not terminated:
         # a parked call handed the lock but discarded (revoked, expired) never takes it:
         # hand it on now, not when the reservation runs out (and is made for it again)
         drop_discarded_parked_call(sender, request)
@@ -155,9 +155,7 @@ def _report_lock_server(sender: Any = None, **_: Any) -> None:
 
 def _start_handoff_sweeper(sender: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None)
-    if app is not None and any(
-        task.lock_options.on_duplicate in ("queue", "replace") for task in locked_tasks(app)
-    ):
+    if app is not None and any(task.lock_options.policy.parks for task in locked_tasks(app)):
         start_sweeper(app)
 
 

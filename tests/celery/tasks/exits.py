@@ -107,3 +107,23 @@ class CountsRequestPushes(LockedTask):
 @app.task(bind=True, base=CountsRequestPushes)
 def counts_pushes(self: LockedTask, key: str) -> bool:
     return self.request.lock is not None and self.request.lock.held
+
+
+class EarlyAnswer:
+    """A cache (or dry-run) base placed before ``LockedTask``: its ``__call__`` answers
+    without calling ``run`` when it can, else calls ``super().__call__``."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("cached"):
+            return "from the cache"
+        return super().__call__(*args, **kwargs)  # type: ignore[misc]
+
+
+class Cached(EarlyAnswer, LockedTask):
+    pass
+
+
+@app.task(bind=True, base=Cached, lock_on=("key",))
+def answers_early(self: LockedTask, key: str, cached: bool = False) -> dict[str, Any]:
+    lock = self.request.lock
+    return {"held": lock is not None and lock.held and not lock.reentrant}

@@ -1,0 +1,48 @@
+"""App settings read as Celery reads them, and the app-wide ones of the lock: what the locker,
+the servers and the policy ``queue``'s hand-offs need without a task's options."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from celery_singleton_lock.celery.config.options import APP_SETTINGS, MAX_TTL
+from celery_singleton_lock.errors import LockConfigurationError
+
+
+def celery_setting(conf: Mapping[str, Any], name: str) -> Any:
+    """A Celery setting as Celery reads it: ``broker_url``, ``broker_write_url`` and
+    ``result_backend`` also come from ``$CELERY_BROKER_URL``, ``$CELERY_BROKER_WRITE_URL`` and
+    ``$CELERY_RESULT_BACKEND`` (what ``celery -b`` and ``--result-backend`` set), which their
+    properties read and ``conf.get()`` does not."""
+    return getattr(conf, name, None) or conf.get(name)
+
+
+def lock_prefix(conf: Mapping[str, Any]) -> Any:
+    """The configured key prefix (validated by the caller); the default when unset."""
+    prefix = conf.get("singleton_lock_prefix")
+    return APP_SETTINGS["singleton_lock_prefix"].default if prefix is None else prefix
+
+
+def handoff_settings(conf: Mapping[str, Any]) -> tuple[float, float]:
+    """The sweep interval and the reservation TTL of policy ``queue``, validated.
+
+    Raises:
+        LockConfigurationError: naming the setting.
+    """
+    values = []
+    for setting, low, high in (
+        ("singleton_lock_handoff_sweep_interval", 0.05, 3600.0),
+        ("singleton_lock_handoff_timeout", 1.0, MAX_TTL),
+    ):
+        value = conf.get(setting)
+        value = APP_SETTINGS[setting].default if value is None else value
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not (low <= value <= high)
+        ):
+            raise LockConfigurationError(
+                f"{setting} must be a number of seconds from {low} to {high}, got {value!r}"
+            )
+        values.append(float(value))
+    return values[0], values[1]

@@ -1,12 +1,12 @@
 """What grows as users grow (issue 29): the cost curves of the lock server, in Redis's own
 counters.
 
-``python -m bench scale [--quick] [--chart [DIR]]`` (~3-5 min; ``--quick``: the smallest
-sizes, seconds). On a private loopback ``redis-server`` it starts and stops itself (never
+``python -m bench scale [--quick] [--chart [DIR]]`` (~70 s; ``--quick``: the smallest sizes,
+~6 s). On a fresh private loopback ``redis-server`` per curve, started and stopped here (never
 ``$REDIS_URL``: the counters are reset between measurements), through the engine's public API,
 each figure read from the server (``CONFIG RESETSTAT``, then ``INFO commandstats``; the slow
-log with ``slowlog-log-slower-than 0`` for the longest single call; ``INFO memory``,
-``MEMORY USAGE``), not timed by the client, so a loaded machine moves them little:
+log for the longest single call; ``INFO memory``, ``MEMORY USAGE``; see
+:mod:`bench._counters`), not timed by the client, so a loaded machine moves them little:
 
 1. slots: server time of an acquire at ``lock_limit`` = 1 .. 1,000, free and with N-1 slots
    held, and of the main process renewing one child's slot by its owner;
@@ -337,13 +337,13 @@ def finished_curve(env: Env, sizes: Sequence[int]) -> Curve:
         "finished",
         f"finish records of acks_late tasks (records kept {FINISHED_TTL:.0f} s)",
         "finished tasks",
-        ("largest key elements", "bytes/record", "DEL largest ms"),
+        ("largest key elements", "largest key MB", "bytes/record", "DEL largest ms"),
         ("largest key elements",),
         "elements of the largest key",
         "each a fenced acquire with unless_finished, then release(remember_for=3600), as a "
-        "worker does (bench memory's task);\nbytes/record: INFO memory used_memory growth / R; "
-        "DEL largest: a COPY of the largest key deleted, its\nDEL usec in INFO commandstats "
-        "(what its expiry blocks, lazyfree off)",
+        "worker does (bench memory's task);\nlargest key MB: its MEMORY USAGE; bytes/record: "
+        "INFO memory used_memory growth / R; DEL largest: a COPY\nof the largest key "
+        "deleted, its DEL usec in INFO commandstats (what its expiry blocks, lazyfree off)",
         target=MAX_ELEMENTS,
     )
     task = this_layout(env.client, env.locker.prefix)
@@ -355,6 +355,7 @@ def finished_curve(env: Env, sizes: Sequence[int]) -> Curve:
             done += 1
         grown = env.counters.used_memory() - before
         key, elements = largest_key(env.client, f"{env.locker.prefix}:*")
+        weight = int(env.client.memory_usage(key, samples=0) or 0)  # samples=0: every element
         env.client.copy(key, f"{key}:copy")
         env.counters.reset()
         env.client.delete(f"{key}:copy")
@@ -364,6 +365,7 @@ def finished_curve(env: Env, sizes: Sequence[int]) -> Curve:
                 size,
                 {
                     "largest key elements": elements,
+                    "largest key MB": weight / 1e6,
                     "bytes/record": grown / size,
                     "DEL largest ms": blocked / 1000.0,
                 },
@@ -423,89 +425,65 @@ def uncontended_curve(env: Env, sizes: Sequence[int]) -> Curve:
 # -- output -----------------------------------------------------------------------------------
 
 
-def verdict_line(what: str, measured: str, met: bool, target: str) -> str:
-    return f"{what} {measured}: {'meets' if met else 'misses'} (target {target})"
-
-
 def verdicts(curves: Dict[str, Curve]) -> List[str]:
     """One line per target of issue 29, at the largest size measured."""
-    lines = []
-    slots = curves["slots"]
+    checks: List[Tuple[str, float, float, str]] = []  # (what was measured, figure, bound, target)
+    slots, parked = curves["slots"], curves["parked"]
     for column, label in (("free us", "free"), ("N-1 held us", "with N-1 slots held")):
         low, high, ratio = slots.growth(column)
-        lines.append(
-            verdict_line(
-                f"acquire at limit={high:,} ({label}) costs",
-                f"{ratio:.1f}x limit={low}",
-                ratio <= MAX_GROWTH,
-                f"<= {MAX_GROWTH:g}x",
-            )
-        )
-    parked = curves["parked"]
+        said = f"acquire at limit={high:,} ({label}) costs {ratio:.1f}x limit={low}"
+        checks.append((said, ratio, MAX_GROWTH, f"<= {MAX_GROWTH:g}x"))
     for column, label in (("re-park us", "re-parking"), ("drop us", "dropping the oldest")):
         low, high, ratio = parked.growth(column)
-        lines.append(
-            verdict_line(
-                f"{label} at Q={high:,} parked costs",
-                f"{ratio:.1f}x Q={low} ({parked.at(high, column):,.0f} us)",
-                ratio <= MAX_GROWTH,
-                f"only that call: <= {MAX_GROWTH:g}x",
-            )
+        said = (
+            f"{label} at Q={high:,} parked costs {ratio:.1f}x Q={low} "
+            f"({parked.at(high, column):,.0f} us)"
         )
+        checks.append((said, ratio, MAX_GROWTH, f"only that call: <= {MAX_GROWTH:g}x"))
     leases = curves["leases"]
-    high = leases.rows[-1][0]
+    most = leases.rows[-1][0]
     longest = max(figures["longest call ms"] for _, figures in leases.rows)
-    lines.append(
-        verdict_line(
-            f"longest single script call renewing {high:,} leases:",
-            f"{longest:.1f} ms",
-            longest <= MAX_CALL_MS,
-            f"<= {MAX_CALL_MS:g} ms",
-        )
-    )
     trips = max(figures["round trips"] for _, figures in leases.rows)
-    lines.append(
-        verdict_line(
-            f"renewal round trips per tick (10 to {high:,} leases):", f"{trips:g}", trips == 1, "1"
-        )
-    )
-    inspection = curves["inspection"]
-    high = inspection.rows[-1][0]
-    scans = inspection.at(high, "SCAN calls")
-    lines.append(
-        verdict_line(
-            f"listing {HELD_LOCKS} locks among {high:,} unrelated keys takes",
-            f"{scans:g} SCAN calls",
-            scans <= MAX_SCANS,
+    unrelated, listing = curves["inspection"].rows[-1]
+    tasks, finished = curves["finished"].rows[-1]
+    elements, blocked = finished["largest key elements"], finished["DEL largest ms"]
+    checks += [
+        (
+            f"longest single script call renewing {most:,} leases: {longest:.1f} ms",
+            longest,
+            MAX_CALL_MS,
+            f"<= {MAX_CALL_MS:g} ms",
+        ),
+        (f"renewal round trips per tick (10 to {most:,} leases): {trips:g}", trips, 1, "1"),
+        (
+            f"listing {HELD_LOCKS} locks among {unrelated:,} unrelated keys takes "
+            f"{listing['SCAN calls']:g} SCAN calls",
+            listing["SCAN calls"],
+            MAX_SCANS,
             f"<= {MAX_SCANS}",
-        )
-    )
-    finished = curves["finished"]
-    high, last = finished.rows[-1]
-    elements, per_record, blocked = (
-        last["largest key elements"],
-        last["bytes/record"],
-        last["DEL largest ms"],
-    )
-    lines += [
-        verdict_line(
-            f"after {high:,} finished tasks the largest key holds",
-            f"{elements:,.0f} elements",
-            elements <= MAX_ELEMENTS,
+        ),
+        (
+            f"after {tasks:,} finished tasks the largest key holds {elements:,.0f} elements",
+            elements,
+            MAX_ELEMENTS,
             f"<= {MAX_ELEMENTS:,}",
         ),
-        verdict_line(
-            "a finished task costs",
-            f"{per_record:.0f} bytes",
-            per_record <= MAX_BYTES_PER_RECORD,
+        (
+            f"a finished task costs {finished['bytes/record']:.0f} bytes",
+            finished["bytes/record"],
+            MAX_BYTES_PER_RECORD,
             f"<= {MAX_BYTES_PER_RECORD:g} B",
         ),
-        verdict_line(
-            f"the expiry of the largest key (after {high:,} tasks) blocks Redis",
-            f"{blocked:.1f} ms",
-            blocked <= MAX_CALL_MS,
+        (
+            f"the expiry of the largest key (after {tasks:,} tasks) blocks Redis {blocked:.1f} ms",
+            blocked,
+            MAX_CALL_MS,
             f"<= {MAX_CALL_MS:g} ms",
         ),
+    ]
+    lines = [
+        f"{said}: {'meets' if figure <= bound else 'misses'} (target {target})"
+        for said, figure, bound, target in checks
     ]
     rows = dict(curves["uncontended"].rows)
     lines.append(
@@ -585,7 +563,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for number, curve in enumerate(curves.values(), 1):
         print_curve(number, curve)
     print(f"\ndone in {time.perf_counter() - started:.1f} s")
-    print("targets of issue 29:")
+    quick = " (--quick: at the smallest sizes; the targets are stated at the full ones)"
+    print(f"targets of issue 29{quick if args.quick else ''}:")
     for line in verdicts(curves):
         print(f"   {line}")
     if args.chart is not None:

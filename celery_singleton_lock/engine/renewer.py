@@ -137,13 +137,13 @@ class Renewer:
         seen = {id(lease) for lease in self._seen_leases}  # alive until replaced: ids unique
         coming = any(id(lease) not in seen for lease in leases)
         with self._lock:
-            del self._watched[key]  # first: a release sent from now on watches it again
+            self._watched.pop(key, None)  # first: a release sent from now on watches it again
             owed = connections.owed()  # then: one sent before found it watched, and is here
             if owed or coming:
                 self._watched[key] = connections
                 self._seen[key] = owed
             else:
-                del self._seen[key]
+                self._seen.pop(key, None)
 
     def _start_locked(self) -> None:
         """Start the thread if it is not running (called holding ``_lock``)."""

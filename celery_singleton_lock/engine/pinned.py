@@ -19,8 +19,8 @@ A command sent with :meth:`PinnedConnections.send_later` (a release) does not wa
 reply: the connection goes back to the idle list with the reply owed, and the reply is read
 before anything else is sent on that connection (the next acquire of the same thread takes the
 same, most recently used, connection), or by :meth:`PinnedConnections.settle_idle` (the
-renewer's next tick, a close). Measured: ~100 us per task, the release's wait (see
-``python -m bench fastpath``).
+renewer, when no command followed within :data:`.renewer.SETTLE_WITHIN`; a close). Measured:
+~100 us per task, the release's wait (see ``python -m bench fastpath``).
 
 The hot path's commands (every acquire, the deferred release) are packed here (:meth:`pack`,
 RESP as redis-py sends it, in the client's ``encoding``) and sent with redis-py's
@@ -269,6 +269,12 @@ class PinnedConnections:
             settle(reply, error)
         except Exception:  # a receiver's bug must not fail the next acquire
             log.exception("reporting a deferred reply failed")
+
+    def owed(self) -> tuple[Settle, ...]:
+        """What is waiting for a deferred reply now (one per connection owing one): the
+        renewer compares two looks to tell a reply nobody reads (an idle worker) from one the
+        next command will read (:meth:`.renewer.Renewer.settle_soon`)."""
+        return tuple(self._owed.values())
 
     def settle_idle(self) -> None:
         """Read every reply still owed by an idle connection (each taken in turn, so a thread

@@ -5,9 +5,9 @@ name.
 
 A deferred release script is sent on a kept connection (:mod:`.pinned`) without waiting: its
 reply is read with the next command on that connection (normally the next task's acquire), by
-the renewer within a second when none follows, or when the locker is closed, and the caller's
-``then`` reports it then. Saves the release's wait (~100 us per task, see
-docs/explanation/benchmarks.md).
+the renewer when none followed within :data:`.renewer.SETTLE_WITHIN` (an idle worker), or when
+the locker is closed, and the caller's ``then`` reports it then. Saves the release's wait
+(~100 us per task, see docs/explanation/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -142,8 +142,9 @@ class Releases:
     ) -> bool:
         """Send the release of ``lease`` (as :meth:`release`) without waiting for its reply;
         ``then(released, None)``, or ``then(None, error)``, once the reply is read: before the
-        next command on that kept connection, at the renewer's next tick (within a second),
-        or when the locker is closed. Saves the release's wait (~100 us per task).
+        next command on that kept connection, by the renewer when no command followed within
+        :data:`.renewer.SETTLE_WITHIN`, or when the locker is closed. Saves the release's
+        wait (~100 us per task).
 
         Returns False, having sent nothing, when this locker cannot defer (a cluster, a
         ``BlockingConnectionPool``, or the send failed): call :meth:`release` then.
@@ -195,7 +196,7 @@ class Releases:
         if not connections.send_later(command, settle):
             lease.released = False
             return False
-        self.issuer.renewer.settle_soon(self)
+        self.issuer.renewer.settle_soon(connections)
         return True
 
     def settle(self) -> None:

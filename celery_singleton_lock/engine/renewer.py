@@ -9,6 +9,10 @@ locks costs the thread nothing. When it finds no lease at all it still looks aga
 interval later rather than sleeping until woken: a process that takes short locks one after
 another (a worker running tasks) would otherwise wake it once per lock.
 
+Deferred releases (``Releases.release_later``): the reply of a release sent without waiting is
+read by the next command on its connection (a busy worker's next acquire), or here when none
+followed within :data:`SETTLE_WITHIN` (an idle worker), see :meth:`Renewer.settle_soon`.
+
 Failure handling: a refusal from Redis marks the lease lost at once; an unreachable Redis
 marks it lost only once its TTL has certainly run out (``confirmed_at + ttl``), and the
 renewer keeps trying until then.
@@ -36,8 +40,9 @@ Clock = Callable[[], float]
 
 #: Seconds to wait before trying again after the lock server could not be reached.
 RETRY_AFTER_ERROR = 0.2
-#: seconds within which the reply of a release sent without waiting is read, at the latest
-SETTLE_WITHIN = 1.0
+#: Seconds after which the reply of a release sent without waiting is read here when no command
+#: read it (an idle worker; up to twice that after a busy spell): ``lock_released`` is sent then.
+SETTLE_WITHIN = 0.05
 
 _lease_ttl = attrgetter("ttl")
 
@@ -56,7 +61,8 @@ class Renewer:
         self.autostart = autostart
         #: round trips sent (one per lock server per tick), for tests and benchmarks.
         self.round_trips = 0
-        #: times adding a lease had to wake the thread, for tests and benchmarks.
+        #: times adding a lease or a deferred release had to wake the thread, for tests and
+        #: benchmarks.
         self.wakeups = 0
         #: ticks run (run_once), for tests and benchmarks.
         self.ticks = 0
@@ -76,8 +82,12 @@ class Renewer:
         self._wake_at = math.inf
         #: renewal interval of the last lease added: how long the thread sleeps when idle.
         self._idle_interval = math.inf
-        #: lockers that sent a release whose reply may still be unread (see settle_soon)
-        self._unsettled: dict[int, Any] = {}
+        #: kept connections that sent a release whose reply may still be unread, and what
+        #: each owed at the last look (see settle_soon)
+        self._watched: dict[int, Any] = {}
+        self._seen: dict[int, tuple[Any, ...]] = {}
+        #: the leases held at the last look: others held now mean tasks still come and go
+        self._seen_leases: list[Lease] = []
 
     # -- registry -----------------------------------------------------------------------------
 
@@ -95,21 +105,45 @@ class Renewer:
             if self._thread is None:
                 self._start_locked()
 
-    def settle_soon(self, locker: Any) -> None:
-        """Have ``locker.settle()`` called at a tick within :data:`SETTLE_WITHIN` seconds: a
-        release sent without waiting (``release_later``) is reported even when no other
-        command follows it on its connection (an idle worker)."""
-        if self._unsettled.get(id(locker)) is locker:
-            # Already planned: the tick that takes it reads every reply owed then, this one's
-            # included (it was sent before). A busy worker's case, without the lock.
-            return
+    def settle_soon(self, connections: Any) -> None:
+        """Watch ``connections`` (:class:`.pinned.PinnedConnections`), which just sent a
+        release without waiting: a reply still owed at two looks :data:`SETTLE_WITHIN` apart
+        is read here (``connections.settle_idle()``), so an idle worker reports its release
+        within that time. A busy worker's next acquire reads the reply first: the looks find
+        new replies owed, or other leases held, and read nothing; they go on, one per
+        :data:`SETTLE_WITHIN` and not one per task, until a look finds neither."""
+        if self._watched.get(id(connections)) is connections:
+            return  # watched: a look comes within SETTLE_WITHIN (a busy worker: no lock taken)
         with self._lock:
-            self._unsettled[id(locker)] = locker
+            self._watched[id(connections)] = connections
+            self._seen[id(connections)] = connections.owed()
             due = self.clock() + SETTLE_WITHIN
             if due < self._wake_at:
                 self._wake_at = due
+                self.wakeups += 1
                 self._wakeup.notify()
             self._start_locked()
+
+    def _look(self, connections: Any, leases: list[Lease]) -> None:
+        """Read the replies ``connections`` has owed since the last look (no command came to
+        read them); stop watching it once it owes nothing and no other lease came since."""
+        key = id(connections)
+        owed = connections.owed()
+        if any(settle in self._seen.get(key, ()) for settle in owed):
+            try:
+                connections.settle_idle()
+            except Exception:  # one locker's trouble must not stop the renewal of the others
+                log.exception("reading the replies of deferred releases failed")
+        seen = {id(lease) for lease in self._seen_leases}  # alive until replaced: ids unique
+        coming = any(id(lease) not in seen for lease in leases)
+        with self._lock:
+            self._watched.pop(key, None)  # first: a release sent from now on watches it again
+            owed = connections.owed()  # then: one sent before found it watched, and is here
+            if owed or coming:
+                self._watched[key] = connections
+                self._seen[key] = owed
+            else:
+                self._seen.pop(key, None)
 
     def _start_locked(self) -> None:
         """Start the thread if it is not running (called holding ``_lock``)."""
@@ -138,12 +172,10 @@ class Renewer:
         with self._lock:
             leases = list(self._leases.values())
             self._wake_at = math.inf
-            unsettled, self._unsettled = list(self._unsettled.values()), {}
-        for locker in unsettled:
-            try:
-                locker.settle()
-            except Exception:  # one locker's trouble must not stop the renewal of the others
-                log.exception("reading the replies of deferred releases failed")
+            watched = list(self._watched.values())
+        for connections in watched:
+            self._look(connections, leases)
+        self._seen_leases = leases
         next_due = math.inf
         if leases:
             interval = min(map(_lease_ttl, leases)) / 3.0
@@ -171,6 +203,8 @@ class Renewer:
                 retry_at = self._renew_batch(batch, now)
                 next_due = min(next_due, now + interval if retry_at is None else retry_at)
         with self._lock:
+            if self._watched:
+                self._wake_at = min(self._wake_at, now + SETTLE_WITHIN)
             if not self._leases:
                 # Look again an interval from now (see the module docstring); a lease added
                 # meanwhile that falls due before that still wakes the thread.
@@ -227,8 +261,7 @@ class Renewer:
     def _sleep(self, at_most: Optional[float]) -> None:
         """Until the planned tick (``_wake_at``), or ``at_most`` seconds if given. Woken early
         by :meth:`add` or :meth:`settle_soon`, which plan an earlier tick, it sleeps on until
-        that one: ticking at every wake-up ticked once per task in a busy worker (each release
-        plans a settle), a thread switch and a tick's work per task."""
+        that one: ticking at every wake-up would tick once per task in a busy worker."""
         with self._lock:
             limit = math.inf if at_most is None else self.clock() + at_most
             while True:

@@ -78,9 +78,9 @@ def scrape_once_released(port: int, timeout: float = 10.0) -> dict[Any, float]:
     """A scrape taken once every acquire's release is timed, or after ``timeout``.
 
     A worker sends the release without waiting and reads its reply (and only then observes
-    ``celery_lock_held_seconds``) with the child's next command or its renewer's next turn,
-    up to a second after the result is stored: a scrape taken right after the last
-    ``result.get()`` can miss the last release of a child (seen on Celery 5.3).
+    ``celery_lock_held_seconds``) with the child's next command or its renewer's next look,
+    after the result is stored: a scrape taken right after the last ``result.get()`` can miss
+    the last release of a child (seen on Celery 5.3).
     """
     deadline = time.monotonic() + timeout
     while True:

@@ -1,15 +1,21 @@
 """``lock_acquired`` (and ``lock_released``) cache their receivers per task: a receiver for
-one task is never called for another, and one connected later is called from then on."""
+one task is never called for another, and one connected later is called from then on. A
+worker's deferred release is reported at the release's time: ``lock_released`` promptly on an
+idle worker, and the hold it times ends when the release was sent."""
 
 from __future__ import annotations
 
+import time
 from typing import Any, Iterator
 
 import pytest
 
-from celery_singleton_lock.celery.signals import lock_acquired
+from celery_singleton_lock.celery.observe import timing
+from celery_singleton_lock.celery.signals import lock_acquired, lock_released
+from celery_singleton_lock.engine import RedisLocker
 from tests.celery.conftest import assert_released, lock_key_of
-from tests.celery.tasks import runtime
+from tests.celery.tasks import policies, runtime
+from tests.support import wait_until
 
 _connected: list[tuple[Any, Any]] = []
 
@@ -54,3 +60,48 @@ def test_a_receiver_connected_after_a_task_ran_is_called_from_then_on(
     runtime.reports_its_state.apply(args=(unique_key,)).get()
     assert_released(store, lock_key_of(runtime.reports_its_state, unique_key))
     assert heard == [("lock_acquired", task)]
+
+
+@pytest.fixture
+def lock_times(celery_app: Any) -> Iterator[dict[str, float]]:
+    """When ``hold_skip``'s lock was taken and ``lock_released`` came (``time.monotonic()``
+    in this process: the in-process worker's), and the hold that timing measured then."""
+    task = registered(celery_app, policies.hold_skip)
+    times: dict[str, float] = {}
+
+    def acquired(**_: Any) -> None:
+        times["acquired"] = time.monotonic()
+
+    def released(task_id: str, **_: Any) -> None:
+        times["released"] = time.monotonic()
+        times["held"] = timing.held(task_id) or 0.0
+
+    timing.connect(task, user="test")
+    lock_acquired.connect(acquired, sender=task, weak=False, dispatch_uid="test-times")
+    lock_released.connect(released, sender=task, weak=False, dispatch_uid="test-times")
+    yield times
+    lock_released.disconnect(sender=task, dispatch_uid="test-times")
+    lock_acquired.disconnect(sender=task, dispatch_uid="test-times")
+    timing.disconnect(task, user="test")
+
+
+def test_on_an_idle_worker_lock_released_comes_promptly_and_the_hold_ends_at_the_release(
+    worker: Any, lock_times: dict[str, float], unique_key: str
+) -> None:
+    # The reply of the worker's release (sent without waiting) was read, and reported, at the
+    # renewer's next second: 1 s after a 10 ms body, and so was the hold.
+    policies.hold_skip.delay(unique_key, seconds=0.01).get(timeout=10)
+    wait_until(lambda: "released" in lock_times, timeout=5, interval=0.005)
+    assert lock_times["released"] - lock_times["acquired"] < 0.5  # the body took 0.01 of it
+    assert 0.01 <= lock_times["held"] < 0.5
+
+
+def test_a_busy_worker_does_not_wake_its_renewer_per_task(
+    worker: Any, locker: RedisLocker, unique_key: str
+) -> None:
+    renewer = locker.renewer
+    wakeups = renewer.wakeups
+    results = [policies.hold_skip.delay(f"{unique_key}-{index}") for index in range(100)]
+    for result in results:
+        result.get(timeout=30)
+    assert (renewer.wakeups - wakeups) / len(results) < 0.1

@@ -69,6 +69,36 @@ def test_the_renewer_reads_a_deferred_release_of_an_idle_process(
     wait_until(lambda: reports == [(True, None)], timeout=5)
 
 
+def test_an_idle_process_reads_its_deferred_release_within_half_a_second(
+    redis_client: redis.Redis,
+) -> None:
+    # an idle worker's lock_released (sent when the reply is read) came a second late
+    locker = RedisLocker(redis_client, prefix="t", renewer=Renewer())
+    warm = release_later(locker, held(locker, "warm"))  # the thread started, now asleep
+    wait_until(lambda: warm, timeout=5)
+    lease = held(locker)
+    sent = time.monotonic()
+    reports = release_later(locker, lease)
+    wait_until(lambda: reports, timeout=5, interval=0.005)
+    assert reports == [(True, None)] and time.monotonic() - sent < 0.5
+
+
+def test_a_look_reads_only_a_reply_owed_since_the_previous_look(
+    redis_client: redis.Redis,
+) -> None:
+    # The renewer cannot tell a reply the next acquire is about to read from one nobody will
+    # read until it has stayed owed from one look to the next: a busy worker's are left to
+    # its acquires (read on the hot path's connection, as before).
+    renewer = Renewer(autostart=False)
+    locker = RedisLocker(redis_client, prefix="t", renewer=renewer)
+    first = release_later(locker, held(locker, "one"))
+    second = release_later(locker, held(locker, "two"))  # its acquire read the first reply
+    renewer.run_once()
+    assert first == [(True, None)] and second == []
+    renewer.run_once()
+    assert second == [(True, None)]
+
+
 def test_a_deferred_release_after_a_script_flush_loads_the_script_and_releases(
     redis_client: redis.Redis,
 ) -> None:
@@ -111,7 +141,7 @@ def test_a_busy_process_wakes_its_renewer_about_once_per_settle_period_not_per_r
     renewer = Renewer()
     locker = RedisLocker(redis_client, prefix="t", renewer=renewer)
     held(locker, "warm").release()
-    started, ticks = time.monotonic(), renewer.ticks
+    started, ticks, wakeups = time.monotonic(), renewer.ticks, renewer.wakeups
     reports: Reports = []
     for index in range(300):
         lease = locker.try_acquire(f"job-{index}", 30)  # renewed: held by the renewer too
@@ -121,3 +151,4 @@ def test_a_busy_process_wakes_its_renewer_about_once_per_settle_period_not_per_r
     locker.settle()
     assert reports == [(True, None)] * 300
     assert renewer.ticks - ticks <= periods + 2
+    assert renewer.wakeups - wakeups <= 300 * 0.02  # ~0 per task: woken to watch, not per task

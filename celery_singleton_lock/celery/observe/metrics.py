@@ -7,7 +7,7 @@ Names follow celery-exporter (``celery_task_*_total{name, hostname}``)::
     celery_lock_lost_total{name, hostname}
     celery_lock_backend_errors_total{name, hostname}
     celery_lock_acquire_seconds{name, hostname}   histogram: message received -> lock held
-    celery_lock_held_seconds{name, hostname}      histogram: lock held -> released
+    celery_lock_held_seconds{name, hostname}      histogram: lock held -> release sent
     celery_lock_parked{name}                      gauge: calls parked behind locks now
 
 Why prometheus_client's multiprocess mode rather than aggregating in the main process: a

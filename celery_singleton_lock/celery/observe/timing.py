@@ -23,6 +23,7 @@ from celery import signals
 
 from celery_singleton_lock.celery.celery_api import RECEIVED_FIELD
 from celery_singleton_lock.celery.signals import lock_acquired
+from celery_singleton_lock.celery.task.execution import release_sent_at
 from celery_singleton_lock.celery.task.locked_task import LockedTask
 
 #: Locks taken and not yet reported released that are remembered at most (the oldest is
@@ -69,10 +70,11 @@ def waited(task_id: Optional[str]) -> Optional[float]:
 
 
 def held(task_id: Optional[str]) -> Optional[float]:
-    """Seconds this execution has held its lock, if it took it in this process; called once,
-    when its release is reported (the acquire time is forgotten then)."""
+    """Seconds this execution held its lock (from its acquire to its release being sent), if
+    it took it in this process; called once, when its release is reported (the acquire time
+    is forgotten then): a deferred release's reply, read later, adds nothing to it."""
     acquired = _acquired.pop(task_id, None) if task_id else None
-    return None if acquired is None else max(0.0, time.monotonic() - acquired)
+    return None if acquired is None else max(0.0, release_sent_at() - acquired)
 
 
 #: who asked for timing, by the sender they asked it for (None: every task): the metrics, the

@@ -6,9 +6,11 @@ path closes it: the body's outcome (its ``run``, see :func:`body_releasing`),
 a subclass's ``before_start`` around it. Closing stops renewal, releases the lock, and takes
 the scope out of its thread's registry. In a worker on one server (or Sentinel) the release is
 sent without waiting: its reply is read with the next command on that connection (the next
-task's acquire), or by the renewer within a second, and reported then (``lock_released``, the
-"expired before its release" warning); an eager call waits for it. It never raises: a release
-problem is logged and signalled, and the body's outcome stands.
+task's acquire), or by the renewer when none followed (an idle worker: within 50 ms), and
+reported then (``lock_released``, the "expired before its release" warning); an eager call
+waits for it. The time a receiver of ``lock_released`` measures to (the metrics' held time) is
+when the release was sent, not when its reply was read (:func:`release_sent_at`). It never
+raises: a release problem is logged and signalled, and the body's outcome stands.
 
 The registry of a thread maps lock names to the scopes open in it. A run that finds its own
 lock name there is nested inside a run of the same thread (e.g. ``.apply()`` from a body) and
@@ -23,6 +25,7 @@ import functools
 import inspect
 import logging
 import threading
+import time
 from typing import Any, Callable, Optional, TypeVar
 
 from celery.exceptions import Ignore, Reject, Retry
@@ -45,6 +48,22 @@ class _OpenScopes(threading.local):
 
 
 _open = _OpenScopes()
+
+
+class _Reporting(threading.local):
+    #: ``time.monotonic()`` when the release ``lock_released`` is being sent for was sent
+    sent_at: Optional[float] = None
+
+
+_reporting = _Reporting()
+
+
+def release_sent_at() -> float:
+    """For a receiver of ``lock_released``: when the release it hears of was sent
+    (``time.monotonic()``); its reply, and so the signal, may come later (read with the next
+    task's acquire, or by the renewer). Now, outside such a receiver."""
+    sent_at = _reporting.sent_at
+    return time.monotonic() if sent_at is None else sent_at
 
 
 def open_scope(name: str) -> Optional[LockScope]:
@@ -71,7 +90,16 @@ class LockScope(LockHandle):
     Opening it registers it in the current thread; :meth:`close` ends it, once.
     """
 
-    __slots__ = ("_body_started", "_closed", "eager", "limit", "name", "task", "task_id")
+    __slots__ = (
+        "_body_started",
+        "_closed",
+        "_sent_at",
+        "eager",
+        "limit",
+        "name",
+        "task",
+        "task_id",
+    )
 
     def __init__(
         self,
@@ -141,6 +169,8 @@ class LockScope(LockHandle):
             if succeeded or (finished and options.cooldown_after == "always")
             else None
         )
+        if lock_released.receivers:  # timed when sent: the reply may be read much later
+            self._sent_at = time.monotonic()
         try:
             if policy.parks:  # the lock is handed on to a parked call
                 owned = policy.release(self, options, cooldown, remember_for)
@@ -193,7 +223,11 @@ class LockScope(LockHandle):
                 key=self.key,
             )
         if lock_released.receivers:
-            lock_released.send(sender=task, task_id=self.task_id, key=self.key, owned=owned)
+            reporting, _reporting.sent_at = _reporting.sent_at, getattr(self, "_sent_at", None)
+            try:
+                lock_released.send(sender=task, task_id=self.task_id, key=self.key, owned=owned)
+            finally:
+                _reporting.sent_at = reporting
 
 
 def closes_scope_on_error(before_start: F) -> F:

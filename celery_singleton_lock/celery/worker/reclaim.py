@@ -71,60 +71,78 @@ def pid_is_gone(pid: int) -> bool:
 
 
 def reclaim_dead_holder(task: LockedTask, task_id: str, args: Any, kwargs: Any, node: str) -> bool:
-    """Free the lock a dead child of this worker held for ``task_id``; True if freed.
-
-    Only a lock whose owner metadata names this very execution (task id, this node, a pid
-    that is gone) is deleted, atomically, by the ``RELEASE_ABANDONED`` script.
+    """Free the lock a dead child of this worker held for ``task_id``, once its pid is gone
+    (waiting up to ``RECLAIM_WAIT``), and hand it on; True if freed (see :func:`free_dead_holder`).
     """
     try:
         options = task.lock_options
         name = options.keyer.name(args, kwargs)
         limit = limit_for(task.name, options.limit, options.keyer, args, kwargs)
-        locker = locker_for(task.app)
-        deadline = time.monotonic() + RECLAIM_WAIT
-        while True:
-            holder = _held_by(locker, name, limit, task_id, node)
-            if holder is None:
-                return False
-            if holder.pid is not None and pid_is_gone(holder.pid):
-                freed = locker.release_abandoned(
-                    name, task_id=task_id, host=node, pid=holder.pid, slot=slot_of(holder.key)
-                )
-                if freed:
-                    log.warning(
-                        "task %s[%s]: freed lock %s left by dead process %s",
-                        task.name,
-                        task_id,
-                        holder.key,
-                        holder.pid,
-                    )
-                    # a parked call gets the lock now, not at the dead holder's TTL
-                    task.lock_options.policy.reclaimed(task, locker, name)
-                    if lock_released.receivers:
-                        with no_fork:  # Celery's Signal takes a lock (see parking.publish)
-                            lock_released.send(
-                                sender=task,
-                                task_id=task_id,
-                                key=holder.key,
-                                owned=True,
-                                reclaimed=True,
-                            )
-                return freed
-            if time.monotonic() > deadline:
-                log.warning(
-                    "task %s[%s]: holder pid %s of %s still alive after %.0fs; leaving the lock "
-                    "to its TTL",
-                    task.name,
-                    task_id,
-                    holder.pid,
-                    holder.key,
-                    RECLAIM_WAIT,
-                )
-                return False
-            time.sleep(0.05)
+        return free_dead_holder(task, locker_for(task.app), name, limit, task_id, node)
     except LockError as exc:
         log.error("task %s[%s]: could not reclaim its lock: %s", task.name, task_id, exc)
         return False
+
+
+def free_dead_holder(
+    task: LockedTask,
+    locker: Any,
+    name: str,
+    limit: int,
+    task_id: str,
+    node: str,
+    wait: float = RECLAIM_WAIT,
+) -> bool:
+    """Free lock ``name`` (one of its ``limit`` slots) if a dead process of this worker holds
+    it for ``task_id``, then hand it on as the policy does (the release's publish wakes the
+    ``wait`` duplicates; a parked call is sent now, not at the dead holder's TTL); True if freed.
+
+    Only a lock whose owner metadata names this very execution (task id, this node, a pid
+    that is gone) is deleted, atomically, by the ``RELEASE_ABANDONED`` script. Waits up to
+    ``wait`` seconds for the holder's pid to disappear, then leaves the lock to its TTL.
+
+    Raises:
+        LockError: the lock server could not be asked.
+    """
+    deadline = time.monotonic() + wait
+    while True:
+        holder = _held_by(locker, name, limit, task_id, node)
+        if holder is None:
+            return False  # released by the body, freed already, or never taken
+        if holder.pid is not None and pid_is_gone(holder.pid):
+            break
+        if time.monotonic() > deadline:
+            log.warning(
+                "task %s[%s]: holder pid %s of %s still alive after %.0fs; leaving the lock "
+                "to its TTL",
+                task.name,
+                task_id,
+                holder.pid,
+                holder.key,
+                wait,
+            )
+            return False
+        time.sleep(0.05)
+    freed = bool(
+        locker.release_abandoned(
+            name, task_id=task_id, host=node, pid=holder.pid, slot=slot_of(holder.key)
+        )
+    )
+    if freed:
+        log.warning(
+            "task %s[%s]: freed lock %s left by dead process %s",
+            task.name,
+            task_id,
+            holder.key,
+            holder.pid,
+        )
+        task.lock_options.policy.reclaimed(task, locker, name)
+        if lock_released.receivers:
+            with no_fork:  # Celery's Signal takes a lock (see parking.publish)
+                lock_released.send(
+                    sender=task, task_id=task_id, key=holder.key, owned=True, reclaimed=True
+                )
+    return freed
 
 
 def _held_by(locker: Any, name: str, limit: int, task_id: str, node: str) -> Any:

@@ -18,12 +18,10 @@ Bounds:
 * renewal stops as soon as the request leaves ``celery.worker.state.active_requests`` (the
   child returned, died, or was killed at the hard time limit), or its child is gone.
 
-A child that dies holding a lock (``kill -9``, the OOM killer) is seen gone at the next look,
-every ``DEATH_CHECK`` seconds (a signal-0 ``kill`` per running locked request, no round trip):
-its lock is no longer renewed, and is freed and handed on at once (:mod:`.reclaim`: by owner,
-published on the lock's channel, a parked call sent). Celery itself reports the death only when
-its pool notices it, seconds later at times, and the renewal would keep the lock alive until
-then.
+A child that dies holding a lock (``kill -9``, the OOM killer) is seen gone within
+``DEATH_CHECK`` seconds (a signal-0 ``kill`` per running locked request, no round trip): its
+lock is no longer renewed, and is freed and handed on at once (:mod:`.reclaim`). Celery reports
+the death only once its pool notices it, seconds later at times.
 
 The child's own renewer keeps running: a second source of renewal, and the one that learns
 that a lock was lost. Only the prefork pool gets this thread: threads, solo and gevent run
@@ -147,20 +145,17 @@ class ChildLockSupervisor(Ticking):
                 renewed += len(batch) - len(lost)
             except LockError as exc:
                 log.warning("could not renew the pool children's locks: %s", exc)
-        for watched in dead:
+        for watched in dead:  # Celery's own report of the death comes later, or never
             owner = watched.owner
-            try:
-                free_dead_holder(
-                    watched.task,
-                    watched.locker,
-                    watched.name,
-                    watched.limit,
-                    owner.task_id,
-                    owner.host,
-                    wait=0.0,
-                )
-            except LockError as exc:  # Celery's report of the death tries again
-                log.warning("could not free the lock of dead child %s: %s", owner.pid, exc)
+            free_dead_holder(
+                watched.task,
+                watched.locker,
+                watched.name,
+                watched.limit,
+                owner.task_id,
+                owner.host,
+                wait=0.0,
+            )
         return renewed
 
 

@@ -71,17 +71,15 @@ def pid_is_gone(pid: int) -> bool:
 
 
 def reclaim_dead_holder(task: LockedTask, task_id: str, args: Any, kwargs: Any, node: str) -> bool:
-    """Free the lock a dead child of this worker held for ``task_id``, once its pid is gone
-    (waiting up to ``RECLAIM_WAIT``), and hand it on; True if freed (see :func:`free_dead_holder`).
-    """
+    """Free the lock a dead child of this worker held for ``task_id``; True if freed."""
+    options = task.lock_options
     try:
-        options = task.lock_options
         name = options.keyer.name(args, kwargs)
         limit = limit_for(task.name, options.limit, options.keyer, args, kwargs)
-        return free_dead_holder(task, locker_for(task.app), name, limit, task_id, node)
-    except LockError as exc:
-        log.error("task %s[%s]: could not reclaim its lock: %s", task.name, task_id, exc)
+    except LockError as exc:  # the child failed the same way, holding nothing
+        log.debug("task %s[%s]: no lock name (%s)", task.name, task_id, exc)
         return False
+    return free_dead_holder(task, locker_for(task.app), name, limit, task_id, node)
 
 
 def free_dead_holder(
@@ -93,56 +91,55 @@ def free_dead_holder(
     node: str,
     wait: float = RECLAIM_WAIT,
 ) -> bool:
-    """Free lock ``name`` (one of its ``limit`` slots) if a dead process of this worker holds
-    it for ``task_id``, then hand it on as the policy does (the release's publish wakes the
-    ``wait`` duplicates; a parked call is sent now, not at the dead holder's TTL); True if freed.
+    """Free lock ``name`` (one of its ``limit`` slots) held for ``task_id`` by a process of
+    this node, once that pid is gone (waiting up to ``wait`` seconds), and hand it on: the
+    release publishes on the lock's channel (``wait`` duplicates wake) and the policy sends a
+    parked call now, not at the dead holder's TTL. True if freed.
 
     Only a lock whose owner metadata names this very execution (task id, this node, a pid
-    that is gone) is deleted, atomically, by the ``RELEASE_ABANDONED`` script. Waits up to
-    ``wait`` seconds for the holder's pid to disappear, then leaves the lock to its TTL.
-
-    Raises:
-        LockError: the lock server could not be asked.
+    that is gone) is deleted, atomically, by the ``RELEASE_ABANDONED`` script.
     """
-    deadline = time.monotonic() + wait
-    while True:
-        holder = _held_by(locker, name, limit, task_id, node)
-        if holder is None:
-            return False  # released by the body, freed already, or never taken
-        if holder.pid is not None and pid_is_gone(holder.pid):
-            break
-        if time.monotonic() > deadline:
-            log.warning(
-                "task %s[%s]: holder pid %s of %s still alive after %.0fs; leaving the lock "
-                "to its TTL",
-                task.name,
-                task_id,
-                holder.pid,
-                holder.key,
-                wait,
-            )
-            return False
-        time.sleep(0.05)
-    freed = bool(
-        locker.release_abandoned(
+    try:
+        deadline = time.monotonic() + wait
+        while True:
+            holder = _held_by(locker, name, limit, task_id, node)
+            if holder is None:
+                return False  # released by its body, freed already, or never taken
+            if holder.pid is not None and pid_is_gone(holder.pid):
+                break
+            if time.monotonic() > deadline:
+                log.warning(
+                    "task %s[%s]: holder pid %s of %s still alive after %.0fs; leaving the lock "
+                    "to its TTL",
+                    task.name,
+                    task_id,
+                    holder.pid,
+                    holder.key,
+                    wait,
+                )
+                return False
+            time.sleep(0.05)
+        freed = locker.release_abandoned(
             name, task_id=task_id, host=node, pid=holder.pid, slot=slot_of(holder.key)
         )
-    )
-    if freed:
-        log.warning(
-            "task %s[%s]: freed lock %s left by dead process %s",
-            task.name,
-            task_id,
-            holder.key,
-            holder.pid,
-        )
-        task.lock_options.policy.reclaimed(task, locker, name)
-        if lock_released.receivers:
-            with no_fork:  # Celery's Signal takes a lock (see parking.publish)
-                lock_released.send(
-                    sender=task, task_id=task_id, key=holder.key, owned=True, reclaimed=True
-                )
-    return freed
+        if freed:
+            log.warning(
+                "task %s[%s]: freed lock %s left by dead process %s",
+                task.name,
+                task_id,
+                holder.key,
+                holder.pid,
+            )
+            task.lock_options.policy.reclaimed(task, locker, name)
+            if lock_released.receivers:
+                with no_fork:  # Celery's Signal takes a lock (see parking.publish)
+                    lock_released.send(
+                        sender=task, task_id=task_id, key=holder.key, owned=True, reclaimed=True
+                    )
+        return bool(freed)
+    except LockError as exc:
+        log.error("task %s[%s]: could not reclaim its lock: %s", task.name, task_id, exc)
+        return False
 
 
 def _held_by(locker: Any, name: str, limit: int, task_id: str, node: str) -> Any:

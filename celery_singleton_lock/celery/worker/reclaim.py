@@ -1,5 +1,7 @@
 """Freeing the lock of a pool child that died (``kill -9``, a hard time limit,
-``terminate``) from the worker's main process, and handing it on.
+``terminate``) from the worker's main process, and handing it on: as soon as the renewal
+supervisor sees the child gone (:mod:`.child_renewal`), and again when Celery reports the death
+(a no-op by then, unless the supervisor could not reach the lock server).
 
 Only a lock whose owner metadata names the dead execution (task id, this node, a pid that
 is gone) is freed, atomically, by the engine's abandoned-lease release."""

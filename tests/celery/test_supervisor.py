@@ -8,13 +8,16 @@ whole path under real prefork workers is in test_gil_starvation.py.
 
 from __future__ import annotations
 
+import os
+import subprocess
 import uuid
 from types import SimpleNamespace
 from typing import Any
 
 import redis
 
-from celery_singleton_lock.celery.worker.child_renewal import ChildLockSupervisor
+from celery_singleton_lock.celery.worker.child_renewal import DEATH_CHECK, ChildLockSupervisor
+from celery_singleton_lock.celery.worker.reclaim import pid_is_gone
 from celery_singleton_lock.engine import Lease, Owner, RedisLocker
 from tests.celery import lockapp
 from tests.celery.tasks import gil
@@ -126,3 +129,42 @@ def test_the_lock_of_a_duplicate_holder_is_not_renewed_for_the_waiting_request(
     lease = held_by_child(locker, holder)
     assert supervising([duplicate]).tick() == 0
     assert store.pttl(lease.key) <= SHORT_MS
+
+
+def dead_pid() -> int:
+    """The pid of a process that ran and was reaped: gone, as a killed child is."""
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid
+
+
+def test_a_dead_childs_lock_is_freed_at_once_and_published(
+    locker: RedisLocker, store: redis.Redis, unique_key: str
+) -> None:
+    request = running(unique_key, pid=dead_pid())
+    lease = held_by_child(locker, request)
+    releases = store.pubsub(ignore_subscribe_messages=True)
+    releases.subscribe(lease.keys.channel)
+    supervisor = ChildLockSupervisor(
+        1 / 3, requests=lambda: [request], clock=lambda: NOW, gone=pid_is_gone
+    )
+    assert supervisor.tick() == 0
+    assert not store.exists(lease.key)
+    assert supervisor.round_trips == 0  # not renewed first
+    messages = (releases.get_message(timeout=0.5) for _ in range(10))
+    assert any(m and m["type"] == "message" for m in messages)  # a waiting duplicate wakes
+    releases.close()
+
+
+def test_a_live_childs_lock_is_renewed_only_every_renewal_interval(
+    locker: RedisLocker, store: redis.Redis, unique_key: str
+) -> None:
+    request = running(unique_key, pid=os.getpid())
+    lease = held_by_child(locker, request)
+    supervisor = ChildLockSupervisor(
+        5 * DEATH_CHECK, requests=lambda: [request], clock=lambda: NOW, gone=pid_is_gone
+    )
+    assert supervisor.interval == DEATH_CHECK  # looks for dead children at every tick
+    assert [supervisor.tick() for _ in range(6)] == [1, 0, 0, 0, 0, 1]
+    assert supervisor.round_trips == 2
+    assert store.exists(lease.key)

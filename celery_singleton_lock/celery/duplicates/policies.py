@@ -260,7 +260,10 @@ class Replace(Queue):
         latest.wait_newest(duplicate, parked)
 
     def reclaimed(self, task: Any, locker: Any, name: str) -> None:
-        pass  # the newest waiting call is handed a free lock by the sweeper (see .latest)
+        # sent now, as queue's: the sweeper would look only at the dead holder's old TTL; a
+        # debounced call is left to it (the index holds its due time)
+        if not task.lock_options.debounce:
+            super().reclaimed(task, locker, name)
 
     def release(
         self, scope: Any, options: Any, cooldown: Optional[float], remember_for: Optional[float]

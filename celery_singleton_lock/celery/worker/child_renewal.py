@@ -16,7 +16,12 @@ Bounds:
   is never created again, a lock held by any other owner is never touched;
 * never past the task's hard time limit, counted from when the child accepted the task;
 * renewal stops as soon as the request leaves ``celery.worker.state.active_requests`` (the
-  child returned, died, or was killed at the hard time limit).
+  child returned, died, or was killed at the hard time limit), or its child is gone.
+
+A child that dies holding a lock (``kill -9``, the OOM killer) is seen gone within
+``DEATH_CHECK`` seconds (a signal-0 ``kill`` per running locked request, no round trip): its
+lock is no longer renewed, and is freed and handed on at once (:mod:`.reclaim`). Celery reports
+the death only once its pool notices it, seconds later at times.
 
 The child's own renewer keeps running: a second source of renewal, and the one that learns
 that a lock was lost. Only the prefork pool gets this thread: threads, solo and gevent run
@@ -35,6 +40,7 @@ from celery_singleton_lock.celery import celery_api
 from celery_singleton_lock.celery.config.limits import limit_for
 from celery_singleton_lock.celery.config.lockers import locker_for
 from celery_singleton_lock.celery.task.locked_task import LockedTask, lock_owner
+from celery_singleton_lock.celery.worker.reclaim import free_dead_holder, pid_is_gone
 from celery_singleton_lock.celery.worker.server_probe import unusable_at_start
 from celery_singleton_lock.celery.worker.ticking import Ticking
 from celery_singleton_lock.engine import LockBackend, Owner
@@ -42,11 +48,15 @@ from celery_singleton_lock.errors import LockError
 
 log = logging.getLogger("celery_singleton_lock.renewal")
 
+#: Seconds between two looks at whether the children running locked bodies are still alive.
+DEATH_CHECK = 0.2
+
 
 @dataclass(frozen=True)
 class Watched:
     """The lock one running request holds, or will hold once its child takes it."""
 
+    task: LockedTask
     locker: LockBackend
     name: str
     owner: Owner
@@ -63,8 +73,11 @@ class ChildLockSupervisor(Ticking):
     Args:
         requests: returns the requests running in children now (default: Celery's
             ``active_requests`` of this process).
-        interval: seconds between ticks.
+        interval: seconds between renewals.
         clock: wall clock (seconds since the epoch), the clock of ``Request.time_start``.
+        gone: tells whether a child's pid is gone; with it, the supervisor looks every
+            ``DEATH_CHECK`` seconds and frees a dead child's lock at once (None: requests
+            standing for children that are not this worker's, as in the unit tests).
     """
 
     def __init__(
@@ -73,9 +86,13 @@ class ChildLockSupervisor(Ticking):
         *,
         requests: Optional[Callable[[], Iterable[Any]]] = None,
         clock: Callable[[], float] = time.time,
+        gone: Optional[Callable[[int], bool]] = None,
     ) -> None:
-        super().__init__(interval)
+        super().__init__(interval if gone is None else min(interval, DEATH_CHECK))
         self.clock = clock
+        self._gone = gone
+        #: a renewal every this many ticks (the ticks between only look for dead children)
+        self._renew_every = max(1, round(interval / self.interval))
         self._requests = requests or celery_api.running_requests
         #: by (task id, child pid); None when the request's task takes no lock we can name
         self._watched: dict[tuple[str, int], Optional[Watched]] = {}
@@ -86,10 +103,12 @@ class ChildLockSupervisor(Ticking):
     job = "renewal of the pool children's locks"
 
     def tick(self) -> int:
-        """Renew the lock of every locked request running in a child now; how many were
-        still held by their request (and renewed)."""
+        """Free the lock of every locked request whose child is gone; on a renewal tick,
+        renew the others' locks. How many were still held by their request (and renewed)."""
         self.ticks += 1
+        renewing = (self.ticks - 1) % self._renew_every == 0
         now = self.clock()
+        dead: list[Watched] = []
         batches: dict[LockBackend, list[tuple[str, Owner, float]]] = defaultdict(list)
         limits: dict[LockBackend, list[int]] = defaultdict(list)
         seen: dict[tuple[str, int], Optional[Watched]] = {}
@@ -102,6 +121,12 @@ class ChildLockSupervisor(Ticking):
                 self._watched[ident] if ident in self._watched else _watch(request, pid)
             )
             if watched is None:
+                continue
+            if self._gone is not None and self._gone(pid):
+                dead.append(watched)
+                seen[ident] = None  # freed once; forgotten when Celery drops the request
+                continue
+            if not renewing:
                 continue
             ttl = (
                 watched.ttl
@@ -120,6 +145,17 @@ class ChildLockSupervisor(Ticking):
                 renewed += len(batch) - len(lost)
             except LockError as exc:
                 log.warning("could not renew the pool children's locks: %s", exc)
+        for watched in dead:  # Celery's own report of the death comes later, or never
+            owner = watched.owner
+            free_dead_holder(
+                watched.task,
+                watched.locker,
+                watched.name,
+                watched.limit,
+                owner.task_id,
+                owner.host,
+                wait=0.0,
+            )
         return renewed
 
 
@@ -139,6 +175,7 @@ def _watch(request: Any, pid: int) -> Optional[Watched]:
     hard = celery_api.accepted_hard_time_limit(request) or options.default_time_limit
     started = celery_api.accepted_at(request)
     return Watched(
+        task=task,
         locker=locker_for(task.app),
         name=name,
         owner=lock_owner(request.id, request, pid),
@@ -172,10 +209,12 @@ def start_child_renewal(sender: Any = None, **_: Any) -> None:
                 locker_for(app)
             except LockError as exc:  # made on the supervisor's first tick that reaches it
                 log.debug("lock server not reachable at worker start: %s", exc)
-        _supervisor = ChildLockSupervisor(min(ttls) / 3)
+        _supervisor = ChildLockSupervisor(min(ttls) / 3, gone=pid_is_gone)
         _supervisor.start()
         log.info(
-            "renewing the locks of pool children from the main process every %.2fs",
+            "renewing the locks of pool children from the main process every %.2fs, and "
+            "freeing a dead child's lock within %.2fs",
+            min(ttls) / 3,
             _supervisor.interval,
         )
 

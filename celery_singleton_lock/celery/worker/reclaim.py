@@ -1,5 +1,7 @@
 """Freeing the lock of a pool child that died (``kill -9``, a hard time limit,
-``terminate``) from the worker's main process, and handing it on.
+``terminate``) from the worker's main process, and handing it on: as soon as the renewal
+supervisor sees the child gone (:mod:`.child_renewal`), and again when Celery reports the death
+(a no-op by then, unless the supervisor could not reach the lock server).
 
 Only a lock whose owner metadata names the dead execution (task id, this node, a pid that
 is gone) is freed, atomically, by the engine's abandoned-lease release."""
@@ -71,45 +73,42 @@ def pid_is_gone(pid: int) -> bool:
 
 
 def reclaim_dead_holder(task: LockedTask, task_id: str, args: Any, kwargs: Any, node: str) -> bool:
-    """Free the lock a dead child of this worker held for ``task_id``; True if freed.
+    """Free the lock a dead child of this worker held for ``task_id``; True if freed."""
+    options = task.lock_options
+    try:
+        name = options.keyer.name(args, kwargs)
+        limit = limit_for(task.name, options.limit, options.keyer, args, kwargs)
+    except LockError as exc:  # the child failed the same way, holding nothing
+        log.debug("task %s[%s]: no lock name (%s)", task.name, task_id, exc)
+        return False
+    return free_dead_holder(task, locker_for(task.app), name, limit, task_id, node)
+
+
+def free_dead_holder(
+    task: LockedTask,
+    locker: Any,
+    name: str,
+    limit: int,
+    task_id: str,
+    node: str,
+    wait: float = RECLAIM_WAIT,
+) -> bool:
+    """Free lock ``name`` (one of its ``limit`` slots) held for ``task_id`` by a process of
+    this node, once that pid is gone (waiting up to ``wait`` seconds), and hand it on: the
+    release publishes on the lock's channel (``wait`` duplicates wake) and the policy sends a
+    parked call now, not at the dead holder's TTL. True if freed.
 
     Only a lock whose owner metadata names this very execution (task id, this node, a pid
     that is gone) is deleted, atomically, by the ``RELEASE_ABANDONED`` script.
     """
     try:
-        options = task.lock_options
-        name = options.keyer.name(args, kwargs)
-        limit = limit_for(task.name, options.limit, options.keyer, args, kwargs)
-        locker = locker_for(task.app)
-        deadline = time.monotonic() + RECLAIM_WAIT
+        deadline = time.monotonic() + wait
         while True:
             holder = _held_by(locker, name, limit, task_id, node)
             if holder is None:
-                return False
+                return False  # released by its body, freed already, or never taken
             if holder.pid is not None and pid_is_gone(holder.pid):
-                freed = locker.release_abandoned(
-                    name, task_id=task_id, host=node, pid=holder.pid, slot=slot_of(holder.key)
-                )
-                if freed:
-                    log.warning(
-                        "task %s[%s]: freed lock %s left by dead process %s",
-                        task.name,
-                        task_id,
-                        holder.key,
-                        holder.pid,
-                    )
-                    # a parked call gets the lock now, not at the dead holder's TTL
-                    task.lock_options.policy.reclaimed(task, locker, name)
-                    if lock_released.receivers:
-                        with no_fork:  # Celery's Signal takes a lock (see parking.publish)
-                            lock_released.send(
-                                sender=task,
-                                task_id=task_id,
-                                key=holder.key,
-                                owned=True,
-                                reclaimed=True,
-                            )
-                return freed
+                break
             if time.monotonic() > deadline:
                 log.warning(
                     "task %s[%s]: holder pid %s of %s still alive after %.0fs; leaving the lock "
@@ -118,10 +117,28 @@ def reclaim_dead_holder(task: LockedTask, task_id: str, args: Any, kwargs: Any, 
                     task_id,
                     holder.pid,
                     holder.key,
-                    RECLAIM_WAIT,
+                    wait,
                 )
                 return False
             time.sleep(0.05)
+        freed = locker.release_abandoned(
+            name, task_id=task_id, host=node, pid=holder.pid, slot=slot_of(holder.key)
+        )
+        if freed:
+            log.warning(
+                "task %s[%s]: freed lock %s left by dead process %s",
+                task.name,
+                task_id,
+                holder.key,
+                holder.pid,
+            )
+            task.lock_options.policy.reclaimed(task, locker, name)
+            if lock_released.receivers:
+                with no_fork:  # Celery's Signal takes a lock (see parking.publish)
+                    lock_released.send(
+                        sender=task, task_id=task_id, key=holder.key, owned=True, reclaimed=True
+                    )
+        return bool(freed)
     except LockError as exc:
         log.error("task %s[%s]: could not reclaim its lock: %s", task.name, task_id, exc)
         return False

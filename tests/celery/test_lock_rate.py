@@ -79,9 +79,9 @@ def test_a_retry_for_the_rates_next_start_does_not_grow_the_backoff(
     # A refusal that said when to come back is no failed poll: when the call then finds a body
     # running, its backoff starts from the first step (issue 30 item 6: it grew with every
     # rate refusal, and the calls' last starts slipped past 40 s)
-    task = limits.rate3_retry
+    task = limits.rate3_per_10s_retry
     for _ in range(3):
-        task.delay(unique_key).get(timeout=30)  # the window is full for ~3 s
+        task.delay(unique_key).get(timeout=30)  # the window is full for ~10 s
     backoffs: list[Any] = []
 
     def record(headers: Optional[dict[str, Any]] = None, **_: Any) -> None:
@@ -97,7 +97,7 @@ def test_a_retry_for_the_rates_next_start_does_not_grow_the_backoff(
         lease = locker.try_acquire(name, 30, owner=Owner(task_id="holder"), renew=False)
         assert isinstance(lease, Lease)  # a body running when the call comes back
         try:
-            wait_until(lambda: len(backoffs) >= 2, timeout=10)
+            wait_until(lambda: len(backoffs) >= 2, timeout=20)
         finally:
             lease.release()
         result.get(timeout=30)

@@ -36,6 +36,10 @@ BACKEND_ERRORS: tuple[type[BaseException], ...] = (
     RedisError,
     OperationalError,
 )
+#: What storing a state may raise: a backend error, or a state the result serializer cannot
+#: encode (``EncodeError``, a ``KombuError``: with ``result_extended`` a state holds the call's
+#: arguments, which JSON results cannot hold for a pickled call). It costs the state only.
+STORE_ERRORS: tuple[type[BaseException], ...] = (KombuError, *BACKEND_ERRORS)
 
 try:  # Celery >= 5.5: the request may override the task's ignore_result either way
     from celery.app.task import get_actual_ignore_result as _actual_ignore_result

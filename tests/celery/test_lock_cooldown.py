@@ -12,6 +12,8 @@ import redis
 from celery_singleton_lock import DuplicateTaskSkipped, LockConfigurationError
 from tests.celery.registration import register
 from tests.celery.tasks import limits
+from tests.celery.test_lock_rate import CLOCKS, starts
+from tests.support import wait_until
 
 
 def runs(store: redis.Redis, key: str) -> int:
@@ -74,6 +76,22 @@ def test_a_retry_inside_the_cooldown_is_sent_once_for_its_end_and_runs(
     limits.cooldown2_retry.delay(unique_key).get(timeout=30)
     assert runs(store, unique_key) == 2
     assert [seen["action"] for seen in duplicates_seen] == ["retry"]
+
+
+def test_a_wait_inside_the_cooldown_starts_at_its_end_not_at_the_holders_ttl(
+    worker: Any, store: redis.Redis, unique_key: str
+) -> None:
+    # issue 30 item 3: the release into the cooldown published nothing, so the waiter slept
+    # until the TTL it had read of the running holder (15 s) and started ~14 s after the run
+    first = limits.cooldown2_wait.delay(unique_key, 1.0)
+    wait_until(lambda: runs(store, unique_key) == 1, timeout=10)
+    waiter = limits.cooldown2_wait.delay(unique_key)
+    first.get(timeout=30)
+    waiter.get(timeout=40)
+    first_start, waiter_start = starts(store, unique_key)
+    late = waiter_start - (first_start + 1.0)  # after the run's end
+    print(f"wait with lock_cooldown=2: started {late:.2f}s after the run ended")
+    assert 2.0 - CLOCKS <= late <= 3.5
 
 
 @pytest.mark.parametrize("bad", [-1, "3", True, 10**9])

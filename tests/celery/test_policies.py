@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import itertools
 import time
 import uuid
@@ -10,6 +11,7 @@ from typing import Any, Iterator, Optional
 
 import pytest
 import redis
+from celery.result import AsyncResult
 from celery.signals import before_task_publish
 from celery.states import READY_STATES
 
@@ -20,7 +22,7 @@ from celery_singleton_lock.engine import Lease, Owner, RedisLocker
 from celery_singleton_lock.testing import RedisServer
 from tests.celery import lockapp
 from tests.celery.conftest import assert_released, lock_key_of
-from tests.celery.tasks import policies
+from tests.celery.tasks import policies, queueing
 from tests.support import wait_until
 
 
@@ -247,3 +249,29 @@ def test_lock_key_is_released_after_a_duplicate_finally_runs(
     assert store.llen(f"runs:{unique_key}") == 5
     assert int(store.get(f"overlaps:{unique_key}") or 0) == 0
     assert_released(store, lock_key_of(policies.hold_retry, unique_key))
+
+
+# Celery's own SUCCESS cannot be stored either (after the body: not ours to change)
+@pytest.mark.filterwarnings("ignore:Exception raised outside body:RuntimeWarning")
+def test_every_retried_call_runs_when_its_retry_state_cannot_be_stored(
+    worker: Any, celery_app: Any, store: redis.Redis, unique_key: str, monkeypatch: Any
+) -> None:
+    # issue 30 item 8: with result_extended the stored state holds the call's arguments, which
+    # a JSON result backend cannot encode for a pickled call: storing RETRY raised EncodeError
+    # before the lock retry was sent, and 7 of 8 calls never ran
+    monkeypatch.setitem(celery_app.conf, "result_extended", True)
+    assert celery_app.backend.serializer == "json"
+    calls = [
+        policies.retry_colour.apply_async(
+            (unique_key, queueing.Colour.RED, 0.2), serializer="pickle"
+        )
+        for _ in range(8)
+    ]
+    assert wait_until(lambda: store.llen(f"runs:{unique_key}") == 8, timeout=40)
+    # No outcome can be stored either, and Celery keeps the requests of the calls whose
+    # SUCCESS it failed to store, with the results of their lock retries (one result backend
+    # per worker thread): unsubscribe them all now, not when collected after the servers stop.
+    ids = {call.id for call in calls}
+    for result in [found for found in gc.get_objects() if isinstance(found, AsyncResult)]:
+        if result.id in ids:
+            result.backend.result_consumer.cancel_for(result.id)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import redis
 
 from celery_singleton_lock.engine import Lease, LockHolder, Owner, RedisLocker
+from celery_singleton_lock.engine.waiting import subscribe_releases, wait_for_release
 from tests.support import wait_until
 
 
@@ -25,6 +26,18 @@ def test_the_cooldown_left_is_the_holders_ttl(locker: RedisLocker) -> None:
     locker.release_cooling(held(locker), 5.0)
     holder = locker.try_acquire("job", 10.0)
     assert isinstance(holder, LockHolder) and holder.ttl is not None and 4.0 < holder.ttl <= 5.0
+
+
+def test_a_release_into_the_cooldown_is_published_to_the_waiters(locker: RedisLocker) -> None:
+    # a waiter (policy wait) then re-reads the key and sleeps for the cooldown left, not for
+    # the TTL it read of the running holder (issue 30, item 3)
+    lease = held(locker)
+    pubsub = subscribe_releases(locker.client, locker.keys("job").channel)
+    try:
+        locker.release_cooling(lease, 5.0)
+        assert wait_for_release(pubsub, timeout=2.0)
+    finally:
+        pubsub.close()
 
 
 def test_a_plain_holder_is_not_cooling(locker: RedisLocker) -> None:

@@ -148,14 +148,17 @@ TASK_OPTIONS: dict[str, TaskOption] = {
         None,
         f"None or 0 to {MAX_TTL:g} seconds",
         "After a body ends the key stays taken this long: a call inside it is a duplicate "
-        "(reason 'cooldown'), a lock retry is sent for the cooldown's end, a parked call "
+        "(reason 'cooldown'), a lock retry is sent for the cooldown's end, a waiting call "
+        "('wait') starts then, a parked call "
         "('queue') is handed on when it ends. Not with 'join' or 'replace'.",
     ),
     "lock_cooldown_after": TaskOption(
         "singleton_lock_cooldown_after",
         "success",
         "'success' or 'always'",
-        "Which ends start the cooldown: a success only, or any outcome (a failure too).",
+        "Which ends start the cooldown: a success only, or any outcome (a failure too). A "
+        "killed holder (its pool child or worker died) starts none, even with 'always': its "
+        "lock is freed by the worker, or expires at its TTL.",
     ),
     "lock_rate": TaskOption(
         "singleton_lock_rate",

@@ -24,9 +24,10 @@ from typing import Any, Callable, Iterator, NoReturn, Optional
 from celery.exceptions import Ignore
 
 from celery_singleton_lock.celery import celery_api
-from celery_singleton_lock.celery.celery_api import BACKEND_ERRORS, ignores_result
+from celery_singleton_lock.celery.celery_api import ignores_result
 from celery_singleton_lock.celery.duplicates import enqueue
 from celery_singleton_lock.celery.duplicates.redelivery import (
+    BACKOFF_HEADER,
     COPY_HEADER,
     RETRY_HEADER,
     is_marked_copy,
@@ -52,6 +53,9 @@ log = logging.getLogger("celery_singleton_lock.duplicate")
 #: seconds a lock retry for a cooldown's end (or a rate window's) is sent after it, so that it
 #: finds the key gone (the window slid)
 COOLDOWN_MARGIN = 0.05
+#: at most this many seconds over which the lock retries told the same instant (a cooldown's
+#: end, a rate's next start) are spread: woken together, all but one would be refused again
+SPREAD_MAX = 1.0
 
 
 def backoff_delay(
@@ -59,6 +63,25 @@ def backoff_delay(
 ) -> float:
     """Exponential backoff with full jitter: uniform in ``[0, min(cap, base * 2**attempt))``."""
     return float(rng() * min(cap, base * (2 ** min(attempt, 60))))
+
+
+def due_delay(
+    holder: LockHolder, options: Any, rng: Callable[[], float] = random.random
+) -> Optional[float]:
+    """Seconds until the lock can be had, as the refusal told: a cooldown's end, the rate's next
+    start; jittered over one start's share of the period (at most :data:`SPREAD_MAX`) so that
+    the calls refused together do not all come back at once. None for a running holder,
+    whose end nobody knows: back off then."""
+    share: float  # the period one start has, on average
+    if holder.ttl is None:
+        return None
+    if holder.over_rate and options.rate is not None:
+        share = options.rate[1] / options.rate[0]
+    elif holder.cooling and options.cooldown:
+        share = options.cooldown
+    else:
+        return None
+    return holder.ttl + COOLDOWN_MARGIN + rng() * min(SPREAD_MAX, share)
 
 
 def describe(holder: LockHolder) -> str:
@@ -190,10 +213,11 @@ def retry(
         # apply() would re-run the retry signature recursively, at once: the caller gets the
         # outcome instead (``handle`` has already waited for a held lock).
         raise reason
-    if (holder.cooling or holder.over_rate) and holder.ttl is not None:
-        countdown = holder.ttl + COOLDOWN_MARGIN  # the cooldown's end, the window's: no polling
-    else:
-        countdown = backoff_delay(attempt, options.retry_backoff, options.retry_backoff_max)
+    backoffs = lock_retries(request, BACKOFF_HEADER)
+    countdown = due_delay(holder, options)  # no polling, and no backoff grown by waiting
+    if countdown is None:
+        countdown = backoff_delay(backoffs, options.retry_backoff, options.retry_backoff_max)
+        backoffs += 1
     if cause is None:
         log.info(
             "task %s: lock held by %s; lock retry %d in %.2fs",
@@ -207,6 +231,7 @@ def retry(
         **(getattr(request, "headers", None) or {}),
         **(extra_headers or {}),
         RETRY_HEADER: attempt + 1,
+        BACKOFF_HEADER: backoffs,
     }
     if duplicate.is_copy:
         headers[COPY_HEADER] = 1
@@ -227,8 +252,8 @@ def _store_retry(task: Any, request: Any, reason: LockError) -> None:
         return
     try:
         celery_api.store_retry(task, request, reason)
-    except BACKEND_ERRORS as exc:  # the retry message matters more than the state
-        log.warning("task %s[%s]: cannot store RETRY (%s)", task.name, request.id, exc)
+    except celery_api.STORE_ERRORS as exc:  # the retry message matters more than the state
+        log.warning("task %s[%s]: cannot store RETRY (%r)", task.name, request.id, exc)
 
 
 @contextlib.contextmanager

@@ -30,7 +30,6 @@ from typing import Any, NoReturn
 
 from celery.app.task import Context
 from celery.exceptions import Ignore
-from kombu.exceptions import KombuError
 from kombu.utils import json
 
 from celery_singleton_lock.celery import celery_api
@@ -42,9 +41,6 @@ log = logging.getLogger("celery_singleton_lock.duplicate")
 
 #: The reason stored with the REVOKED state of a call a newer one took the place of.
 SUPERSEDED = "superseded"
-
-#: What storing the state or broadcasting the revoke may raise (a backend or broker down).
-_MARKING_ERRORS: tuple[type[BaseException], ...] = (KombuError, *celery_api.BACKEND_ERRORS)
 
 
 def _request_of(message: bytes) -> Context:
@@ -78,7 +74,7 @@ def _mark(task: Any, request: Any, by: str, key: str, hostname: str) -> bool:
         if not request.ignore_result and not task.ignore_result:
             task.backend.mark_as_revoked(request.id, SUPERSEDED, request=request)
         task.app.control.revoke(request.id)
-    except _MARKING_ERRORS as exc:
+    except celery_api.STORE_ERRORS as exc:  # a broadcast's KombuError too (a broker down)
         log.error(
             "task %s[%s] was superseded by %s but could not be marked REVOKED (%s: %s)",
             task.name,

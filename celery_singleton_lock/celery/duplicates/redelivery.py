@@ -50,11 +50,16 @@ def already_ran(task: Any, request: Any, is_copy: bool) -> bool:
 
 #: Message header counting lock retries; kept apart from Celery's own ``retries``.
 RETRY_HEADER = "singleton_lock_retries"
+#: Message header counting the lock retries that backed off (the backoff's exponent): a
+#: retry sent for when the lock can be had (a cooldown's end, a rate's next start) counts
+#: against the retry budget, not here.
+BACKOFF_HEADER = "singleton_lock_backoffs"
 
 
-def lock_retries(request: Any) -> int:
-    """How many lock retries the execution behind ``request`` has had."""
+def lock_retries(request: Any, header: str = RETRY_HEADER) -> int:
+    """How many lock retries the execution behind ``request`` has had (``header``: how many
+    of them backed off)."""
     try:
-        return max(0, int(celery_api.header(request, RETRY_HEADER) or 0))
+        return max(0, int(celery_api.header(request, header) or 0))
     except (TypeError, ValueError):
         return 0

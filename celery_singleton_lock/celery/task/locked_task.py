@@ -343,14 +343,14 @@ class LockedTask(Task):  # type: ignore[misc]
 
     def _store_started(self, task_id: str, request: Any) -> None:
         """STARTED, as Celery's tracer stores it with ``track_started`` (see
-        ``lock_track_started``); a backend failure costs the state, not the run."""
+        ``lock_track_started``); a failure to store it costs the state, not the run."""
         if celery_api.ignores_result(self, request):
             return
         meta = {"pid": os.getpid(), "hostname": request.hostname or _HOSTNAME}
         try:
             celery_api.store_started(self, task_id, request, meta)
-        except celery_api.BACKEND_ERRORS as exc:
-            log.warning("task %s[%s]: cannot store STARTED (%s)", self.name, task_id, exc)
+        except celery_api.STORE_ERRORS as exc:
+            log.warning("task %s[%s]: cannot store STARTED (%r)", self.name, task_id, exc)
 
     def _drop_copy(self, task_id: str, why: str) -> NoReturn:
         # Usually a broker redelivery; also a message sent again on purpose under the same id

@@ -3,9 +3,9 @@
 The release compares the owner's token, as a release does, then writes the key again with a
 token and a pid no owner has, for the cooldown's length (lua/release_into_cooldown.lua): an
 acquire finds it held (by the run that just ended, its remaining TTL the cooldown left), no
-one can release or renew it, and it frees itself when the cooldown ends. Nothing is
-published: a waiter re-checks at the holder's TTL. The same works on a slot key
-(:mod:`..slots`).
+one can release or renew it, and it frees itself when the cooldown ends. The release is
+published, as any release is: a waiter then reads the key again and sleeps for the cooldown
+left (its end publishes nothing). The same works on a slot key (:mod:`..slots`).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class Cooldown:
         """Release ``lease`` (as ``release`` does, ``remember_for`` too), leaving its key taken
         for ``cooldown`` seconds: True if it was still ours (its cooldown then began), False
         if not (nothing changed)."""
-        args: list[Any] = [lease.token, max(1, int(cooldown * 1000))]
+        args: list[Any] = [lease.token, max(1, int(cooldown * 1000)), lease.keys.channel]
         return bool(
             self.releases.release_with(
                 lease, self._release_cooling, [lease.key], args, remember_for

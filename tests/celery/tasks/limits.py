@@ -79,6 +79,10 @@ cooldown3_skip = limited_task("cooldown3_skip", lock_cooldown=3, on_duplicate="s
 cooldown2_retry = limited_task(
     "cooldown2_retry", lock_cooldown=2, on_duplicate="retry", lock_retry_backoff=0.05
 )
+#: the default lock_ttl (15 s): a waiter woken only at the holder's TTL starts ~14 s late
+cooldown2_wait = limited_task(
+    "cooldown2_wait", lock_cooldown=2, on_duplicate="wait", lock_wait_timeout=30
+)
 
 
 def _failing(name: str, after: str) -> Any:
@@ -116,7 +120,7 @@ rate2_skip = limited_task("rate2_skip", lock_rate="2/m", on_duplicate="skip")
 limit3_queue = limited_task("limit3_queue", lock_limit=3, on_duplicate=QUEUE, lock_ttl=5)
 rate3_queue = limited_task("rate3_queue", lock_rate="3/3s", on_duplicate=QUEUE)
 cooldown1_queue = limited_task("cooldown1_queue", lock_cooldown=1, on_duplicate=QUEUE)
-#: the issue's acceptance size (full runs only): 9 calls at 3 per 10 s
+#: issue 30's acceptance size: 9 calls at 3 per 10 s
 rate3_per_10s_retry = limited_task(
     "rate3_per_10s_retry", lock_rate="3/10s", on_duplicate="retry", lock_retry_backoff=0.05
 )

@@ -2,7 +2,7 @@
 -- release.lua does, then leave the key taken for the cooldown (includes/cooldown.lua).
 -- Nothing is published: a waiter re-checks at the holder's TTL.
 -- KEYS[1]  lock (or slot) key
--- KEYS[2]  optional: the finish-record bucket prefix (as release.lua's KEYS[2])
+-- KEYS[2]  optional: the finish-record set (as release.lua's KEYS[2])
 -- ARGV[1]  token of the releasing owner (32 characters)
 -- ARGV[2]  the cooldown in ms
 -- ARGV[3..4]  with KEYS[2]: as release.lua's ARGV[3..4] (record lifetime in ms, the owner's

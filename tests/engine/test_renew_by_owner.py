@@ -101,7 +101,10 @@ def test_renewing_more_locks_by_owner_than_a_chunk_is_one_round_trip_reporting_e
     counting_client: redis.Redis,
 ) -> None:
     locker = RedisLocker(counting_client, prefix="t")
-    held = [(f"k{i}", Owner(task_id=f"t{i}", host="node@h", pid=7), 30.0) for i in range(2500)]
+    held = [
+        (f"k{i}", Owner(task_id=f"t{i}", host="node@h", pid=7), 30.0)
+        for i in range(2 * CHUNK + 500)
+    ]
     for name, owner, _ in held:
         hold(locker, name, owner)
     lost = [0, CHUNK - 1, CHUNK, 2 * CHUNK + 7]

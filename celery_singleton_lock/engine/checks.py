@@ -76,8 +76,8 @@ def try_acquire(
         unless_finished: take nothing if ``owner.task_id`` already ran to the end under
             this lock (a release with ``remember_for`` recorded it), in the same round
             trip.
-        finished_ttl: with ``unless_finished``: the ``remember_for`` of the releases
-            whose records are looked for (records are kept in buckets of that width).
+        finished_ttl: with ``latest``: how long superseded task ids are remembered (a
+            finish record lives the ``remember_for`` of its release, whatever this says).
         min_replicas: hold the lock only once this many replicas acknowledged it (and its
             fence), waiting up to ``replica_timeout`` seconds (``WAIT``, sent with the
             acquire in the same round trip); otherwise it is released again and

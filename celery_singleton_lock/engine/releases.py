@@ -52,7 +52,7 @@ class Releases:
         if remember_for is None or not task_id:
             return script_keys, args
         return (
-            [*script_keys, self.issuer.shared.of(lease.key)[1]],
+            [*script_keys, self.issuer.shared.of(lease.key, task_id)[1]],
             [*args, _ms(remember_for), task_id],
         )
 

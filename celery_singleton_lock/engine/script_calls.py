@@ -8,8 +8,8 @@ still ``Script``'s:
 
 * :class:`Acknowledged`: the script then ``WAIT`` on one kept connection (``WAIT`` counts the
   replicas that acknowledged that connection's writes); the script's reply and the count.
-* :class:`EachKey`: one call per ``(keys, args)`` in one cluster pipeline (one round trip per
-  node); every reply.
+* :class:`EachKey`: one call per ``(keys, args)`` in one pipeline (on a cluster one round trip
+  per node); every reply.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
+from redis.cluster import RedisCluster
 from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
@@ -65,15 +66,17 @@ class Acknowledged:
 
 class EachKey:
     """A ``Script`` client sending the script once per ``(keys, args)`` of ``calls`` in one
-    cluster pipeline; ``evalsha`` (called without keys) returns every reply.
+    pipeline (a cluster's, or a server's: the chunks of a renewal, :mod:`.server_renewal`);
+    ``evalsha`` (called without keys) returns every reply.
 
-    redis-py's cluster pipeline refuses ``evalsha()`` and does not load scripts: the EVALSHA
-    commands are sent as they are and, when a node does not know the script, ``Script`` loads
-    it on every primary (the cluster's ``script_load``) and the pipeline is sent once more (the
-    renew scripts only replace TTLs: sending one again is harmless). Each command names the
-    node of its key from the client's slot map: without it, redis-py 8 asks a server for the
-    keys of every EVALSHA in a pipeline (``COMMAND GETKEYS``, one round trip each). A command
-    sent to a node that lost the slot is redirected (MOVED) by redis-py as any other.
+    redis-py's cluster pipeline refuses ``evalsha()``, and its pipelines load scripts with a
+    ``SCRIPT EXISTS`` round trip at every send: the EVALSHA commands are sent as they are and,
+    when a server does not know the script, ``Script`` loads it (on a cluster on every primary)
+    and the pipeline is sent once more (the renew scripts only replace TTLs: sending one again
+    is harmless). On a cluster each command names the node of its key from the client's slot
+    map: without it, redis-py 8 asks a server for the keys of every EVALSHA in a pipeline
+    (``COMMAND GETKEYS``, one round trip each). A command sent to a node that lost the slot is
+    redirected (MOVED) by redis-py as any other.
     """
 
     def __init__(self, client: Any, calls: list[tuple[list[str], list[Any]]]) -> None:
@@ -83,10 +86,11 @@ class EachKey:
 
     def evalsha(self, sha: str, numkeys: int, *unused: Any) -> list[Any]:
         client = self._client
+        cluster = isinstance(client, RedisCluster)
         pipe = client.pipeline(transaction=False)
         for keys, args in self._calls:
-            node = client.get_node_from_key(keys[0])
-            pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args, target_nodes=node)
+            node = {"target_nodes": client.get_node_from_key(keys[0])} if cluster else {}
+            pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args, **node)
         replies: list[Any] = pipe.execute(raise_on_error=False)
         for reply in replies:
             if isinstance(reply, NoScriptError):

@@ -1,26 +1,39 @@
-"""Keys shared by many locks: the fence counter and the finish-record buckets, so the number of
+"""Keys shared by many locks: the fence counter and the finish-record sets, so the number of
 keys is bounded whatever the number of distinct lock names:
 
     P:fence                        the fence counter of the whole server (one string, never
                                    expires). Strictly increasing overall, hence strictly
                                    increasing per lock name.
-    P:finished:<W>:<b>             finish records: a set of task ids finished in bucket ``b``
-                                   (server time in ms // W, W = the record lifetime in ms),
-                                   expiring at the end of bucket ``b + 1``, so a record
-                                   lives at least W and at most 2 W.
+    P:finished:<n>                 finish records (lua/includes/finish_records.lua): a sorted
+                                   set of task ids scored by their expiry, for the ids with
+                                   ``crc32(task_id) % SHARDS == n``. The client names it, so
+                                   it is among the script's KEYS (Redis Cluster, its proxies
+                                   and Dragonfly refuse a key made inside a script). At 1,000
+                                   finished tasks/s kept 1 h (3.6M records) a set holds ~110,
+                                   within Redis's compact listpack encoding (128 entries by
+                                   default): ~50 bytes a record, and what expires at once
+                                   is one small set.
 
 On a Redis Cluster a script may only touch keys of one hash slot, so there is one counter
-and one set of buckets per slot: the same names with ``:{T}`` appended, where ``T`` is a
-short tag hashing to the lock's slot (:func:`slot_tag`). At most 16,384 counters, however
-many lock names. The scripts that use them: ``lua/includes/take_lock.lua`` and
-``lua/includes/finish_records.lua``.
+and one set of finish-record sets per slot: the same names with ``:{T}`` inserted after
+``fence`` / ``finished``, where ``T`` is a short tag hashing to the lock's slot
+(:func:`slot_tag`), and ``CLUSTER_SHARDS`` sets per slot (fewer: the records spread over the
+slots; all of them in one slot, e.g. a single lock name, still leave ~3,500 per set). At most
+16,384 counters, however many lock names. The scripts that use them:
+``lua/includes/take_lock.lua`` and ``lua/includes/finish_records.lua``.
 """
 
 from __future__ import annotations
 
 from typing import Optional
+from zlib import crc32
 
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
+
+#: finish-record sets of one server (see the module docstring)
+SHARDS = 32_768
+#: finish-record sets of one cluster slot
+CLUSTER_SHARDS = 1_024
 
 _slot_tags: Optional[list[str]] = None
 
@@ -54,26 +67,29 @@ def _base36(number: int) -> str:
 
 
 class SharedKeys:
-    """The fence counter and finish-record bucket prefix shared by the locks of a prefix (on a
-    cluster: by the locks of one slot)."""
+    """The fence counter and finish-record sets shared by the locks of a prefix (on a cluster:
+    by the locks of one slot)."""
 
-    __slots__ = ("_per_slot", "cluster", "counter", "finished", "prefix")
+    __slots__ = ("_per_slot", "cluster", "counter", "finished", "prefix", "shards")
 
     def __init__(self, prefix: str, *, cluster: bool) -> None:
         self.prefix = prefix
         self.cluster = cluster
         self.counter = f"{prefix}:fence"
         self.finished = f"{prefix}:finished"
+        #: how many sets the finish records are spread over (per slot on a cluster)
+        self.shards = CLUSTER_SHARDS if cluster else SHARDS
         self._per_slot: dict[int, tuple[str, str]] = {}
 
-    def of(self, lock_key: str) -> tuple[str, str]:
-        """``(fence counter key, finish-record bucket prefix)`` for the lock at ``lock_key``."""
-        if not self.cluster:
-            return self.counter, self.finished
-        slot = key_slot(lock_key.encode())
-        pair = self._per_slot.get(slot)
-        if pair is None:
-            tag = slot_tag(slot)
-            pair = (f"{self.counter}:{{{tag}}}", f"{self.finished}:{{{tag}}}")
-            self._per_slot[slot] = pair
-        return pair
+    def of(self, lock_key: str, task_id: str = "") -> tuple[str, str]:
+        """``(fence counter key, finish-record set of task_id)`` for the lock at ``lock_key``."""
+        counter, finished = self.counter, self.finished
+        if self.cluster:
+            slot = key_slot(lock_key.encode())
+            pair = self._per_slot.get(slot)
+            if pair is None:
+                tag = slot_tag(slot)
+                pair = (f"{counter}:{{{tag}}}", f"{finished}:{{{tag}}}")
+                self._per_slot[slot] = pair
+            counter, finished = pair
+        return counter, f"{finished}:{crc32(task_id.encode()) % self.shards}"

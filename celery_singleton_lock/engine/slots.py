@@ -48,15 +48,15 @@ def acquire_call(
     rate: Optional[tuple[int, float]],
     shared: tuple[str, str],
     task_id: str,
-    finished_ms: Optional[int],
+    unless_finished: bool,
 ) -> tuple[list[str], list[Any]]:
     """KEYS and ARGV of lua/acquire_slot.lua (``rate``: at most that many starts per that many
-    seconds, or None; ``shared``: the fence counter and finish-record prefix of the lock's
-    server or slot; ``finished_ms``: the finish records' lifetime to look for, or None)."""
+    seconds, or None; ``shared``: the fence counter and the finish-record set of ``task_id``
+    on the lock's server or slot; ``unless_finished``: to look for that record)."""
     script_keys = [slot_key(keys, slot) for slot in range(1, limit + 1)]
     counter, finished = shared
     script_keys += (counter, keys.starts, finished)
     args: list[Any] = [ttl_ms, value, "1" if fencing else "0", limit]
     args += ("", "") if rate is None else (rate[0], max(1, int(rate[1] * 1000)))
-    args += (task_id, "" if finished_ms is None else finished_ms)
+    args += (task_id, "1" if unless_finished else "")
     return script_keys, args

@@ -84,8 +84,12 @@ def stored_fields(client: redis.Redis, key: str) -> dict[str, bytes]:
 
 def finish_record(locker: RedisLocker, task_id: str) -> Optional[float]:
     """The remaining life in seconds of the finish record of ``task_id`` (written by a
-    release with ``remember_for``; the bucket set holding it), or None when there is none."""
+    release with ``remember_for``: its score in a finish-record set is its expiry in server
+    ms), or None when there is none alive."""
+    seconds, micros = locker.client.time()
+    now_ms = seconds * 1000 + micros // 1000
     for key in locker.client.scan_iter(f"{locker.prefix}:finished:*", count=1000):
-        if locker.client.sismember(key, task_id):
-            return float(locker.client.pttl(key)) / 1000
+        expires = locker.client.zscore(key, task_id)
+        if expires is not None and expires > now_ms:
+            return (expires - now_ms) / 1000
     return None

@@ -239,8 +239,7 @@ def test_a_release_that_remembers_records_the_task_id_for_at_least_that_long(
     assert isinstance(lease, Lease)
     assert lease.release(remember_for=60)
     ttl = finish_record(locker, "t-1")
-    # a bucket of 60 s lives until the end of the next bucket: at least 60 s, at most 120 s
-    assert ttl is not None and 59 < ttl <= 120
+    assert ttl is not None and 59 < ttl <= 60
 
 
 def test_a_plain_release_remembers_nothing(locker: RedisLocker) -> None:

@@ -8,6 +8,7 @@ import time
 import redis
 
 from celery_singleton_lock.engine import Lease, RedisLocker, Renewer
+from celery_singleton_lock.engine.server_renewal import CHUNK
 from celery_singleton_lock.testing import RedisServer
 from tests.engine.conftest import FakeClock, stored_token
 from tests.support import CountingConnection, wait_until
@@ -46,7 +47,7 @@ def test_renewing_a_thousand_leases_costs_one_round_trip_per_tick(
         clock.advance(1.0)
         CountingConnection.reset()
         renewer.run_once()
-        assert CountingConnection.sent == ["EVALSHA"]
+        assert CountingConnection.sent == ["PIPELINE"]  # the chunks' calls, sent together
     assert not any(lease.lost.is_set() for lease in leases)  # type: ignore[union-attr]
 
 
@@ -271,3 +272,37 @@ def test_a_lease_past_its_maximum_lifetime_is_marked_lost(
     assert lost == [lease]
     assert lease.lost.is_set()
     assert not lease.held
+
+
+def chunked_leases(locker: RedisLocker) -> list[Lease]:
+    """More leases than two renewal chunks hold (three script calls per tick)."""
+    leases = [locker.try_acquire(f"job-{i}", ttl=30, renew=False) for i in range(2 * CHUNK + 500)]
+    assert all(isinstance(lease, Lease) for lease in leases)
+    return leases  # type: ignore[return-value]
+
+
+def test_renewing_more_leases_than_a_chunk_is_one_round_trip_of_one_call_per_chunk(
+    counting_client: redis.Redis, clock: FakeClock
+) -> None:
+    locker = RedisLocker(counting_client, prefix="t", renewer=Renewer(clock=clock, autostart=False))
+    leases = chunked_leases(locker)
+    assert locker.renew_batch(leases, now=clock()) == []  # loads the script
+    counting_client.config_resetstat()
+    CountingConnection.reset()
+    assert locker.renew_batch(leases, now=clock()) == []
+    assert CountingConnection.sent == ["PIPELINE"]  # one round trip...
+    assert counting_client.info("commandstats")["cmdstat_evalsha"]["calls"] == 3  # ...3 calls
+    counting_client.script_flush()  # a server that lost its scripts: loaded, all sent again
+    CountingConnection.reset()
+    assert locker.renew_batch(leases, now=clock()) == []
+    assert CountingConnection.sent == ["PIPELINE", "SCRIPT LOAD", "PIPELINE"]
+
+
+def test_a_chunked_renewal_reports_the_lost_leases_by_their_index_across_chunks(
+    redis_client: redis.Redis, clock: FakeClock
+) -> None:
+    _, locker = hand_driven(redis_client, clock)
+    leases = chunked_leases(locker)
+    lost = [0, 5, CHUNK - 1, CHUNK, 2 * CHUNK + 1, len(leases) - 1]
+    redis_client.delete(*(leases[index].key for index in lost))
+    assert locker.renew_batch(leases, now=clock()) == lost

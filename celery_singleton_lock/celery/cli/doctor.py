@@ -355,17 +355,17 @@ def check_counts(target: Target) -> list[Finding]:
     client, prefix = target.client, target.inspector.prefix
     found = []
     # the shared keys (engine/shared_keys.py): one counter per server or Cluster slot, finish
-    # records as task ids in bucket sets
+    # records as task ids in sorted sets (sharded by task id)
     for what, match, type_ in (
         ("fence counters", f"{prefix}:fence*", "string"),
-        ("finish records", f"{prefix}:finished*", "set"),
+        ("finish records", f"{prefix}:finished*", "zset"),
     ):
         keys, stopped = _scan(client, match, type_)
         counted = len(keys)
-        if type_ == "set" and keys:
+        if type_ == "zset" and keys:
             pipe = client.pipeline(transaction=False)
             for key in keys:
-                pipe.scard(key)
+                pipe.zcard(key)
             counted = sum(int(size) for size in pipe.execute())
         count = f"at least {counted}" if stopped else str(counted)
         found.append(Finding("info", "keys", f"{count} {what} under prefix {prefix!r}"))

@@ -52,7 +52,7 @@ class LatestWins:
         """KEYS and ARGV of ACQUIRE_OR_REPLACE (its contract in lua/acquire_or_replace.lua)."""
         latest = request.latest
         assert latest is not None  # the backend sends only such a request here
-        counter, finished = self.issuer.shared.of(keys.lock)
+        counter, finished = self.issuer.shared.of(keys.lock, owner.task_id)
         script_keys = [
             keys.lock,
             counter,

@@ -144,14 +144,14 @@ class Mutex:
         )
         if not (fencing or unless_finished or take_queued):
             return [keys.lock], [_ms(request.ttl), value]
-        counter, finished = self.issuer.shared.of(keys.lock)
+        counter, finished = self.issuer.shared.of(keys.lock, owner.task_id)
         script_keys = [keys.lock, counter, finished, keys.queued]
         args: list[Any] = [
             _ms(request.ttl),
             value,
             "1" if fencing else "0",
             owner.task_id,
-            _ms(request.finished_ttl) if unless_finished else "",
+            "1" if unless_finished else "",
             ("2" if request.queued_while_held else "1") if take_queued else "0",
         ]
         return script_keys, args

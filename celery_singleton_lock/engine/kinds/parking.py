@@ -62,7 +62,7 @@ class Parking:
     ) -> tuple[list[str], list[Any]]:
         """KEYS and ARGV of ACQUIRE_OR_PARK (its contract in lua/acquire_or_park.lua) for the
         lock ``value`` (its fence empty)."""
-        counter, finished = self.issuer.shared.of(keys.lock)
+        counter, finished = self.issuer.shared.of(keys.lock, owner.task_id)
         script_keys = [keys.lock, counter, keys.parked, keys.parked_messages, keys.handoff_due]
         args: list[Any] = [
             _ms(request.ttl),
@@ -75,7 +75,6 @@ class Parking:
         ]
         if request.unless_finished:
             script_keys.append(finished)
-            args.append(_ms(request.finished_ttl))
         return script_keys, args
 
     @staticmethod

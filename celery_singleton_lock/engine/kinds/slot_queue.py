@@ -68,7 +68,7 @@ class SlotQueue:
         sent_at = issuer.renewer.clock()
         value = f"{token}||{int(issuer.wall_clock() * 1000)}|{owner.fields}"
         limit = request.limit
-        counter, finished = issuer.shared.of(keys.lock)
+        counter, finished = issuer.shared.of(keys.lock, owner.task_id)
         script_keys = [slots.slot_key(keys, slot) for slot in range(1, limit + 1)]
         script_keys += (counter, keys.starts, keys.parked, keys.parked_messages)
         script_keys += (keys.handoff_due, keys.parked_rule)
@@ -77,7 +77,6 @@ class SlotQueue:
         args += (owner.task_id, request.park, keys.name, _ms(request.reservation_ttl))
         if request.unless_finished:
             script_keys.append(finished)
-            args.append(_ms(request.finished_ttl))
         reply = self.server.run(self._slot_or_park, keys.lock, script_keys, args, pinned=True)
         if reply == -1:
             raise already_finished(keys, owner)

@@ -42,9 +42,9 @@ class Slots:
             value,
             request.fencing,
             request.rate,
-            issuer.shared.of(keys.lock),
+            issuer.shared.of(keys.lock, owner.task_id),
             owner.task_id,
-            _ms(request.finished_ttl) if request.unless_finished else None,
+            request.unless_finished,
         )
         reply = self.server.run(self._acquire_slot, keys.lock, script_keys, args, pinned=True)
         if type(reply) is list:

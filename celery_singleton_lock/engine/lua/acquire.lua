@@ -3,14 +3,15 @@
 -- KEYS[1]  lock key (string; its value: includes/lock_value.lua)
 -- With one key the script is a SET NX PX and reads no other key. Otherwise all four:
 -- KEYS[2]  the shared fence counter (see includes/take_lock.lua)
--- KEYS[3]  the finish-record bucket prefix (see includes/finish_records.lua)
+-- KEYS[3]  the finish-record set of the owner's task id (includes/finish_records.lua; its
+--          name: shared_keys.py)
 -- KEYS[4]  the lock's queued marker (see enqueue.lua)
 -- ARGV[1]  ttl in ms
 -- ARGV[2]  the lock value with an empty fence: '<token>||<acquired_at>|<pid>|<host>|<task_id>'
 -- ARGV[3]  '1' to hand out a fence, '0' not
 -- ARGV[4]  the owner's task id ('' without ARGV[5] and ARGV[6])
--- ARGV[5]  the finish records' lifetime in ms: when this task id has one, nothing is taken
---          (this owner already ran to the end under this lock); '' not to look
+-- ARGV[5]  '1': when this task id has a live finish record, nothing is taken (this owner
+--          already ran to the end under this lock); '' not to look
 -- ARGV[6]  '1': the queued marker is deleted if it holds exactly this task id, WHATEVER the
 --          outcome below (acquired, held by someone else, finished): this message has
 --          reached a worker, so it is no longer queued (a lock retry it sends writes a marker
@@ -37,7 +38,7 @@ if #KEYS == 1 then
   end
   v = redis.call('GET', KEYS[1])
 else
-  local finished = ARGV[5] ~= '' and is_finished(KEYS[3], ARGV[5], ARGV[4])
+  local finished = ARGV[5] ~= '' and is_finished(KEYS[3], ARGV[4])
   local take = ARGV[6] == '1' or (ARGV[6] == '2' and finished)
   if ARGV[6] == '2' and not take then
     local held = redis.call('GET', KEYS[1])

@@ -4,7 +4,7 @@
 -- KEYS[1]  lock key               KEYS[2]  shared fence counter key (as acquire.lua's)
 -- KEYS[3]  parked task ids (list) KEYS[4]  parked messages (hash)
 -- KEYS[5]  hand-off index (sorted set, see includes/handoff.lua)
--- KEYS[6]  optional: the finish-record bucket prefix (as acquire.lua's KEYS[3])
+-- KEYS[6]  optional: the finish-record set to look in (as acquire.lua's KEYS[3])
 -- ARGV[1]  ttl in ms
 -- ARGV[2]  the lock value with an empty fence (as acquire.lua)
 -- ARGV[3]  '1' to hand out a fence, '0' not
@@ -12,7 +12,6 @@
 -- ARGV[5]  this task id's message, stored if it is parked (opaque bytes)
 -- ARGV[6]  the lock name (member of the index)
 -- ARGV[7]  ms a reservation made here lives (see hand_off)
--- ARGV[8]  with KEYS[6]: the finish records' lifetime in ms (as acquire.lua's ARGV[5])
 -- Returns  integer >= 0: acquired, as acquire.lua (a reservation for this task id is taken
 --                   over; this id leaves the parked list).
 --          integer -1: the finish record exists; nothing changed.
@@ -31,7 +30,7 @@
 
 local lock, parked, messages, index = KEYS[1], KEYS[3], KEYS[4], KEYS[5]
 local id, name, reserve_ms = ARGV[4], ARGV[6], ARGV[7]
-if KEYS[6] and is_finished(KEYS[6], ARGV[8], id) then
+if KEYS[6] and is_finished(KEYS[6], id) then
   return -1
 end
 local v = redis.call('GET', lock)

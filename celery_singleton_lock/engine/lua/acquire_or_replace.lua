@@ -7,7 +7,7 @@
 -- KEYS[7]  the lock's superseded task ids (sorted set)
 -- KEYS[8]  the lock's superseded calls left to mark (hash)
 -- KEYS[9]  the prefix's index of calls left to mark (sorted set)
--- KEYS[10] optional: the finish-record bucket prefix (as acquire.lua's KEYS[3])
+-- KEYS[10] optional: the finish-record set to look in (as acquire.lua's KEYS[3])
 -- ARGV[1]  ttl in ms              ARGV[2]  the lock value with an empty fence (as acquire.lua)
 -- ARGV[3]  '1' to hand out a fence, '0' not
 -- ARGV[4]  the owner's task id (not empty)
@@ -16,7 +16,7 @@
 -- ARGV[7]  unused (ms a reservation lives: this script makes none)
 -- ARGV[8]  debounce in ms; '0': none (a free lock is taken at once)
 -- ARGV[9]  debounce max in ms (from the burst's first call); '0': none
--- ARGV[10] ms the finish records (with KEYS[10]) and the superseded records live
+-- ARGV[10] ms the superseded records live
 -- ARGV[11] ms after a displacement at which a sweeper marks the calls still left to mark
 -- Returns  integer >= 0: acquired, as acquire.lua: the lock was free with nothing waiting (no
 --                   debounce), or reserved for this id (a call waiting behind it stays).
@@ -41,7 +41,7 @@
 local lock, parked, messages, index, burst = KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local id, name = ARGV[4], ARGV[6]
 local debounce, debounce_max = tonumber(ARGV[8]), tonumber(ARGV[9])
-if KEYS[10] and is_finished(KEYS[10], ARGV[10], id) then
+if KEYS[10] and is_finished(KEYS[10], id) then
   return -1
 end
 if redis.call('ZSCORE', KEYS[7], id) then

@@ -3,15 +3,15 @@
 -- KEYS[N+1]   the shared fence counter (see includes/take_lock.lua)
 -- KEYS[N+2]   the lock's body starts (sorted set: token scored by the server's clock in ms,
 --             see includes/rate.lua), used with ARGV[5] only
--- KEYS[N+3]   the finish-record bucket prefix, used with ARGV[8] only: when the record
---             exists, nothing is taken
+-- KEYS[N+3]   the finish-record set of the owner's task id (as acquire.lua's KEYS[3]), used
+--             with ARGV[8] only: when the record lives, nothing is taken
 -- ARGV[1]     ttl in ms
 -- ARGV[2]     the lock value with an empty fence: '<token>||<acquired_at>|<pid>|<host>|<task_id>'
 -- ARGV[3]     '1' to hand out a fence (from KEYS[N+1]), '0' not to
 -- ARGV[4]     N
 -- ARGV[5]     at most this many starts (acquisitions) in any window of ARGV[6] ms; '' none
 -- ARGV[7]     the owner's task id
--- ARGV[8]     the finish records' lifetime in ms (as acquire.lua's ARGV[5]); '' not to look
+-- ARGV[8]     '1' to look for the finish record (as acquire.lua's ARGV[5]); '' not to look
 -- Returns     {slot, fence}: acquired the 1-based slot, with its fence (0 without fencing).
 --               Also returned when a slot already holds this token: a resend after a lost
 --               reply takes no second slot.
@@ -27,7 +27,7 @@
 --- @include "rate"
 
 local n, rate = tonumber(ARGV[4]), tonumber(ARGV[5])
-if ARGV[8] ~= '' and is_finished(KEYS[n + 3], ARGV[8], ARGV[7]) then
+if ARGV[8] ~= '' and is_finished(KEYS[n + 3], ARGV[7]) then
   return -1
 end
 local token = string.sub(ARGV[2], 1, 32)

@@ -5,8 +5,7 @@
 -- KEYS[1..N]  the N slot keys       KEYS[N+1]  the lock's starts (sorted set)
 -- KEYS[N+2]   parked task ids       KEYS[N+3]  parked messages      KEYS[N+4]  hand-off index
 -- KEYS[N+5]   the lock's rule
--- KEYS[N+6]   optional ('release' only): the finish-record bucket prefix (as release.lua's
---             KEYS[2])
+-- KEYS[N+6]   optional ('release' only): the finish-record set (as release.lua's KEYS[2])
 -- ARGV[1]     N   ARGV[2]  the rate's starts ('' none)   ARGV[3]  its window in ms
 -- ARGV[4]     'release', 'sweep' or 'drop'
 -- ARGV[5]     'release': the releasing owner's token; 'drop': the task id to drop

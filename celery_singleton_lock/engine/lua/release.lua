@@ -1,8 +1,8 @@
 -- Release a lock: a compare-and-delete by token, published to the lock's waiters.
 -- KEYS[1]  lock key
--- KEYS[2]  optional: the finish-record bucket prefix (see includes/finish_records.lua).
---          Passed ONLY to record that the owner ran to the end, for at least ARGV[3] ms (at
---          most twice that). acquire.lua asked to look for it takes nothing while it lives.
+-- KEYS[2]  optional: the finish-record set of the owner's task id (see
+--          includes/finish_records.lua). Passed ONLY to record that the owner ran to the end,
+--          for ARGV[3] ms. acquire.lua asked to look for it takes nothing while it lives.
 -- ARGV[1]  token of the releasing owner (32 characters)
 -- ARGV[2]  channel to publish the release on (waiters subscribe to it)
 -- ARGV[3]  with KEYS[2]: how long the record lives, in ms

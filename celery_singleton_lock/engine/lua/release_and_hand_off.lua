@@ -3,7 +3,7 @@
 -- that is free (its holder died and it expired, or a reservation ran out) and has parked ids.
 -- KEYS[1]  lock key               KEYS[2]  parked task ids (list)
 -- KEYS[3]  parked messages (hash) KEYS[4]  hand-off index
--- KEYS[5]  optional: the finish-record bucket prefix (as release.lua's KEYS[2])
+-- KEYS[5]  optional: the finish-record set (as release.lua's KEYS[2])
 -- ARGV[1]  token of the releasing owner, or '' for a sweeper
 -- ARGV[2]  channel to publish the release on
 -- ARGV[3]  the lock name (member of the index)

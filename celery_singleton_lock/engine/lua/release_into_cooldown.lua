@@ -3,7 +3,7 @@
 -- publish the release: a waiter (policy wait) re-reads the key and sleeps for the cooldown
 -- left, instead of until the TTL it read of the running holder.
 -- KEYS[1]  lock (or slot) key
--- KEYS[2]  optional: the finish-record bucket prefix (as release.lua's KEYS[2])
+-- KEYS[2]  optional: the finish-record set (as release.lua's KEYS[2])
 -- ARGV[1]  token of the releasing owner (32 characters)
 -- ARGV[2]  the cooldown in ms
 -- ARGV[3]  channel to publish the release on (as release.lua's ARGV[2])

@@ -4,7 +4,7 @@
 -- KEYS[1]  lock key               KEYS[2]  parked task ids (list)
 -- KEYS[3]  parked messages (hash) KEYS[4]  hand-off index
 -- KEYS[5]  the lock's debounce hash
--- KEYS[6]  optional: the finish-record bucket prefix (as release.lua's KEYS[2])
+-- KEYS[6]  optional: the finish-record set (as release.lua's KEYS[2])
 -- ARGV[1]  token of the releasing owner
 -- ARGV[2]  channel to publish the release on
 -- ARGV[3]  the lock name (member of the index)

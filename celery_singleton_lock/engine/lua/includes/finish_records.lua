@@ -1,24 +1,21 @@
--- Finish records: the task ids that ran to the end under a lock (acks_late), shared by every
--- lock of a prefix (per hash slot on a cluster, see shared_keys.py). Under the bucket prefix
--- `base`, records living `width` ms go to the set '<base>:<width>:<b>' of bucket
--- b = server ms // width, which expires at the end of bucket b + 1: a record lives at least
--- `width` ms and at most twice that. The set's name is made here from the server's clock, so
--- it is not among the script's KEYS (only its prefix is).
+-- Finish records: the task ids that ran to the end under a lock (acks_late). A record is a
+-- member of one of many small sorted sets, the one shared_keys.py picks from the task id (a
+-- key of the script's KEYS), scored by the server ms at which the record expires. A write
+-- drops its set's expired members and moves the set's expiry to its newest member's: a set
+-- holds about throughput x lifetime / shards records (small enough for Redis's compact
+-- encoding), nothing expires in a large block, and an idle set vanishes.
 --- @include "now_ms"
 
--- Whether task id `id` has a finish record (in the bucket of now or the one before).
-local function is_finished(base, width, id)
-  local b = math.floor(now_ms() / tonumber(width))
-  local sets = base .. ':' .. width .. ':'
-  return redis.call('SISMEMBER', sets .. string.format('%d', b), id) == 1
-    or redis.call('SISMEMBER', sets .. string.format('%d', b - 1), id) == 1
+-- Whether task id `id` has a finish record, still alive, in the set `key`.
+local function is_finished(key, id)
+  local expires = redis.call('ZSCORE', key, id)
+  return expires ~= false and tonumber(expires) > now_ms()
 end
 
--- Record that task id `id` finished, for at least `width` ms (at most twice that).
-local function record_finished(base, width, id)
-  local w = tonumber(width)
-  local b = math.floor(now_ms() / w)
-  local set = base .. ':' .. width .. ':' .. string.format('%d', b)
-  redis.call('SADD', set, id)
-  redis.call('PEXPIREAT', set, string.format('%d', (b + 2) * w))
+-- Record in the set `key` that task id `id` finished, for `lifetime` ms.
+local function record_finished(key, lifetime, id)
+  local now = now_ms()
+  redis.call('ZADD', key, string.format('%d', now + tonumber(lifetime)), id)
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  redis.call('PEXPIREAT', key, redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')[2])
 end

@@ -17,6 +17,13 @@ seconds later (:func:`mark_left`), so it never stays PENDING. A stale copy of a 
 (its message delivered again, or to a worker that missed the revoke) is refused by the acquire
 and ends superseded again (:func:`end_stale_copy`): it never displaces the newer call.
 
+Calls are ordered by when they were *sent*, not by when they reach the lock: ``apply_async``
+stamps each call (:func:`stamp_sending`, the message header :data:`SENT_HEADER`: the
+producer's wall clock in microseconds, kept by Celery's retries and by the hand-off's
+re-publish); a call sent without it (``send_task`` from another app) is stamped when the worker
+first tries its lock (:func:`sent_stamp`). The acquire refuses a call sent before the newest
+that waits, holds or held the lock: it ends superseded at once (:func:`end_stale_copy`).
+
 When the running call ends, its release reserves the lock for the waiting call and sends its
 message again (the waiting call runs with its own, the newest, arguments). With
 ``lock_debounce`` a call waits even on a free lock, until its due time; the hand-off sweeper
@@ -26,7 +33,9 @@ of any worker's main process sends it then (or the release of a run going on at 
 from __future__ import annotations
 
 import logging
-from typing import Any, NoReturn
+import os
+import time
+from typing import Any, NoReturn, Optional
 
 from celery.app.task import Context
 from celery.exceptions import Ignore
@@ -41,6 +50,43 @@ log = logging.getLogger("celery_singleton_lock.duplicate")
 
 #: The reason stored with the REVOKED state of a call a newer one took the place of.
 SUPERSEDED = "superseded"
+
+#: The message header that says when a call was sent (see :func:`new_stamp`).
+SENT_HEADER = "singleton_lock_sent"
+_last_sent = [0]  # this process's last stamp, in microseconds: its stamps only grow
+
+
+def new_stamp() -> str:
+    """When a call is sent, as a string that sorts in sending order: 16 digits of epoch
+    microseconds (this process's stamps grow even if its clock steps back), then its pid in
+    hex, the tie-breaker between producers stamping the same microsecond."""
+    micros = max(time.time_ns() // 1000, _last_sent[0] + 1)
+    _last_sent[0] = micros
+    return f"{micros:016d}.{os.getpid():x}"
+
+
+def _valid(stamp: Any) -> Optional[str]:
+    ok = isinstance(stamp, str) and len(stamp) > 16 and stamp[:16].isdigit()
+    return stamp if ok else None
+
+
+def stamp_sending(options: dict[str, Any]) -> None:
+    """Stamp a call ``apply_async`` sends with ``options``, unless it carries a stamp already
+    (a retry, a hand-off's re-publish: still the call sent then)."""
+    headers = options.get("headers") or {}
+    if _valid(headers.get(SENT_HEADER)) is None:
+        options["headers"] = {**headers, SENT_HEADER: new_stamp()}
+
+
+def sent_stamp(request: Any) -> str:
+    """The stamp of the call of ``request`` (a worker's); one sent without it is stamped now,
+    its receipt, in its request's headers, so that its parked message and retries keep it."""
+    headers = getattr(request, "headers", None) or {}
+    stamp = _valid(headers.get(SENT_HEADER))
+    if stamp is None:
+        stamp = new_stamp()
+        request.headers = {**headers, SENT_HEADER: stamp}
+    return stamp
 
 
 def _request_of(message: bytes) -> Context:
@@ -126,10 +172,12 @@ def wait_newest(duplicate: Duplicate, parked: Parked) -> NoReturn:
 
 
 def end_stale_copy(task: Any, request: Any, key: str) -> NoReturn:
-    """A copy of a call a newer one displaced (the acquire refused it): end it superseded
-    again, as its first delivery was (idempotent), without running or displacing anything."""
+    """A call the acquire refused: a copy of a call a newer one displaced (ended superseded
+    again, as its first delivery was: idempotent), or a call sent before the newest of its
+    lock; end it superseded without running or displacing anything."""
     log.warning(
-        "task %s[%s]: not run: a newer call of lock %s superseded it (a stale copy)",
+        "task %s[%s]: not run: a call of lock %s sent after it superseded it (a stale copy, "
+        "or it reached the lock late)",
         task.name,
         request.id,
         key,

@@ -56,6 +56,9 @@ class DuplicatePolicy:
         """Refuse (``LockConfigurationError``) options this policy cannot honour; ``chosen``:
         the task's option values (validated) and ``ignore_result``."""
 
+    def sending(self, options: dict[str, Any]) -> None:
+        """``apply_async`` sends a call with ``options``: what this policy adds to them."""
+
     def held(self, duplicate: actions.Duplicate, acquire: Acquire) -> Lease:
         """The lock is held: end the execution, or return the lease a wait got."""
         actions.skip(duplicate)
@@ -249,10 +252,17 @@ class Replace(Queue):
     )
     waiting = "waiting call"
 
+    def sending(self, options: dict[str, Any]) -> None:
+        latest.stamp_sending(options)  # the order of sending decides which call is newest
+
     def park(self, task: Any, request: Any, options: Any, wanted: AcquireRequest) -> AcquireRequest:
+        sent = latest.sent_stamp(request)  # before the message is parked: it keeps the stamp
         park = handoff.parked_message(task, request)
-        newest = None if park is None else Latest(options.debounce or 0.0, options.debounce_max)
-        return wanted._replace(park=park, latest=newest)
+        if park is None:
+            return wanted._replace(park=None, latest=None)
+        return wanted._replace(
+            park=park, latest=Latest(options.debounce or 0.0, options.debounce_max, sent)
+        )
 
     def parked(
         self, duplicate: actions.Duplicate, parked: Parked, wanted: AcquireRequest

@@ -213,6 +213,7 @@ class LockedTask(Task):  # type: ignore[misc]
                 args, kwargs, chosen_id, producer, link, link_error, shadow, **options
             )
 
+        self.lock_options.policy.sending(options)  # replace stamps when the call is sent
         dedupe = self.enqueue_dedupe(options)
         if dedupe is None:
             return publish(task_id)

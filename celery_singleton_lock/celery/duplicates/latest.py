@@ -18,10 +18,10 @@ seconds later (:func:`mark_left`), so it never stays PENDING. A stale copy of a 
 and ends superseded again (:func:`end_stale_copy`): it never displaces the newer call.
 
 Calls are ordered by when they were *sent*, not by when they reach the lock: ``apply_async``
-stamps each call (:func:`stamp_sending`, the message header :data:`SENT_HEADER`: the
+stamps each call (:func:`stamped`, the message header :data:`SENT_HEADER`: the
 producer's wall clock in microseconds, kept by Celery's retries and by the hand-off's
 re-publish); a call sent without it (``send_task`` from another app) is stamped when the worker
-first tries its lock (:func:`sent_stamp`). The acquire refuses a call sent before the newest
+first tries its lock. The acquire refuses a call sent before the newest
 that waits, holds or held the lock: it ends superseded at once (:func:`end_stale_copy`).
 
 When the running call ends, its release reserves the lock for the waiting call and sends its
@@ -65,28 +65,16 @@ def new_stamp() -> str:
     return f"{micros:016d}.{os.getpid():x}"
 
 
-def _valid(stamp: Any) -> Optional[str]:
-    ok = isinstance(stamp, str) and len(stamp) > 16 and stamp[:16].isdigit()
-    return stamp if ok else None
-
-
-def stamp_sending(options: dict[str, Any]) -> None:
-    """Stamp a call ``apply_async`` sends with ``options``, unless it carries a stamp already
-    (a retry, a hand-off's re-publish: still the call sent then)."""
-    headers = options.get("headers") or {}
-    if _valid(headers.get(SENT_HEADER)) is None:
-        options["headers"] = {**headers, SENT_HEADER: new_stamp()}
-
-
-def sent_stamp(request: Any) -> str:
-    """The stamp of the call of ``request`` (a worker's); one sent without it is stamped now,
-    its receipt, in its request's headers, so that its parked message and retries keep it."""
-    headers = getattr(request, "headers", None) or {}
-    stamp = _valid(headers.get(SENT_HEADER))
-    if stamp is None:
-        stamp = new_stamp()
-        request.headers = {**headers, SENT_HEADER: stamp}
-    return stamp
+def stamped(headers: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """``headers`` with their stamp if it is one (a retry, a hand-off's re-publish: still the
+    call sent then), else with a new one: :func:`.policies.Replace.sending` stamps each call
+    ``apply_async`` sends; a worker stamps a call sent without it (``send_task`` from another
+    app) at its first acquire, in its request's headers: its parked message and retries keep it."""
+    headers = headers or {}
+    stamp = headers.get(SENT_HEADER)
+    if isinstance(stamp, str) and len(stamp) > 16 and stamp[:16].isdigit():
+        return headers
+    return {**headers, SENT_HEADER: new_stamp()}
 
 
 def _request_of(message: bytes) -> Context:

@@ -253,16 +253,14 @@ class Replace(Queue):
     waiting = "waiting call"
 
     def sending(self, options: dict[str, Any]) -> None:
-        latest.stamp_sending(options)  # the order of sending decides which call is newest
+        options["headers"] = latest.stamped(options.get("headers"))  # sending orders calls
 
     def park(self, task: Any, request: Any, options: Any, wanted: AcquireRequest) -> AcquireRequest:
-        sent = latest.sent_stamp(request)  # before the message is parked: it keeps the stamp
+        request.headers = headers = latest.stamped(request.headers)  # kept by its parked message
         park = handoff.parked_message(task, request)
-        if park is None:
-            return wanted._replace(park=None, latest=None)
-        return wanted._replace(
-            park=park, latest=Latest(options.debounce or 0.0, options.debounce_max, sent)
-        )
+        debounce, sent = options.debounce or 0.0, headers[latest.SENT_HEADER]
+        newest = None if park is None else Latest(debounce, options.debounce_max, sent)
+        return wanted._replace(park=park, latest=newest)
 
     def parked(
         self, duplicate: actions.Duplicate, parked: Parked, wanted: AcquireRequest

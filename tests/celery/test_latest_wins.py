@@ -161,6 +161,8 @@ def test_a_call_sent_without_a_stamp_is_stamped_at_the_worker_and_an_older_one_n
     with pytest.raises(TaskRevokedError, match="superseded"):
         older.get(timeout=10)
     assert _waiting(locker, unique_key) == [unstamped.id.encode()]
+    left = keys.lock + ":superseded-left"  # the worker marked it: not left to a sweeper
+    wait_until(lambda: not locker.client.hexists(left, older.id), timeout=10)
     assert first.get(timeout=10) == "v1"
     assert unstamped.get(timeout=10) == "v2"
     assert [value for value, _ in latestapp.started(unique_key)] == ["v1", "v2"]

@@ -141,6 +141,7 @@ def test_a_call_sent_before_the_waiting_one_is_superseded_and_does_not_displace_
     assert waiting_ids(locker) == [b"c"]
     superseded = locker.keys("job").lock + ":superseded"
     assert locker.client.zscore(superseded, "b") is not None
+    assert locker.client.hget(superseded + "-left", "b") == b"b\nmsg"  # as a displaced call
     later = sent(locker, "d", 400)  # sent after c: takes its place
     assert isinstance(later, Parked) and later.displaced == (b"c\nmsg",)
     assert waiting_ids(locker) == [b"d"]

@@ -159,10 +159,11 @@ def wait_newest(duplicate: Duplicate, parked: Parked) -> NoReturn:
     raise Ignore(f"waiting behind lock {parked.key} as the newest call")
 
 
-def end_stale_copy(task: Any, request: Any, key: str) -> NoReturn:
-    """A call the acquire refused: a copy of a call a newer one displaced (ended superseded
-    again, as its first delivery was: idempotent), or a call sent before the newest of its
-    lock; end it superseded without running or displacing anything."""
+def end_stale_copy(task: Any, request: Any, name: str, key: str) -> NoReturn:
+    """A call of lock ``name`` the acquire refused: a copy of a call a newer one displaced
+    (ended superseded again, as its first delivery was: idempotent), or a call sent before the
+    newest of its lock (left to mark by the acquire, as a displaced call); end it superseded
+    without running or displacing anything."""
     log.warning(
         "task %s[%s]: not run: a call of lock %s sent after it superseded it (a stale copy, "
         "or it reached the lock late)",
@@ -170,7 +171,8 @@ def end_stale_copy(task: Any, request: Any, key: str) -> NoReturn:
         request.id,
         key,
     )
-    _mark(task, request, "a newer call", key, request.hostname or "")
+    if _mark(task, request, "a newer call", key, request.hostname or ""):
+        _cleared(task, name, [request.id])
     celery_api.logged_already(request.id)
     raise Ignore(f"superseded by a newer call of lock {key}")
 

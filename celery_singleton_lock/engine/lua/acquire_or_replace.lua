@@ -24,7 +24,8 @@
 --                   debounce), or reserved for this id (a call waiting behind it stays).
 --          integer -1: the finish record exists; nothing changed.
 --          integer -2: this task id was superseded (a stale copy), or it was sent before a
---                   call that waits, holds or held the lock: it is recorded as superseded.
+--                   call that waits, holds or held the lock: now recorded as superseded and
+--                   left to mark, as a displaced call.
 --          string 'pttl|fence|acquired_at|pid|host|task_id': held by an execution of this
 --                   very task id (a copy): nothing changed.
 --          array {holder, position, displaced}: this call waits (or already waited: kept, no
@@ -79,8 +80,8 @@ end
 -- newest that waits, holds or held the lock (its stamp is kept as 'sent') never waits or runs.
 local newest_sent = redis.call('HGET', burst, 'sent')
 if sent ~= '' and newest_sent and sent < newest_sent then
-  if reserved ~= id then
-    supersede(KEYS[7], id, now_ms(), keep_ms)
+  if reserved ~= id then  -- left to mark as a displaced call is: never PENDING for ever
+    supersede(KEYS[7], KEYS[8], KEYS[9], name, id, ARGV[5], now_ms(), keep_ms, tonumber(ARGV[11]))
     return -2
   end
 elseif sent ~= '' then

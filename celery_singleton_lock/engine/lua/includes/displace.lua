@@ -23,18 +23,20 @@
 local MAX_SUPERSEDED = 1000
 
 -- Record task `id` as superseded in `ids` (at `now`), forgetting those older than `keep_ms`
--- and all but the newest MAX_SUPERSEDED.
-local function supersede(ids, id, now, keep_ms)
+-- and all but the newest MAX_SUPERSEDED; and its `message` as left to mark in `left`, which
+-- `index` says a sweeper marks `grace_ms` from now (an earlier look stays).
+local function supersede(ids, left, index, name, id, message, now, keep_ms, grace_ms)
   redis.call('ZADD', ids, now, id)
   redis.call('ZREMRANGEBYSCORE', ids, '-inf', now - keep_ms)
   redis.call('ZREMRANGEBYRANK', ids, 0, -(MAX_SUPERSEDED + 1))
   redis.call('PEXPIRE', ids, keep_ms)
+  redis.call('HSET', left, id, message)
+  redis.call('PEXPIRE', left, keep_ms)
+  redis.call('ZADD', index, 'NX', now + grace_ms, name)
 end
 
 -- Take out of the parked list every waiting call but `keep` and `reserved` (whose message is
--- on its way); returns their messages (each '<task id>\n...'), oldest first. Each is
--- recorded as superseded (`ids`) and as left to mark (`left`); `index` says when a sweeper
--- marks those still left.
+-- on its way); returns their messages (each '<task id>\n...'), oldest first, each superseded.
 local function displace(parked, messages, keep, reserved, ids, left, index, name, keep_ms,
                         grace_ms)
   local gone = {}
@@ -45,13 +47,8 @@ local function displace(parked, messages, keep, reserved, ids, left, index, name
       table.insert(gone, message)
       redis.call('LREM', parked, 0, other)
       redis.call('HDEL', messages, other)
-      supersede(ids, other, now, keep_ms)
-      redis.call('HSET', left, other, message)
+      supersede(ids, left, index, name, other, message, now, keep_ms, grace_ms)
     end
-  end
-  if #gone > 0 then
-    redis.call('PEXPIRE', left, keep_ms)
-    redis.call('ZADD', index, 'NX', now + grace_ms, name)  -- an earlier look stays
   end
   return gone
 end

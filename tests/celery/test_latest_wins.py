@@ -166,3 +166,14 @@ def test_a_call_sent_without_a_stamp_is_stamped_at_the_worker_and_an_older_one_n
     assert first.get(timeout=10) == "v1"
     assert unstamped.get(timeout=10) == "v2"
     assert [value for value, _ in latestapp.started(unique_key)] == ["v1", "v2"]
+
+
+def test_a_retry_keeps_the_stamp_of_the_call_sent_and_other_policies_are_not_stamped(
+    worker: Any, store: redis.Redis, unique_key: str
+) -> None:
+    latestapp.retried_once.delay(unique_key)
+    wait_until(lambda: store.llen(f"sent:{unique_key}") == 2, timeout=10)
+    first, retried = store.lrange(f"sent:{unique_key}", 0, -1)
+    assert first == retried and first.startswith(b"1")  # the retry ran: not superseded
+    latestapp.skipping.delay(unique_key + "s").get(timeout=10)
+    assert store.lrange(f"sent:{unique_key}s", 0, -1) == [b"None"]

@@ -16,10 +16,15 @@ class Latest(NamedTuple):
     within them takes its place and starts them again (0: none, the lock is taken when free).
     ``debounce_max``: seconds from a burst's first call after which the waiting call is due
     however many newer ones came (None: no bound).
+    ``sent``: when the call was sent, as a string that sorts in sending order (16 digits of
+    epoch microseconds, then a tie-breaker): a call sent before the newest that waits, holds
+    or held the lock is refused as superseded (``AlreadySuperseded``), never waits or runs
+    ("": the order of arrival decides).
     """
 
     debounce: float = 0.0
     debounce_max: Optional[float] = None
+    sent: str = ""
 
 
 #: Seconds a worker has to mark the calls it displaced before a sweeper does it for them.

@@ -47,6 +47,20 @@ def debounced_bounded(self: LockedTask, key: str, value: Any) -> Any:
     return record(key, value, 0.0)
 
 
+@app.task(**_LOCKED, on_duplicate="replace")
+def retried_once(self: LockedTask, key: str) -> None:
+    """Records its ``singleton_lock_sent`` header in ``sent:<key>``, then retries once."""
+    store().rpush(f"sent:{key}", str((self.request.headers or {}).get("singleton_lock_sent")))
+    if not self.request.retries:
+        raise self.retry(countdown=0)
+
+
+@app.task(**_LOCKED)
+def skipping(self: LockedTask, key: str) -> None:
+    """Policy skip: records its ``singleton_lock_sent`` header (none) in ``sent:<key>``."""
+    store().rpush(f"sent:{key}", str((self.request.headers or {}).get("singleton_lock_sent")))
+
+
 @app.task
 def callback(key: str, label: str) -> None:
     """Records ``label`` in ``callbacks:<key>`` (a link, a link_error or a chain step)."""

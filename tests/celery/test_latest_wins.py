@@ -11,6 +11,7 @@ from celery import chain, chord, group
 from celery.exceptions import TaskRevokedError
 
 from celery_singleton_lock.celery import lock_duplicate
+from celery_singleton_lock.celery.duplicates.latest import SENT_HEADER
 from celery_singleton_lock.engine import RedisLocker
 from tests.celery import latestapp
 from tests.celery.conftest import assert_released, lock_key_of
@@ -139,3 +140,40 @@ def test_a_chord_whose_header_call_is_superseded_fails_as_superseded_without_its
     wait_until(lambda: len(latestapp.started(unique_key)) == 2, timeout=20)
     wait_until(lambda: not store.exists(lock_key_of(latestapp.newest, unique_key, 0)), 10)
     assert store.llen(f"callbacks:{unique_key}") == 0
+
+
+def test_a_call_sent_without_a_stamp_is_stamped_at_the_worker_and_an_older_one_never_waits(
+    worker: Any, locker: RedisLocker, unique_key: str
+) -> None:
+    first = _running(unique_key, "v1", 1.0)
+    # send_task bypasses LockedTask.apply_async (another app, beat): no stamp on the message
+    unstamped = latestapp.app.send_task(latestapp.newest.name, (unique_key, "v2"))
+    wait_until(lambda: _waiting(locker, unique_key) == [unstamped.id.encode()], timeout=10)
+    name = latestapp.newest.lock_options.keyer.name((unique_key, 0), {})
+    keys = locker.keys(name)
+    stamp = locker.client.hget(keys.lock + ":latest", "sent")
+    assert stamp is not None  # stamped when the worker first tried its lock
+    parked = locker.client.hget(keys.parked_messages, unstamped.id) or b""
+    assert stamp in parked  # its hand-off message keeps that stamp
+    older = latestapp.newest.apply_async(
+        (unique_key, "v0"), headers={SENT_HEADER: "0000000000000001.1"}
+    )  # sent before it, reaching the lock after it
+    with pytest.raises(TaskRevokedError, match="superseded"):
+        older.get(timeout=10)
+    assert _waiting(locker, unique_key) == [unstamped.id.encode()]
+    left = keys.lock + ":superseded-left"  # the worker marked it: not left to a sweeper
+    wait_until(lambda: not locker.client.hexists(left, older.id), timeout=10)
+    assert first.get(timeout=10) == "v1"
+    assert unstamped.get(timeout=10) == "v2"
+    assert [value for value, _ in latestapp.started(unique_key)] == ["v1", "v2"]
+
+
+def test_a_retry_keeps_the_stamp_of_the_call_sent_and_other_policies_are_not_stamped(
+    worker: Any, store: redis.Redis, unique_key: str
+) -> None:
+    latestapp.retried_once.delay(unique_key)
+    wait_until(lambda: store.llen(f"sent:{unique_key}") == 2, timeout=10)
+    first, retried = store.lrange(f"sent:{unique_key}", 0, -1)
+    assert first == retried and first.startswith(b"1")  # the retry ran: not superseded
+    latestapp.skipping.delay(unique_key + "s").get(timeout=10)
+    assert store.lrange(f"sent:{unique_key}s", 0, -1) == [b"None"]

@@ -16,6 +16,7 @@ import pytest
 import redis
 from celery import beat
 
+from celery_singleton_lock.celery.duplicates.latest import SENT_HEADER, new_stamp
 from tests.celery import latestapp
 from tests.celery.workers import CeleryWorkerProcess, Servers, lock_key, unique, worker_group
 from tests.support import wait_until
@@ -171,3 +172,36 @@ def test_a_debounced_task_sent_by_beat_runs_one_body_for_a_burst(
     wait_until(lambda: sorted(r.state for r in scheduler.sent) == ["REVOKED"] * 4 + ["SUCCESS"], 30)
     time.sleep(0.5)  # a second body would have started by now: none may
     assert len(latestapp.started(key)) == 1
+
+
+BURSTS = 10
+
+
+def test_the_newest_call_sent_runs_when_a_burst_reaches_the_worker_in_reverse_order(
+    prefork: CeleryWorkerProcess, store: redis.Redis
+) -> None:
+    """Issue 30, item 2: while a call runs, a burst of 5 calls is stamped in sending order (as
+    ``apply_async`` stamps them) but published newest first, so the worker receives them
+    oldest last. In every burst the newest sent runs after the running call, and only it:
+    the others end superseded (before, the oldest ran last)."""
+    newest_ran = 0
+    for burst in range(BURSTS):
+        key = unique(f"sent{burst}")
+        first = latestapp.newest.apply_async((key, "first", 1.0), queue=prefork.queue)
+        wait_until(lambda k=key: len(latestapp.started(k)) == 1, timeout=20)
+        stamps = [new_stamp() for _ in range(5)]  # sent back to back, 0 first
+        calls = [
+            latestapp.newest.apply_async(
+                (key, value), queue=prefork.queue, headers={SENT_HEADER: stamps[value]}
+            )
+            for value in reversed(range(5))
+        ][::-1]
+        wait_until(lambda c=[first, *calls]: all(call.ready() for call in c), timeout=30)
+        time.sleep(0.2)  # an older call handed the lock would have started by now
+        runs = [value for value, _ in latestapp.started(key)]
+        states = [call.state for call in calls]
+        print(f"\nburst {burst}: runs {runs}, states {states}")
+        newest_ran += runs == ["first", "4"] and states == ["REVOKED"] * 4 + ["SUCCESS"]
+        assert int(store.get(f"overlaps:{key}") or 0) == 0
+    print(f"replace, bursts received in reverse: the newest sent ran alone in {newest_ran}/10")
+    assert newest_ran == BURSTS

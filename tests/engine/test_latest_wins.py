@@ -10,6 +10,7 @@ import pytest
 
 from celery_singleton_lock.engine import Latest, Lease, LockHolder, Owner, RedisLocker
 from celery_singleton_lock.engine.lease import Parked
+from celery_singleton_lock.errors import AlreadySuperseded
 from tests.support import wait_until
 
 
@@ -123,3 +124,45 @@ def test_a_release_before_the_waiting_call_is_due_hands_nothing_on(locker: Redis
 def test_latest_without_a_parked_message_is_refused(locker: RedisLocker) -> None:
     with pytest.raises(ValueError, match="latest needs park"):
         locker.try_acquire("job", 30, owner=Owner(task_id="a"), latest=Latest())
+
+
+def sent(locker: RedisLocker, task_id: str, micros: int) -> Union[Lease, LockHolder, Parked]:
+    """An acquire of ``task_id`` sent at ``micros`` (its stamp)."""
+    return attempt(locker, task_id, Latest(sent=f"{micros:016d}.1"))
+
+
+def test_a_call_sent_before_the_waiting_one_is_superseded_and_does_not_displace_it(
+    locker: RedisLocker,
+) -> None:
+    assert isinstance(sent(locker, "a", 100), Lease)
+    assert isinstance(sent(locker, "c", 300), Parked)
+    with pytest.raises(AlreadySuperseded):
+        sent(locker, "b", 200)  # sent before c, got here after it
+    assert waiting_ids(locker) == [b"c"]
+    superseded = locker.keys("job").lock + ":superseded"
+    assert locker.client.zscore(superseded, "b") is not None
+    assert locker.client.hget(superseded + "-left", "b") == b"b\nmsg"  # as a displaced call
+    later = sent(locker, "d", 400)  # sent after c: takes its place
+    assert isinstance(later, Parked) and later.displaced == (b"c\nmsg",)
+    assert waiting_ids(locker) == [b"d"]
+
+
+def test_a_call_sent_before_the_holder_never_waits_or_runs_after_it(locker: RedisLocker) -> None:
+    holder = sent(locker, "e", 500)
+    assert isinstance(holder, Lease)
+    with pytest.raises(AlreadySuperseded):
+        sent(locker, "d", 400)  # reached the lock while the newer call runs
+    locker.release_latest(holder, reservation_ttl=30)
+    with pytest.raises(AlreadySuperseded):
+        sent(locker, "c", 300)  # and once it ran
+    assert isinstance(sent(locker, "f", 600), Lease)
+
+
+def test_the_reserved_call_takes_the_lock_even_if_a_newer_one_waits(locker: RedisLocker) -> None:
+    holder = sent(locker, "a", 100)
+    assert isinstance(holder, Lease)
+    sent(locker, "b", 200)
+    locker.release_latest(holder, reservation_ttl=30)  # reserved for b, its message sent
+    assert isinstance(sent(locker, "c", 300), Parked)  # behind b's reservation
+    assert isinstance(sent(locker, "b", 200), Lease)
+    assert waiting_ids(locker) == [b"c"]

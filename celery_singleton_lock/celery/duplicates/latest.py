@@ -17,6 +17,13 @@ seconds later (:func:`mark_left`), so it never stays PENDING. A stale copy of a 
 (its message delivered again, or to a worker that missed the revoke) is refused by the acquire
 and ends superseded again (:func:`end_stale_copy`): it never displaces the newer call.
 
+Calls are ordered by when they were *sent*, not by when they reach the lock: ``apply_async``
+stamps each call (:func:`stamped`, the message header :data:`SENT_HEADER`: the
+producer's wall clock in microseconds, kept by Celery's retries and by the hand-off's
+re-publish); a call sent without it (``send_task`` from another app) is stamped when the worker
+first tries its lock. The acquire refuses a call sent before the newest
+that waits, holds or held the lock: it ends superseded at once (:func:`end_stale_copy`).
+
 When the running call ends, its release reserves the lock for the waiting call and sends its
 message again (the waiting call runs with its own, the newest, arguments). With
 ``lock_debounce`` a call waits even on a free lock, until its due time; the hand-off sweeper
@@ -26,7 +33,9 @@ of any worker's main process sends it then (or the release of a run going on at 
 from __future__ import annotations
 
 import logging
-from typing import Any, NoReturn
+import os
+import time
+from typing import Any, NoReturn, Optional
 
 from celery.app.task import Context
 from celery.exceptions import Ignore
@@ -41,6 +50,31 @@ log = logging.getLogger("celery_singleton_lock.duplicate")
 
 #: The reason stored with the REVOKED state of a call a newer one took the place of.
 SUPERSEDED = "superseded"
+
+#: The message header that says when a call was sent (see :func:`new_stamp`).
+SENT_HEADER = "singleton_lock_sent"
+_last_sent = [0]  # this process's last stamp, in microseconds: its stamps only grow
+
+
+def new_stamp() -> str:
+    """When a call is sent, as a string that sorts in sending order: 16 digits of epoch
+    microseconds (this process's stamps grow even if its clock steps back), then its pid in
+    hex, the tie-breaker between producers stamping the same microsecond."""
+    micros = max(time.time_ns() // 1000, _last_sent[0] + 1)
+    _last_sent[0] = micros
+    return f"{micros:016d}.{os.getpid():x}"
+
+
+def stamped(headers: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """``headers`` with their stamp if it is one (a retry, a hand-off's re-publish: still the
+    call sent then), else with a new one: :func:`.policies.Replace.sending` stamps each call
+    ``apply_async`` sends; a worker stamps a call sent without it (``send_task`` from another
+    app) at its first acquire, in its request's headers: its parked message and retries keep it."""
+    headers = headers or {}
+    stamp = headers.get(SENT_HEADER)
+    if isinstance(stamp, str) and len(stamp) > 16 and stamp[:16].isdigit():
+        return headers
+    return {**headers, SENT_HEADER: new_stamp()}
 
 
 def _request_of(message: bytes) -> Context:
@@ -125,16 +159,20 @@ def wait_newest(duplicate: Duplicate, parked: Parked) -> NoReturn:
     raise Ignore(f"waiting behind lock {parked.key} as the newest call")
 
 
-def end_stale_copy(task: Any, request: Any, key: str) -> NoReturn:
-    """A copy of a call a newer one displaced (the acquire refused it): end it superseded
-    again, as its first delivery was (idempotent), without running or displacing anything."""
+def end_stale_copy(task: Any, request: Any, name: str, key: str) -> NoReturn:
+    """A call of lock ``name`` the acquire refused: a copy of a call a newer one displaced
+    (ended superseded again, as its first delivery was: idempotent), or a call sent before the
+    newest of its lock (left to mark by the acquire, as a displaced call); end it superseded
+    without running or displacing anything."""
     log.warning(
-        "task %s[%s]: not run: a newer call of lock %s superseded it (a stale copy)",
+        "task %s[%s]: not run: a call of lock %s sent after it superseded it (a stale copy, "
+        "or it reached the lock late)",
         task.name,
         request.id,
         key,
     )
-    _mark(task, request, "a newer call", key, request.hostname or "")
+    if _mark(task, request, "a newer call", key, request.hostname or ""):
+        _cleared(task, name, [request.id])
     celery_api.logged_already(request.id)
     raise Ignore(f"superseded by a newer call of lock {key}")
 

@@ -56,6 +56,9 @@ class DuplicatePolicy:
         """Refuse (``LockConfigurationError``) options this policy cannot honour; ``chosen``:
         the task's option values (validated) and ``ignore_result``."""
 
+    def sending(self, options: dict[str, Any]) -> None:
+        """``apply_async`` sends a call with ``options``: what this policy adds to them."""
+
     def held(self, duplicate: actions.Duplicate, acquire: Acquire) -> Lease:
         """The lock is held: end the execution, or return the lease a wait got."""
         actions.skip(duplicate)
@@ -249,9 +252,14 @@ class Replace(Queue):
     )
     waiting = "waiting call"
 
+    def sending(self, options: dict[str, Any]) -> None:
+        options["headers"] = latest.stamped(options.get("headers"))  # sending orders calls
+
     def park(self, task: Any, request: Any, options: Any, wanted: AcquireRequest) -> AcquireRequest:
+        request.headers = headers = latest.stamped(request.headers)  # kept by its parked message
         park = handoff.parked_message(task, request)
-        newest = None if park is None else Latest(options.debounce or 0.0, options.debounce_max)
+        debounce, sent = options.debounce or 0.0, headers[latest.SENT_HEADER]
+        newest = None if park is None else Latest(debounce, options.debounce_max, sent)
         return wanted._replace(park=park, latest=newest)
 
     def parked(

@@ -213,6 +213,7 @@ class LockedTask(Task):  # type: ignore[misc]
                 args, kwargs, chosen_id, producer, link, link_error, shadow, **options
             )
 
+        self.lock_options.policy.sending(options)  # replace stamps when the call is sent
         dedupe = self.enqueue_dedupe(options)
         if dedupe is None:
             return publish(task_id)
@@ -338,7 +339,7 @@ class LockedTask(Task):  # type: ignore[misc]
         except AlreadyFinished:
             self._drop_copy(task_id, "its finish is recorded under the lock")
         except AlreadySuperseded as exc:
-            latest.end_stale_copy(self, request, exc.key or name)
+            latest.end_stale_copy(self, request, name, exc.key or name)
         return outcome, is_copy, wanted.limit
 
     def _store_started(self, task_id: str, request: Any) -> None:

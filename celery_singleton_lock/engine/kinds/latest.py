@@ -74,6 +74,7 @@ class LatestWins:
             _ms(latest.debounce_max),
             _ms(request.finished_ttl),
             _ms(SUPERSEDED_GRACE),
+            latest.sent,
         ]
         if request.unless_finished:
             script_keys.append(finished)

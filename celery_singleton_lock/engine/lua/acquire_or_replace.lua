@@ -18,10 +18,14 @@
 -- ARGV[9]  debounce max in ms (from the burst's first call); '0': none
 -- ARGV[10] ms the superseded records live
 -- ARGV[11] ms after a displacement at which a sweeper marks the calls still left to mark
+-- ARGV[12] when this call was sent (its stamp, compared as a string: 16 digits of epoch
+--          microseconds, then a tie-breaker); '' for none (no order by sending kept)
 -- Returns  integer >= 0: acquired, as acquire.lua: the lock was free with nothing waiting (no
 --                   debounce), or reserved for this id (a call waiting behind it stays).
 --          integer -1: the finish record exists; nothing changed.
---          integer -2: this task id was superseded (a stale copy); nothing changed.
+--          integer -2: this task id was superseded (a stale copy), or it was sent before a
+--                   call that waits, holds or held the lock: now recorded as superseded and
+--                   left to mark, as a displaced call.
 --          string 'pttl|fence|acquired_at|pid|host|task_id': held by an execution of this
 --                   very task id (a copy): nothing changed.
 --          array {holder, position, displaced}: this call waits (or already waited: kept, no
@@ -39,7 +43,8 @@
 --- @include "displace"
 
 local lock, parked, messages, index, burst = KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local id, name = ARGV[4], ARGV[6]
+local id, name, sent = ARGV[4], ARGV[6], ARGV[12]
+local keep_ms = tonumber(ARGV[10])
 local debounce, debounce_max = tonumber(ARGV[8]), tonumber(ARGV[9])
 if KEYS[10] and is_finished(KEYS[10], id) then
   return -1
@@ -59,7 +64,7 @@ if v then
   end
   local holder_id = task_id_of(v)
   if token == HANDOFF_TOKEN and holder_id == id then
-    take = true
+    take, reserved = true, id  -- it was the newest sent when it was handed the lock
   else
     holder = redis.call('PTTL', lock) .. '|' .. string.sub(v, 34)
     if token == HANDOFF_TOKEN then
@@ -71,12 +76,24 @@ if v then
 elseif debounce == 0 and redis.call('LLEN', parked) == 0 then
   take = true
 end
+-- Calls are ordered by when they were sent, not by when they get here: one sent before the
+-- newest that waits, holds or held the lock (its stamp is kept as 'sent') never waits or runs.
+local newest_sent = redis.call('HGET', burst, 'sent')
+if sent ~= '' and newest_sent and sent < newest_sent then
+  if reserved ~= id then  -- left to mark as a displaced call is: never PENDING for ever
+    supersede(KEYS[7], KEYS[8], KEYS[9], name, id, ARGV[5], now_ms(), keep_ms, tonumber(ARGV[11]))
+    return -2
+  end
+elseif sent ~= '' then
+  redis.call('HSET', burst, 'sent', sent)
+end
 if take then
   redis.call('LREM', parked, 0, id)
   redis.call('HDEL', messages, id)
   if redis.call('LLEN', parked) == 0 then
     redis.call('ZREM', index, name)
-    redis.call('DEL', burst)
+    redis.call('HDEL', burst, 'newest', 'first', 'due')
+    redis.call('PEXPIRE', burst, keep_ms)  -- only 'sent' is left
   else  -- a newer call waits: a sweeper looks when this lease could run out, not before due
     redis.call('ZADD', index, 'GT', now_ms() + tonumber(ARGV[1]), name)
   end
@@ -101,7 +118,7 @@ if debounce > 0 then
     due = first + debounce_max
   end
   redis.call('HSET', burst, 'first', first, 'due', due, 'newest', id)
-  redis.call('PEXPIRE', burst, due - now + 3600000)
+  redis.call('PEXPIRE', burst, math.max(due - now + 3600000, keep_ms))
   redis.call('ZADD', index, due, name)
 else
   local pttl = redis.call('PTTL', lock)
@@ -109,7 +126,7 @@ else
     pttl = 0
   end
   redis.call('HSET', burst, 'newest', id)
-  redis.call('PEXPIRE', burst, pttl + 3600000)
+  redis.call('PEXPIRE', burst, math.max(pttl + 3600000, keep_ms))
   redis.call('ZADD', index, 'LT', now + pttl, name)  -- look no later than the holder's end
 end
 return {holder, position, gone}

@@ -3,7 +3,9 @@
 --   P:{N}:latest            hash: 'newest' (the task id of the call waiting, so that a reader
 --                           can tell it from a parked call of policy queue); with a debounce,
 --                           'first' (server ms of the burst's first call) and 'due' (server ms
---                           at which the waiting call may run)
+--                           at which the waiting call may run); 'sent', the stamp of the
+--                           newest call sent that waits, holds or held the lock (kept for the
+--                           finish records' lifetime): a call sent before it is superseded
 --   P:{N}:superseded        sorted set: the task ids displaced by a newer call, scored by
 --                           server ms; an acquire by one of them (a stale copy of its message)
 --                           is refused. Kept for the finish records' lifetime, at most
@@ -20,10 +22,21 @@
 
 local MAX_SUPERSEDED = 1000
 
+-- Record task `id` as superseded in `ids` (at `now`), forgetting those older than `keep_ms`
+-- and all but the newest MAX_SUPERSEDED; and its `message` as left to mark in `left`, which
+-- `index` says a sweeper marks `grace_ms` from now (an earlier look stays).
+local function supersede(ids, left, index, name, id, message, now, keep_ms, grace_ms)
+  redis.call('ZADD', ids, now, id)
+  redis.call('ZREMRANGEBYSCORE', ids, '-inf', now - keep_ms)
+  redis.call('ZREMRANGEBYRANK', ids, 0, -(MAX_SUPERSEDED + 1))
+  redis.call('PEXPIRE', ids, keep_ms)
+  redis.call('HSET', left, id, message)
+  redis.call('PEXPIRE', left, keep_ms)
+  redis.call('ZADD', index, 'NX', now + grace_ms, name)
+end
+
 -- Take out of the parked list every waiting call but `keep` and `reserved` (whose message is
--- on its way); returns their messages (each '<task id>\n...'), oldest first. Each is
--- recorded as superseded (`ids`) and as left to mark (`left`); `index` says when a sweeper
--- marks those still left.
+-- on its way); returns their messages (each '<task id>\n...'), oldest first, each superseded.
 local function displace(parked, messages, keep, reserved, ids, left, index, name, keep_ms,
                         grace_ms)
   local gone = {}
@@ -34,16 +47,8 @@ local function displace(parked, messages, keep, reserved, ids, left, index, name
       table.insert(gone, message)
       redis.call('LREM', parked, 0, other)
       redis.call('HDEL', messages, other)
-      redis.call('ZADD', ids, now, other)
-      redis.call('HSET', left, other, message)
+      supersede(ids, left, index, name, other, message, now, keep_ms, grace_ms)
     end
-  end
-  if #gone > 0 then
-    redis.call('ZREMRANGEBYSCORE', ids, '-inf', now - keep_ms)
-    redis.call('ZREMRANGEBYRANK', ids, 0, -(MAX_SUPERSEDED + 1))
-    redis.call('PEXPIRE', ids, keep_ms)
-    redis.call('PEXPIRE', left, keep_ms)
-    redis.call('ZADD', index, 'NX', now + grace_ms, name)  -- an earlier look stays
   end
   return gone
 end

@@ -105,15 +105,21 @@ def test_a_cold_shutdown_of_a_prefork_worker_leaves_no_quorum_lock(
     assert outcome.left == [], outcome.log
 
 
+@pytest.fixture(scope="module")
+def threads_shutdown() -> Iterator[Shutdown]:
+    """One cold shutdown of a threads worker (about 15 s: it waits for the bodies), on a
+    quorum of its own; each fact read from it is a test of its own."""
+    with running_quorum() as servers:
+        yield cold_shutdown(servers, "threads", signals=2)
+
+
 def test_a_cold_shutdown_of_a_threads_worker_leaves_no_quorum_lock(
-    quorum_servers: QuorumServers,
+    threads_shutdown: Shutdown,
 ) -> None:
-    outcome = cold_shutdown(quorum_servers, "threads", signals=2)
-    assert outcome.left == [], outcome.log
+    assert threads_shutdown.left == [], threads_shutdown.log
 
 
 def test_a_cold_shutdown_of_a_threads_worker_frees_no_lock_while_its_body_runs(
-    quorum_servers: QuorumServers,
+    threads_shutdown: Shutdown,
 ) -> None:
-    outcome = cold_shutdown(quorum_servers, "threads", signals=2)
-    assert outcome.freed_while_running == 0, outcome.log
+    assert threads_shutdown.freed_while_running == 0, threads_shutdown.log

@@ -185,7 +185,12 @@ class SentinelGroup:
         ``during_switch`` is called once the sentinels name the new master, before the old
         one is demoted (Sentinel waits some seconds before it reconfigures the old master,
         which meanwhile still accepts writes: whatever is written there is lost).
+
+        The group is waited for to be ready (the demoted master back in sync and known to
+        every sentinel) before a failover, not after one: that takes seconds, and only a
+        next failover needs it.
         """
+        wait_until(self._ready, timeout=timeout, interval=0.1)
         old_port = self.master_port()
         asked = time.time()
         client = self.sentinels[0].client()
@@ -205,7 +210,6 @@ class SentinelGroup:
         finally:
             old.close()
         demoted = time.time()
-        wait_until(self._ready, timeout=timeout, interval=0.1)  # ready for another failover
         return Failover(asked, switched, demoted, old_port, new_port)
 
     def close(self) -> None:

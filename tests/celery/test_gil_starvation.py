@@ -24,7 +24,14 @@ from celery_singleton_lock import DuplicateTaskSkipped
 from celery_singleton_lock.engine.lua_scripts import source
 from celery_singleton_lock.testing import RedisServer
 from tests.celery.tasks import gil, policies
-from tests.celery.workers import Servers, client_app, close_client, unique, worker_group
+from tests.celery.workers import (
+    CeleryWorkerProcess,
+    Servers,
+    client_app,
+    close_client,
+    unique,
+    worker_group,
+)
 from tests.support import sleep_for, wait_until
 
 #: How long the holder keeps the GIL, in TTLs of holds_the_gil (lock_ttl=1).
@@ -55,6 +62,18 @@ def scene() -> Iterator[Scene]:
             store.close()
 
 
+#: Pool children of the module's worker: one per body of the renewal test.
+CHILDREN = 3
+
+
+@pytest.fixture(scope="module")
+def worker(scene: Scene) -> Iterator[CeleryWorkerProcess]:
+    """One prefork worker shared by the tests (each with keys of its own; none is killed)."""
+    with worker_group(scene.servers) as group:
+        (started,) = group.start(1, pool="prefork", concurrency=CHILDREN)
+        yield started
+
+
 def size_holding_the_gil_for(seconds: float) -> int:
     """The input size for which holds_the_gil's match takes about ``seconds`` here."""
     pattern, size = re.compile(gil.GIL_PATTERN), 24
@@ -73,47 +92,47 @@ def send(client: Celery, queue: str, *args: Any) -> AsyncResult:
     return client.send_task(gil.holds_the_gil.name, args=args, queue=queue)
 
 
-def test_duplicate_never_runs_beside_a_body_that_holds_the_gil_past_the_ttl(scene: Scene) -> None:
-    servers, client, lock_store = scene.servers, scene.client, scene.store
+def test_duplicate_never_runs_beside_a_body_that_holds_the_gil_past_the_ttl(
+    scene: Scene, worker: CeleryWorkerProcess
+) -> None:
+    client, lock_store = scene.client, scene.store
     key = unique("gil")
     size = size_holding_the_gil_for(GIL_HELD_S)
-    with worker_group(servers) as group:
-        (worker,) = group.start(1, pool="prefork", concurrency=2)
-        holder = send(client, worker.queue, key, size)
-        wait_until(lambda: lock_store.llen(f"runs:{key}"), timeout=20)
-        sleep_for(DUPLICATE_AFTER_S)
-        duplicate = send(client, worker.queue, key, 0)
-        outcome: Any = None
-        try:
-            outcome = duplicate.get(timeout=20)
-        except DuplicateTaskSkipped as exc:
-            outcome = exc
-        holder_inside = int(lock_store.get(f"gauge:{key}") or 0)
-        holder.get(timeout=30)
+    holder = send(client, worker.queue, key, size)
+    wait_until(lambda: lock_store.llen(f"runs:{key}"), timeout=20)
+    sleep_for(DUPLICATE_AFTER_S)
+    duplicate = send(client, worker.queue, key, 0)
+    outcome: Any = None
+    try:
+        outcome = duplicate.get(timeout=20)
+    except DuplicateTaskSkipped as exc:
+        outcome = exc
+    holder_inside = int(lock_store.get(f"gauge:{key}") or 0)
+    holder.get(timeout=30)
     assert holder_inside == 1, "premise: the holder was still inside when the duplicate ended"
     assert int(lock_store.get(f"overlaps:{key}") or 0) == 0
     assert lock_store.llen(f"runs:{key}") == 1
     assert isinstance(outcome, DuplicateTaskSkipped) and holder.id in str(outcome), outcome
 
 
-def test_main_process_renews_every_childs_lock_in_one_round_trip_per_tick(scene: Scene) -> None:
-    servers, client, lock_store = scene.servers, scene.client, scene.store
-    children = 3
+def test_main_process_renews_every_childs_lock_in_one_round_trip_per_tick(
+    scene: Scene, worker: CeleryWorkerProcess
+) -> None:
+    client, lock_store = scene.client, scene.store
+    children = CHILDREN
     sha = hashlib.sha1(source("renew_by_owner").encode()).hexdigest()
     keys = [unique("batch") for _ in range(children)]
-    with worker_group(servers) as group:
-        (worker,) = group.start(1, pool="prefork", concurrency=children)
-        for key in keys:
-            client.send_task(policies.hold_skip.name, args=(key, 4.0), queue=worker.queue)
-        for key in keys:
-            wait_until(lambda key=key: lock_store.llen(f"runs:{key}"), timeout=20)
-        lock_store.config_set("slowlog-max-len", 10000)
-        lock_store.config_set("slowlog-log-slower-than", 0)  # log every command
-        lock_store.slowlog_reset()
-        sleep_for(1.0)
-        all_inside = sum(int(lock_store.get(f"gauge:{key}") or 0) for key in keys)
-        entries = lock_store.slowlog_get(10000)
-        lock_store.config_set("slowlog-log-slower-than", 10000)
+    for key in keys:
+        client.send_task(policies.hold_skip.name, args=(key, 4.0), queue=worker.queue)
+    for key in keys:
+        wait_until(lambda key=key: lock_store.llen(f"runs:{key}"), timeout=20)
+    lock_store.config_set("slowlog-max-len", 10000)
+    lock_store.config_set("slowlog-log-slower-than", 0)  # log every command
+    lock_store.slowlog_reset()
+    sleep_for(1.0)
+    all_inside = sum(int(lock_store.get(f"gauge:{key}") or 0) for key in keys)
+    entries = lock_store.slowlog_get(10000)
+    lock_store.config_set("slowlog-log-slower-than", 10000)
     assert all_inside == children, "premise: every body ran throughout the window"
     calls = [
         entry["command"].split()

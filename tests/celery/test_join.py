@@ -1,10 +1,11 @@
 """``on_duplicate="join"`` and what each policy does inside a chord, under real workers.
 
 A join duplicate does not run the body: it ends with the outcome of the execution holding the
-lock, stored under its own id, so ``get()``, chains and chords see it as if it had run. Each
-scenario starts its own ``celery worker`` processes (tests/celery/workers.py) on a queue of
-its own; a threads worker of 10 slots takes all 10 calls of a chord at once, so every
-duplicate meets the holder running.
+lock, stored under its own id, so ``get()``, chains and chords see it as if it had run. The
+scenarios share one threads ``celery worker`` (tests/celery/workers.py), each with keys of its
+own: with a slot for each of a chord's 10 calls it takes them all at once, so every duplicate
+meets the holder running. A scenario that kills a holder runs it on a prefork worker of its
+own.
 """
 
 from __future__ import annotations
@@ -264,12 +265,12 @@ def test_skip_tasks_own_retry_finding_a_newer_duplicate_holding_the_lock_ends_sk
 
 @contextlib.contextmanager
 def holder_and_joiners(
-    workers: WorkerGroup, servers: Servers, store: redis.Redis, key: str, joiners: int, slots: int
+    workers: WorkerGroup, servers: Servers, store: redis.Redis, key: str, joiners: int, queue: str
 ) -> Iterator[tuple[CeleryWorkerProcess, AsyncResult, list[AsyncResult]]]:
     """join_short_ttl (lock_ttl=2) running 30 s on a prefork worker of its own (its body has
-    started), and ``joiners`` duplicates sent to a threads worker with ``slots`` slots."""
+    started), and ``joiners`` duplicates sent to the module's threads worker (``queue``: a
+    slot for each, and it lives through the kill)."""
     (holder_worker,) = workers.start(1, pool="prefork", concurrency=1)
-    (joiners_worker,) = workers.start(1, pool="threads", concurrency=slots)
     sender = client_app(servers)
     try:
         holder = sender.send_task(
@@ -280,9 +281,7 @@ def holder_and_joiners(
             holder_worker,
             holder,
             [
-                sender.send_task(
-                    join.join_short_ttl.name, args=(key, 1.0), queue=joiners_worker.queue
-                )
+                sender.send_task(join.join_short_ttl.name, args=(key, 1.0), queue=queue)
                 for _ in range(joiners)
             ],
         )
@@ -292,12 +291,12 @@ def holder_and_joiners(
 
 @pytest.fixture(scope="module")
 def holder_killed(
-    workers: WorkerGroup, servers: Servers, store: redis.Redis
+    workers: WorkerGroup, servers: Servers, store: redis.Redis, queue: str
 ) -> tuple[str, list[Any], list[str]]:
     """join_short_ttl (lock_ttl=2) runs 30 s on a prefork worker that is then killed -9 with
     three joiners waiting on a threads worker: its lock expires with no outcome stored."""
     key = unique("join-kill")
-    with holder_and_joiners(workers, servers, store, key, joiners=3, slots=4) as scene:
+    with holder_and_joiners(workers, servers, store, key, 3, queue) as scene:
         holder_worker, holder, joiners = scene
         name = lock_key(join.join_short_ttl, key)
         wait_until(lambda: store.exists(name) == 1, timeout=5)
@@ -333,13 +332,13 @@ JOINERS = 10
 
 @pytest.fixture(scope="module")
 def holder_child_killed(
-    workers: WorkerGroup, servers: Servers, store: redis.Redis
+    workers: WorkerGroup, servers: Servers, store: redis.Redis, queue: str
 ) -> tuple[str, AsyncResult, list[AsyncResult], list[str]]:
     """join_short_ttl runs 30 s in a prefork pool child that is then killed -9, with ten
     joiners waiting on a threads worker: the holder's worker lives on, frees the lock at once
     and stores WorkerLostError as the holder's outcome."""
     key = unique("join-child-kill")
-    with holder_and_joiners(workers, servers, store, key, JOINERS, slots=JOINERS) as scene:
+    with holder_and_joiners(workers, servers, store, key, JOINERS, queue) as scene:
         _, holder, joiners = scene
         channel = lock_key(join.join_short_ttl, key) + ":released"
         # every joiner waits on the lock's release channel before the holder dies

@@ -44,8 +44,9 @@ def test_kill_9_of_a_worker_holding_one_of_3_slots_frees_it_within_ttl_others_ke
     workers: WorkerGroup, celery_app: Celery, store: redis.Redis
 ) -> None:
     key, task = unique("k"), limits.limit3_short_ttl  # lock_ttl=2
-    (doomed,) = workers.start(1, pool="prefork", concurrency=1)
-    (keeper,) = workers.start(1, pool="prefork", concurrency=2)
+    (doomed,) = workers.launch(1, pool="prefork", concurrency=1)
+    (keeper,) = workers.launch(1, pool="prefork", concurrency=2)
+    workers.wait_ready()
     doomed_call = send(celery_app, doomed.queue, task, key, 30)
     wait_until(lambda: len(slots_held(store, task, key)) == 1, timeout=20)
     kept = [send(celery_app, keeper.queue, task, key, 6) for _ in range(2)]

@@ -14,7 +14,14 @@ from celery.exceptions import WorkerLostError
 from tests.celery.tasks import limits
 from tests.celery.test_lock_limit_processes import RECLAIM_WITHIN, slots_held
 from tests.celery.test_lock_rate import CLOCKS, starts
-from tests.celery.workers import Servers, WorkerGroup, lock_key, unique, worker_group
+from tests.celery.workers import (
+    CeleryWorkerProcess,
+    Servers,
+    WorkerGroup,
+    lock_key,
+    unique,
+    worker_group,
+)
 from tests.support import wait_until
 
 
@@ -24,6 +31,24 @@ def workers(servers: Servers, celery_app: Any) -> Iterator[WorkerGroup]:
         yield group
 
 
+@pytest.fixture(scope="module")
+def shared(servers: Servers, celery_app: Any) -> Iterator[WorkerGroup]:
+    """Workers shared by the tests, each on a key of its own: none is killed (a pool child
+    may be: its worker lives on)."""
+    with worker_group(servers) as group:
+        yield group
+
+
+@pytest.fixture(scope="module")
+def prefork(shared: WorkerGroup) -> CeleryWorkerProcess:
+    return shared.start(1, pool="prefork", concurrency=4)[0]
+
+
+@pytest.fixture(scope="module")
+def threads(shared: WorkerGroup) -> CeleryWorkerProcess:
+    return shared.start(1, pool="threads", concurrency=4)[0]
+
+
 def ran(store: redis.Redis, key: str) -> list[str]:
     """Task ids of the bodies that ran, in start order."""
     return [run.split(b"|")[0].decode() for run in store.lrange(f"runs:{key}", 0, -1)]
@@ -31,10 +56,10 @@ def ran(store: redis.Redis, key: str) -> list[str]:
 
 @pytest.mark.parametrize("pool", ["prefork", "threads"])
 def test_limit_3_queue_runs_12_calls_once_each_at_most_3_at_once(
-    workers: WorkerGroup, store: redis.Redis, pool: str
+    request: pytest.FixtureRequest, store: redis.Redis, pool: str
 ) -> None:
     key, task = unique("k"), limits.limit3_queue
-    (worker,) = workers.start(1, pool=pool, concurrency=4)
+    worker: CeleryWorkerProcess = request.getfixturevalue(pool)  # 4 slots
     results = [task.apply_async((key, 1.5), queue=worker.queue) for _ in range(12)]
     for result in results:
         result.get(timeout=120)
@@ -45,11 +70,10 @@ def test_limit_3_queue_runs_12_calls_once_each_at_most_3_at_once(
 
 
 def test_rate_3_per_3s_queue_runs_6_calls_never_more_than_3_starts_in_3s(
-    workers: WorkerGroup, store: redis.Redis
+    threads: CeleryWorkerProcess, store: redis.Redis
 ) -> None:
     key, task = unique("k"), limits.rate3_queue
-    (worker,) = workers.start(1, pool="threads", concurrency=4)
-    results = [task.apply_async((key,), queue=worker.queue) for _ in range(6)]
+    results = [task.apply_async((key,), queue=threads.queue) for _ in range(6)]
     for result in results:
         result.get(timeout=60)
     times = starts(store, key)
@@ -58,11 +82,10 @@ def test_rate_3_per_3s_queue_runs_6_calls_never_more_than_3_starts_in_3s(
 
 
 def test_cooldown_queue_hands_each_parked_call_on_when_the_cooldown_ends(
-    workers: WorkerGroup, store: redis.Redis
+    threads: CeleryWorkerProcess, store: redis.Redis
 ) -> None:
     key, task = unique("k"), limits.cooldown1_queue
-    (worker,) = workers.start(1, pool="threads", concurrency=4)
-    results = [task.apply_async((key, 0.2), queue=worker.queue) for _ in range(3)]
+    results = [task.apply_async((key, 0.2), queue=threads.queue) for _ in range(3)]
     for result in results:
         result.get(timeout=60)
     times = starts(store, key)
@@ -72,10 +95,9 @@ def test_cooldown_queue_hands_each_parked_call_on_when_the_cooldown_ends(
 
 
 def test_a_slot_of_a_killed_pool_child_is_handed_to_the_parked_call(
-    workers: WorkerGroup, celery_app: Any, store: redis.Redis
+    prefork: CeleryWorkerProcess, celery_app: Any, store: redis.Redis
 ) -> None:
-    key, task = unique("k"), limits.limit3_queue
-    (worker,) = workers.start(1, pool="prefork", concurrency=4)
+    key, task, worker = unique("k"), limits.limit3_queue, prefork
     holders = [task.apply_async((key, 8), queue=worker.queue) for _ in range(3)]
     wait_until(lambda: len(slots_held(store, task, key)) == 3, timeout=30)
     parked = task.apply_async((key, 0), queue=worker.queue)
@@ -94,11 +116,10 @@ def test_a_slot_of_a_killed_pool_child_is_handed_to_the_parked_call(
 
 
 def test_a_slot_of_a_killed_worker_is_handed_to_the_parked_call_once_it_expires(
-    workers: WorkerGroup, store: redis.Redis
+    workers: WorkerGroup, threads: CeleryWorkerProcess, store: redis.Redis
 ) -> None:
-    key, task = unique("k"), limits.limit3_queue  # lock_ttl=5
+    key, task, keeper = unique("k"), limits.limit3_queue, threads  # lock_ttl=5
     (doomed,) = workers.start(1, pool="prefork", concurrency=1)
-    (keeper,) = workers.start(1, pool="threads", concurrency=4)
     # the doomed call on slot 2: not the lock key, which the mutex's hand-off would find too
     kept = [task.apply_async((key, 15), queue=keeper.queue)]
     wait_until(lambda: len(slots_held(store, task, key)) == 1, timeout=30)

@@ -17,6 +17,7 @@ import signal
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from importlib.util import find_spec
 from typing import Any, Iterator, Optional
 
 import pytest
@@ -40,7 +41,7 @@ from tests.celery.workers import (
     worker_group,
 )
 from tests.conftest import rabbitmq_available
-from tests.support import sleep_for, wait_until
+from tests.support import SideBySide, side_by_side, sleep_for, wait_until
 
 RABBITMQ_URL = "amqp://guest:guest@127.0.0.1:5672//"
 
@@ -138,9 +139,31 @@ class RenewalScenario:
     overlaps: int
 
 
-@pytest.fixture(scope="module", params=["prefork", "threads", "solo", "gevent"])
+RENEWAL_POOLS = ["prefork", "threads", "solo", "gevent"]
+
+
+@pytest.fixture(scope="module")
+def renewal_workers(servers: Servers) -> Iterator[dict[str, list[CeleryWorkerProcess]]]:
+    """The workers of the renewal scenarios, every pool's launched at once (a worker's start
+    is mostly import time, which two cores overlap); each pool's serve one scenario, which
+    stops them."""
+    pools = [pool for pool in RENEWAL_POOLS if pool != "gevent" or find_spec("gevent")]
+    with worker_group(servers) as group:
+        # a solo worker runs one task at a time: the duplicate needs a second worker
+        launched = {
+            pool: group.launch(2 if pool == "solo" else 1, pool=pool, concurrency=2)
+            for pool in pools
+        }
+        group.wait_ready()
+        yield launched
+
+
+@pytest.fixture(scope="module", params=RENEWAL_POOLS)
 def renewal(
-    request: pytest.FixtureRequest, servers: Servers, client: Celery, lock_store: redis.Redis
+    request: pytest.FixtureRequest,
+    renewal_workers: dict[str, list[CeleryWorkerProcess]],
+    client: Celery,
+    lock_store: redis.Redis,
 ) -> RenewalScenario:
     """short_ttl (lock_ttl=1, skip) runs 3.5 s; a duplicate is sent 1.5 s into the body.
 
@@ -148,34 +171,33 @@ def renewal(
     the gauge, so every sample is known to be taken while the body ran.
     """
     pool = request.param
-    if pool == "gevent":
-        pytest.importorskip("gevent", reason="gevent is not installed")
+    if pool not in renewal_workers:
+        pytest.skip("gevent is not installed")
     store, key = lock_store, unique("renew")
     name = lock_key(expiry.short_ttl, key)
-    with worker_group(servers) as group:
-        # a solo worker runs one task at a time: the duplicate needs a second worker
-        started = group.start(2 if pool == "solo" else 1, pool=pool, concurrency=2)
-        queue = started[0].queue
-        first = send(client, queue, expiry.short_ttl, key, 3.5)
-        first_run(store, key)
-        inside_since = time.monotonic()
-        duplicate: Optional[AsyncResult] = None
-        pttls: list[int] = []
-        for _ in range(1000):  # ~20 ms apart: bounded well past the 3.5 s body
-            gauge, pttl = store.pipeline(transaction=True).get(f"gauge:{key}").pttl(name).execute()
-            if int(gauge or 0) == 0:
-                break
-            pttls.append(int(pttl))
-            if duplicate is None and time.monotonic() - inside_since >= 1.5:
-                duplicate = send(client, queue, expiry.short_ttl, key, 0)
-            time.sleep(0.02)
-        first.get(timeout=15)
-        error: Optional[BaseException] = None
-        if duplicate is not None:
-            try:
-                duplicate.get(timeout=15)
-            except DuplicateTaskSkipped as exc:
-                error = exc
+    queue = renewal_workers[pool][0].queue
+    first = send(client, queue, expiry.short_ttl, key, 3.5)
+    first_run(store, key)
+    inside_since = time.monotonic()
+    duplicate: Optional[AsyncResult] = None
+    pttls: list[int] = []
+    for _ in range(1000):  # ~20 ms apart: bounded well past the 3.5 s body
+        gauge, pttl = store.pipeline(transaction=True).get(f"gauge:{key}").pttl(name).execute()
+        if int(gauge or 0) == 0:
+            break
+        pttls.append(int(pttl))
+        if duplicate is None and time.monotonic() - inside_since >= 1.5:
+            duplicate = send(client, queue, expiry.short_ttl, key, 0)
+        time.sleep(0.02)
+    first.get(timeout=15)
+    error: Optional[BaseException] = None
+    if duplicate is not None:
+        try:
+            duplicate.get(timeout=15)
+        except DuplicateTaskSkipped as exc:
+            error = exc
+    for worker in renewal_workers[pool]:
+        worker.stop()
     return RenewalScenario(first.id, error, pttls, runs(store, key), overlaps(store, key))
 
 
@@ -287,8 +309,9 @@ def kill_whole_worker(
 ) -> WholeWorkerKill:
     """long_short_ttl (lock_ttl=2, retry) runs on a worker that is then killed -9, main and
     children; with ``duplicate``, a duplicate goes to a second worker right after the kill."""
-    (holder,) = workers.start(1, pool="prefork", concurrency=1)
-    other = workers.start(1, pool="prefork", concurrency=1)[0] if duplicate else None
+    (holder,) = workers.launch(1, pool="prefork", concurrency=1)
+    other = workers.launch(1, pool="prefork", concurrency=1)[0] if duplicate else None
+    workers.wait_ready()
     name = lock_key(expiry.long_short_ttl, key)
     send(client, holder.queue, expiry.long_short_ttl, key, 30)
     first_run(store, key)
@@ -545,9 +568,21 @@ def run_redelivery(servers: Servers, task: Any, seconds: float, watch: float) ->
 
 
 @pytest.fixture(scope="module")
-def redelivery_skip(redelivery_broker: Servers) -> Redelivery:
+def redeliveries(redelivery_broker: Servers) -> Iterator[SideBySide[Redelivery]]:
+    """The two redelivery scenarios (10 s and 14 s of watching, each with workers, key and
+    queue of its own) run side by side."""
     # body 6 s, watched 10 s: the first run has ended and acked well before the end
-    outcome = run_redelivery(redelivery_broker, expiry.late_ack_skip, 6, watch=10)
+    skip = (redelivery_broker, expiry.late_ack_skip, 6), {"watch": 10}
+    # Every run (6 s) outlives the visibility timeout (2 s), so the message is handed out
+    # again while it runs; with "retry" the copies wait, and once the original has finished
+    # they must be dropped rather than run the body again. Watch 14 s.
+    retry = (redelivery_broker, expiry.late_ack_retry, 6), {"watch": 14}
+    yield from side_by_side(run_redelivery, [skip, retry], at_once=2)
+
+
+@pytest.fixture(scope="module")
+def redelivery_skip(redeliveries: SideBySide[Redelivery], redelivery_broker: Servers) -> Redelivery:
+    outcome = redeliveries(redelivery_broker, expiry.late_ack_skip, 6, watch=10)
     print(f"redelivery, on_duplicate='skip': {outcome.summary()}")
     return outcome
 
@@ -567,11 +602,10 @@ def test_redelivered_copy_is_skipped_while_the_first_runs_and_the_body_runs_once
 
 
 @pytest.fixture(scope="module")
-def redelivery_retry(redelivery_broker: Servers) -> Redelivery:
-    # Every run (6 s) outlives the visibility timeout (2 s), so the message is handed out
-    # again while it runs; with "retry" the copies wait, and once the original has finished
-    # they must be dropped rather than run the body again. Watch 14 s.
-    outcome = run_redelivery(redelivery_broker, expiry.late_ack_retry, 6, watch=14)
+def redelivery_retry(
+    redeliveries: SideBySide[Redelivery], redelivery_broker: Servers
+) -> Redelivery:
+    outcome = redeliveries(redelivery_broker, expiry.late_ack_retry, 6, watch=14)
     print(f"redelivery, on_duplicate='retry': {outcome.summary()}")
     return outcome
 

@@ -139,9 +139,10 @@ def run_stream(
 
     def fail_over() -> None:
         try:
-            for _ in range(size.failovers):
+            for index in range(size.failovers):
+                if index:
+                    time.sleep(3.0)  # leave the new master serving for a while
                 failovers.append(group.failover())
-                time.sleep(3.0)  # leave the new master serving for a while
         except (redis.RedisError, AssertionError, RuntimeError) as exc:  # reported by a test
             errors.append(exc)
 

@@ -324,7 +324,14 @@ class WorkerGroup:
     workers: list[CeleryWorkerProcess] = field(default_factory=list)
     log_dir: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="csl-workers-"))
 
-    def start(
+    def start(self, count: int = 1, **options: Any) -> list[CeleryWorkerProcess]:
+        """Start ``count`` workers (``options`` as :meth:`launch` takes them), in parallel."""
+        started = self.launch(count, **options)
+        for worker in started:
+            worker.wait_ready()
+        return started
+
+    def launch(
         self,
         count: int = 1,
         *,
@@ -334,7 +341,9 @@ class WorkerGroup:
         extra_args: Sequence[str] = (),
         app: Optional[str] = None,
     ) -> list[CeleryWorkerProcess]:
-        """Start ``count`` workers on ``queue`` (a fresh one by default), in parallel."""
+        """Launch ``count`` workers on ``queue`` (a fresh one by default) without waiting for
+        them to be ready: workers of several kinds then start side by side (mostly import
+        time, which two cores overlap); :meth:`wait_ready` before use."""
         queue = queue or unique("q")
         started = [
             CeleryWorkerProcess(
@@ -351,9 +360,13 @@ class WorkerGroup:
         self.workers.extend(started)
         for worker in started:
             worker.launch()
-        for worker in started:
-            worker.wait_ready()
         return started
+
+    def wait_ready(self) -> None:
+        """Wait for every worker launched and still running to be ready."""
+        for worker in self.workers:
+            if worker.running:
+                worker.wait_ready()
 
     def stop_all(self, timeout: float = STOP_TIMEOUT) -> None:
         for worker in self.workers:

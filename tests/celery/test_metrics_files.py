@@ -1,0 +1,204 @@
+"""The metrics directory of a real prefork worker that recycles its pool children
+(``--max-tasks-per-child 2``, -c 2): the files of a child that exits are merged into the archive
+and removed, so the directory holds about 2 files per live process, and the scraped totals are
+the same before and after a merge.
+
+One scenario per module: 30 calls of 30 keys (15 children forked and recycled), then every live
+child is killed with SIGKILL (no chance to merge its own files: the scrape merges them).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import pytest
+
+from celery_singleton_lock.testing import RedisServer
+from tests.celery.tasks import policies
+from tests.celery.test_metrics import metrics_worker, scrape, scrape_once_released, total
+from tests.celery.workers import children_of, unique
+from tests.support import wait_until
+
+pytest.importorskip("prometheus_client")
+
+TASK = policies.hold_skip.name
+CALLS = 30
+#: the lock metrics have no gauge: a process has at most its counter and histogram files
+FILES_PER_PROCESS = 2
+
+
+def pid_of(file_name: str) -> str:
+    return file_name[: -len(".db")].rsplit("_", 1)[-1]
+
+
+def db_files(directory: str) -> list[str]:
+    return sorted(entry for entry in os.listdir(directory) if entry.endswith(".db"))
+
+
+def process_files(directory: str) -> list[str]:
+    """The files of processes, the archive left out."""
+    return [entry for entry in db_files(directory) if pid_of(entry).isdigit()]
+
+
+def pids_alive(worker: Any) -> set[str]:
+    return {str(pid) for pid in [worker.pid, *children_of(worker.pid)]}
+
+
+def only_live_files(directory: str, worker: Any) -> list[str]:
+    """The directory's process files once each names a live process of the worker (its pool
+    children exit after their second call, and merge their files on their way out)."""
+    files = process_files(directory)
+    return files if {pid_of(entry) for entry in files} <= pids_alive(worker) else []
+
+
+@dataclass
+class Outcome:
+    body_pids: set[int]
+    #: the process files once the recycled children were gone, and the live processes then
+    files_after_recycling: list[str]
+    live_processes: set[str]
+    before_kill: dict[Any, float]
+    killed: list[int]
+    after_kill: dict[Any, float]
+    #: the directory after the scrape that followed the kill
+    files_after_kill: list[str]
+
+
+@pytest.fixture(scope="module")
+def outcome(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Outcome]:
+    directory = str(tmp_path_factory.mktemp("metrics"))
+    recycling = ("--max-tasks-per-child", "2")
+    with (
+        RedisServer.running() as server,
+        metrics_worker(server, server, directory, 2, recycling) as (worker, client, port),
+    ):
+        ran = [client.send_task(TASK, args=[unique("recycled")]) for _ in range(CALLS)]
+        body_pids = {result.get(timeout=60)["pid"] for result in ran}
+        files = wait_until(lambda: only_live_files(directory, worker), timeout=20)
+        live = pids_alive(worker)
+        before = scrape_once_released(port, acquires=CALLS)
+        killed = children_of(worker.pid)
+        for pid in killed:
+            os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: not set(children_of(worker.pid)) & set(killed), timeout=20)
+        after = scrape(port)
+        yield Outcome(body_pids, files, live, before, killed, after, db_files(directory))
+
+
+def test_the_calls_ran_in_many_recycled_pool_children(outcome: Outcome) -> None:
+    assert len(outcome.body_pids) >= CALLS // 2
+
+
+def test_the_directory_holds_two_files_per_live_process_after_recycling(
+    outcome: Outcome,
+) -> None:
+    assert len(outcome.files_after_recycling) <= FILES_PER_PROCESS * len(outcome.live_processes)
+
+
+def test_the_scraped_acquires_equal_the_calls_of_every_recycled_child(outcome: Outcome) -> None:
+    assert total(outcome.before_kill, "celery_lock_acquired_total", name=TASK) == CALLS
+
+
+def test_the_lock_histograms_keep_the_counts_of_recycled_children(outcome: Outcome) -> None:
+    for histogram in ("celery_lock_acquire_seconds_count", "celery_lock_held_seconds_count"):
+        assert total(outcome.before_kill, histogram, name=TASK) == CALLS
+
+
+def test_a_scrape_merges_and_removes_the_files_of_killed_children(outcome: Outcome) -> None:
+    killed = {str(pid) for pid in outcome.killed}
+    assert outcome.killed
+    assert not {pid_of(entry) for entry in outcome.files_after_kill} & killed
+
+
+def test_the_scraped_totals_are_the_same_after_killed_children_are_merged(
+    outcome: Outcome,
+) -> None:
+    def lock_samples(samples: dict[Any, float]) -> dict[Any, float]:
+        return {
+            key: value
+            for key, value in samples.items()
+            if key[0].startswith("celery_lock_") and not key[0].endswith("_created")
+        }
+
+    assert lock_samples(outcome.after_kill) == lock_samples(outcome.before_kill)
+
+
+# -- the merge itself, on files written here ----------------------------------------------
+
+
+def a_dead_pid() -> int:
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid
+
+
+def write_counts_of_three_processes(directory: str) -> int:
+    """Counter and histogram files of this process and of two dead ones; returns this pid."""
+    from prometheus_client.mmap_dict import MmapedDict, mmap_key
+
+    def write(kind: str, pid: int, samples: dict[tuple[str, str], float]) -> None:
+        counts = MmapedDict(os.path.join(directory, f"{kind}_{pid}.db"))
+        for (name, le), value in samples.items():
+            labels = ["name", "le"] if le else ["name"]
+            values = ["t", le] if le else ["t"]
+            counts.write_value(mmap_key(f"m_{kind}", name, labels, values, "help"), value, 0.0)
+        counts.close()
+
+    live = os.getpid()
+    for n, pid in enumerate([live, a_dead_pid(), a_dead_pid()], start=1):
+        write("counter", pid, {("m_counter_total", ""): n})
+        write(
+            "histogram",
+            pid,
+            {
+                ("m_histogram_bucket", "0.1"): n,
+                ("m_histogram_bucket", "+Inf"): 1,
+                ("m_histogram_sum", ""): 0.05 * n,
+            },
+        )
+    return live
+
+
+def totals(metrics: Any) -> dict[Any, float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): round(s.value, 9)
+        for metric in metrics
+        for s in metric.samples
+    }
+
+
+def unmerged_totals(directory: str) -> dict[Any, float]:
+    from prometheus_client import multiprocess
+
+    files = [os.path.join(directory, entry) for entry in db_files(directory)]
+    return totals(multiprocess.MultiProcessCollector.merge(files))
+
+
+def test_a_merge_keeps_every_total_and_leaves_the_archive_and_the_live_files(
+    tmp_path: Any,
+) -> None:
+    from celery_singleton_lock.celery.observe.process_files import MergingCollector, own
+
+    directory = str(tmp_path)
+    own(directory)
+    live = write_counts_of_three_processes(directory)
+    unmerged = unmerged_totals(directory)
+    assert totals(MergingCollector(None, directory).collect()) == unmerged
+    assert db_files(directory) == sorted(
+        [f"counter_{live}.db", "counter_archive.db", f"histogram_{live}.db", "histogram_archive.db"]
+    )
+    assert totals(MergingCollector(None, directory).collect()) == unmerged
+
+
+def test_a_directory_the_worker_does_not_own_is_read_and_left_as_it_is(tmp_path: Any) -> None:
+    from celery_singleton_lock.celery.observe.process_files import MergingCollector
+
+    directory = str(tmp_path)
+    write_counts_of_three_processes(directory)
+    files, unmerged = db_files(directory), unmerged_totals(directory)
+    assert totals(MergingCollector(None, directory).collect()) == unmerged
+    assert db_files(directory) == files

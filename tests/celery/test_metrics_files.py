@@ -3,8 +3,9 @@
 and removed, so the directory holds about 2 files per live process, and the scraped totals are
 the same before and after a merge.
 
-One scenario per module: 30 calls of 30 keys (15 children forked and recycled), then every live
-child is killed with SIGKILL (no chance to merge its own files: the scrape merges them).
+One scenario per module: 30 calls of 30 keys (15 children forked and recycled), then a child
+that has run one call is killed with SIGKILL (no chance to merge its own files: the scrape
+merges them).
 """
 
 from __future__ import annotations
@@ -12,21 +13,24 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 import pytest
 
+from celery_singleton_lock.celery.worker.reclaim import pid_is_gone
 from celery_singleton_lock.testing import RedisServer
 from tests.celery.tasks import policies
 from tests.celery.test_metrics import metrics_worker, scrape, scrape_once_released, total
-from tests.celery.workers import children_of, unique
+from tests.celery.workers import unique
 from tests.support import wait_until
 
 pytest.importorskip("prometheus_client")
 
 TASK = policies.hold_skip.name
 CALLS = 30
+CONCURRENCY = 2
 #: the lock metrics have no gauge: a process has at most its counter and histogram files
 FILES_PER_PROCESS = 2
 
@@ -44,25 +48,24 @@ def process_files(directory: str) -> list[str]:
     return [entry for entry in db_files(directory) if pid_of(entry).isdigit()]
 
 
-def pids_alive(worker: Any) -> set[str]:
-    return {str(pid) for pid in [worker.pid, *children_of(worker.pid)]}
-
-
-def only_live_files(directory: str, worker: Any) -> list[str]:
-    """The directory's process files once each names a live process of the worker (its pool
-    children exit after their second call, and merge their files on their way out)."""
-    files = process_files(directory)
-    return files if {pid_of(entry) for entry in files} <= pids_alive(worker) else []
+def only_live_files(directory: str) -> bool:
+    """True once every process file names a live process (the pool children exit after their
+    second call, and merge their files on their way out); also when there is none (the
+    children alive then had counted nothing yet)."""
+    return not any(pid_is_gone(int(pid_of(entry))) for entry in process_files(directory))
 
 
 @dataclass
 class Outcome:
     body_pids: set[int]
-    #: the process files once the recycled children were gone, and the live processes then
+    #: the process files once the recycled children were gone
     files_after_recycling: list[str]
-    live_processes: set[str]
+    after_recycling: dict[Any, float]
+    #: a pool child that had run one call (so was not on its way out), killed with SIGKILL
+    killed: int
+    #: its files before the kill
+    files_of_killed: list[str]
     before_kill: dict[Any, float]
-    killed: list[int]
     after_kill: dict[Any, float]
     #: the directory after the scrape that followed the kill
     files_after_kill: list[str]
@@ -74,19 +77,41 @@ def outcome(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Outcome]:
     recycling = ("--max-tasks-per-child", "2")
     with (
         RedisServer.running() as server,
-        metrics_worker(server, server, directory, 2, recycling) as (worker, client, port),
+        metrics_worker(server, server, directory, CONCURRENCY, recycling) as (_, client, port),
     ):
         ran = [client.send_task(TASK, args=[unique("recycled")]) for _ in range(CALLS)]
-        body_pids = {result.get(timeout=60)["pid"] for result in ran}
-        files = wait_until(lambda: only_live_files(directory, worker), timeout=20)
-        live = pids_alive(worker)
-        before = scrape_once_released(port, acquires=CALLS)
-        killed = children_of(worker.pid)
-        for pid in killed:
-            os.kill(pid, signal.SIGKILL)
-        wait_until(lambda: not set(children_of(worker.pid)) & set(killed), timeout=20)
+        calls_by_pid = Counter(result.get(timeout=60)["pid"] for result in ran)
+        try:
+            wait_until(lambda: only_live_files(directory), timeout=20)
+        except AssertionError:
+            left = process_files(directory)
+            raise AssertionError(f"files of processes that are gone are left: {left}") from None
+        files = process_files(directory)
+        body_pids = set(calls_by_pid)
+        after_recycling = scrape_once_released(port, acquires=CALLS)
+
+        def a_child_after_one_call() -> int:
+            # its first call: a child after its second is on its way out (merging its files)
+            pid = int(client.send_task(TASK, args=[unique("killed")]).get(timeout=30)["pid"])
+            calls_by_pid[pid] += 1
+            return pid if calls_by_pid[pid] == 1 else 0
+
+        victim = wait_until(a_child_after_one_call, timeout=30)
+        before = scrape_once_released(port, acquires=sum(calls_by_pid.values()))
+        victim_files = [entry for entry in process_files(directory) if pid_of(entry) == str(victim)]
+        os.kill(victim, signal.SIGKILL)
+        wait_until(lambda: pid_is_gone(victim), timeout=20)
         after = scrape(port)
-        yield Outcome(body_pids, files, live, before, killed, after, db_files(directory))
+        yield Outcome(
+            body_pids,
+            files,
+            after_recycling,
+            victim,
+            victim_files,
+            before,
+            after,
+            db_files(directory),
+        )
 
 
 def test_the_calls_ran_in_many_recycled_pool_children(outcome: Outcome) -> None:
@@ -96,25 +121,26 @@ def test_the_calls_ran_in_many_recycled_pool_children(outcome: Outcome) -> None:
 def test_the_directory_holds_two_files_per_live_process_after_recycling(
     outcome: Outcome,
 ) -> None:
-    assert len(outcome.files_after_recycling) <= FILES_PER_PROCESS * len(outcome.live_processes)
+    live_processes = 1 + CONCURRENCY  # the main process and its pool
+    assert len(outcome.files_after_recycling) <= FILES_PER_PROCESS * live_processes
 
 
 def test_the_scraped_acquires_equal_the_calls_of_every_recycled_child(outcome: Outcome) -> None:
-    assert total(outcome.before_kill, "celery_lock_acquired_total", name=TASK) == CALLS
+    assert total(outcome.after_recycling, "celery_lock_acquired_total", name=TASK) == CALLS
 
 
 def test_the_lock_histograms_keep_the_counts_of_recycled_children(outcome: Outcome) -> None:
     for histogram in ("celery_lock_acquire_seconds_count", "celery_lock_held_seconds_count"):
-        assert total(outcome.before_kill, histogram, name=TASK) == CALLS
+        assert total(outcome.after_recycling, histogram, name=TASK) == CALLS
 
 
-def test_a_scrape_merges_and_removes_the_files_of_killed_children(outcome: Outcome) -> None:
-    killed = {str(pid) for pid in outcome.killed}
-    assert outcome.killed
-    assert not {pid_of(entry) for entry in outcome.files_after_kill} & killed
+def test_a_scrape_merges_and_removes_the_files_of_a_killed_child(outcome: Outcome) -> None:
+    assert outcome.files_of_killed  # it had counted its call
+    killed = str(outcome.killed)
+    assert killed not in {pid_of(entry) for entry in outcome.files_after_kill}
 
 
-def test_the_scraped_totals_are_the_same_after_killed_children_are_merged(
+def test_the_scraped_totals_are_the_same_after_a_killed_child_is_merged(
     outcome: Outcome,
 ) -> None:
     def lock_samples(samples: dict[Any, float]) -> dict[Any, float]:

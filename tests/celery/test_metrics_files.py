@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
+import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -228,3 +230,46 @@ def test_a_directory_the_worker_does_not_own_is_read_and_left_as_it_is(tmp_path:
     files, unmerged = db_files(directory), unmerged_totals(directory)
     assert totals(MergingCollector(None, directory).collect()) == unmerged
     assert db_files(directory) == files
+
+
+def test_a_child_forked_while_a_scrape_runs_can_still_merge_its_files_at_exit(
+    tmp_path: Any,
+) -> None:
+    """A child forked while the scrape held the merge lock shared its open file (a ``flock``
+    belongs to the open file, not to the process): the lock stayed held for the child's life,
+    and the child hung at its exit, waiting for it."""
+    from celery_singleton_lock.celery.observe.process_files import MergingCollector, own, retire
+
+    directory = str(tmp_path)
+    own(directory)
+    write_counts_of_three_processes(directory)
+    scraping = threading.Event()
+    scraping.set()
+
+    def scrape_again_and_again() -> None:
+        while scraping.is_set():
+            MergingCollector(None, directory).collect()
+
+    scraper = threading.Thread(target=scrape_again_and_again, daemon=True)
+    scraper.start()
+    try:
+        children = []
+        for _ in range(20):
+            pid = os.fork()
+            if pid == 0:  # the child: merge its (no) files as a pool child does at its exit
+                try:
+                    retire(directory, os.getpid())
+                finally:
+                    os._exit(0)
+            children.append(pid)
+        deadline = time.monotonic() + 10
+        while children and time.monotonic() < deadline:
+            children = [pid for pid in children if os.waitpid(pid, os.WNOHANG) == (0, 0)]
+            time.sleep(0.05)
+        for pid in children:  # hung: do not leave them behind
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        assert not children
+    finally:
+        scraping.clear()
+        scraper.join(5)

@@ -12,7 +12,7 @@ key by key, into ``<type>_archive.db``: the same key (metric, sample, labels) th
 collector would have summed across processes, so a scrape's totals are the same before and
 after. Histogram buckets are stored per bucket, not cumulated, so they add up the same way.
 
-A merge writes the archive, then removes the dead files: a reader between the two would count
+A merge replaces the archive, then removes the dead files: a reader between the two would count
 them twice, and a counter that goes back down reads as a reset to Prometheus. So merges and
 scrapes take one lock, a ``flock`` on ``merge.lock`` in the directory, across processes. That
 file is made by the worker in a directory of its own (:func:`own`): a directory without it (a
@@ -26,12 +26,14 @@ import contextlib
 import fcntl
 import glob
 import os
+import shutil
 from typing import Any, Iterator
 
 from prometheus_client import multiprocess
 from prometheus_client.mmap_dict import MmapedDict
 
 from celery_singleton_lock.celery.worker.reclaim import pid_is_gone
+from celery_singleton_lock.engine import no_fork
 
 #: metric types whose values add up across processes (gauges do not: see the module docstring)
 ADDED_TYPES = ("counter", "histogram", "summary")
@@ -72,13 +74,22 @@ def _merge(directory: str, pid: int) -> None:
             counted = list(MmapedDict.read_all_values_from_file(path))  # type: ignore[no-untyped-call]
         except FileNotFoundError:
             continue
-        archive = MmapedDict(os.path.join(directory, f"{kind}_{ARCHIVE}.db"))  # type: ignore[no-untyped-call]
+        # the sums go to a copy, which replaces the archive in one rename: a process killed
+        # mid-merge leaves the archive as it was, not half added (then added again)
+        archive = os.path.join(directory, f"{kind}_{ARCHIVE}.db")
+        draft = f"{archive}.draft"  # not a .db: never read
+        if os.path.exists(archive):
+            shutil.copyfile(archive, draft)
+        else:
+            open(draft, "wb").close()
+        sums = MmapedDict(draft)  # type: ignore[no-untyped-call]
         try:
             for key, value, timestamp, _ in counted:
-                archived, _ = archive.read_value(key)  # type: ignore[no-untyped-call]
-                archive.write_value(key, archived + value, timestamp)  # type: ignore[no-untyped-call]
+                archived, _ = sums.read_value(key)  # type: ignore[no-untyped-call]
+                sums.write_value(key, archived + value, timestamp)  # type: ignore[no-untyped-call]
         finally:
-            archive.close()  # type: ignore[no-untyped-call]
+            sums.close()  # type: ignore[no-untyped-call]
+        os.replace(draft, archive)
         os.unlink(path)
     multiprocess.mark_process_dead(pid, directory)  # type: ignore[no-untyped-call]
 
@@ -99,7 +110,10 @@ class MergingCollector(multiprocess.MultiProcessCollector):
         directory = self._path
         if not _owned(directory):
             return super().collect()  # type: ignore[no-untyped-call]
-        with merge_lock(directory):
+        # no fork while the lock is held: a pool child forked meanwhile would share the lock's
+        # open file (flock belongs to it, not to a process) and keep it held for its lifetime,
+        # and hang at its exit waiting for it (seen: every later scrape timed out)
+        with no_fork, merge_lock(directory):
             for pid in _pids(directory):
                 if pid_is_gone(pid):
                     _merge(directory, pid)

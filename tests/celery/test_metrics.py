@@ -14,7 +14,7 @@ import signal
 import time
 import urllib.request
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import pytest
 import redis
@@ -74,8 +74,11 @@ def total(samples: dict[Any, float], metric: str, **labels: str) -> float:
     )
 
 
-def scrape_once_released(port: int, timeout: float = 10.0) -> dict[Any, float]:
-    """A scrape taken once every acquire's release is timed, or after ``timeout``.
+def scrape_once_released(
+    port: int, timeout: float = 10.0, acquires: int = ACQUIRES
+) -> dict[Any, float]:
+    """A scrape taken once every acquire's release is timed (``acquires`` of them), or after
+    ``timeout``.
 
     A worker sends the release without waiting and reads its reply (and only then observes
     ``celery_lock_held_seconds``) with the child's next command or its renewer's next look,
@@ -86,7 +89,7 @@ def scrape_once_released(port: int, timeout: float = 10.0) -> dict[Any, float]:
     while True:
         samples = scrape(port)
         timed = total(samples, "celery_lock_held_seconds_count", name=SKIP_TASK)
-        if timed >= ACQUIRES or time.monotonic() > deadline:
+        if timed >= acquires or time.monotonic() > deadline:
             return samples
         time.sleep(0.1)
 
@@ -103,7 +106,11 @@ class Outcome:
 
 @contextlib.contextmanager
 def metrics_worker(
-    broker: RedisServer, lock: RedisServer, metrics_dir: str, concurrency: int
+    broker: RedisServer,
+    lock: RedisServer,
+    metrics_dir: str,
+    concurrency: int,
+    extra_args: Sequence[str] = (),
 ) -> Iterator[tuple[Any, Any, int]]:
     """A real worker of ``metricsapp`` (the metrics on, served on a free port): the worker, a
     client app sending to its queue, and the port."""
@@ -115,7 +122,7 @@ def metrics_worker(
         metrics_dir=metrics_dir,
     )
     with worker_group(servers) as group:
-        (worker,) = group.start(concurrency=concurrency)
+        (worker,) = group.start(concurrency=concurrency, extra_args=extra_args)
         client = client_app(servers, worker.queue)
         try:
             yield worker, client, servers.metrics_port

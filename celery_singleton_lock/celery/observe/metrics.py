@@ -16,7 +16,9 @@ directory), and the main process sums every file when scraped. A write is a stor
 shared mapping, so a child killed with SIGKILL loses nothing it counted; aggregation in the
 main process would need a channel from every child and would lose what a dead child had not
 sent yet. The directory is chosen and exported (``PROMETHEUS_MULTIPROC_DIR``) at
-``worker_init``, in the main process before the pool forks, so every child writes there.
+``worker_init``, in the main process before the pool forks, so every child writes there. The
+files of a child that exits are added into an archive and removed (:mod:`.process_files`), so
+the directory holds about 2 files per live process, not 2 per child ever forked.
 
 Cost: nothing is connected while the setting is off (the lock signals are sent only when they
 have receivers). On, each decision is a signal dispatch and a locked file-mapping write.
@@ -179,6 +181,8 @@ _RECEIVERS = (
 
 
 def _choose_directory(conf: Any) -> str:
+    from celery_singleton_lock.celery.observe import process_files
+
     chosen = conf.get("singleton_lock_metrics_dir")
     if chosen:
         os.makedirs(chosen, exist_ok=True)
@@ -186,12 +190,14 @@ def _choose_directory(conf: Any) -> str:
         for entry in os.listdir(chosen):
             if entry.endswith(".db"):
                 os.unlink(os.path.join(chosen, entry))
+        process_files.own(chosen)
         return str(chosen)
     existing = os.environ.get(MULTIPROC_ENV)
     if existing:  # the user's own multiprocess setup: their collector serves ours too
         return existing
     global _temporary
     _temporary = tempfile.mkdtemp(prefix="celery-lock-metrics-")
+    process_files.own(_temporary)
     return _temporary
 
 
@@ -226,6 +232,16 @@ def connect(sender: Any = None) -> None:
         uid = f"csl-metrics-{receiver.__name__}"
         signal.connect(receiver, sender=sender, weak=False, dispatch_uid=uid)
     timing.connect(sender, user="metrics")
+
+
+def retire_process(**_: Any) -> None:
+    """Add this pool child's counts into the archive and remove its files
+    (``worker_process_shutdown``, in the child, once its locks are released)."""
+    directory = os.environ.get(MULTIPROC_ENV)
+    if directory and _metrics is not None:
+        from celery_singleton_lock.celery.observe import process_files
+
+        process_files.retire(directory, os.getpid())
 
 
 def tear_down(sender: Any = None) -> None:
@@ -306,15 +322,16 @@ def parked_by_task(locker: Any) -> dict[str, int]:
 def register_collectors(registry: Any, app: Any, directory: Optional[str] = None) -> None:
     """Add the lock metrics to ``registry``, a ``prometheus_client.CollectorRegistry`` you
     already serve: every pool process's counts (from ``directory``, default the app's
-    ``singleton_lock_metrics_dir``) and the parked gauge."""
-    from prometheus_client import multiprocess
+    ``singleton_lock_metrics_dir``), those of dead processes merged first, and the parked
+    gauge."""
+    from celery_singleton_lock.celery.observe import process_files
 
     path = directory or app.conf.get("singleton_lock_metrics_dir") or os.environ.get(MULTIPROC_ENV)
     if not path:
         raise LockConfigurationError(
             "no metrics directory: set singleton_lock_metrics_dir (the one the worker writes)"
         )
-    multiprocess.MultiProcessCollector(registry, path=path)  # type: ignore[no-untyped-call]
+    process_files.MergingCollector(registry, path=path)  # type: ignore[no-untyped-call]
     registry.register(ParkedCollector(app))
 
 

@@ -22,7 +22,8 @@
 * ``worker_init`` (main process, before the pool forks): turn on the metrics
   (``singleton_lock_metrics``) and the trace events (opentelemetry installed) by connecting
   their receivers, so nothing runs for them when they are off; ``worker_ready`` serves
-  ``/metrics`` (``singleton_lock_metrics_port``), ``worker_shutdown`` stops it.
+  ``/metrics`` (``singleton_lock_metrics_port``), ``worker_shutdown`` stops it;
+  ``worker_process_shutdown`` merges an exiting child's metrics files into the archive.
 
 Every ``celery`` process imports this module (the ``celery locks`` command is a
 ``celery.commands`` entry point), so these receivers are connected for every app, ours or not.
@@ -185,6 +186,8 @@ signals.worker_ready.connect(_report_lock_server, weak=False)
 signals.worker_ready.connect(_start_handoff_sweeper, weak=False)
 signals.worker_shutdown.connect(_stop_handoff_sweepers, weak=False)
 signals.worker_process_shutdown.connect(_release_everything_held, weak=False)
+# after the release (its reply times the held histogram): the child's last counts
+signals.worker_process_shutdown.connect(metrics.retire_process, weak=False)
 signals.worker_init.connect(_observe, weak=False)
 signals.worker_ready.connect(_serve_metrics, weak=False)
 signals.worker_shutdown.connect(_stop_metrics, weak=False)

@@ -93,7 +93,8 @@ class Counters:
             (
                 int(entry["duration"])
                 for entry in entries
-                if text(entry["client_address"]) != SCRIPT_CLIENT
+                # redis-py < 5 does not parse the client of a slow-log entry: none is left out then
+                if text(entry.get("client_address", b"")) != SCRIPT_CLIENT
                 and text(entry["command"]).split(" ", 1)[0].lower() not in META
             ),
             default=0,

@@ -168,12 +168,15 @@ def write_counts_of_three_processes(directory: str) -> int:
     """Counter and histogram files of this process and of two dead ones; returns this pid."""
     from prometheus_client.mmap_dict import MmapedDict, mmap_key
 
+    from celery_singleton_lock.celery.observe.process_files import TIMESTAMPED
+
     def write(kind: str, pid: int, samples: dict[tuple[str, str], float]) -> None:
         counts = MmapedDict(os.path.join(directory, f"{kind}_{pid}.db"))
         for (name, le), value in samples.items():
             labels = ["name", "le"] if le else ["name"]
             values = ["t", le] if le else ["t"]
-            counts.write_value(mmap_key(f"m_{kind}", name, labels, values, "help"), value, 0.0)
+            key = mmap_key(f"m_{kind}", name, labels, values, "help")
+            counts.write_value(key, value, *((0.0,) if TIMESTAMPED else ()))
         counts.close()
 
     live = os.getpid()

@@ -4,6 +4,7 @@ key a script touches declared in its KEYS."""
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 import uuid
 from typing import Any, Callable, Iterator
@@ -124,15 +125,21 @@ def test_every_cluster_slot_has_a_tag_hashing_to_it() -> None:
 # -- every key a script touches is in its KEYS ------------------------------------------------
 
 
+#: A MONITOR line: '<time> [<db> <client address, or lua>] "<arg>" "<arg>" ...' (parsed here:
+#: redis-py's own Monitor patterns differ between its releases)
+_MONITOR_LINE = re.compile(r"^[\d.]+ \[\d+ (\S+)\] (.*)$")
+_MONITOR_ARG = re.compile(r'"((?:[^"\\]|\\.)*)"')
+
+
 def _monitored(monitor: Monitor) -> Iterator[tuple[str, list[str]]]:
     """``(source, args)`` of each command the server runs (source ``lua``: run by a script)."""
     while True:
         line = monitor.connection.read_response()
         text = line.decode("utf-8", "replace") if isinstance(line, bytes) else str(line)
-        match = Monitor.monitor_re.match(text.split(" ", 1)[1])
+        match = _MONITOR_LINE.match(text)
         assert match is not None, text
-        _, source, command = match.groups()
-        yield source, [arg.replace('\\"', '"') for arg in Monitor.command_re.findall(command)]
+        source, command = match.groups()
+        yield source, [arg.replace('\\"', '"') for arg in _MONITOR_ARG.findall(command)]
 
 
 @contextlib.contextmanager

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import glob
+import inspect
 import os
 import shutil
 from typing import Any, Iterator
@@ -39,6 +40,9 @@ from celery_singleton_lock.engine import no_fork
 ADDED_TYPES = ("counter", "histogram", "summary")
 ARCHIVE = "archive"
 LOCK_FILE = "merge.lock"
+#: prometheus_client writes a timestamp beside each value from 0.18 on (the declared floor is
+#: 0.17: entries of (key, value, pos), ``read_value`` a float, ``write_value`` without one)
+TIMESTAMPED = "timestamp" in inspect.signature(MmapedDict.write_value).parameters
 
 
 def own(directory: str) -> None:
@@ -84,9 +88,12 @@ def _merge(directory: str, pid: int) -> None:
             open(draft, "wb").close()
         sums = MmapedDict(draft)  # type: ignore[no-untyped-call]
         try:
-            for key, value, timestamp, _ in counted:
-                archived, _ = sums.read_value(key)  # type: ignore[no-untyped-call]
-                sums.write_value(key, archived + value, timestamp)  # type: ignore[no-untyped-call]
+            for key, value, *rest in counted:
+                archived = sums.read_value(key)  # type: ignore[no-untyped-call]
+                if TIMESTAMPED:  # rest: (timestamp, pos); read_value: (value, timestamp)
+                    sums.write_value(key, archived[0] + value, rest[0])  # type: ignore[no-untyped-call]
+                else:  # rest: (pos,); read_value: the value
+                    sums.write_value(key, archived + value)  # type: ignore[call-arg,no-untyped-call]
         finally:
             sums.close()  # type: ignore[no-untyped-call]
         os.replace(draft, archive)

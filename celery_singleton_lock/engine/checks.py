@@ -85,11 +85,12 @@ def try_acquire(
         take_queued: delete the lock's queued marker (see ``enqueue``) if it holds
             ``owner.task_id``, whatever the outcome, in the same round trip: this
             message is no longer queued.
-        park: this task id's message. When the lock is held (or free but promised to an
-            older parked task id), the message is parked behind it, in arrival order,
-            and :class:`Parked` returned; a release with ``release_handing_off`` then
-            reserves the lock for the oldest parked id and returns its message to
-            publish. A lock reserved for ``owner.task_id`` is taken over.
+        park: this task id's message. When every slot of the lock is held (or free but
+            promised to an older parked task id), the message is parked behind them, in
+            arrival order, and :class:`Parked` returned; a release with
+            ``release_handing_on`` then reserves the freed slot for the oldest parked id
+            and returns its message to publish (:mod:`.kinds.slot_queue`; a mutex is the
+            lock with one slot). A slot reserved for ``owner.task_id`` is taken over.
         reservation_ttl: with ``park``: seconds a reservation made by this call lives.
         token: the owner token to write (a fresh one by default); a quorum sends the
             same token to each of its servers (:mod:`.redlock`).
@@ -97,9 +98,7 @@ def try_acquire(
             most one call waits, a newer one takes its place (:attr:`Parked.displaced`
             names the calls it displaced); release with ``release_latest``.
         limit: up to this many holders at once, each on its own slot (:mod:`.slots`);
-            not with ``latest``, ``take_queued`` or ``min_replicas``. With ``park``,
-            calls park behind the slots and are handed each freed slot in arrival order
-            (:mod:`.kinds.slot_queue`): release with ``release_handing_on``.
+            not with ``latest``, ``take_queued`` or ``min_replicas``.
         rate: ``(count, seconds)``: at most ``count`` acquisitions in any window of that
             many seconds (server clock); over it, a :class:`LockHolder` with
             ``over_rate`` and the wait as its ``ttl`` (with ``park``: parked, and handed

@@ -32,7 +32,6 @@ from celery_singleton_lock.engine.kinds.issuer import Issuer
 from celery_singleton_lock.engine.kinds.latest import LatestWins
 from celery_singleton_lock.engine.kinds.markers import Markers
 from celery_singleton_lock.engine.kinds.mutex import Mutex
-from celery_singleton_lock.engine.kinds.parking import Parking
 from celery_singleton_lock.engine.kinds.slot_queue import SlotQueue
 from celery_singleton_lock.engine.kinds.slots import Slots
 from celery_singleton_lock.engine.lease import Lease, Owner
@@ -120,8 +119,7 @@ class RedisLocker:
         self.slots = Slots(server, issuer)
         self.cooldown = Cooldown(server, releases)
         self.markers = Markers(server, issuer)
-        self.parking = Parking(server, issuer, releases)
-        self.slot_queue = SlotQueue(server, issuer, releases)
+        self.queue = SlotQueue(server, issuer, releases)
         self.latest = LatestWins(server, issuer, releases)
         # A task's release is the hot path: the releases' own methods, bound here, cost no
         # call more than before; the methods below (the same) are what is documented and typed.
@@ -141,15 +139,13 @@ class RedisLocker:
         checks.check(request, self.capabilities, self.prefix)
         owner = request.owner or Owner()
         check_call(request, owner, request.max_lifetime)
+        if request.park is not None:
+            if request.latest is not None:
+                return self.mutex.acquire(request, owner, self.latest)
+            return self.queue.acquire(request, owner)
         if request.limit != 1 or request.rate is not None:
-            if request.park is not None:
-                return self.slot_queue.acquire(request, owner)
             return self.slots.acquire(request, owner)
-        if request.park is None:
-            return self.mutex.acquire(request, owner)
-        return self.mutex.acquire(
-            request, owner, self.parking if request.latest is None else self.latest
-        )
+        return self.mutex.acquire(request, owner)
 
     def prepare(self, request: AcquireRequest) -> PreparedAcquire:
         """``request`` checked once for many calls that each set its name, owner and time
@@ -201,14 +197,6 @@ class RedisLocker:
         """See :meth:`.kinds.cooldown.Cooldown.release_cooling`."""
         return self.cooldown.release_cooling(lease, cooldown, remember_for=remember_for)
 
-    def release_handing_off(
-        self, lease: Lease, *, reservation_ttl: float, remember_for: Optional[float] = None
-    ) -> tuple[bool, Optional[bytes]]:
-        """See :meth:`.kinds.parking.Parking.release_handing_off`."""
-        return self.parking.release_handing_off(
-            lease, reservation_ttl=reservation_ttl, remember_for=remember_for
-        )
-
     def release_latest(
         self, lease: Lease, *, reservation_ttl: float, remember_for: Optional[float] = None
     ) -> tuple[bool, Optional[bytes]]:
@@ -228,7 +216,7 @@ class RedisLocker:
         remember_for: Optional[float] = None,
     ) -> tuple[bool, list[bytes]]:
         """See :meth:`.kinds.slot_queue.SlotQueue.release_handing_on`."""
-        return self.slot_queue.release_handing_on(
+        return self.queue.release_handing_on(
             lease,
             limit=limit,
             rate=rate,
@@ -273,43 +261,23 @@ class RedisLocker:
         """See :meth:`.kinds.markers.Markers.queued`."""
         return self.markers.queued(name)
 
-    # -- the queues: parking behind the mutex, or behind slots --------------------------------
+    # -- the queue: calls parked behind a lock's slots -------------------------------------
 
     def hand_off_due(self, limit: int = 100) -> list[str]:
-        """See :meth:`.kinds.parking.Parking.hand_off_due`."""
-        return self.parking.hand_off_due(limit)
-
-    def hand_off_if_free(self, name: str, *, reservation_ttl: float) -> Optional[bytes]:
-        """See :meth:`.kinds.parking.Parking.hand_off_if_free`."""
-        return self.parking.hand_off_if_free(name, reservation_ttl=reservation_ttl)
+        """See :meth:`.kinds.slot_queue.SlotQueue.hand_off_due`."""
+        return self.queue.hand_off_due(limit)
 
     def hand_off_soon(self, name: str) -> int:
-        """See :meth:`.kinds.parking.Parking.hand_off_soon`."""
-        return self.parking.hand_off_soon(name)
+        """See :meth:`.kinds.slot_queue.SlotQueue.hand_off_soon`."""
+        return self.queue.hand_off_soon(name)
 
     def hand_on(self, name: str, *, reservation_ttl: float) -> list[bytes]:
-        """A sweeper's step on the lock ``name``: if calls are parked behind it and a slot (or
-        the lock) is free, reserve it for the oldest parked call without one (as far as a
-        rate allows), for ``reservation_ttl`` seconds; the messages to publish."""
-        rule = self.slot_queue.parked_rule(name)
-        if rule is None:  # the mutex's queue (kinds/parking.py)
-            message = self.parking.hand_off_if_free(name, reservation_ttl=reservation_ttl)
-            return [] if message is None else [message]
-        return self.slot_queue.hand_on_slots(name, rule, reservation_ttl=reservation_ttl)
+        """See :meth:`.kinds.slot_queue.SlotQueue.hand_on`."""
+        return self.queue.hand_on(name, reservation_ttl=reservation_ttl)
 
     def drop_parked(self, name: str, task_id: str, *, reservation_ttl: float) -> Union[bool, bytes]:
-        """Take ``task_id`` out of the calls parked behind the lock ``name`` for good (its
-        message was revoked, expired, or cannot be read), and, if the lock (or a slot) was
-        reserved for it, reserve it for the next parked id for ``reservation_ttl`` seconds at
-        once: that id's message, to publish; else whether ``task_id`` was parked or reserved
-        for. A lock held by ``task_id`` itself is never touched."""
-        rule = self.slot_queue.parked_rule(name)
-        if rule is not None:  # parked over slots, a rate or a cooldown (kinds/slot_queue.py)
-            dropped, handed = self.slot_queue.drop_from_slots(
-                name, rule, task_id, reservation_ttl=reservation_ttl
-            )
-            return handed[0] if handed else dropped
-        return self.parking.drop_parked(name, task_id, reservation_ttl=reservation_ttl)
+        """See :meth:`.kinds.slot_queue.SlotQueue.drop_parked`."""
+        return self.queue.drop_parked(name, task_id, reservation_ttl=reservation_ttl)
 
     # -- latest wins --------------------------------------------------------------------------
 

@@ -313,12 +313,6 @@ class QuorumLocker:
         """Refused: a cooldown is not supported on a quorum (see :data:`QUORUM`)."""
         raise unsupported(QUORUM, "lock_cooldown", "cooldown", lease.key)
 
-    def release_handing_off(
-        self, lease: Lease, *, reservation_ttl: float, remember_for: Optional[float] = None
-    ) -> tuple[bool, Optional[bytes]]:
-        """:meth:`release`; nothing is parked on a quorum, so there is no message to hand."""
-        return self.release(lease, remember_for=remember_for), None
-
     def release_handing_on(
         self,
         lease: Lease,
@@ -445,10 +439,6 @@ class QuorumLocker:
     def hand_off_due(self, limit: int = 100) -> list[str]:
         """Empty: nothing is parked on a quorum."""
         return []
-
-    def hand_off_if_free(self, name: str, *, reservation_ttl: float) -> Optional[bytes]:
-        """None: nothing is parked on a quorum."""
-        return None
 
     def hand_on(self, name: str, *, reservation_ttl: float) -> list[bytes]:
         """Empty: nothing is parked on a quorum."""

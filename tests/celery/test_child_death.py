@@ -83,7 +83,7 @@ def test_a_replace_waiter_starts_within_two_seconds_of_the_holder_childs_kill(
     pid = _body_pid(key)
     waiting = task.apply_async((key, "v2"), queue=prefork.queue)
     parked = lock_key(task, key, 0) + ":parked"
-    wait_until(lambda: store.lrange(parked, 0, -1) == [waiting.id.encode()], timeout=20)
+    wait_until(lambda: store.zrange(parked, 0, -1) == [waiting.id.encode()], timeout=20)
     killed_at = _kill(pid)
     assert waiting.get(timeout=30) == "v2"
     delay = childdeathapp.started(key)[1][2] - killed_at

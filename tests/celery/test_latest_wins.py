@@ -27,7 +27,7 @@ def _running(key: str, value: Any, seconds: float, **options: Any) -> Any:
 
 def _waiting(locker: RedisLocker, key: str) -> list[bytes]:
     name = latestapp.newest.lock_options.keyer.name((key, 0), {})
-    return list(locker.client.lrange(locker.keys(name).parked, 0, -1))
+    return list(locker.client.zrange(locker.keys(name).parked, 0, -1))
 
 
 def test_the_newest_duplicate_runs_after_the_running_call_and_the_others_are_superseded(

@@ -30,7 +30,7 @@ def attempt(
 
 
 def waiting_ids(locker: RedisLocker) -> list[bytes]:
-    return list(locker.client.lrange(locker.keys("job").parked, 0, -1))
+    return list(locker.client.zrange(locker.keys("job").parked, 0, -1))
 
 
 def test_a_free_lock_is_taken_at_once_without_a_debounce(locker: RedisLocker) -> None:
@@ -94,7 +94,7 @@ def test_a_debounced_call_is_held_even_on_a_free_lock(locker: RedisLocker) -> No
 def test_a_debounced_call_is_handed_on_by_the_sweeper_once_due(locker: RedisLocker) -> None:
     attempt(locker, "a", Latest(debounce=0.05))
     wait_until(lambda: locker.hand_off_due() == ["job"], timeout=5)  # by the server's clock
-    assert locker.hand_off_if_free("job", reservation_ttl=30) == b"a\nmsg"
+    assert locker.hand_on("job", reservation_ttl=30) == [b"a\nmsg"]
     assert isinstance(attempt(locker, "a", Latest(debounce=0.05)), Lease)
 
 

@@ -63,11 +63,11 @@ def test_release_all_leaves_leases_of_another_locker_alone(
         other.close()
 
 
-def test_release_handing_off_frees_the_lock_on_every_server_and_hands_nothing(
+def test_release_handing_on_frees_the_lock_on_every_server_and_hands_nothing(
     quorum: QuorumLocker, servers: list[RedisServer]
 ) -> None:
     lease = held(quorum, "a")
-    assert quorum.release_handing_off(lease, reservation_ttl=5) == (True, None)
+    assert quorum.release_handing_on(lease, limit=1, reservation_ttl=5) == (True, [])
     assert holders_on(servers, lease.key) == [b""] * 3
 
 
@@ -96,13 +96,13 @@ def test_a_quorum_parks_nothing_and_keeps_no_queued_marker(quorum: QuorumLocker)
     assert (
         quorum.hand_off_soon("a"),
         quorum.hand_off_due(),
-        quorum.hand_off_if_free("a", reservation_ttl=5),
+        quorum.hand_on("a", reservation_ttl=5),
         quorum.drop_parked("a", "t-x", reservation_ttl=5),
         quorum.inspect.parked("a"),
         quorum.queued("a"),
         quorum.queued_for("a"),
         quorum.clear_queued("a"),
-    ) == (0, [], None, False, [], None, None, False)
+    ) == (0, [], [], False, [], None, None, False)
 
 
 @pytest.mark.parametrize(

@@ -208,14 +208,12 @@ def test_every_key_the_finish_record_scripts_touch_is_in_their_keys(
                 **options,
             )
             assert isinstance(first, Lease)
-            if "limit" in options:
-                locker.release_handing_on(
-                    first, limit=options["limit"], reservation_ttl=30, remember_for=3600
-                )
-            elif "latest" in options:
+            if "latest" in options:
                 locker.release_latest(first, reservation_ttl=30, remember_for=3600)
             else:
-                locker.release_handing_off(first, reservation_ttl=30, remember_for=3600)
+                locker.release_handing_on(
+                    first, limit=options.get("limit", 1), reservation_ttl=30, remember_for=3600
+                )
 
         return step
 

@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from celery_singleton_lock.engine import Lease, LockHolder, Owner, RedisLocker
-from celery_singleton_lock.engine.kinds.parking import HANDOFF_TOKEN
+from celery_singleton_lock.engine.kinds.slot_queue import HANDOFF_TOKEN
 from celery_singleton_lock.engine.lease import Parked
 from celery_singleton_lock.errors import LockNotOwnedError
 from tests.support import wait_until
@@ -64,7 +64,7 @@ def full_with_parked(locker: RedisLocker, *parked: str) -> Lease:
 
 
 def parked_ids(locker: RedisLocker) -> list[bytes]:
-    return list(locker.client.lrange(locker.keys("job").parked, 0, -1))
+    return list(locker.client.zrange(locker.keys("job").parked, 0, -1))
 
 
 def reserved_for(client: redis.Redis, locker: RedisLocker, limit: int = 2) -> list[bytes]:

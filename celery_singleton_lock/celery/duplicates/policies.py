@@ -216,21 +216,14 @@ class Queue(DuplicatePolicy):
         self, scope: Any, options: Any, cooldown: Optional[float], remember_for: Optional[float]
     ) -> bool:
         lease = scope.lease
-        if scope.limit != 1 or options.rate is not None or options.cooldown:
-            # parked over slots, a rate or a cooldown: each freed slot handed on
-            owned, messages = lease.locker.release_handing_on(
-                lease,
-                limit=scope.limit,
-                rate=options.rate,
-                cooldown=cooldown,
-                reservation_ttl=options.handoff_timeout,
-                remember_for=remember_for,
-            )
-        else:
-            owned, handed = lease.locker.release_handing_off(
-                lease, reservation_ttl=options.handoff_timeout, remember_for=remember_for
-            )
-            messages = [] if handed is None else [handed]
+        owned, messages = lease.locker.release_handing_on(
+            lease,
+            limit=scope.limit,
+            rate=options.rate,
+            cooldown=cooldown,
+            reservation_ttl=options.handoff_timeout,
+            remember_for=remember_for,
+        )
         for message in messages:
             handoff.publish(scope.task.app, message, scope.name)
         return bool(owned)

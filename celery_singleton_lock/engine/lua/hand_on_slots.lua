@@ -15,6 +15,9 @@
 --             release_into_cooldown.lua), and is handed on when it ends; nothing is
 --             published then
 -- ARGV[10..11] with KEYS[N+6]: as release.lua's ARGV[3..4]
+-- The slots handed on are the first N, or fewer when the lock's rule (written by the newest
+-- parked call) names fewer: a limit lowered while calls are parked (a callable lock_limit)
+-- frees no slot above it, and its releases hand on none.
 -- Returns     {done, handed...}: done 1 when released ('release': 0 if the token held no
 --             slot: nothing released), dropped ('drop': 0 if the id was neither parked nor
 --             reserved for) or swept; then the messages of the ids just handed a slot, to
@@ -52,7 +55,7 @@ if mode == 'release' then
   end
 elseif mode == 'drop' then
   local id = ARGV[5]
-  done = math.min(1, redis.call('LREM', q.parked, 0, id) + redis.call('HDEL', q.messages, id))
+  done = math.min(1, unpark(q.parked, q.messages, id))
   for i = 1, n do
     local v = redis.call('GET', KEYS[i])
     if v and string.sub(v, 1, 32) == HANDOFF_TOKEN and task_id_of(v) == id then
@@ -62,6 +65,10 @@ elseif mode == 'drop' then
     end
   end
   max = 1
+end
+local rule = redis.call('GET', q.rule)
+if rule then
+  n = math.min(n, tonumber(string.match(rule, '^(%d+)|')) or n)
 end
 local now = now_ms()
 local free, reserved = survey(n, nil, nil)

@@ -8,7 +8,7 @@ an acquire (:func:`try_acquire`), and the release of every lease at shutdown
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import Optional, TypeVar
 
 from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
 from celery_singleton_lock.engine.backend import LockBackend
@@ -30,6 +30,9 @@ _NEEDS = (
 )
 
 
+T = TypeVar("T")
+
+
 def unsupported(capabilities: Capabilities, what: str, feature: str, name: str) -> LockError:
     """The error for asking ``capabilities`` for ``feature`` (said to people as ``what``)."""
     return LockConfigurationError(
@@ -37,6 +40,15 @@ def unsupported(capabilities: Capabilities, what: str, feature: str, name: str) 
         f"{capabilities.instead} for it",
         name,
     )
+
+
+def required(part: Optional[T], backend: LockBackend, what: str, feature: str) -> T:
+    """``part`` of ``backend`` (its queue, markers...), or the error that it has none (said to
+    people as ``what``). Registration refuses the options that need a part a backend lacks, so
+    only a caller that skipped that check gets the error."""
+    if part is None:
+        raise unsupported(backend.capabilities, what, feature, backend.prefix)
+    return part
 
 
 def try_acquire(
@@ -184,15 +196,15 @@ def release_all(backend: LockBackend) -> int:
     """
     backend.settle()  # the deferred releases are reported before the process goes
     released = 0
-    parking = backend.capabilities.parking
+    queue = backend.queue
     me: object = backend
     for lease in backend.renewer.leases():
         if lease.locker is me and lease.held:
             try:
                 if backend.release(lease):
                     released += 1
-                    if parking:
-                        backend.hand_off_soon(lease.keys.name)
+                    if queue is not None:
+                        queue.hand_off_soon(lease.keys.name)
             except LockError as exc:
                 log_release.error("could not release %s: %s", lease.key, exc)
     return released

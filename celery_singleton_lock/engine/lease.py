@@ -182,10 +182,6 @@ class LeaseKeeper(Protocol):
 
     def release(self, lease: Lease, *, remember_for: Optional[float] = None) -> bool: ...
 
-    def release_cooling(
-        self, lease: Lease, cooldown: float, *, remember_for: Optional[float] = None
-    ) -> bool: ...
-
     def release_later(
         self,
         lease: Lease,
@@ -193,21 +189,6 @@ class LeaseKeeper(Protocol):
         *,
         remember_for: Optional[float] = None,
     ) -> bool: ...
-
-    def release_latest(
-        self, lease: Lease, *, reservation_ttl: float, remember_for: Optional[float] = None
-    ) -> tuple[bool, Optional[bytes]]: ...
-
-    def release_handing_on(
-        self,
-        lease: Lease,
-        *,
-        limit: int,
-        rate: Optional[tuple[int, float]] = None,
-        cooldown: Optional[float] = None,
-        reservation_ttl: float,
-        remember_for: Optional[float] = None,
-    ) -> tuple[bool, list[bytes]]: ...
 
     def renew_batch(self, leases: Sequence[Lease], *, now: float) -> list[int]: ...
 

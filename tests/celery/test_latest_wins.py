@@ -125,7 +125,7 @@ def test_a_call_held_back_on_a_free_lock_is_announced_with_the_reason_debounce(
     finally:
         lock_duplicate.disconnect(on_duplicate)
         # this worker runs no sweeper: take the held call out, no other worker's sweeper sends it
-        locker.drop_parked(name, held.id, reservation_ttl=30)
+        locker.queue.drop_parked(name, held.id, reservation_ttl=30)
     assert latestapp.started(unique_key) == []
 
 

@@ -32,14 +32,14 @@ def attempt(
 
 def release(locker: RedisLocker, lease: Lease, **options: Any) -> tuple[bool, Optional[bytes]]:
     """A release of the one slot: whether it was ours, and the one message handed on."""
-    owned, handed = locker.release_handing_on(lease, limit=1, **options)
+    owned, handed = locker.queue.release_handing_on(lease, limit=1, **options)
     assert len(handed) <= 1
     return owned, handed[0] if handed else None
 
 
 def sweep(locker: RedisLocker, *, reservation_ttl: float) -> Optional[bytes]:
     """A sweeper's step on the lock: the one message handed on, or None."""
-    handed = locker.hand_on("job", reservation_ttl=reservation_ttl)
+    handed = locker.queue.hand_on("job", reservation_ttl=reservation_ttl)
     assert len(handed) <= 1
     return handed[0] if handed else None
 
@@ -157,11 +157,13 @@ def test_the_sweeper_finds_a_dead_holders_lock_once_it_expired_and_hands_it_off(
 ) -> None:
     assert isinstance(attempt(locker, "a", ttl=0.3), Lease)
     attempt(locker, "b")
-    assert locker.hand_off_due() == []  # not due before the holder's TTL runs out
+    assert locker.queue.hand_off_due().names == []  # not due before the holder's TTL runs out
     time.sleep(0.4)
-    assert locker.hand_off_due() == ["job"]
+    assert locker.queue.hand_off_due().names == ["job"]
     assert sweep(locker, reservation_ttl=5) == b"msg-b"
-    assert locker.hand_off_due() == []  # reserved: due again when the reservation runs out
+    assert (
+        locker.queue.hand_off_due().names == []
+    )  # reserved: due again when the reservation runs out
 
 
 def test_the_sweeper_leaves_a_held_lock_and_looks_again_at_its_ttl(locker: RedisLocker) -> None:
@@ -170,9 +172,9 @@ def test_the_sweeper_leaves_a_held_lock_and_looks_again_at_its_ttl(locker: Redis
     attempt(locker, "b")
     locker.client.pexpire(locker.keys("job").lock, 30_000)  # renewed meanwhile
     time.sleep(0.4)
-    assert locker.hand_off_due() == ["job"]
+    assert locker.queue.hand_off_due().names == ["job"]
     assert sweep(locker, reservation_ttl=5) is None
-    assert locker.hand_off_due() == []
+    assert locker.queue.hand_off_due().names == []
     score = locker.client.zscore(locker.keys("job").handoff_due, "job")
     assert score is not None and score > time.time() * 1000 + 20_000
 
@@ -186,8 +188,43 @@ def test_a_reservation_that_ran_out_is_handed_to_the_same_task_id_again(
     attempt(locker, "c")
     assert release(locker, lease, reservation_ttl=0.2)[1] == b"msg-b"
     time.sleep(0.3)  # b's message was lost on its way
-    assert locker.hand_off_due() == ["job"]
+    assert locker.queue.hand_off_due().names == ["job"]
     assert sweep(locker, reservation_ttl=5) == b"msg-b"
+
+
+def test_a_published_hand_off_makes_its_short_reservation_live_the_whole_timeout(
+    locker: RedisLocker,
+) -> None:
+    lease = attempt(locker, "a")
+    assert isinstance(lease, Lease)
+    attempt(locker, "b")
+    assert release(locker, lease, reservation_ttl=3)[1] == b"msg-b"  # the send window
+    assert locker.client.pttl(locker.keys("job").lock) <= 3000
+    assert locker.queue.handed("job", "b", reservation_ttl=60) is True
+    assert locker.client.pttl(locker.keys("job").lock) > 50_000
+    score = locker.client.zscore(locker.keys("job").handoff_due, "job")
+    assert score is not None and score > time.time() * 1000 + 50_000  # looked at when it ends
+
+
+def test_a_hand_off_published_after_its_reservation_was_taken_changes_nothing(
+    locker: RedisLocker,
+) -> None:
+    lease = attempt(locker, "a")
+    assert isinstance(lease, Lease)
+    attempt(locker, "b")
+    release(locker, lease, reservation_ttl=3)
+    taken = attempt(locker, "b", ttl=30)
+    assert isinstance(taken, Lease)
+    assert locker.queue.handed("job", "b", reservation_ttl=60) is False
+    assert locker.client.get(locker.keys("job").lock).startswith(taken.token.encode())
+
+
+def test_the_sweeper_is_told_when_the_next_lock_falls_due(locker: RedisLocker) -> None:
+    assert locker.queue.hand_off_due().next_in is None  # nothing parked anywhere
+    assert isinstance(attempt(locker, "a", ttl=20), Lease)
+    attempt(locker, "b")
+    due = locker.queue.hand_off_due()
+    assert due.names == [] and due.next_in is not None and 15 < due.next_in <= 20
 
 
 def test_a_finished_task_id_takes_nothing_and_is_not_parked(locker: RedisLocker) -> None:
@@ -219,7 +256,7 @@ def test_dropping_the_task_id_the_lock_is_reserved_for_hands_it_to_the_next_at_o
     attempt(locker, "b")
     attempt(locker, "c")
     assert release(locker, lease, reservation_ttl=30)[1] == b"msg-b"
-    assert locker.drop_parked("job", "b", reservation_ttl=30) == b"msg-c"
+    assert locker.queue.drop_parked("job", "b", reservation_ttl=30) == b"msg-c"
     assert parked_ids(locker) == [b"c"]
     assert not redis_client.hexists(locker.keys("job").parked_messages, "b")
     value = redis_client.get(locker.keys("job").lock)
@@ -232,7 +269,7 @@ def test_dropping_the_last_reserved_task_id_frees_the_lock(locker: RedisLocker) 
     assert isinstance(lease, Lease)
     attempt(locker, "b")
     release(locker, lease, reservation_ttl=30)
-    assert locker.drop_parked("job", "b", reservation_ttl=30) is True
+    assert locker.queue.drop_parked("job", "b", reservation_ttl=30) is True
     assert not locker.client.exists(locker.keys("job").lock)
     assert isinstance(attempt(locker, "z"), Lease)
 
@@ -243,7 +280,7 @@ def test_dropping_a_parked_task_id_behind_a_holder_keeps_the_others_in_order(
     lease = attempt(locker, "a")
     for task_id in "bcd":
         attempt(locker, task_id)
-    assert locker.drop_parked("job", "c", reservation_ttl=30) is True
+    assert locker.queue.drop_parked("job", "c", reservation_ttl=30) is True
     assert parked_ids(locker) == [b"b", b"d"]
     assert isinstance(lease, Lease)
     assert release(locker, lease, reservation_ttl=30)[1] == b"msg-b"
@@ -252,7 +289,7 @@ def test_dropping_a_parked_task_id_behind_a_holder_keeps_the_others_in_order(
 def test_dropping_never_touches_a_lock_held_by_that_task_id(locker: RedisLocker) -> None:
     lease = attempt(locker, "a")
     attempt(locker, "b")
-    assert locker.drop_parked("job", "a", reservation_ttl=30) is False
+    assert locker.queue.drop_parked("job", "a", reservation_ttl=30) is False
     assert isinstance(lease, Lease) and lease.held
     assert release(locker, lease, reservation_ttl=30) == (True, b"msg-b")
 
@@ -263,7 +300,7 @@ def test_release_all_at_shutdown_makes_a_lock_with_parked_ids_due_for_a_hand_off
     lease = locker.try_acquire("job", ttl=30, owner=Owner(task_id="a"), park=b"msg-a")
     assert isinstance(lease, Lease)
     attempt(locker, "b")
-    assert locker.hand_off_due() == []  # not before the holder's TTL of 30 s
+    assert locker.queue.hand_off_due().names == []  # not before the holder's TTL of 30 s
     assert locker.release_all() == 1
-    assert locker.hand_off_due() == ["job"]
+    assert locker.queue.hand_off_due().names == ["job"]
     assert sweep(locker, reservation_ttl=5) == b"msg-b"

@@ -131,7 +131,7 @@ class LatestWins:
         at most ``limit`` locks. Mark each, then :meth:`clear_superseded` it."""
         index = superseded_index(self.issuer.prefix)
         due = script_calls.run(self._handoff_due, index, [index], [limit], self.server.client)
-        names = [as_text(name) for name in due]
+        names = [as_text(name) for name in due[1:]]  # due[0]: when the next falls due
         left = []
         for name in names:
             key = superseded_keys(self.issuer.keys(name))[1]

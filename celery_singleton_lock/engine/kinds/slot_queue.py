@@ -13,7 +13,7 @@ reads the lock's rule (its slots and rate), written when a call is parked.
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional, Union
+from typing import Any, NamedTuple, Optional, Union
 
 from redis.commands.core import Script
 
@@ -48,6 +48,15 @@ Rule = tuple[int, Optional[tuple[int, float]]]
 
 #: The rule of a lock parked without one written (latest wins: one slot, no rate).
 MUTEX_RULE: Rule = (1, None)
+
+
+class Due(NamedTuple):
+    """The locks a sweeper should look at now, and when it should look next."""
+
+    names: list[str]
+    #: seconds until the next lock falls due after these (0: more are due now than were
+    #: asked for; None: none is left)
+    next_in: Optional[float]
 
 
 def _rate_args(rate: Optional[tuple[int, float]]) -> list[Any]:
@@ -183,14 +192,14 @@ class SlotQueue:
 
     # -- the sweeper's side ------------------------------------------------------------------
 
-    def hand_off_due(self, limit: int = 100) -> list[str]:
+    def hand_off_due(self, limit: int = 100) -> Due:
         """Names of the locks with parked task ids whose holder's TTL or reservation has run
         out by the server's clock (at most ``limit``): a sweeper looks at each with
-        :meth:`hand_on`."""
+        :meth:`hand_on`, then sleeps until the next is due (or its interval ends)."""
         key = handoff_index(self.issuer.prefix)
-        return [
-            _lease.as_text(name) for name in self.server.run(self._handoff_due, key, [key], [limit])
-        ]
+        wait, *names = self.server.run(self._handoff_due, key, [key], [limit])
+        wait = int(wait)
+        return Due([_lease.as_text(name) for name in names], None if wait < 0 else wait / 1000)
 
     def hand_on(self, name: str, *, reservation_ttl: float) -> list[bytes]:
         """A sweeper's step on the lock ``name``: reserve its free slots for the oldest parked
@@ -200,6 +209,19 @@ class SlotQueue:
         script_keys, args = self._hand_on_call(name, rule[0], rule[1], "sweep", "", reservation_ttl)
         _, *handed = self.server.run(self._hand_on_slots, script_keys[0], script_keys, args)
         return [as_bytes(message) for message in handed]
+
+    def handed(self, name: str, task_id: str, *, reservation_ttl: float) -> bool:
+        """The message of ``task_id``, handed a slot of lock ``name``, was published: its
+        reservation (made for a short send window, so that a holder that dies before it
+        publishes stalls the lock only that long) lives ``reservation_ttl`` seconds from now.
+        False if no slot is reserved for it (it took its slot already, or the window ran out
+        and a sweeper sends its message again: a copy its finish record drops)."""
+        rule = self._rule(name)
+        script_keys, args = self._hand_on_call(
+            name, rule[0], rule[1], "sent", task_id, reservation_ttl
+        )
+        done, *_ = self.server.run(self._hand_on_slots, script_keys[0], script_keys, args)
+        return bool(done)
 
     def drop_parked(self, name: str, task_id: str, *, reservation_ttl: float) -> Union[bool, bytes]:
         """Take ``task_id`` out of the calls parked behind the lock ``name`` for good (its

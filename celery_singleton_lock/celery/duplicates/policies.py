@@ -56,6 +56,9 @@ class DuplicatePolicy:
     #: what it does with a held lock stores a state under the call's task id: a copy that
     #: finds its own task id holding the lock skips instead (that state is the holder's)
     stores_state: ClassVar[bool] = False
+    #: its parked calls are handed the lock in an order ``lock_fair_by`` can make fair (round
+    #: robin across values); a policy where one call waits has no order to make fair
+    orders_parked: ClassVar[bool] = False
     #: what a call that took the lock does before its body, or None (read on the hot path)
     acquired: Optional[Callable[[Any, Any], None]] = None
 
@@ -165,6 +168,7 @@ class Queue(DuplicatePolicy):
     parks = True
     waits_when_eager = True
     stores_state = True
+    orders_parked = True
     #: what it runs (against dedupe_on_enqueue), and what waits, for the registration errors
     runs = (
         "every duplicate, one after the other, but dedupe_on_enqueue=True drops them before "
@@ -190,7 +194,8 @@ class Queue(DuplicatePolicy):
         actions.retry(duplicate)  # a call that could not be parked (see parking.parked_message)
 
     def park(self, task: Any, request: Any, options: Any, wanted: AcquireRequest) -> AcquireRequest:
-        return wanted._replace(park=handoff.parked_message(task, request))
+        fair = options.fair_value(request.args, request.kwargs)
+        return wanted._replace(park=handoff.parked_message(task, request), fair=fair)
 
     def parked(
         self, duplicate: actions.Duplicate, parked: Parked, wanted: AcquireRequest
@@ -249,6 +254,7 @@ class Replace(Queue):
     :mod:`.latest`); ``lock_debounce`` holds each call back first."""
 
     name = "replace"
+    orders_parked = False
     runs = (
         "the newest duplicate once the running call ends, but dedupe_on_enqueue=True drops "
         "every newer call before it is queued"

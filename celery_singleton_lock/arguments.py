@@ -35,6 +35,10 @@ _SUPPORTED = (
 )
 
 
+#: a set's items have no order to hash in; pickle carries sets, so they reach a worker
+_SET_HINT = "; for a set, send sorted(...) (a list) instead"
+
+
 def _pydantic_model(value: Any) -> bool:
     """True if ``value`` is a pydantic (v2) model, without importing pydantic.
 
@@ -279,6 +283,7 @@ def canonical_digest(task_name: str, arguments: Mapping[str, Any], *, label: str
             f"{cls.__module__}.{cls.__qualname__}, which has no stable lock-key encoding "
             f"(supported: {_SUPPORTED}). Name the arguments that identify the work with "
             "lock_on=(...), or give lock_key=callable returning a string"
+            f"{_SET_HINT if isinstance(exc.value, (set, frozenset)) else ''}"
         ) from None
     # One hash over one buffer: cheaper for these short inputs than feeding a hash object
     # part by part, or copying one seeded with the task name (measured).

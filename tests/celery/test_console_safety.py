@@ -6,10 +6,15 @@ release (the in-process worker answers it for real)."""
 from __future__ import annotations
 
 import http.client
+import os
 import re
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import urllib.parse
+from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 import pytest
@@ -19,7 +24,9 @@ from celery_singleton_lock.celery.cli.console import LockConsole, make_console, 
 from celery_singleton_lock.celery.config.lockers import locker_for
 from celery_singleton_lock.celery.observe.serving import quiet_server
 from celery_singleton_lock.engine import Owner, RedisLocker, Renewer
-from celery_singleton_lock.testing import RedisServer
+from celery_singleton_lock.testing import RedisServer, free_port
+from tests.celery.test_celery_locks import REPO, entry_points_dir  # noqa: F401 - the fixture
+from tests.support import wait_until
 
 #: a lock taken outside a worker: its host is no worker node, so it cannot be asked
 OUTSIDE = Owner(task_id="t-outside", host="build-box", pid=4242)
@@ -105,6 +112,42 @@ def test_a_name_given_with_allow_host_is_answered(
 ) -> None:
     port = serve(own_app, allowed_hosts=served_names("127.0.0.1", ["locks.internal"]))
     assert request(port, "/locks.json", host=f"locks.internal:{port}")[0] == 200
+
+
+def answers(port: int) -> bool:
+    try:
+        return request(port, "/locks.json")[0] == 200
+    except OSError:
+        return False
+
+
+def test_locks_serve_refuses_a_rebound_host_name(
+    entry_points_dir: Path,  # noqa: F811 - the fixture imported above
+    redis_server: RedisServer,
+    held_outside: str,
+) -> None:
+    port = free_port()
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("CSL_", "CELERY_"))}
+    environ["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(entry_points_dir), str(REPO), environ.get("PYTHONPATH")])
+    )
+    command = ["locks", "--url", redis_server.url, "serve", "--port", str(port)]
+    served = subprocess.Popen(
+        [sys.executable, "-m", "celery", *command],
+        cwd=REPO,
+        env=environ,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        wait_until(lambda: answers(port), timeout=30, interval=0.2)
+        status, body = request(port, "/locks.json", host=f"attacker.example:{port}")
+        assert status == 421 and held_outside not in body
+        assert request(port, "/locks.json", host=f"localhost:{port}")[0] == 200
+    finally:
+        os.killpg(served.pid, signal.SIGTERM)
+        served.wait(timeout=30)
 
 
 def test_bound_to_every_interface_the_machines_own_name_is_answered() -> None:

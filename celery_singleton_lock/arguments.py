@@ -13,6 +13,7 @@ import enum
 import hashlib
 import importlib
 import inspect
+import sys
 import uuid
 from collections.abc import Mapping
 from decimal import Decimal
@@ -29,8 +30,33 @@ __all__ = ["ArgumentKeyer", "canonical_digest"]
 KeyCallable = Callable[..., Any]
 
 _SUPPORTED = (
-    "str, int, float, bool, None, list/tuple, dict, Decimal, UUID, date/datetime/time, Enum, bytes"
+    "str, int, float, bool, None, list/tuple, dict, Decimal, UUID, date/datetime/time, Enum, "
+    "bytes, pydantic models"
 )
+
+
+#: a set's items have no order to hash in; pickle carries sets, so they reach a worker
+_SET_HINT = "; for a set, send sorted(...) (a list) instead"
+
+
+def _pydantic_model(value: Any) -> bool:
+    """True if ``value`` is a pydantic (v2) model, without importing pydantic.
+
+    A process that never imported pydantic holds no model: the check is a dict look-up.
+    """
+    pydantic = sys.modules.get("pydantic")
+    base = getattr(pydantic, "BaseModel", None) if pydantic is not None else None
+    return base is not None and isinstance(value, base)
+
+
+def _model_data(model: Any) -> Any:
+    """A model as a worker receives it: Celery (5.5 and later) sends a ``pydantic=True`` task's
+    models as ``model_dump(mode="json")``, so the caller's model and the worker's dict (or the
+    model itself, under pickle) give one encoding."""
+    try:
+        return model.model_dump(mode="json")
+    except (ValueError, TypeError):  # pydantic's serialization errors are ValueErrors
+        raise _NoEncoding(model) from None
 
 
 # SHA-256 from CPython's own small C module when it has one (``_sha256`` up to 3.11, ``_sha2``
@@ -78,6 +104,29 @@ class _NoEncoding(Exception):
             else:
                 text = f"{text}.value"
         return text[:200]
+
+
+def _path_steps(path: str) -> tuple[str, ...]:
+    """``"order.customer_id"`` as its steps; a step left empty (``"order."``) stays ``""``,
+    which no parameter, attribute or key of a model's dump is named."""
+    return tuple(path.split(".")) if isinstance(path, str) else (path,)
+
+
+def _step_into(value: Any, step: str) -> Any:
+    """One step of a ``lock_on`` path: a key of a mapping, else an attribute.
+
+    A model is read through its JSON dump, as the worker receives it (a dict, see
+    ``_model_data``): an attribute read from the caller's model (a ``UUID``, a ``datetime``)
+    would encode otherwise than the string the worker's dict holds.
+    """
+    if _pydantic_model(value):
+        try:
+            value = value.model_dump(mode="json", include={step})
+        except (ValueError, TypeError):
+            raise _NoEncoding(value) from None
+    if isinstance(value, Mapping):
+        return value[step]
+    return getattr(value, step)
 
 
 def _length_prefixed(tag: bytes, payload: bytes) -> bytes:
@@ -176,6 +225,8 @@ def _encode(value: Any, out: list[bytes]) -> None:
         out.append(_length_prefixed(b"dd", value.isoformat().encode()))
     elif isinstance(value, dt.time):
         out.append(_length_prefixed(b"tt", value.isoformat().encode()))
+    elif _pydantic_model(value):
+        _encode(_model_data(value), out)
     else:
         raise _NoEncoding(value)
 
@@ -232,6 +283,7 @@ def canonical_digest(task_name: str, arguments: Mapping[str, Any], *, label: str
             f"{cls.__module__}.{cls.__qualname__}, which has no stable lock-key encoding "
             f"(supported: {_SUPPORTED}). Name the arguments that identify the work with "
             "lock_on=(...), or give lock_key=callable returning a string"
+            f"{_SET_HINT if isinstance(exc.value, (set, frozenset)) else ''}"
         ) from None
     # One hash over one buffer: cheaper for these short inputs than feeding a hash object
     # part by part, or copying one seeded with the task name (measured).
@@ -287,11 +339,12 @@ class ArgumentKeyer:
         if lock_on is not None:
             lock_on = tuple(lock_on)
             known = self.signature.parameters
-            missing = [name for name in lock_on if name not in known]
+            missing = [name for name in lock_on if _path_steps(name)[0] not in known]
             if missing or not lock_on:
                 raise LockConfigurationError(
                     f"task {task_name}: lock_on names {missing or 'nothing'}, but the task's "
-                    f"parameters are {list(known)}; name existing parameters"
+                    f"parameters are {list(known)}; name existing parameters, or a path that "
+                    "starts with one ('order.customer_id': an attribute or key of order)"
                 )
         self.lock_on: Optional[tuple[str, ...]] = lock_on
         # Most task functions take plain parameters: their calls bind without inspect's
@@ -314,7 +367,9 @@ class ArgumentKeyer:
             self._positional = (len(self._plain_names) - len(self._tail), len(self._plain_names))
         self._head, self._pairs = self._constant_parts()
 
-    def _constant_parts(self) -> tuple[bytes, tuple[tuple[bytes, str, int], ...]]:
+    def _constant_parts(
+        self,
+    ) -> tuple[bytes, tuple[tuple[bytes, str, int, tuple[str, ...]], ...]]:
         """What every call's hashed bytes share, worked out once instead of per call.
 
         The bytes are the task name's encoding, then the identity mapping's: its count, then
@@ -322,8 +377,10 @@ class ArgumentKeyer:
         bound with defaults applied, or the ``lock_on`` ones), and a pair's bytes start with
         its name's encoding, which no other name's is a prefix of: so the names' encodings
         alone decide the order, the same for every call. Returns the bytes before the first
-        pair, and each pair's name encoded, the name and its position in the signature, in
-        that order. Only the values are left to encode per call.
+        pair, and each pair's name encoded, its parameter and that one's position in the
+        signature, and the rest of its ``lock_on`` path (``("customer_id",)`` for
+        ``"order.customer_id"``, ``()`` for a parameter), in that order. Only the values are
+        left to encode per call.
         """
         head: list[bytes] = []
         _encode(self.task_name, head)
@@ -337,8 +394,9 @@ class ArgumentKeyer:
         pairs = []
         for name in names:
             encoded: list[bytes] = []
-            _encode(name, encoded)
-            pairs.append((b"".join(encoded), name, positions[name]))
+            _encode(name, encoded)  # a path's whole text: "order.id" keys apart from "order"
+            parameter, *rest = _path_steps(name)
+            pairs.append((b"".join(encoded), parameter, positions[parameter], tuple(rest)))
         return b"".join(head), tuple(sorted(pairs))
 
     def bind(
@@ -391,9 +449,11 @@ class ArgumentKeyer:
                     values = args or ()  # all given: read in place (~1,200 instructions less)
                     if count < most:
                         values = (*values, *self._tail[count - least :])
-                    for encoded, _, position in self._pairs:
+                    for encoded, head, position, steps in self._pairs:
                         out.append(encoded)
                         value = values[position]
+                        if steps:
+                            value = self._follow(value, head, steps)
                         if type(value) is int:  # _encode's first cases, without its call
                             out.append(b"i%x;" % value)
                         elif type(value) is str:
@@ -403,9 +463,10 @@ class ArgumentKeyer:
                             _encode(value, out)
                 else:
                     arguments = self.bind(args, kwargs)
-                    for encoded, name, _ in self._pairs:
+                    for encoded, head, _, steps in self._pairs:
                         out.append(encoded)
-                        _encode(arguments[name], out)
+                        value = arguments[head]
+                        _encode(self._follow(value, head, steps) if steps else value, out)
             except _NoEncoding:
                 # The general path raises the error: it names the first argument without an
                 # encoding in the order the call gave them, as it always has (not the first in
@@ -423,8 +484,35 @@ class ArgumentKeyer:
         """``name`` as bind-then-``canonical_digest``: the reference, and the error path."""
         arguments = self.bind(args, kwargs)
         if self.lock_on is not None:
-            arguments = {name: arguments[name] for name in self.lock_on}
+            arguments = {
+                name: self._follow(arguments[head], head, rest)
+                for name in self.lock_on
+                for head, *rest in (_path_steps(name),)
+            }
         return f"{self.namespace}{self.task_name}:{canonical_digest(self.task_name, arguments)}"
+
+    def _follow(self, value: Any, head: str, steps: Sequence[str]) -> Any:
+        """The value at the end of the ``lock_on`` path ``head.steps`` from ``head``'s value.
+
+        Raises:
+            LockKeyError: a step names no key or attribute of the value it is taken from.
+            UnsupportedArgumentError: a model on the way could not be dumped.
+        """
+        for step in steps:
+            try:
+                value = _step_into(value, step)
+            except (KeyError, AttributeError, TypeError):
+                raise LockKeyError(
+                    f"task {self.task_name}: lock_on path {'.'.join((head, *steps))!r} reached "
+                    f"a {type(value).__qualname__} with no key or attribute {step!r}; pass "
+                    "arguments that have it, or name another path in lock_on"
+                ) from None
+            except _NoEncoding:
+                raise UnsupportedArgumentError(
+                    f"task {self.task_name}: lock_on path {'.'.join((head, *steps))!r} reached "
+                    f"a {type(value).__qualname__} whose model_dump(mode='json') failed"
+                ) from None
+        return value
 
     def _call_key_callable(
         self, args: Optional[Sequence[Any]], kwargs: Optional[Mapping[str, Any]]

@@ -4,8 +4,10 @@ Both are :class:`~celery_singleton_lock.LockedTask` subclasses with ``dedupe_on_
 a duplicate is refused when it is sent (as with the originals), and the execution that runs
 holds the renewed run-time lock, so a crashed worker blocks its key for ``lock_ttl`` (15 s by
 default), not for the original's hour, and a task running longer than its timeout keeps its
-lock. Their options are read as the originals read them; the lock server is this package's
-(``singleton_lock_url``, else the broker), not ``ONCE_REDIS_URL`` / ``singleton_backend_url``.
+lock. Their options are read as the originals read them (celery-once's ``blocking`` setting
+too); the lock server is this package's (``singleton_lock_url``, else the broker), not
+celery-once's ``ONCE["settings"]["url"]`` nor ``singleton_backend_url``: a ``QueueOnce`` app
+with an ``ONCE`` setting and no Redis of its own is refused, naming ``singleton_lock_url``.
 
 A duplicate is refused wherever the original refuses it: sent with ``link``/``link_error``,
 as the first step of a chain, or as a member of a group or chord (``QueueOnce`` raises
@@ -42,6 +44,8 @@ from celery.result import EagerResult
 from celery_singleton_lock.celery.config.lockers import locker_for
 from celery_singleton_lock.celery.config.options import UNSET
 from celery_singleton_lock.celery.config.resolution import LockOptions, queued_seconds
+from celery_singleton_lock.celery.config.servers import choose_url
+from celery_singleton_lock.celery.config.urls import redact_loosely
 from celery_singleton_lock.celery.duplicates import enqueue
 from celery_singleton_lock.celery.task.locked_task import LockedTask
 from celery_singleton_lock.engine import LockBackend, LockKeys
@@ -150,6 +154,15 @@ def _not_sent(task: LockedTask, existing: str, name: str) -> None:
     )
 
 
+def _once_settings(app: Any) -> Mapping[str, Any]:
+    """``ONCE["settings"]`` of ``app`` (celery-once's own setting), empty if not set."""
+    return (app.conf.get("ONCE") or {}).get("settings") or {}
+
+
+#: celery-once's Redis backend, the one whose locks QueueOnce's Redis locks stand for.
+ONCE_REDIS_BACKEND = "celery_once.backends.Redis"
+
+
 class QueueOnce(LockedTask):
     """celery-once's ``QueueOnce``: ``delay`` / ``apply_async`` of a call that is already
     queued or running raises :class:`AlreadyQueued` (with ``graceful``, returns an
@@ -174,11 +187,33 @@ class QueueOnce(LockedTask):
         if cls.lock_on is None and cls.lock_key is None:
             cls.lock_on, cls.lock_key = _keys_to_lock_on(name, once.get("keys"))
         if cls.lock_queued_ttl is UNSET:
-            settings = (app.conf.get("ONCE") or {}).get("settings") or {}
+            settings = _once_settings(app)
             cls.lock_queued_ttl = once.get("timeout", settings.get("default_timeout", 3600))
         if once.get("unlock_before_run") and cls.on_duplicate is UNSET:
             cls.on_duplicate = "retry"
         super().on_bound(app)
+
+    @classmethod
+    def _resolve_options(cls, app: Any, name: str) -> LockOptions:
+        options = super()._resolve_options(app, name)
+        once = app.conf.get("ONCE") or {}
+        if once.get("backend") and choose_url(app.conf)[1] == "default":
+            # The app names no Redis of its own: the default URL would send the locks to
+            # whatever answers on localhost:6379, silently. celery-once's own server is not
+            # read (one lock server per app serves every locked task, QueueOnce or not).
+            backend = once["backend"]
+            url = redact_loosely(str((once.get("settings") or {}).get("url")))
+            where = (
+                f"its ONCE settings' url ({url}) is celery-once's, not read here"
+                if backend == ONCE_REDIS_BACKEND
+                else f"celery-once's ONCE backend {backend!r} keeps its locks outside Redis"
+            )
+            raise LockConfigurationError(
+                f"task {name}: QueueOnce keeps its locks in Redis, and this app names none (no "
+                f"singleton_lock_url, no Redis broker or result backend); {where}: set "
+                "singleton_lock_url to the Redis the locks go to"
+            )
+        return options
 
     def enqueue_dedupe(self, options: dict[str, Any]) -> Optional[enqueue.Dedupe]:
         per_call = options.pop("once", None) or {}
@@ -186,6 +221,7 @@ class QueueOnce(LockedTask):
         if dedupe is None:
             return None
         once = {**(self.once or {}), **per_call}
+        settings = _once_settings(self.app)
         graceful = bool(once.get("graceful", False))
         ttl = float(per_call.get("timeout", dedupe.queued_ttl))
         by_worker = enqueue.sent_by_worker(self.app, options)
@@ -203,6 +239,9 @@ class QueueOnce(LockedTask):
             on_duplicate=on_duplicate,
             running_is_duplicate=not once.get("unlock_before_run", False),
             canvas=True,
+            # celery-once's Redis backend: a duplicate waits up to blocking_timeout (default
+            # 1 s) for the call before it to end, then is published (or AlreadyQueued)
+            wait=float(settings.get("blocking_timeout", 1)) if settings.get("blocking") else 0.0,
         )
 
 

@@ -30,6 +30,7 @@ JOB_SECONDS = float(os.environ.get("EXAMPLE_JOB_SECONDS", "5"))
 INTERVAL = float(os.environ.get("EXAMPLE_INTERVAL", "2"))
 TASK_NAME = "examples.beat_singleton.rebuild_report"
 
+# --8<-- [start:app]  (docs/how-to/beat-singleton.md shows from here to its end marker)
 app = Celery("beat_singleton")
 configure_app(app, settings)
 app.conf.beat_schedule = {
@@ -67,6 +68,9 @@ def rebuild_report(self: Any) -> dict[str, Any]:
         store.hset(key("run", task_id), "end", time.time())
         store.decr(key("inside"))
     return {"task_id": task_id, "seconds": round(time.time() - started, 3)}
+
+
+# --8<-- [end:app]
 
 
 def count_duplicates(sender: Any = None, action: str = "?", **_: Any) -> None:

@@ -20,6 +20,7 @@ from tests.celery.tasks import (  # noqa: F401  (registers their tasks on the ap
     gil,
     join,
     limits,
+    models,
     policies,
     queueing,
     runtime,

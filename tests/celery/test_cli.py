@@ -349,6 +349,25 @@ def test_an_unreachable_server_is_one_error_line_for_show(redis_server: RedisSer
     assert "unavailable" in line and url in line
 
 
+def test_rediss_to_a_plain_server_is_one_error_line_naming_the_mismatch(
+    redis_server: RedisServer,
+) -> None:
+    client = redis_server.client()
+    before = int(client.info("stats")["total_connections_received"])
+    url = redis_server.url.replace("redis://", "rediss://", 1)
+    line = the_error(run_cli("--url", url, "list"))
+    after = int(client.info("stats")["total_connections_received"])
+    assert "speaks plain Redis, not TLS" in line and "correct the scheme in --url" in line
+    # one TLS handshake and one plain PING, as a starting worker: not a handshake per retry
+    assert after - before == 2
+
+
+def test_an_unresolvable_host_is_one_error_line_naming_host_and_setting() -> None:
+    line = the_error(run_cli("--url", "redis://no-such-host.invalid:6379/0", "list"))
+    assert "lock server no-such-host.invalid:6379: the host name does not resolve" in line
+    assert "correct the host in --url" in line
+
+
 def test_a_limit_below_one_is_one_error_line(redis_server: RedisServer) -> None:
     line = the_error(run_cli("--url", redis_server.url, "list", "--limit", "0"))
     assert "--limit" in line

@@ -2,8 +2,9 @@
 
 Real ``celery worker`` processes (tests/celery/test_worker_start.py's harness) against real
 servers: a server with ``requirepass`` given a wrong or no password, a plain server addressed
-with ``rediss://``, a closed port. A wrong password or a TLS mismatch does not heal by
-retrying: the worker refuses to start (exit 78, one CRITICAL line). A closed port may open:
+with ``rediss://``, a host name that does not exist (``.invalid`` never resolves), a closed
+port. A wrong password, a TLS mismatch or a misspelt host does not heal by retrying: the
+worker refuses to start (exit 78, one CRITICAL line). A closed port may open:
 the worker starts with one WARNING naming host and port and what the tasks do meanwhile.
 tests/celery/test_tls.py has the TLS-only server addressed with ``redis://``.
 """
@@ -20,7 +21,7 @@ from celery_singleton_lock.celery.worker.start_checks import meanwhile
 from celery_singleton_lock.testing import RedisServer, free_port
 from tests.celery.test_worker_start import EX_CONFIG, Outcome, run_worker
 
-REFUSED = ["wrong password", "no password", "rediss to a plain server"]
+REFUSED = ["wrong password", "no password", "rediss to a plain server", "unresolvable host"]
 
 
 class LockServers:
@@ -36,10 +37,12 @@ class LockServers:
             "no password": f"redis://127.0.0.1:{self.guarded.port}/0",
             "rediss to a plain server": f"rediss://127.0.0.1:{self.plain.port}/0",
             "closed port": f"redis://127.0.0.1:{self.closed_port}/0",
+            "unresolvable host": "redis://no-such-host.invalid:6379/0",
         }[case]
 
-    def port_of(self, case: str) -> int:
-        return int(self.url_of(case).rsplit(":", 1)[1].split("/")[0])
+    def server_of(self, case: str) -> str:
+        """``host:port`` as the worker names the server."""
+        return self.url_of(case).split("@")[-1].split("//")[-1].split("/")[0]
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +101,7 @@ def test_lock_server_that_will_not_heal_refuses_the_start_with_ex_config(
         ("wrong password", "authentication failed"),
         ("no password", "authentication failed"),
         ("rediss to a plain server", "speaks plain Redis, not TLS"),
+        ("unresolvable host", "the host name does not resolve"),
     ],
 )
 def test_lock_server_that_will_not_heal_is_one_critical_line_naming_server_and_cause(
@@ -106,7 +110,7 @@ def test_lock_server_that_will_not_heal_is_one_critical_line_naming_server_and_c
     outcome, _ = started(case)
     lines = ours(outcome.output, "worker not started")
     assert len(lines) == 1 and "CRITICAL" in lines[0], outcome.output
-    assert f"lock server 127.0.0.1:{servers.port_of(case)}" in lines[0]
+    assert f"lock server {servers.server_of(case)}" in lines[0]
     assert cause in lines[0] and "singleton_lock_url" in lines[0]
     assert "Traceback" not in outcome.output
 

@@ -89,8 +89,8 @@ NAME = "tasks.pinned"
 #: what an unsupported argument's error says after its path and type
 NO_ENCODING = (
     "which has no stable lock-key encoding (supported: str, int, float, bool, None, list/tuple, "
-    "dict, Decimal, UUID, date/datetime/time, Enum, bytes). Name the arguments that identify the "
-    "work with lock_on=(...), or give lock_key=callable returning a string"
+    "dict, Decimal, UUID, date/datetime/time, Enum, bytes, pydantic models). Name the arguments "
+    "that identify the work with lock_on=(...), or give lock_key=callable returning a string"
 )
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, Mapping, Optional, TypeVar
 
 import click
 import redis
@@ -19,6 +19,7 @@ from celery_singleton_lock.celery.config.servers import (
     transport_options,
 )
 from celery_singleton_lock.celery.config.urls import redact, redact_loosely
+from celery_singleton_lock.celery.worker.server_probe import probe
 from celery_singleton_lock.engine import (
     Client,
     LockBackend,
@@ -104,10 +105,12 @@ def open_target(
     """
     options = None
     setting = "singleton_lock_url"  # whose transport options a Sentinel URL takes
+    named_in = "--url"  # where a URL that cannot work is corrected
     if url:
         source = "--url"
     elif app is not None:
         url, setting = choose_url(app.conf)
+        named_in = "--url" if setting == "default" else setting
         source = (
             f"{app_label}, which names no Redis server: the default"
             if setting == "default"
@@ -122,6 +125,7 @@ def open_target(
     sentinel_options = transport_options(app.conf, setting) if app is not None else None
     check_url(url, sentinel_options)
     servers = quorum_urls(url)
+    refuse_unusable(servers or [url], options, sentinel_options, named_in)
     if servers is not None:
         clients: list[Client] = [make_client(part, options, cluster=False) for part in servers]
         quorum = QuorumLocker(clients, prefix=prefix)  # type: ignore[arg-type]  # plain clients
@@ -137,6 +141,27 @@ def open_target(
         raise LockConfigurationError(f"cannot connect to {redact_loosely(url)}: {exc}") from None
     backend = RedisLocker(client, prefix=prefix)
     return Target(backend=backend, url=url, source=source, app=app, clients=[client])
+
+
+def refuse_unusable(
+    servers: list[str],
+    options: Any,
+    transport: Optional[Mapping[str, Any]],
+    named_in: str,
+) -> None:
+    """Fail at once, as a starting worker does, for a server that no retry can make usable (a
+    TLS mismatch, a wrong password, a host name that does not exist): the command's own
+    client would wait out its timeouts and retries (15 s for ``rediss://`` to a plain server)
+    and say only "Timeout connecting to server". A server that is down is left to the
+    command, which says so in its own words. One ``PING`` each (see ``server_probe``).
+
+    Raises:
+        LockConfigurationError: the first such server, by its cause and what to correct.
+    """
+    for server in servers:
+        found = probe(server, options, transport, setting=named_in)
+        if found is not None and not found.heals:
+            raise LockConfigurationError(found.cause)
 
 
 # -- the commands' work ----------------------------------------------------------------------

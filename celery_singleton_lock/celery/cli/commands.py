@@ -40,6 +40,7 @@ from celery_singleton_lock.celery.cli.lock_listing import (
     waiting_line,
 )
 from celery_singleton_lock.celery.cli.lock_release import (
+    FORCE_HINT,
     PING_TIMEOUT,
     Released,
     clear_queued_marker,
@@ -300,7 +301,7 @@ def release(
         app = settings.app
 
         def answers_ping(node: str) -> bool:
-            return node_is_alive(app, node, ping_timeout)
+            return node_is_alive(app, node, ping_timeout, hint=FORCE_HINT)
 
         target = settings.target()
         try:
@@ -310,7 +311,11 @@ def release(
                     f"the key given names slot {in_key}, and --slot {slot} another: give one"
                 )
             outcome = release_lock(
-                target, name, is_alive=None if force else answers_ping, slot=in_key or slot
+                target,
+                name,
+                is_alive=None if force else answers_ping,
+                slot=in_key or slot,
+                hint=FORCE_HINT,
             )
             if outcome.holder is None and not outcome.held_slots and settings.app_given:
                 refuse_a_name_no_task_takes(name, target.inspector.prefix)

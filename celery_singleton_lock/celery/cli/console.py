@@ -16,17 +16,26 @@ never done by a GET: any other method on a release URL is answered 405 and chang
 A release goes through :func:`~.lock_release.release_lock`: refused while the holder's node
 answers a ping, owner-checked. The CSRF token is random per console; a POST must carry it, and
 one whose ``Origin`` names another host is refused.
+
+``locks serve`` answers only requests whose ``Host`` header names the address it is bound to,
+a loopback name (``localhost``), an IP address, or a name given with ``--allow-host``: a page
+of another site whose name an attacker re-points at 127.0.0.1 (DNS rebinding) sends its own
+name as the host and gets 421, never the lock list. A console mounted in your own WSGI app
+checks no host unless made with ``allowed_hosts``: your server or proxy decides which names
+reach it.
 """
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
 import os
 import secrets
+import socket
 import threading
 import time
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Collection, Iterable, Optional
 from urllib.parse import parse_qs, urlsplit
 
 import click
@@ -54,6 +63,10 @@ from celery_singleton_lock.celery.observe.serving import quiet_server
 from celery_singleton_lock.engine import LockHolder, slot_of
 from celery_singleton_lock.errors import LockError
 
+#: Host names a console bound to loopback is reached by, besides IP addresses.
+LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
+#: Addresses that bind every interface: a console bound to one is reached by this machine's names.
+WILDCARD_BINDS = frozenset({"", "0.0.0.0", "::"})
 #: Locks listed at most.
 LIST_LIMIT = 500
 #: Seconds a node's answer to a ping is reused.
@@ -79,11 +92,17 @@ class LockConsole:
         app: Any = None,
         allow_release: bool = False,
         ping_timeout: float = 1.0,
+        allowed_hosts: Optional[Collection[str]] = None,
     ) -> None:
         self.target = target
         self.app = app
         self.allow_release = allow_release
         self.ping_timeout = ping_timeout
+        #: the ``Host`` names answered (lower case, no port; IP addresses always are); None:
+        #: every name (a console mounted behind the user's own server)
+        self.allowed_hosts = (
+            None if allowed_hosts is None else frozenset(h.lower() for h in allowed_hosts)
+        )
         self.csrf = secrets.token_urlsafe(32)
         self._alive: dict[str, tuple[bool, float]] = {}
         self._lock = threading.Lock()
@@ -94,6 +113,15 @@ class LockConsole:
     # -- WSGI ----------------------------------------------------------------------------------
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        host = environ.get("HTTP_HOST") or ""
+        if not self.host_allowed(host):
+            message = (
+                f"this console does not answer for host {host!r}; open it by the address it is "
+                "served on (or start it with --allow-host NAME)"
+            )
+            return self._respond(
+                start_response, "421 Misdirected Request", outcome_page("Wrong host", message)
+            )
         method = environ.get("REQUEST_METHOD", "GET")
         path = environ.get("PATH_INFO") or ""
         if path == "":  # mounted at /locks: the page's relative links need /locks/
@@ -138,6 +166,20 @@ class LockConsole:
             + (headers or []),
         )
         return [data]
+
+    def host_allowed(self, host: str) -> bool:
+        """True if a request whose ``Host`` header is ``host`` is answered: any when no names
+        are set, else an IP address (a rebound name is sent as the name) or an allowed name."""
+        if self.allowed_hosts is None:
+            return True
+        name = _host_name(host)
+        if not name:
+            return False  # HTTP/1.1 requires it; a browser always sends it
+        try:
+            ipaddress.ip_address(name)
+        except ValueError:
+            return name in self.allowed_hosts
+        return True
 
     # -- reading -------------------------------------------------------------------------------
 
@@ -231,6 +273,15 @@ class LockConsole:
             )
         if path == "/release/confirm":
             answer = self.alive(holder.host)
+            if answer:
+                message = (
+                    f"lock {name} is held by {describe_holder(holder)}, whose node answers a "
+                    "ping: it is running, and a running holder's lock is not released here. "
+                    "It is freed when its task ends, or stop that worker first."
+                )
+                return self._respond(
+                    start_response, "200 OK", outcome_page("Holder alive", message, "../")
+                )
             said = {
                 None: "cannot be asked",
                 True: "ANSWERS a ping",
@@ -294,6 +345,27 @@ class LockConsole:
         return None
 
 
+def _host_name(host: str) -> str:
+    """``Host`` header value without its port, brackets or trailing dot, lower case."""
+    host = host.strip().lower()
+    if host.startswith("["):  # [::1]:8089
+        return host[1:].split("]", 1)[0]
+    if host.count(":") == 1:
+        host = host.split(":", 1)[0]
+    return host.rstrip(".")
+
+
+def served_names(bind: str, extra: Iterable[str] = ()) -> frozenset[str]:
+    """The host names ``locks serve`` bound to ``bind`` answers for: the loopback names, the
+    bound name itself, this machine's names when bound to every interface, and ``extra``."""
+    names = set(LOOPBACK_NAMES) | {_host_name(name) for name in extra}
+    if bind not in WILDCARD_BINDS:
+        names.add(_host_name(bind))
+    else:
+        names.update(_host_name(name) for name in (socket.gethostname(), socket.getfqdn()))
+    return frozenset(name for name in names if name)
+
+
 def _form(environ: dict[str, Any]) -> dict[str, str]:
     try:
         length = min(int(environ.get("CONTENT_LENGTH") or 0), MAX_FORM)
@@ -310,11 +382,19 @@ def make_console(
     prefix: Optional[str] = None,
     allow_release: bool = False,
     ping_timeout: float = 1.0,
+    allowed_hosts: Optional[Collection[str]] = None,
 ) -> LockConsole:
     """The console as a WSGI app, on ``app``'s lock server (or ``url``) and prefix: mount it
-    behind your own authentication. Read-only unless ``allow_release``."""
+    behind your own authentication. Read-only unless ``allow_release``; answers every
+    ``Host`` unless given ``allowed_hosts`` (see the module docstring)."""
     target = open_target(url=url, app=app, app_label="the app", prefix=prefix)
-    return LockConsole(target, app=app, allow_release=allow_release, ping_timeout=ping_timeout)
+    return LockConsole(
+        target,
+        app=app,
+        allow_release=allow_release,
+        ping_timeout=ping_timeout,
+        allowed_hosts=allowed_hosts,
+    )
 
 
 @click.command()
@@ -326,9 +406,25 @@ def make_console(
     help="Offer a release button (a POST with a confirmation step and a CSRF token; refused "
     "while the holder's node answers a ping).",
 )
+@click.option(
+    "--allow-host",
+    "allow_hosts",
+    multiple=True,
+    metavar="NAME",
+    help="A host name the console answers for besides the bound address, loopback names and "
+    "IP addresses (a name it is reached by, say through a tunnel); repeatable. Other names "
+    "get 421: a re-pointed (DNS rebinding) name cannot read the locks.",
+)
 @ping_timeout_option(1.0, "Seconds a holder's worker node has to answer a ping.")
 @click.pass_obj
-def serve(settings: Any, port: int, bind: str, allow_release: bool, ping_timeout: float) -> None:
+def serve(
+    settings: Any,
+    port: int,
+    bind: str,
+    allow_release: bool,
+    allow_hosts: tuple[str, ...],
+    ping_timeout: float,
+) -> None:
     """Serve the lock console: held locks, refreshed live, on http://BIND:PORT/.
 
     Read-only unless --allow-release. Bound to 127.0.0.1 by default: put it behind your
@@ -339,7 +435,11 @@ def serve(settings: Any, port: int, bind: str, allow_release: bool, ping_timeout
     except LockError as exc:
         raise CliError(str(exc)) from None
     console = LockConsole(
-        target, app=settings.user_app, allow_release=allow_release, ping_timeout=ping_timeout
+        target,
+        app=settings.user_app,
+        allow_release=allow_release,
+        ping_timeout=ping_timeout,
+        allowed_hosts=served_names(bind, allow_hosts),
     )
     server = quiet_server(bind, port, console)
     mode = "releases allowed" if allow_release else "read-only"

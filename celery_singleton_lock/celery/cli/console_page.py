@@ -43,7 +43,9 @@ function render(data) {
     cell(tr, lock.ttl === null ? 'none' : lock.ttl.toFixed(1) + 's');
     cell(tr, lock.fence === null ? '-' : String(lock.fence));
     cell(tr, String(lock.parked));
-    if (releases) {
+    if (releases && lock.alive === true) {
+      cell(tr, 'running', 'alive');  // a holder whose node answers is not released
+    } else if (releases) {
       const td = cell(tr, ''); const form = document.createElement('form');
       form.method = 'post'; form.action = 'release/confirm';
       for (const [k, v] of [['name', lock.key], ['csrf', csrf]]) {

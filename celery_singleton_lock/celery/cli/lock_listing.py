@@ -12,6 +12,7 @@ from typing import Any, Iterator, Optional
 import redis
 
 from celery_singleton_lock.celery.cli.app_target import Target, asking
+from celery_singleton_lock.celery.duplicates.actions import reserved_for
 from celery_singleton_lock.celery.task.locked_task import LockedTask
 from celery_singleton_lock.engine import Client, LockHolder, LockKeys, slot_of
 from celery_singleton_lock.errors import LockConfigurationError, LockError
@@ -261,7 +262,11 @@ def holder_json(holder: LockHolder, prefix: str) -> dict[str, Any]:
 
 
 def describe_holder(holder: LockHolder) -> str:
-    """``task T on node N, pid P``: who holds a lock, for a sentence."""
+    """``task T on node N, pid P``: who holds a lock, for a sentence; for a hand-off
+    reservation, the parked call it is kept for (no process holds it)."""
+    parked = reserved_for(holder)
+    if parked is not None:
+        return f"no one yet: reserved for parked call {parked}"
     where = "node" if is_worker_node(holder.host) else "host"
     return f"task {holder.task_id or '-'} on {where} {holder.host or '-'}, pid {holder.pid or '-'}"
 

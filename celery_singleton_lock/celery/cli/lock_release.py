@@ -29,8 +29,14 @@ def ping_timeout_option(default: float, help: str) -> Callable[[Any], Any]:
     )
 
 
-def node_is_alive(app: Any, node: str, timeout: float) -> bool:
+#: What ``celery locks release`` adds to a refusal: its way round. The console, whose user has
+#: no command line, says nothing of the kind (a web page offers no --force).
+FORCE_HINT = "; use --force to release anyway"
+
+
+def node_is_alive(app: Any, node: str, timeout: float, *, hint: str = "") -> bool:
     """True if the worker node ``node`` answers a control ping within ``timeout`` seconds.
+    ``hint``: said after the error, what the user can do instead (``FORCE_HINT``).
 
     Raises:
         LockBackendUnavailable: the broker could not be asked (bounded by kombu's retries).
@@ -40,8 +46,8 @@ def node_is_alive(app: Any, node: str, timeout: float) -> bool:
     except Exception as exc:  # noqa: BLE001 - a broker transport may raise anything: a refused
         # connection, an unknown scheme, a missing transport module
         raise LockBackendUnavailable(
-            f"cannot ask worker node {node!r} whether it is alive: {type(exc).__name__}: {exc}; "
-            "use --force to release without asking"
+            f"cannot ask worker node {node!r} whether it is alive: {type(exc).__name__}: {exc}"
+            + hint
         ) from None
     return any(node in reply for reply in replies or [])
 
@@ -73,6 +79,7 @@ def release_lock(
     *,
     is_alive: Optional[Callable[[str], bool]],
     slot: Optional[int] = None,
+    hint: str = "",
 ) -> Released:
     """Release ``slot`` of lock ``name`` (of its lock_limit; None: slot 1, the lock key) if its
     holder is gone: owner-checked, never a blind ``DEL``.
@@ -82,7 +89,8 @@ def release_lock(
     deleted only if it still names that task, node and pid, and the release is published as
     any release is (waiters wake up). A slot that changed hands in between is left alone.
     With no slot named and slot 1 free, nothing is released: the slots still held are named
-    (each is released on its own, its own holder's node asked).
+    (each is released on its own, its own holder's node asked). ``hint`` ends a refusal:
+    what the user can do instead (the command line's ``FORCE_HINT``).
 
     Raises:
         ReleaseRefused: the holder's node answered, or it is no worker node that can be asked.
@@ -111,12 +119,12 @@ def release_lock(
             raise ReleaseRefused(
                 f"lock {holder.key} is held by {describe_holder(holder)}, which is not a Celery "
                 "worker node (the lock was taken outside a worker): it cannot be asked whether "
-                "it is alive; use --force to release anyway"
+                f"it is alive{hint}"
             )
         if is_alive(holder.host):
             raise ReleaseRefused(
                 f"lock {holder.key} is held by {describe_holder(holder)} (alive: answered "
-                "ping); use --force to release anyway"
+                f"ping){hint}"
             )
     locker = target.backend
     task_id, host, pid = holder.task_id, holder.host, holder.pid

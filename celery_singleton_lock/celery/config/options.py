@@ -175,7 +175,7 @@ TASK_OPTIONS: dict[str, TaskOption] = {
 TASK_ONLY_OPTIONS: dict[str, Option] = {
     "lock_on": Option(
         None,
-        "names of the task's parameters",
+        "names of the task's parameters, or dotted paths into them ('order.customer_id')",
         "The parameters that identify the work; None: all, bound with defaults applied.",
     ),
     "lock_key": Option(

@@ -84,12 +84,36 @@ def due_delay(
     return holder.ttl + COOLDOWN_MARGIN + rng() * min(SPREAD_MAX, share)
 
 
+def reserved_for(holder: LockHolder) -> Optional[str]:
+    """The task id of the parked call a hand-off reservation keeps the lock (or slot) for, or
+    None if a running call holds it. A reservation (engine/lua/includes/handoff.lua,
+    slot_queue.lua) stores pid 0, no host and the parked call's task id: no process holds it,
+    so "task ... on ? pid 0" would name a run that does not exist."""
+    if holder.pid == 0 and not holder.host and holder.task_id and not holder.cooling:
+        return holder.task_id
+    return None
+
+
+def holding(holder: LockHolder) -> str:
+    """What the lock is doing, for "lock K ...": "held by <describe>", or "reserved for parked
+    call <id>" while the release hands it to the oldest parked call."""
+    parked = reserved_for(holder)
+    if parked is not None:
+        ttl = "" if holder.ttl is None else f" ({holder.ttl:.1f}s left to start)"
+        return f"reserved for parked call {parked}{ttl}"
+    return f"held by {describe(holder)}"
+
+
 def describe(holder: LockHolder) -> str:
-    """Who holds the lock, to follow "held by": a running task, or no one (a rate window, or a
-    cooldown, whose holder fields are those of the run that ended)."""
+    """Who holds the lock, to follow "held by": a running task, or no one (a rate window, a
+    hand-off reservation, or a cooldown, whose holder fields are those of the run that
+    ended)."""
     if holder.over_rate:
         return f"no one: the key's lock_rate allows its next start in {holder.ttl or 0:.1f}s"
     ttl = "no TTL" if holder.ttl is None else f"{holder.ttl:.1f}s left"
+    parked = reserved_for(holder)
+    if parked is not None:
+        return f"no one yet: it is reserved for parked call {parked} ({ttl})"
     run = f"task {holder.task_id or '?'} on {holder.host or '?'}"
     if holder.cooling:
         return f"no one: the key is in its lock_cooldown after the run of {run} ended ({ttl})"
@@ -220,9 +244,9 @@ def retry(
         backoffs += 1
     if cause is None:
         log.info(
-            "task %s: lock held by %s; lock retry %d in %.2fs",
+            "task %s: lock %s; lock retry %d in %.2fs",
             duplicate.label,
-            describe(holder),
+            holding(holder),
             attempt + 1,
             countdown,
         )

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
@@ -90,6 +91,14 @@ class Dedupe:
     running_is_duplicate: bool = True
     #: also calls inside a canvas or with callbacks (see the module docstring)
     canvas: bool = False
+    #: seconds to wait for the queued or running call to end before the call counts as a
+    #: duplicate (celery-once's ``blocking``/``blocking_timeout``: it waited, then published)
+    wait: float = 0.0
+
+
+#: Seconds between two asks while a call waits for its duplicate to end (``Dedupe.wait``):
+#: redis-py's ``Lock`` polls at 0.1 s, which is what celery-once's ``blocking`` used.
+WAIT_STEP = 0.1
 
 
 def publish_once(
@@ -120,6 +129,15 @@ def publish_once(
         existing = markers.enqueue(
             name, task_id, ttl, resend=resend, running=dedupe.running_is_duplicate
         )
+        # bounded by dedupe.wait: each ask is the same one script call, which writes the
+        # marker (and so ends the wait) the moment the other call has ended
+        if existing is not None and dedupe.wait > 0:
+            deadline = time.monotonic() + dedupe.wait
+            while existing is not None and time.monotonic() < deadline:
+                time.sleep(min(WAIT_STEP, max(0.0, deadline - time.monotonic())))
+                existing = locker.enqueue(
+                    name, task_id, ttl, resend=resend, running=dedupe.running_is_duplicate
+                )
     except LockBackendUnavailable as exc:
         # The run-time lock still guards the body: publish rather than lose the call.
         log.warning(

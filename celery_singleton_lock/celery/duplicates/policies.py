@@ -212,9 +212,13 @@ class Queue(DuplicatePolicy):
             duplicate.reason = "rate"
         elif wanted.limit != 1:
             duplicate.reason = "limit"  # as far as the reply tells (the slot freed first)
-        ahead = actions.describe(duplicate.holder) if holder is not None else "an older parked call"
+        ahead = (
+            actions.holding(duplicate.holder)
+            if holder is not None
+            else "held by an older parked call"
+        )
         log.info(
-            "task %s: lock %s held by %s; queued behind it (position %d)",
+            "task %s: lock %s %s; queued behind it (position %d)",
             duplicate.label,
             parked.key,
             ahead,

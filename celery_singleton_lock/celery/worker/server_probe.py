@@ -8,8 +8,11 @@ What it finds is said first, by its real cause, naming the server:
   the configuration is wrong and no retry will heal it, so the worker is not started
   (:class:`~celery_singleton_lock.errors.LockConfigurationError`, exit 78 like the other
   configuration errors);
-* refused, timed out, unresolvable: the server may be down for now; the worker starts, with one
-  WARNING naming the server and what the locked tasks do until it answers
+* a host name that does not resolve (the resolver answers that no such name exists, as for a
+  misspelt host): a configuration error like those above, the worker is not started; a
+  resolver that cannot answer for now (``EAI_AGAIN``: DNS not up yet) is an outage, below;
+* refused, timed out, a resolver not answering: the server may be down for now; the worker
+  starts, with one WARNING naming the server and what the locked tasks do until it answers
   (``lock_on_backend_error``).
 
 When a registered task needs a newer Redis than some (``on_duplicate='replace'``: Redis 6.2), the
@@ -25,6 +28,7 @@ is a mismatch, not an outage.
 
 from __future__ import annotations
 
+import socket
 import ssl
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
@@ -39,6 +43,14 @@ from celery_singleton_lock.celery.config.urls import is_sentinel, redact
 
 #: Seconds a probe waits to connect, and for each reply.
 PROBE_TIMEOUT = 2.0
+
+#: ``getaddrinfo`` errors that say the name does not exist (not that the resolver could not
+#: answer now, ``EAI_AGAIN``): a misspelt host, not an outage. ``EAI_NODATA`` is glibc's.
+NO_SUCH_NAME = frozenset(
+    code
+    for code in (getattr(socket, "EAI_NONAME", None), getattr(socket, "EAI_NODATA", None))
+    if code is not None
+)
 
 #: Lock servers this process found unusable as the worker started, and reported: nothing
 #: else at start asks them again (each question would wait out its own timeouts).
@@ -88,6 +100,12 @@ def probe(
             heals=False,
         )
     cause = _causes(error)
+    if isinstance(cause, socket.gaierror) and cause.errno in NO_SUCH_NAME:
+        return Unusable(
+            f"{server}: the host name does not resolve ({described}); a name that does not "
+            f"exist does not heal by retrying: correct the host in {setting} (a typo?)",
+            heals=False,
+        )
     if isinstance(cause, ssl.SSLCertVerificationError):
         return Unusable(
             f"{server}: TLS certificate not verified ({described}); give the CA that signed "

@@ -135,7 +135,7 @@ def publish_once(
             deadline = time.monotonic() + dedupe.wait
             while existing is not None and time.monotonic() < deadline:
                 time.sleep(min(WAIT_STEP, max(0.0, deadline - time.monotonic())))
-                existing = locker.enqueue(
+                existing = markers.enqueue(
                     name, task_id, ttl, resend=resend, running=dedupe.running_is_duplicate
                 )
     except LockBackendUnavailable as exc:

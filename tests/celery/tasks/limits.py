@@ -132,7 +132,8 @@ def _live_cap(key: str, seconds: float) -> int:
     lock_on=("key",),
     lock_limit=2,
     on_duplicate=QUEUE,
-    lock_fair_by=("tenant",),
+    # a Redis Cluster's workers serve "retry" here (QUEUE), where nothing is parked to be fair
+    lock_fair_by=("tenant",) if QUEUE == "queue" else None,
 )
 def fair_limit2_queue(self: LockedTask, key: str, tenant: str, seconds: float) -> dict[str, Any]:
     """Two at once per key; parked calls served round robin across tenants (issue 31)."""

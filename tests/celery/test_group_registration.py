@@ -17,7 +17,9 @@ from tests.celery.registration import register
 
 def charge_and_refund(app: Celery, charge: dict[str, Any], refund: dict[str, Any]) -> None:
     """``billing.charge(tenant, amount)`` and ``billing.refund(tenant, order)`` registered
-    on ``app`` in group ``api`` with ``lock_on=("tenant",)``, each with its own options."""
+    on ``app`` in group ``payments`` with ``lock_on=("tenant",)``, each with its own options.
+    Not ``api``: the tasks of tests/celery/tasks/groups.py are shared tasks, which Celery adds
+    to every app finalized after their import, this one included."""
 
     def charge_body(tenant: str, amount: int) -> None:
         return None
@@ -30,7 +32,7 @@ def charge_and_refund(app: Celery, charge: dict[str, Any], refund: dict[str, Any
             name=f"billing.{name}",
             base=LockedTask,
             shared=False,
-            **{"lock_group": "api", "lock_on": ("tenant",), **options},
+            **{"lock_group": "payments", "lock_on": ("tenant",), **options},
         )(body)
 
 
@@ -113,7 +115,7 @@ def test_tasks_of_a_group_declaring_different_limits_are_refused_at_worker_start
     with pytest.raises(LockConfigurationError) as refused:
         check_configuration(registration_app)
     said = refused.value.message
-    assert "lock_group 'api'" in said and f"different {option} " in said
+    assert "lock_group 'payments'" in said and f"different {option} " in said
     assert "billing.charge" in said and "billing.refund" in said
 
 

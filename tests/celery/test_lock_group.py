@@ -9,18 +9,22 @@ tenant t1 and 2 + 2 of tenant t2, 1 s bodies; each test asserts one fact of its 
 
 from __future__ import annotations
 
+import os
+import signal
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 import pytest
 import redis
+from celery.exceptions import WorkerLostError
 from celery.result import AsyncResult
 from celery.signals import before_task_publish
 
+from celery_singleton_lock.engine import LockHolder, RedisLocker
 from celery_singleton_lock.testing import RedisServer
 from tests.celery.tasks import groups
 from tests.celery.tasks.core import open_gate
-from tests.celery.workers import Servers, lock_key, unique, worker_group
+from tests.celery.workers import CeleryWorkerProcess, Servers, lock_key, unique, worker_group
 from tests.support import wait_until
 
 
@@ -41,26 +45,28 @@ class Shared:
 
 
 @pytest.fixture(scope="module")
-def shared(servers: Servers, celery_app: Any, lock_server: RedisServer) -> Iterator[Shared]:
-    store = lock_server.client()  # where the bodies record (tests/celery/tasks/core.py)
+def prefork(servers: Servers, celery_app: Any) -> Iterator[CeleryWorkerProcess]:
+    """The module's worker: prefork, 8 processes (a pool child may be killed: it lives on)."""
     with worker_group(servers) as group:
-        (worker,) = group.start(1, pool="prefork", concurrency=8)
-        t1, t2, run = unique("t1"), unique("t2"), unique("run")
-        tenants: dict[str, list[AsyncResult]] = {t1: [], t2: []}
-        for index in range(6):  # interleaved: the two tasks compete for t1's two slots
-            tenants[t1].append(groups.charge.apply_async((t1, index, run), queue=worker.queue))
-            tenants[t1].append(
-                groups.refund.apply_async((t1, f"o{index}", run), queue=worker.queue)
-            )
-        for index in range(2):
-            tenants[t2].append(groups.charge.apply_async((t2, index, run), queue=worker.queue))
-            tenants[t2].append(
-                groups.refund.apply_async((t2, f"o{index}", run), queue=worker.queue)
-            )
-        for results in tenants.values():
-            for result in results:
-                result.get(timeout=120)
-        yield Shared(tenants, run, store)
+        yield group.start(1, pool="prefork", concurrency=8)[0]
+
+
+@pytest.fixture(scope="module")
+def shared(prefork: CeleryWorkerProcess, lock_server: RedisServer) -> Iterator[Shared]:
+    store = lock_server.client()  # where the bodies record (tests/celery/tasks/core.py)
+    worker = prefork
+    t1, t2, run = unique("t1"), unique("t2"), unique("run")
+    tenants: dict[str, list[AsyncResult]] = {t1: [], t2: []}
+    for index in range(6):  # interleaved: the two tasks compete for t1's two slots
+        tenants[t1].append(groups.charge.apply_async((t1, index, run), queue=worker.queue))
+        tenants[t1].append(groups.refund.apply_async((t1, f"o{index}", run), queue=worker.queue))
+    for index in range(2):
+        tenants[t2].append(groups.charge.apply_async((t2, index, run), queue=worker.queue))
+        tenants[t2].append(groups.refund.apply_async((t2, f"o{index}", run), queue=worker.queue))
+    for results in tenants.values():
+        for result in results:
+            result.get(timeout=120)
+    yield Shared(tenants, run, store)
     store.close()
 
 
@@ -94,6 +100,42 @@ def test_the_group_lock_is_named_after_the_group(shared: Shared) -> None:
     key = lock_key(groups.refund, t1, "o0", shared.run)
     assert key == lock_key(groups.charge, t1, 0, shared.run)
     assert key.startswith("singleton-lock:{api:")
+
+
+# -- kill -9 of a pool child holding a slot of the group's lock ------------------------------
+
+
+def holders(store: redis.Redis, name: str) -> list[LockHolder]:
+    """The holders of the 2 slots of the group lock ``name``, slot order."""
+    return RedisLocker(store, prefix=groups.charge.lock_options.prefix).inspect.holders(name, 2)
+
+
+def test_a_killed_pool_childs_slot_goes_to_a_parked_call_of_the_other_task_of_the_group(
+    prefork: CeleryWorkerProcess, store: redis.Redis
+) -> None:
+    tenant, run = unique("t"), unique("run")
+    name = groups.charge.lock_options.keyer.name((tenant, 0, run), {})
+    charges = [
+        groups.charge.apply_async((tenant, index, run, 10), queue=prefork.queue)
+        for index in range(2)
+    ]
+    wait_until(lambda: len(holders(store, name)) == 2, timeout=30)
+    parked = groups.refund.apply_async((tenant, "o", run, 0), queue=prefork.queue)
+    key = lock_key(groups.charge, tenant, 0, run)
+    wait_until(lambda: store.llen(f"{key}:parked") == 1, timeout=30)
+    # slot 2: not the lock key itself, which the mutex's hand-off would also find free
+    victim = next(held for held in holders(store, name) if held.key.endswith(":slot:2"))
+    (killed,) = (result for result in charges if result.id == victim.task_id)
+    assert victim.pid is not None
+    os.kill(victim.pid, signal.SIGKILL)
+    with pytest.raises(WorkerLostError):
+        killed.get(timeout=30)
+    parked.get(timeout=60)
+    ran = [entry.split(b"|")[0].decode() for entry in store.lrange(f"runs:{tenant}", 0, -1)]
+    assert ran.count(parked.id) == 1  # the refund ran once, in the charge's freed slot
+    (kept,) = (result for result in charges if result is not killed)
+    # (no gauge here: the killed body entered it and never left)
+    assert kept.get(timeout=60)["lost"] is False  # the other charge kept its slot
 
 
 # -- dedupe_on_enqueue follows the group's name ---------------------------------------------

@@ -1,4 +1,5 @@
-"""Tasks sharing their locks through ``lock_group`` (tests/celery/test_lock_group.py).
+"""Tasks sharing their locks through ``lock_group`` (tests/celery/test_lock_group.py, and
+the group lock of test_celery_locks.py).
 
 ``charge`` and ``refund`` take different arguments but name the lock by ``tenant`` in the group
 ``api``, so their calls of one tenant share one lock and its two slots. Their body records, as

@@ -265,8 +265,18 @@ def _encode_mapping(value: Mapping[Any, Any], out: list[bytes]) -> None:
     out.extend(pairs)
 
 
-def canonical_digest(task_name: str, arguments: Mapping[str, Any], *, label: str = "") -> str:
-    """SHA-256 (hex) of ``task_name`` and ``arguments`` encoded canonically, as one buffer.
+def _head_value(task_name: str, group: Optional[str]) -> Any:
+    """What a lock name's hash starts with: the task's name, or for a ``lock_group`` the pair
+    ``["lock_group", group]``. A list's encoding never equals a string's, so a group's locks
+    never share a hash with a task that happens to bear the group's name."""
+    return task_name if group is None else ["lock_group", group]
+
+
+def canonical_digest(
+    task_name: str, arguments: Mapping[str, Any], *, label: str = "", group: Optional[str] = None
+) -> str:
+    """SHA-256 (hex) of ``task_name`` (or ``group``, see :func:`_head_value`) and
+    ``arguments`` encoded canonically, as one buffer.
 
     Raises:
         UnsupportedArgumentError: an argument's type has no stable encoding; the message
@@ -274,7 +284,7 @@ def canonical_digest(task_name: str, arguments: Mapping[str, Any], *, label: str
     """
     out: list[bytes] = []
     try:
-        _encode(task_name, out)
+        _encode(_head_value(task_name, group), out)
         _encode_mapping(arguments, out)
     except _NoEncoding as exc:
         cls = type(exc.value)
@@ -295,14 +305,18 @@ class ArgumentKeyer:
     """Computes the lock name of one task's calls; validated once, at task registration.
 
     Args:
-        task_name: goes into the lock name (readable) and into the hash.
+        task_name: goes into the lock name (readable) and into the hash, unless ``group``.
         func: the task function; its signature normalises calls.
-        lock_on: names of the parameters that identify the work; None means all of them.
+        lock_on: names of the parameters that identify the work; None means all of them,
+            an empty sequence none (one lock for every call).
         lock_key: callable taking the task's arguments and returning a string, for full
             control; exclusive with ``lock_on``.
         skip_first: the function's first parameter is ``self`` (a bound task).
         namespace: put in front of every name (``compat.Singleton``'s ``singleton_key_prefix``);
             a name never contains braces or whitespace, so neither may this.
+        group: the task's ``lock_group``: the name is made from it instead of ``task_name``,
+            so the calls of every task of the group with equal identifying arguments (by
+            parameter name) share one lock.
 
     Raises:
         LockConfigurationError: ``lock_on`` names a parameter ``func`` does not have, both
@@ -318,8 +332,12 @@ class ArgumentKeyer:
         lock_key: Optional[KeyCallable] = None,
         skip_first: bool = False,
         namespace: str = "",
+        group: Optional[str] = None,
     ) -> None:
         self.task_name = task_name
+        self.group = group
+        #: the readable start of every name, before its digest: the group, else the task
+        self.head = task_name if group is None else group
         self.namespace = namespace
         self.lock_key = lock_key
         signature = inspect.signature(func)
@@ -340,11 +358,12 @@ class ArgumentKeyer:
             lock_on = tuple(lock_on)
             known = self.signature.parameters
             missing = [name for name in lock_on if _path_steps(name)[0] not in known]
-            if missing or not lock_on:
+            if missing:
                 raise LockConfigurationError(
-                    f"task {task_name}: lock_on names {missing or 'nothing'}, but the task's "
-                    f"parameters are {list(known)}; name existing parameters, or a path that "
-                    "starts with one ('order.customer_id': an attribute or key of order)"
+                    f"task {task_name}: lock_on names {missing}, but the task's parameters "
+                    f"are {list(known)}; name existing parameters, or a path that starts with "
+                    "one ('order.customer_id': an attribute or key of order), or lock_on=() "
+                    "for one lock whatever the arguments"
                 )
         self.lock_on: Optional[tuple[str, ...]] = lock_on
         # Most task functions take plain parameters: their calls bind without inspect's
@@ -383,12 +402,15 @@ class ArgumentKeyer:
         left to encode per call.
         """
         head: list[bytes] = []
-        _encode(self.task_name, head)
+        _encode(_head_value(self.task_name, self.group), head)
         if self.lock_key is not None:  # {"lock_key": <the string returned>}
             head.append(b"d1:")
             _encode("lock_key", head)
             return b"".join(head), ()
-        names = tuple(dict.fromkeys(self.lock_on or self.signature.parameters))
+        # lock_on=(): no names, the same bytes (and lock) for every call
+        names = tuple(
+            dict.fromkeys(self.signature.parameters if self.lock_on is None else self.lock_on)
+        )
         head.append(b"d%d:" % len(names))
         positions = {name: index for index, name in enumerate(self.signature.parameters)}
         pairs = []
@@ -431,8 +453,8 @@ class ArgumentKeyer:
         return dict(bound.arguments)
 
     def name(self, args: Optional[Sequence[Any]], kwargs: Optional[Mapping[str, Any]]) -> str:
-        """The lock name for a call: ``<namespace><task name>:<sha256 of the identifying
-        arguments>``.
+        """The lock name for a call: ``<namespace><task name or group>:<sha256 of the
+        identifying arguments>``.
 
         Raises:
             LockKeyError: the arguments do not fit the signature, an argument type has no
@@ -476,7 +498,7 @@ class ArgumentKeyer:
         # part by part; copying one seeded with the head gained nothing measurable (and a hash
         # object would make the keyer unpicklable).
         digest = _sha256(b"".join(out)).hexdigest()
-        return f"{self.namespace}{self.task_name}:{digest}"
+        return f"{self.namespace}{self.head}:{digest}"
 
     def _general_name(
         self, args: Optional[Sequence[Any]], kwargs: Optional[Mapping[str, Any]]
@@ -489,7 +511,8 @@ class ArgumentKeyer:
                 for name in self.lock_on
                 for head, *rest in (_path_steps(name),)
             }
-        return f"{self.namespace}{self.task_name}:{canonical_digest(self.task_name, arguments)}"
+        digest = canonical_digest(self.task_name, arguments, group=self.group)
+        return f"{self.namespace}{self.head}:{digest}"
 
     def _follow(self, value: Any, head: str, steps: Sequence[str]) -> Any:
         """The value at the end of the ``lock_on`` path ``head.steps`` from ``head``'s value.

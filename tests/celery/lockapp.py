@@ -18,6 +18,7 @@ from tests.celery.tasks import (  # noqa: F401  (registers their tasks on the ap
     exits,
     expiry,
     gil,
+    groups,
     join,
     limits,
     models,

@@ -23,7 +23,7 @@ import redis
 from celery_singleton_lock.celery.cli.app_target import open_target
 from celery_singleton_lock.celery.cli.lock_release import release_lock
 from celery_singleton_lock.engine import Lease, LockKeys, Owner, RedisLocker, Renewer
-from tests.celery.tasks import exits, runtime
+from tests.celery.tasks import exits, groups, runtime
 from tests.celery.workers import Servers, client_app, close_client, lock_key, unique, worker_group
 from tests.support import Call, SideBySide, wait_until
 
@@ -321,6 +321,36 @@ def test_show_task_computes_the_name_with_the_app_celery_loaded(
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(f"{key}  task=t-task  ")
+
+
+@pytest.fixture
+def charged(locker: RedisLocker) -> Iterator[tuple[str, str]]:
+    """(tenant, lock name) of a call of ``groups.charge`` (lock_group ``api``, lock_limit 2)
+    holding slot 1 of its group's lock, as a worker would."""
+    tenant = unique("tenant")
+    name = groups.charge.lock_options.keyer.name((tenant, 5, "run"), {})
+    owner = Owner(task_id="t-charge", host="w1@box", pid=9)
+    lease = locker.try_acquire(name, 60, owner=owner, limit=2, renew=False)
+    assert isinstance(lease, Lease)
+    yield tenant, name
+    locker.release(lease)
+
+
+def test_list_names_a_group_lock_after_the_group(celery: Celery, charged: tuple[str, str]) -> None:
+    _, name = charged
+    rows = json.loads(no_traceback(celery("locks", "list", "--json")).stdout)
+    (row,) = [row for row in rows if row["name"] == name]
+    assert row["name"].startswith("api:") and row["task_id"] == "t-charge"
+
+
+def test_show_task_of_another_task_of_the_group_finds_the_shared_lock(
+    celery: Celery, charged: tuple[str, str]
+) -> None:
+    tenant, name = charged
+    args = json.dumps([tenant, "o1", "run"])
+    result = no_traceback(celery("locks", "show", "--task", groups.refund.name, "--args", args))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"singleton-lock:{{{name}}}  task=t-charge  ")
 
 
 @pytest.mark.parametrize("given", SHOW_NAMES_NO_TASK_TAKES)

@@ -178,6 +178,20 @@ INVALID = {
         ),
         words=("task billing.replicated", "lock_min_replicas=1", "Redis Cluster"),
     ),
+    # each task alone is valid: only the two together, every task registered, are refused
+    "tasks of one lock_group declaring different limits": Invalid(
+        after=(
+            '@app.task(base=LockedTask, name="billing.charge", lock_group="api", '
+            'lock_on=("tenant",), lock_limit=2)\n'
+            "def charge(tenant: str, amount: int) -> None:\n"
+            "    return None\n\n"
+            '@app.task(base=LockedTask, name="billing.refund", lock_group="api", '
+            'lock_on=("tenant",), lock_limit=3)\n'
+            "def refund(tenant: str, order: str) -> None:\n"
+            "    return None"
+        ),
+        words=("lock_group 'api'", "billing.charge", "billing.refund", "different lock_limit"),
+    ),
     # finalize(): the task is bound (its options validated) before the setting changes
     "option set after registration": Invalid(
         after="app.finalize()\napp.conf.singleton_lock_ttl = -1",

@@ -345,3 +345,18 @@ def test_the_digest_format_is_stable_across_releases() -> None:
     }
     expected = "290e67632432347e0ca013044e7b5d29d3aba01e0cafa8c12e90a9fa582a967f"
     assert canonical_digest("tasks.t", args) == expected
+
+
+def test_the_group_digest_format_is_stable_across_releases() -> None:
+    # A lock_group's name hashes ["lock_group", group] where a task's hashes its name: pinned
+    # like the task's, so that workers of two versions name a group's lock alike.
+    expected = "3f4931340b7c2da1cca9e0ea8494be73d5c1eaa2276bdeb253a35ff532c682b8"
+    assert canonical_digest("tasks.t", {"tenant": "t1"}, group="api") == expected
+
+
+def test_the_name_of_an_empty_lock_on_is_stable_across_releases() -> None:
+    def charge(tenant: str, amount: int) -> None: ...
+
+    keyer = ArgumentKeyer("tasks.t", charge, group="api", lock_on=())
+    expected = "api:cbcfd87339e75c5f9ed0295d7ae1562bd96fdfe9300840e7f569953fa07efa8f"
+    assert keyer.name(("t1", 5), {}) == expected

@@ -340,6 +340,102 @@ def test_lock_on_may_name_a_var_keyword_parameter() -> None:
     assert k.name((1,), {"x": 1}) != k.name((1,), {"x": 2})
 
 
+# --- lock_on=(): one lock whatever the arguments ------------------------------------------
+
+
+@pytest.mark.parametrize("lock_on", [(), []])
+def test_empty_lock_on_names_every_call_alike(lock_on: Any) -> None:
+    k = keyer(transfer, lock_on=lock_on)
+    assert (
+        k.name((1, 100), {})
+        == k.name((2, 5), {"note": "x"})
+        == k.name((), {"amount": 3, "account_id": 9})
+    )
+
+
+def test_empty_lock_on_differs_from_unset_lock_on() -> None:
+    assert keyer(transfer, lock_on=()).name((1, 100), {}) != keyer(transfer).name((1, 100), {})
+
+
+def test_empty_lock_on_is_the_digest_of_no_arguments() -> None:
+    assert keyer(transfer, lock_on=()).name((1, 100), {}) == f"{TASK}:{canonical_digest(TASK, {})}"
+
+
+def test_empty_lock_on_ignores_arguments_without_an_encoding() -> None:
+    k = keyer(transfer, lock_on=())
+    assert k.name((Opaque(), 100), {}) == k.name((1, 100), {})
+
+
+def test_empty_lock_on_still_refuses_arguments_not_matching_the_signature() -> None:
+    with pytest.raises(LockKeyError, match=re.escape(TASK)):
+        keyer(transfer, lock_on=()).name((1, 2, 3, 4), {})
+
+
+# --- lock_group: the group heads the name --------------------------------------------------
+
+
+def charge(tenant: Any, amount: Any) -> None: ...
+
+
+def refund(tenant: Any, order: Any, reason: Any = None) -> None: ...
+
+
+def group_keyer(func: Callable[..., Any], task: str, **options: Any) -> ArgumentKeyer:
+    return ArgumentKeyer(task, func, group="api", lock_on=("tenant",), **options)
+
+
+def test_a_group_lock_name_is_the_group_colon_sha256_hex() -> None:
+    name = group_keyer(charge, "tasks.charge").name(("t1", 5), {})
+    assert re.fullmatch(r"api:[0-9a-f]{64}", name)
+
+
+def test_tasks_of_a_group_share_the_name_of_equal_lock_on_arguments() -> None:
+    charged = group_keyer(charge, "tasks.charge").name(("t1", 5), {})
+    refunded = group_keyer(refund, "tasks.refund").name((), {"order": 7, "tenant": "t1"})
+    assert charged == refunded
+
+
+def test_tasks_of_a_group_name_different_lock_on_values_apart() -> None:
+    charged = group_keyer(charge, "tasks.charge").name(("t1", 5), {})
+    assert charged != group_keyer(refund, "tasks.refund").name(("t2", 7), {})
+
+
+def test_a_group_lock_differs_from_the_task_lock_of_the_same_call() -> None:
+    grouped = group_keyer(charge, "tasks.charge").name(("t1", 5), {})
+    alone = keyer(charge, task="tasks.charge", lock_on=("tenant",)).name(("t1", 5), {})
+    assert grouped != alone
+
+
+def test_a_group_never_shares_a_hash_with_a_task_named_like_it() -> None:
+    grouped = group_keyer(charge, "tasks.charge").name(("t1", 5), {})
+    named_api = keyer(charge, task="api", lock_on=("tenant",)).name(("t1", 5), {})
+    assert grouped.startswith("api:") and named_api.startswith("api:")
+    assert grouped != named_api
+
+
+def test_groups_with_different_names_name_the_same_call_apart() -> None:
+    api = group_keyer(charge, "tasks.charge").name(("t1", 5), {})
+    other = ArgumentKeyer("tasks.charge", charge, group="mail", lock_on=("tenant",))
+    assert other.name(("t1", 5), {}).split(":", 1)[1] != api.split(":", 1)[1]
+
+
+def test_a_group_with_empty_lock_on_is_one_lock_for_every_call_of_every_task() -> None:
+    charged = ArgumentKeyer("tasks.charge", charge, group="api", lock_on=())
+    refunded = ArgumentKeyer("tasks.refund", refund, group="api", lock_on=())
+    assert charged.name(("t1", 5), {}) == refunded.name(("t2", 7, "why"), {})
+
+
+def test_a_group_name_general_path_matches_the_fast_path() -> None:
+    k = group_keyer(refund, "tasks.refund")
+    assert k.name(("t1", 7), {}) == k._general_name(("t1", 7), {})
+    assert k.name(("t1", 7), {}) == f"api:{canonical_digest('x', {'tenant': 't1'}, group='api')}"
+
+
+def test_a_group_error_for_an_unencodable_argument_names_the_task() -> None:
+    with pytest.raises(UnsupportedArgumentError, match=re.escape("tasks.refund")):
+        group_keyer(refund, "tasks.refund").name((Opaque(), 7), {})
+
+
 # --- lock_key ------------------------------------------------------------------------------
 
 
@@ -433,15 +529,9 @@ def test_non_callable_lock_key_is_rejected(lock_key: Any) -> None:
     assert type(lock_key).__name__ in info.value.message
 
 
-@pytest.mark.parametrize("lock_on", [(), []])
-def test_empty_lock_on_is_rejected(lock_on: Any) -> None:
-    with pytest.raises(LockConfigurationError, match=re.escape(TASK)):
-        keyer(transfer, lock_on=lock_on)
-
-
 def test_configuration_errors_are_value_errors_and_lock_errors() -> None:
     with pytest.raises(LockConfigurationError) as info:
-        keyer(transfer, lock_on=())
+        keyer(transfer, lock_on=("nope",))
     assert isinstance(info.value, ValueError)
     assert isinstance(info.value, LockError)
 

@@ -201,9 +201,11 @@ def show(
 ) -> None:
     """Show who holds one lock.
 
-    NAME is a lock name (TASKNAME:DIGEST, as list shows it between the braces) or its full
-    key (PREFIX:{TASKNAME:DIGEST}). Or, with -A, give --task and the call's --args and
-    --kwargs as JSON: the name is computed exactly as the task computes it, e.g.
+    NAME is a lock name (TASKNAME:DIGEST, or GROUP:DIGEST for a task of a lock_group, as
+    list shows it between the braces) or its full key (PREFIX:{TASKNAME:DIGEST}). Or, with
+    -A, give --task and the call's --args and --kwargs as JSON: the name is computed exactly
+    as the task computes it (for a task of a lock_group, the group's lock its call shares
+    with the group's other tasks), e.g.
 
     \b
       celery -A proj locks show --task proj.tasks.rebuild \\

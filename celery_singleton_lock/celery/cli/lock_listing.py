@@ -17,8 +17,8 @@ from celery_singleton_lock.celery.task.locked_task import LockedTask
 from celery_singleton_lock.engine import Client, LockHolder, LockKeys, slot_of
 from celery_singleton_lock.errors import LockConfigurationError, LockError
 
-#: The name of every lock a task takes: ``<task name>:<SHA-256 of its arguments, in hex>``
-#: (``ArgumentKeyer.name``).
+#: The name of every lock a task takes: ``<task name>:<SHA-256 of its arguments, in hex>``, or
+#: ``<lock_group>:<...>`` for a task of a group (``ArgumentKeyer.name``).
 TASK_LOCK_NAME = re.compile(r"[^\s{}]+:[0-9a-f]{64}")
 
 #: ``list`` looks for locks under other prefixes with at most this many SCAN calls...
@@ -222,8 +222,9 @@ def refuse_a_name_no_task_takes(name: str, prefix: str) -> None:
         return
     raise LockConfigurationError(
         f"{name!r} is not a lock name, and no lock of that name exists under prefix "
-        f"{prefix!r}: a task's lock is named TASKNAME:DIGEST (DIGEST: 64 hex digits, a hash of "
-        "the call's arguments), as list shows it between the braces; for the lock of one "
+        f"{prefix!r}: a task's lock is named TASKNAME:DIGEST, or GROUP:DIGEST with a "
+        "lock_group (DIGEST: 64 hex digits, a hash of the call's arguments), as list shows it "
+        "between the braces; for the lock of one "
         "call give --task TASKNAME --args JSON"
     )
 

@@ -175,8 +175,17 @@ TASK_OPTIONS: dict[str, TaskOption] = {
 TASK_ONLY_OPTIONS: dict[str, Option] = {
     "lock_on": Option(
         None,
-        "names of the task's parameters, or dotted paths into them ('order.customer_id')",
-        "The parameters that identify the work; None: all, bound with defaults applied.",
+        "names of the task's parameters, dotted paths into them ('order.customer_id'), or ()",
+        "The parameters that identify the work; None: all, bound with defaults applied; (): "
+        "none, one lock for every call of the task (or group).",
+    ),
+    "lock_group": Option(
+        None,
+        "None or a name without braces or whitespace",
+        "Name the lock from this group instead of the task: the calls of every task of the "
+        "group with equal lock_on arguments (by parameter name) share one lock, its "
+        "lock_limit, lock_cooldown and lock_rate, which the group's tasks must declare alike "
+        "(checked at worker start). Not with 'join' or 'replace'.",
     ),
     "lock_key": Option(
         None,

@@ -22,6 +22,7 @@ from celery_singleton_lock.celery.config.backend_support import (
     capabilities_from_settings,
     refuse_unsupported,
 )
+from celery_singleton_lock.celery.config.groups import checked_group
 from celery_singleton_lock.celery.config.latest_wins import check_latest_wins
 from celery_singleton_lock.celery.config.limits import (
     checked_cooldown,
@@ -333,6 +334,7 @@ def resolve(
     )
     debounce, debounce_max = check_latest_wins(task_name, policy, value)
     policy.check(task_name, {**value, "ignore_result": attributes.get("ignore_result")}, conf)
+    group = checked_group(task_name, attributes.get("lock_group"), prefix, policy)
     _, handoff_timeout = handoff_settings(conf)
     keyer = ArgumentKeyer(
         task_name,
@@ -340,6 +342,7 @@ def resolve(
         lock_on=attributes.get("lock_on"),
         lock_key=attributes.get("lock_key"),
         skip_first=skip_first,
+        group=group,
     )
 
     return LockOptions(

@@ -59,6 +59,9 @@ class DuplicatePolicy:
     #: its parked calls are handed the lock in an order ``lock_fair_by`` can make fair (round
     #: robin across values); a policy where one call waits has no order to make fair
     orders_parked: ClassVar[bool] = False
+    #: why it cannot serve a ``lock_group`` ("": it can): its call would answer for, or with,
+    #: a call of another task of the group
+    not_in_a_group: ClassVar[str] = ""
     #: what a call that took the lock does before its body, or None (read on the hot path)
     acquired: Optional[Callable[[Any, Any], None]] = None
 
@@ -135,6 +138,10 @@ class Join(DuplicatePolicy):
     """Wait for the running call and take its outcome (see :mod:`.join`)."""
 
     name = "join"
+    not_in_a_group = (
+        "a join takes THE running execution's outcome, and in a group that execution may be "
+        "another task's, whose result would be returned as this call's"
+    )
     waits_when_eager = True
     stores_state = True
 
@@ -259,6 +266,11 @@ class Replace(Queue):
 
     name = "replace"
     orders_parked = False
+    not_in_a_group = (
+        "latest wins drops the waiting call for a newer one, and in a group the newer call "
+        "may be another task's: a call of this task would be superseded by a different kind "
+        "of work"
+    )
     runs = (
         "the newest duplicate once the running call ends, but dedupe_on_enqueue=True drops "
         "every newer call before it is queued"

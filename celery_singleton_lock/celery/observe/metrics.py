@@ -292,7 +292,7 @@ def parking_task_names(app: Any) -> list[str]:
     for task in list(app.tasks.values()):
         options = getattr(task, "_lock_options", None)
         if options is not None and options.policy.parks:
-            names.append(f"{options.keyer.namespace}{options.task_name}")
+            names.append(f"{options.keyer.namespace}{options.keyer.head}")  # or its group
     return names
 
 

@@ -1,8 +1,9 @@
 """What a worker checks as it starts.
 
 * Configuration (:class:`ConfigurationCheck`): misspelt ``singleton_lock_*`` settings, a lock
-  URL that is not Redis, and every locked task's options resolved against the settings as they
-  are now (they may have changed since the task was registered). A worker with a bad
+  URL that is not Redis, every locked task's options resolved against the settings as they
+  are now (they may have changed since the task was registered), and the tasks of each
+  ``lock_group`` against one another (:mod:`.group_agreement`). A worker with a bad
   configuration does not start: it logs one CRITICAL line naming the setting or task and exits
   with status 78 (``EX_CONFIG``) before its pool starts and before it says "ready".
 * The lock server (:func:`check_lock_servers`, see :mod:`.server_probe`): one it cannot
@@ -37,6 +38,7 @@ from celery_singleton_lock.celery.config.backend_support import (
     requested,
     supports,
 )
+from celery_singleton_lock.celery.config.group_agreement import check_groups
 from celery_singleton_lock.celery.config.lockers import locker_for
 from celery_singleton_lock.celery.config.options import KNOWN_SETTINGS, LISTED_IN
 from celery_singleton_lock.celery.config.quorum_settings import quorum_urls
@@ -89,8 +91,10 @@ def check_configuration(app: Any) -> None:
         )
     choose_url(app.conf)  # raises on a lock URL that is not Redis
     metrics.check_settings(app.conf)
-    for task in locked_tasks(app):
+    tasks = locked_tasks(app)
+    for task in tasks:
         task.resolve_lock_options()
+    check_groups((task.name, task.lock_options) for task in tasks)  # every task registered now
     check_backend_support(app)
 
 

@@ -17,7 +17,7 @@ from tests.celery.tasks.core import app, store
 from tests.celery.tasks.queueing import QUEUE
 
 #: KEYS[1] gauge, KEYS[2] most: one more body inside; keep the most ever seen
-_ENTER = """
+ENTER = """
 local inside = redis.call('INCR', KEYS[1])
 if inside > tonumber(redis.call('GET', KEYS[2]) or '0') then
   redis.call('SET', KEYS[2], inside)
@@ -28,7 +28,7 @@ return inside
 
 def limited_body(task: LockedTask, key: str, seconds: float) -> dict[str, Any]:
     r = store()
-    r.eval(_ENTER, 2, f"gauge:{key}", f"most:{key}")
+    r.eval(ENTER, 2, f"gauge:{key}", f"most:{key}")
     r.rpush(f"runs:{key}", f"{task.request.id}|{os.getpid()}|{time.time()}")
     try:
         time.sleep(seconds)

@@ -2,12 +2,13 @@
 
 The tasks of one group share each lock their calls name (``ArgumentKeyer``: the group heads
 the name instead of the task), so they must agree on everything the lock's scripts are chosen
-from: the limit, the cooldown, the rate, whether a duplicate parks (``on_duplicate='queue'``)
-which arguments identify the work, and how parked calls are ordered (``lock_fair_by``). A task cannot see the others as it registers (they
-register one by one, from modules imported in any order), so the comparison waits for the
-worker's start, when every task is registered; a disagreement refuses the start, naming both
-tasks and the option. Policies that differ only in what the duplicate itself does (``skip``,
-``retry``, ``wait``, ``fail``) may be mixed: the lock is the same.
+from: the limit, the cooldown, the rate, whether a duplicate parks (``on_duplicate='queue'``),
+which arguments identify the work, and how parked calls are ordered (``lock_fair_by``). A
+task cannot see the others as it registers (they register one by one, from modules imported
+in any order), so the comparison waits for the worker's start, when every task is
+registered; a disagreement refuses the start, naming both tasks and the option. Policies that
+differ only in what the duplicate itself does (``skip``, ``retry``, ``wait``, ``fail``) may
+be mixed: the lock is the same.
 """
 
 from __future__ import annotations

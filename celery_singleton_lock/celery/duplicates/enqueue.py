@@ -123,9 +123,10 @@ def publish_once(
     # Celery's retry and the lock retries send the running execution again under its id.
     resend = task_id == getattr(task.request, "id", None)
     ttl = dedupe.queued_ttl + delay_of(options, _utcnow)
-    locker = locker_for(task.app)
-    markers = required(locker.markers, locker, "dedupe_on_enqueue", "enqueue_markers")
     try:
+        # made on first use: a server that cannot be reached then is an outage like any other
+        locker = locker_for(task.app)
+        markers = required(locker.markers, locker, "dedupe_on_enqueue", "enqueue_markers")
         existing = markers.enqueue(
             name, task_id, ttl, resend=resend, running=dedupe.running_is_duplicate
         )

@@ -390,6 +390,16 @@ def test_clear_queued_deletes_the_enqueue_marker_so_the_next_call_is_published(
     assert locker.markers.enqueue("app.job:aa", "next-call", 3600) is None
 
 
+def test_show_names_the_enqueue_marker_of_a_free_lock_and_how_to_clear_it(
+    redis_server: RedisServer,
+) -> None:
+    _locker(redis_server).markers.enqueue("app.job:aa", "lost-message", 3600)
+    result = run_cli("--url", redis_server.url, "show", "app.job:aa")
+    assert result.returncode == 1, result.stderr  # free
+    assert "queued: task lost-message (dedupe_on_enqueue marker, expires in" in result.stdout
+    assert "clear-queued app.job:aa" in result.stdout
+
+
 def test_clear_queued_without_a_marker_exits_1(redis_server: RedisServer) -> None:
     result = run_cli("--url", redis_server.url, "clear-queued", "app.job:none")
     assert result.returncode == 1, result.stderr

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from celery_singleton_lock.celery import LockedTask
 from celery_singleton_lock.celery.cli.app_target import open_target
-from celery_singleton_lock.celery.cli.doctor import run_doctor
+from celery_singleton_lock.celery.cli.doctor import STALE_MARKER, run_doctor
 from celery_singleton_lock.command_line import locks
 from celery_singleton_lock.engine import Lease, Owner, RedisLocker, Renewer
 from celery_singleton_lock.testing import RedisServer
@@ -126,3 +126,22 @@ def test_doctor_warns_of_a_server_without_aof_when_a_task_uses_fencing(
         target.close()
     persistence = [f for f in findings if f.check == "persistence"]
     assert [(f.severity, "proj.fenced" in f.message) for f in persistence] == [("warning", True)]
+
+
+def test_doctor_names_an_enqueue_marker_whose_task_never_started(
+    redis_server: RedisServer, own_app: Celery
+) -> None:
+    @own_app.task(base=LockedTask, dedupe_on_enqueue=True, name="proj.deduped")
+    def deduped(key: str) -> None: ...
+
+    name = deduped.lock_options.keyer.name(("a",), {})
+    left = deduped.lock_options.queued_ttl - 2 * STALE_MARKER  # written that long ago
+    redis_server.client().set(f"singleton-lock:{{{name}}}:queued", "lost-one", ex=int(left))
+    target = open_target(app=own_app)
+    try:
+        findings = run_doctor(target, own_app, ping_timeout=0.5)
+    finally:
+        target.close()
+    (marker,) = [f for f in findings if f.check == "markers"]
+    assert (marker.severity, "lost-one" in marker.message) == ("info", True)
+    assert marker.fix.startswith(f"celery locks clear-queued {name}")

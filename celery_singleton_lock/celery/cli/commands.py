@@ -33,6 +33,7 @@ from celery_singleton_lock.celery.cli.lock_listing import (
     list_locks,
     lock_name_from_key,
     lock_name_of_call,
+    queued_line,
     rate_row,
     read_lock,
     read_slots,
@@ -240,6 +241,12 @@ def show(
             views = inspector.per_server(name) if target.quorum else None
             parked = asking(target, lambda: inspector.parked(name))
             newest = asking(target, lambda: inspector.waiting_newest(name)) if parked else None
+            markers = target.backend.markers
+            queued: Optional[tuple[str, Optional[float]]] = None
+            if markers is not None:
+                queued_id = asking(target, lambda: markers.queued(name))
+                if queued_id is not None:
+                    queued = queued_id, asking(target, lambda: markers.queued_for(name))
             if settings.app_given and not slot_holders and not parked:
                 # the app's locks are its tasks' (without one, --url alone, a lock may be
                 # the engine's, under a name of its own); the shared fence counter says
@@ -260,6 +267,8 @@ def show(
         click.echo(rate_row(starts, empty_in))
     if parked:
         click.echo(waiting_line(parked, newest, time.time()))
+    if queued is not None:
+        click.echo(queued_line(name, *queued, settings.invocation))
     if not slot_holders:  # free: no slot is held (nor in a cooldown)
         raise SystemExit(EXIT_FREE)
 

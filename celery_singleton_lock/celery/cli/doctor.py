@@ -16,7 +16,7 @@ import logging
 import shlex
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import click
 import redis
@@ -269,6 +269,23 @@ def check_orphans(
     return found
 
 
+#: A marker whose task has not started after this many seconds is named (info): its message
+#: may have been lost (a purged queue), which nothing else would tell.
+STALE_MARKER = 600.0
+
+
+def _marker_age(app: Any, name: str, ttl_left: float) -> Optional[float]:
+    """Seconds since the marker of lock ``name`` was written (its task's ``lock_queued_ttl``
+    less what is left; a countdown's delay counts as waiting), or None when no task of
+    ``app`` takes that name."""
+    head = name.rpartition(":")[0]
+    task = app.tasks.get(head)
+    options = getattr(task, "lock_options", None)
+    if options is None:
+        return None
+    return max(0.0, float(options.queued_ttl) - ttl_left)
+
+
 def check_markers(target: Target, app: Any, invocation: str = INVOCATION) -> list[Finding]:
     """Enqueue markers (dedupe_on_enqueue) with no TTL, or naming a task that already ran:
     either blocks new calls of its lock name."""
@@ -291,6 +308,21 @@ def check_markers(target: Target, app: Any, invocation: str = INVOCATION) -> lis
             with contextlib.suppress(Exception):
                 if app.AsyncResult(_text(task_id)).ready():
                     why = f"its task {_text(task_id)} already ran"
+        if why is None and app is not None and task_id is not None and ttl > 0:
+            waited = _marker_age(app, _lock_name(prefix, key), ttl)
+            if waited is not None and waited >= STALE_MARKER:
+                name = _lock_name(prefix, key)
+                found.append(
+                    Finding(
+                        "info",
+                        "markers",
+                        f"enqueue marker {key} names task {_text(task_id)}, queued "
+                        f"{waited / 60:.0f} min ago and not started: if its message was lost "
+                        f"(a purged queue), calls of this lock name are not published for "
+                        f"{ttl / 60:.0f} more min",
+                        f"{invocation} clear-queued {shlex.quote(name)} (only if it was lost)",
+                    )
+                )
         if why:
             name = _lock_name(prefix, key)
             found.append(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import shlex
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Iterator, Optional
@@ -202,6 +203,17 @@ def read_slots(target: Target, name: str) -> tuple[list[LockHolder], int, Option
     holders = asking(target, lambda: inspector.holders(name, SHOWN_SLOTS))
     ((starts, empty_in),) = asking(target, lambda: inspector.rate_use([key]))
     return holders, starts, empty_in
+
+
+def queued_line(name: str, task_id: str, left: Optional[float], invocation: str) -> str:
+    """What ``show`` says of a lock name's enqueue marker (``dedupe_on_enqueue``): while it
+    lives, a call of the name is not published (its sender gets ``task_id``'s result)."""
+    lives = "no TTL" if left is None else f"expires in {left:.1f}s"
+    return (
+        f"queued: task {task_id} (dedupe_on_enqueue marker, {lives}); calls of this name are "
+        f"not published while it is there. If that message was lost (a purged queue): "
+        f"{invocation} clear-queued {shlex.quote(name)}"
+    )
 
 
 def rate_row(starts: int, empty_in: Optional[float]) -> str:

@@ -36,6 +36,7 @@ from celery_singleton_lock.celery.config.options import (
     MIN_TTL,
     TASK_OPTIONS,
     UNSET,
+    checked_dedupe,
 )
 from celery_singleton_lock.celery.duplicates.policies import POLICIES, DuplicatePolicy
 from celery_singleton_lock.engine import LockKeys, validate_prefix
@@ -75,6 +76,9 @@ class LockOptions:
     default_time_limit: Optional[float] = None
     #: ``apply_async()`` publishes nothing while the lock name is queued or running
     dedupe_on_enqueue: bool = False
+    #: ``dedupe_on_enqueue='until_started'``: only a queued call blocks the next one's publish
+    #: (a running one does not), and a call that will run later stays queued meanwhile
+    dedupe_until_started: bool = False
     #: seconds a queued marker lives when its message never reaches a worker (purged, lost)
     queued_ttl: float = 3600.0
     #: policy ``queue``: seconds a lock handed to a parked message stays reserved for it
@@ -259,11 +263,7 @@ def resolve(
         raise LockConfigurationError(
             f"task {task_name}: lock_fencing must be True or False, got {fencing!r}"
         )
-    dedupe = value["dedupe_on_enqueue"]
-    if not isinstance(dedupe, bool):
-        raise LockConfigurationError(
-            f"task {task_name}: dedupe_on_enqueue must be True or False, got {dedupe!r}"
-        )
+    dedupe, until_started = checked_dedupe(task_name, value["dedupe_on_enqueue"])
     queued_ttl = queued_seconds(task_name, "lock_queued_ttl", value["lock_queued_ttl"])
     # fences, replicas, markers, parking: refused here on a quorum (the settings name it)
     refuse_unsupported(task_name, value, capabilities_from_settings(conf))
@@ -312,6 +312,7 @@ def resolve(
         min_replicas_timeout=replicas_timeout,
         default_time_limit=time_limit or conf.get("task_time_limit") or None,
         dedupe_on_enqueue=dedupe,
+        dedupe_until_started=until_started,
         queued_ttl=queued_ttl,
         handoff_timeout=handoff_timeout,
         debounce=debounce,

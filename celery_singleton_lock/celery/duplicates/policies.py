@@ -43,6 +43,9 @@ class DuplicatePolicy:
     #: a held lock sends the message again later: with ``dedupe_on_enqueue`` the acquire keeps
     #: the call's queued marker meanwhile
     resends: ClassVar[bool] = False
+    #: a held lock keeps the call waiting in its worker slot to run then: with
+    #: ``dedupe_on_enqueue='until_started'`` it stays queued meanwhile (it has not started)
+    waits_in_place: ClassVar[bool] = False
     #: in an eager call (``apply()``) there is no message to send again or park and no
     #: stored result to join: such a policy waits in place instead
     waits_when_eager: ClassVar[bool] = False
@@ -116,6 +119,7 @@ class Wait(DuplicatePolicy):
     """Block the worker slot until the release, up to ``lock_wait_timeout``, then retry."""
 
     name = "wait"
+    waits_in_place = True
 
     def held(self, duplicate: actions.Duplicate, acquire: Acquire) -> Lease:
         return actions.wait(duplicate, acquire)

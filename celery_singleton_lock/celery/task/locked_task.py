@@ -230,7 +230,10 @@ class LockedTask(Task):  # type: ignore[misc]
         lock_options = self.lock_options
         if not lock_options.dedupe_on_enqueue or self.app.conf.task_always_eager:
             return None
-        return enqueue.Dedupe(queued_ttl=lock_options.queued_ttl)
+        return enqueue.Dedupe(
+            queued_ttl=lock_options.queued_ttl,
+            running_is_duplicate=not lock_options.dedupe_until_started,
+        )
 
     # -- acquire: the hot path ---------------------------------------------------------------
 

@@ -27,6 +27,7 @@ from celery_singleton_lock.engine.acquire_request import AcquireOutcome, Acquire
 from celery_singleton_lock.engine.backend import ReleaseSubscription
 from celery_singleton_lock.engine.capabilities import Capabilities
 from celery_singleton_lock.engine.keys import LockKeys, validate_prefix
+from celery_singleton_lock.engine.kinds.cancels import Cancels
 from celery_singleton_lock.engine.kinds.cooldown import Cooldown
 from celery_singleton_lock.engine.kinds.issuer import Issuer
 from celery_singleton_lock.engine.kinds.latest import LatestWins
@@ -123,6 +124,7 @@ class RedisLocker:
         self.parking = Parking(server, issuer, releases)
         self.slot_queue = SlotQueue(server, issuer, releases)
         self.latest = LatestWins(server, issuer, releases)
+        self.cancels = Cancels(server, issuer)
         # A task's release is the hot path: the releases' own methods, bound here, cost no
         # call more than before; the methods below (the same) are what is documented and typed.
         self.release = releases.release  # type: ignore[method-assign]
@@ -322,6 +324,16 @@ class RedisLocker:
     ) -> int:
         """See :meth:`.kinds.latest.LatestWins.clear_superseded`."""
         return self.latest.clear_superseded(name, task_ids, look_again_in=look_again_in)
+
+    # -- restart ------------------------------------------------------------------------------
+
+    def cancel_holder(self, name: str, by: str) -> Optional[str]:
+        """See :meth:`.kinds.cancels.Cancels.cancel_holder`."""
+        return self.cancels.cancel_holder(name, by)
+
+    def cancel_requested(self, held: Sequence[tuple[str, str]]) -> list[bool]:
+        """See :meth:`.kinds.cancels.Cancels.cancel_requested`."""
+        return self.cancels.cancel_requested(held)
 
     # -- the rest of the seam ------------------------------------------------------------------
 

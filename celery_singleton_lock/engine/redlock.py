@@ -464,6 +464,14 @@ class QuorumLocker:
         """0: nothing is displaced on a quorum."""
         return 0
 
+    def cancel_holder(self, name: str, by: str) -> Optional[str]:
+        """None: no call waits on a quorum, so none asks a holder to stop."""
+        return None
+
+    def cancel_requested(self, held: Sequence[tuple[str, str]]) -> list[bool]:
+        """All False: no call is asked to stop on a quorum."""
+        return [False] * len(held)
+
     def drop_parked(self, name: str, task_id: str, *, reservation_ttl: float) -> Union[bool, bytes]:
         """False: nothing is parked on a quorum."""
         return False

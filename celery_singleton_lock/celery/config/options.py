@@ -16,7 +16,7 @@ LISTED_IN = (
     "docs site), generated from celery_singleton_lock.celery.config.options"
 )
 
-POLICIES = ("skip", "retry", "wait", "fail", "join", "queue", "replace")
+POLICIES = ("skip", "retry", "wait", "fail", "join", "queue", "replace", "restart")
 BACKEND_ERROR_POLICIES = ("retry", "run")
 #: ``dedupe_on_enqueue``'s values: off, on while a call is queued or running, or on only
 #: while it is queued (a running call does not block the next one's publish)
@@ -158,6 +158,14 @@ TASK_OPTIONS: dict[str, TaskOption] = {
         f"None or lock_debounce to {MAX_TTL:g} seconds",
         "With lock_debounce: a burst's waiting call is due at most this long after the "
         "burst's first call, however many newer calls keep coming; None: no bound.",
+    ),
+    "lock_cancel_grace": TaskOption(
+        "singleton_lock_cancel_grace",
+        5.0,
+        f"0 to {MAX_TTL:g} seconds; needs on_duplicate='restart'",
+        "'restart' on a prefork worker: seconds a running call asked to stop has to end before "
+        "its pool child is terminated (as revoke(terminate=True) does) and its lock freed; "
+        "threads, gevent and solo pools only ask (the body reads self.request.lock.cancelled).",
     ),
     "lock_limit": TaskOption(
         "singleton_lock_limit",

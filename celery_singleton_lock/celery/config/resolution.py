@@ -21,7 +21,7 @@ from celery_singleton_lock.celery.config.backend_support import (
     capabilities_from_settings,
     refuse_unsupported,
 )
-from celery_singleton_lock.celery.config.latest_wins import check_latest_wins
+from celery_singleton_lock.celery.config.latest_wins import check_latest_wins, checked_cancel_grace
 from celery_singleton_lock.celery.config.limits import (
     checked_cooldown,
     checked_limit,
@@ -87,6 +87,9 @@ class LockOptions:
     #: no debounce; no bound)
     debounce: Optional[float] = None
     debounce_max: Optional[float] = None
+    #: policy ``restart``: seconds a running call asked to stop has before a prefork worker
+    #: terminates its pool child
+    cancel_grace: float = 5.0
     #: at most this many holders per key (an int >= 1, or a callable of the bound arguments)
     limit: Any = 1
     #: seconds the key stays taken after a body ends (None: not at all), and after which ends
@@ -281,6 +284,7 @@ def resolve(
         task_name, value["lock_cooldown"], value["lock_cooldown_after"], policy.name
     )
     debounce, debounce_max = check_latest_wins(task_name, policy, value)
+    cancel_grace = checked_cancel_grace(task_name, policy, attributes, value, conf)
     policy.check(task_name, {**value, "ignore_result": attributes.get("ignore_result")}, conf)
     _, handoff_timeout = handoff_settings(conf)
 
@@ -317,6 +321,7 @@ def resolve(
         handoff_timeout=handoff_timeout,
         debounce=debounce,
         debounce_max=debounce_max,
+        cancel_grace=cancel_grace,
         limit=limit,
         cooldown=cooldown,
         cooldown_after=cooldown_after,

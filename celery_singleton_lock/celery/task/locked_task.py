@@ -120,6 +120,7 @@ class LockedTask(Task):  # type: ignore[misc]
     dedupe_on_enqueue: Any = UNSET
     lock_queued_ttl: Any = UNSET
     lock_debounce: Any = UNSET
+    lock_cancel_grace: Any = UNSET
     lock_debounce_max: Any = UNSET
 
     _lock_options: Optional[LockOptions] = None

@@ -13,15 +13,25 @@ from celery.exceptions import TaskRevokedError
 
 from tests.celery.tasks import restart
 from tests.celery.tasks.core import store
-from tests.celery.workers import CeleryWorkerProcess, Servers, unique, worker_group
+from tests.celery.workers import CeleryWorkerProcess, Servers, lock_key, unique, worker_group
 from tests.support import wait_until
 
 
 @pytest.fixture(scope="module")
-def prefork(servers: Servers, celery_app: Any) -> Iterator[CeleryWorkerProcess]:
+def workers(servers: Servers, celery_app: Any) -> Iterator[dict[str, CeleryWorkerProcess]]:
+    """A prefork and a threads worker, started side by side, each on a queue of its own."""
     with worker_group(servers) as group:
-        (worker,) = group.start(1, pool="prefork", concurrency=2)
-        yield worker
+        launched = {pool: group.launch(1, pool=pool, concurrency=2)[0] for pool in POOLS}
+        group.wait_ready()
+        yield launched
+
+
+POOLS = ("prefork", "threads")
+
+
+@pytest.fixture
+def prefork(workers: dict[str, CeleryWorkerProcess]) -> CeleryWorkerProcess:
+    return workers["prefork"]
 
 
 def listed(what: str, key: str) -> list[str]:
@@ -58,11 +68,12 @@ def assert_superseded_then_alone(key: str, v1: Any, v2: Any) -> None:
     assert overlaps(key) == 0
 
 
+@pytest.mark.parametrize("pool", POOLS)
 def test_a_newer_call_stops_the_running_one_which_ends_superseded_before_it_starts(
-    prefork: CeleryWorkerProcess,
+    workers: dict[str, CeleryWorkerProcess], pool: str
 ) -> None:
     key = unique("k")
-    v1, v2, took = restart_after_a_second(restart.cooperative, key, prefork.queue, 1.0)
+    v1, v2, took = restart_after_a_second(restart.cooperative, key, workers[pool].queue, 1.0)
     assert_superseded_then_alone(key, v1, v2)
     assert listed("stopped", key) == [v1.id]  # it saw lock.cancelled
     assert took < 15  # v1 ran on to its 20 s end otherwise
@@ -77,3 +88,20 @@ def test_a_call_that_ignores_the_stop_has_its_child_terminated_after_the_grace(
     v1_pid = int(store().lindex(f"started:{key}", 0).decode().rsplit("|", 1)[1])
     wait_until(lambda: v1_pid not in prefork.children(), timeout=10)  # terminated, replaced
     assert_superseded_then_alone(key, v1, v2)
+
+
+def test_a_third_call_takes_the_place_of_the_second_while_the_first_is_stopping(
+    prefork: CeleryWorkerProcess,
+) -> None:
+    key = unique("k")
+    v1 = restart.stubborn.apply_async((key,), queue=prefork.queue)
+    wait_until(lambda: listed("started", key) == [v1.id], timeout=30)
+    parked = lock_key(restart.stubborn, key) + ":parked"
+    v2 = restart.stubborn.apply_async((key, 0.5), queue=prefork.queue)
+    wait_until(lambda: store().lrange(parked, 0, -1) == [v2.id.encode()], timeout=10)
+    v3 = restart.stubborn.apply_async((key, 0.5), queue=prefork.queue)
+    assert v3.get(timeout=30) == v3.id
+    with pytest.raises(TaskRevokedError, match="superseded"):
+        v2.get(timeout=10)
+    assert listed("started", key) == [v1.id, v3.id]  # v2 never ran
+    assert_superseded_then_alone(key, v1, v3)

@@ -76,6 +76,9 @@ class CancelGrace:
     def _end(self, request: Any, watched: Any) -> None:
         task = watched.task
         key = watched.locker.keys(watched.name).lock
+        holder = watched.locker.inspect.read(watched.name)
+        if holder is None or holder.task_id != request.id:
+            return  # its body ended meanwhile (released): its child may run another call now
         log.warning(
             "task %s[%s]: still running %.1fs after a newer call asked it to stop "
             "(lock_cancel_grace); terminating its pool child %s",

@@ -47,15 +47,25 @@ def cooperative(self: LockedTask, key: str, seconds: float = 20.0) -> str:
     return str(self.request.id)
 
 
-@app.task(**_RESTART, lock_cancel_grace=1)
-def stubborn(self: LockedTask, key: str, seconds: float = 30.0) -> str:
+def ignoring_the_stop(key: str, task_id: str, seconds: float) -> str:
     """Never looks at ``cancelled``: only its worker's grace stops it (a SIGTERM may unwind
     the body before its process exits: it is over then, not ended)."""
-    started(key, self.request.id)
+    started(key, task_id)
     try:
         time.sleep(seconds)
     except BaseException:
-        store().rpush(f"over:{key}", str(self.request.id))
+        store().rpush(f"over:{key}", task_id)
         raise
-    ended(key, self.request.id, "ended")
-    return str(self.request.id)
+    ended(key, task_id, "ended")
+    return task_id
+
+
+@app.task(**_RESTART, lock_cancel_grace=1)
+def stubborn(self: LockedTask, key: str, seconds: float = 30.0) -> str:
+    return ignoring_the_stop(key, str(self.request.id), seconds)
+
+
+@app.task(**_RESTART, lock_cancel_grace=1, lock_ttl=3)
+def short_ttl(self: LockedTask, key: str, seconds: float = 30.0) -> str:
+    """:func:`stubborn` with a 3 s lock: a killed worker's lock expires soon."""
+    return ignoring_the_stop(key, str(self.request.id), seconds)

@@ -13,8 +13,13 @@ import pytest
 
 from tests.celery.tasks import restart
 from tests.celery.tasks.core import store
-from tests.celery.test_restart_workers import assert_superseded_then_alone, listed, overlaps
-from tests.celery.workers import CeleryWorkerProcess, Servers, lock_key, unique, worker_group
+from tests.celery.test_restart_workers import (
+    assert_superseded_then_alone,
+    listed,
+    overlaps,
+    waiting,
+)
+from tests.celery.workers import CeleryWorkerProcess, Servers, unique, worker_group
 from tests.support import wait_until
 
 
@@ -36,8 +41,7 @@ def new_call_waits(task: Any, key: str, queue: str) -> tuple[Any, Any]:
     v1 = task.apply_async((key,), queue=queue)
     wait_until(lambda: listed("started", key) == [v1.id], timeout=30)
     v2 = task.apply_async((key, 0.5), queue=queue)
-    parked = lock_key(task, key) + ":parked"
-    wait_until(lambda: store().lrange(parked, 0, -1) == [v2.id.encode()], timeout=10)
+    wait_until(lambda: waiting(task, key) == v2.id, timeout=10)
     return v1, v2
 
 

@@ -6,14 +6,15 @@ pool child."""
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import pytest
 from celery.exceptions import TaskRevokedError
 
+from celery_singleton_lock.celery.config.lockers import locker_for
 from tests.celery.tasks import restart
 from tests.celery.tasks.core import store
-from tests.celery.workers import CeleryWorkerProcess, Servers, lock_key, unique, worker_group
+from tests.celery.workers import CeleryWorkerProcess, Servers, unique, worker_group
 from tests.support import wait_until
 
 
@@ -36,6 +37,12 @@ def prefork(workers: dict[str, CeleryWorkerProcess]) -> CeleryWorkerProcess:
 
 def listed(what: str, key: str) -> list[str]:
     return [entry.decode().split("|")[0] for entry in store().lrange(f"{what}:{key}", 0, -1)]
+
+
+def waiting(task: Any, key: str) -> Optional[str]:
+    """The task id of the call waiting as the newest behind ``task``'s lock of ``key``."""
+    newest = locker_for(task.app).inspect.waiting_newest(task.lock_options.keyer.name((key,), {}))
+    return None if newest is None else newest[0]
 
 
 def overlaps(key: str) -> int:
@@ -96,9 +103,8 @@ def test_a_third_call_takes_the_place_of_the_second_while_the_first_is_stopping(
     key = unique("k")
     v1 = restart.stubborn.apply_async((key,), queue=prefork.queue)
     wait_until(lambda: listed("started", key) == [v1.id], timeout=30)
-    parked = lock_key(restart.stubborn, key) + ":parked"
     v2 = restart.stubborn.apply_async((key, 0.5), queue=prefork.queue)
-    wait_until(lambda: store().lrange(parked, 0, -1) == [v2.id.encode()], timeout=10)
+    wait_until(lambda: waiting(restart.stubborn, key) == v2.id, timeout=10)
     v3 = restart.stubborn.apply_async((key, 0.5), queue=prefork.queue)
     assert v3.get(timeout=30) == v3.id
     with pytest.raises(TaskRevokedError, match="superseded"):

@@ -11,7 +11,7 @@ Layout, for prefix ``P`` and lock name ``N``::
     P:{N}:queued     the task id of the message queued under this name (opt-in enqueue
                      deduplication): written by ENQUEUE with its own TTL, deleted by the
                      acquire of that task id or by a compare-and-delete (see lua/enqueue.lua)
-    P:{N}:parked     the task ids parked behind the lock, oldest first (policy ``queue``)
+    P:{N}:parked     the task ids parked behind the lock, scored by arrival (policy ``queue``)
     P:{N}:parked-messages
                      their parked messages, by task id
     P:{N}:parked-rule

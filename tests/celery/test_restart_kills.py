@@ -11,6 +11,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from celery_singleton_lock.celery.config.lockers import locker_for
 from tests.celery.tasks import restart
 from tests.celery.tasks.core import store
 from tests.celery.test_restart_workers import (
@@ -37,12 +38,20 @@ def pair(servers: Servers, celery_app: Any) -> Iterator[list[CeleryWorkerProcess
 
 
 def new_call_waits(task: Any, key: str, queue: str) -> tuple[Any, Any]:
-    """v1 running, then v2 sent and parked behind it (the restart under way)."""
+    """v1 running, then v2 sent, parked behind it, and v1 asked to stop (the restart under
+    way)."""
     v1 = task.apply_async((key,), queue=queue)
     wait_until(lambda: listed("started", key) == [v1.id], timeout=30)
     v2 = task.apply_async((key, 0.5), queue=queue)
     wait_until(lambda: waiting(task, key) == v2.id, timeout=10)
+    wait_until(lambda: asked_to_stop(task, key, v1.id), timeout=10)  # its second round trip
     return v1, v2
+
+
+def asked_to_stop(task: Any, key: str, task_id: str) -> bool:
+    cancels = locker_for(task.app).cancels
+    assert cancels is not None
+    return cancels.cancel_requested([(task.lock_options.keyer.name((key,), {}), task_id)])[0]
 
 
 def test_the_old_calls_child_killed_during_the_grace_lets_the_new_call_run_once(

@@ -3,9 +3,17 @@ and the reads say which calls were asked to stop."""
 
 from __future__ import annotations
 
+import pytest
 import redis
 
 from celery_singleton_lock.engine import Lease, Owner, RedisLocker
+from celery_singleton_lock.engine.kinds.cancels import Cancels
+
+
+@pytest.fixture
+def flags(locker: RedisLocker) -> Cancels:
+    assert locker.cancels is not None  # one server: latest wins, and restart beside it
+    return locker.cancels
 
 
 def hold(locker: RedisLocker, name: str, task_id: str) -> Lease:
@@ -14,34 +22,38 @@ def hold(locker: RedisLocker, name: str, task_id: str) -> Lease:
     return lease
 
 
-def test_a_newer_call_flags_the_running_holder(locker: RedisLocker) -> None:
+def test_a_newer_call_flags_the_running_holder(locker: RedisLocker, flags: Cancels) -> None:
     hold(locker, "job", "v1")
-    assert locker.cancel_holder("job", by="v2") == "v1"
-    assert locker.cancel_requested([("job", "v1"), ("job", "v2")]) == [True, False]
+    assert flags.cancel_holder("job", by="v2") == "v1"
+    assert flags.cancel_requested([("job", "v1"), ("job", "v2")]) == [True, False]
 
 
-def test_a_free_lock_flags_no_one(locker: RedisLocker, redis_client: redis.Redis) -> None:
-    assert locker.cancel_holder("job", by="v2") is None
+def test_a_free_lock_flags_no_one(
+    locker: RedisLocker, flags: Cancels, redis_client: redis.Redis
+) -> None:
+    assert flags.cancel_holder("job", by="v2") is None
     assert redis_client.keys("*cancel*") == []
 
 
-def test_a_call_never_flags_itself(locker: RedisLocker) -> None:
+def test_a_call_never_flags_itself(locker: RedisLocker, flags: Cancels) -> None:
     hold(locker, "job", "v2")
-    assert locker.cancel_holder("job", by="v2") is None
-    assert locker.cancel_requested([("job", "v2")]) == [False]
+    assert flags.cancel_holder("job", by="v2") is None
+    assert flags.cancel_requested([("job", "v2")]) == [False]
 
 
-def test_a_reserved_lock_flags_no_one(locker: RedisLocker, redis_client: redis.Redis) -> None:
+def test_a_reserved_lock_flags_no_one(
+    locker: RedisLocker, flags: Cancels, redis_client: redis.Redis
+) -> None:
     # a lock reserved for a waiting call: its token is not an owner's, no body runs
     key = locker.keys("job").lock
     redis_client.set(key, "handoff-reserved-for-next-parked||1|0||v2", px=30_000)
-    assert locker.cancel_holder("job", by="v3") is None
+    assert flags.cancel_holder("job", by="v3") is None
 
 
-def test_a_flag_asks_only_the_call_it_names(locker: RedisLocker) -> None:
+def test_a_flag_asks_only_the_call_it_names(locker: RedisLocker, flags: Cancels) -> None:
     lease = hold(locker, "job", "v1")
-    locker.cancel_holder("job", by="v2")
+    flags.cancel_holder("job", by="v2")
     lease.release()
     hold(locker, "job", "v2")  # the newer call runs now: it was not asked to stop
-    assert locker.cancel_requested([("job", "v2"), ("other", "v1")]) == [False, False]
-    assert locker.cancel_requested([]) == []
+    assert flags.cancel_requested([("job", "v2"), ("other", "v1")]) == [False, False]
+    assert flags.cancel_requested([]) == []

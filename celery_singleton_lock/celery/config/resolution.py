@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping, Optional
 from celery_singleton_lock.arguments import ArgumentKeyer
 
 # handoff_settings and lock_prefix are read from here too (the CLI, the worker's checks)
+from celery_singleton_lock.celery.config.app_settings import SEND_WINDOW
 from celery_singleton_lock.celery.config.app_settings import handoff_settings as handoff_settings
 from celery_singleton_lock.celery.config.app_settings import lock_prefix as lock_prefix
 from celery_singleton_lock.celery.config.backend_support import (
@@ -104,6 +105,12 @@ class LockOptions:
     def __post_init__(self) -> None:
         mutex = self.limit == 1 and not self.policy.parks
         object.__setattr__(self, "mutex", mutex)  # frozen: set once, here
+
+    @property
+    def send_window(self) -> float:
+        """Seconds a slot handed to a parked call stays reserved until its message is
+        published (see :data:`SEND_WINDOW`)."""
+        return min(SEND_WINDOW, self.handoff_timeout)
 
     @property
     def on_duplicate(self) -> str:

@@ -21,7 +21,14 @@ from celery_singleton_lock.celery.config.app_settings import celery_setting
 from celery_singleton_lock.celery.duplicates import actions, latest, restart
 from celery_singleton_lock.celery.duplicates import parking as handoff
 from celery_singleton_lock.celery.duplicates.join import join, rejoin
-from celery_singleton_lock.engine import AcquireRequest, AcquireResult, Latest, Lease, Parked
+from celery_singleton_lock.engine import (
+    AcquireRequest,
+    AcquireResult,
+    Latest,
+    Lease,
+    Parked,
+    required,
+)
 from celery_singleton_lock.errors import LockConfigurationError
 
 #: The acquire a waiting policy repeats (``wait``, ``join``): it never parks.
@@ -228,28 +235,24 @@ class Queue(DuplicatePolicy):
         self, scope: Any, options: Any, cooldown: Optional[float], remember_for: Optional[float]
     ) -> bool:
         lease = scope.lease
-        if scope.limit != 1 or options.rate is not None or options.cooldown:
-            # parked over slots, a rate or a cooldown: each freed slot handed on
-            owned, messages = lease.locker.release_handing_on(
-                lease,
-                limit=scope.limit,
-                rate=options.rate,
-                cooldown=cooldown,
-                reservation_ttl=options.handoff_timeout,
-                remember_for=remember_for,
-            )
-        else:
-            owned, handed = lease.locker.release_handing_off(
-                lease, reservation_ttl=options.handoff_timeout, remember_for=remember_for
-            )
-            messages = [] if handed is None else [handed]
+        locker = lease.locker  # the backend that granted it
+        queue = required(locker.queue, locker, f"on_duplicate={self.name!r}", "parking")
+        owned, messages = queue.release_handing_on(
+            lease,
+            limit=scope.limit,
+            rate=options.rate,
+            cooldown=cooldown,
+            reservation_ttl=options.send_window,
+            remember_for=remember_for,
+        )
         for message in messages:
             handoff.publish(scope.task.app, message, scope.name)
         return bool(owned)
 
     def reclaimed(self, task: Any, locker: Any, name: str) -> None:
         # a slot of a lock_limit too: the engine reads how the calls are parked
-        for message in locker.hand_on(name, reservation_ttl=task.lock_options.handoff_timeout):
+        queue = required(locker.queue, locker, f"on_duplicate={self.name!r}", "parking")
+        for message in queue.hand_on(name, reservation_ttl=task.lock_options.send_window):
             handoff.publish(task.app, message, name)
 
 
@@ -290,8 +293,10 @@ class Replace(Queue):
     ) -> bool:
         # no slots, rate or cooldown here: refused at registration (see config/limits.py)
         lease = scope.lease
-        owned, handed = lease.locker.release_latest(
-            lease, reservation_ttl=options.handoff_timeout, remember_for=remember_for
+        locker = lease.locker  # the backend that granted it
+        latest_wins = required(locker.latest, locker, f"on_duplicate={self.name!r}", "parking")
+        owned, handed = latest_wins.release_latest(
+            lease, reservation_ttl=options.send_window, remember_for=remember_for
         )
         if handed is not None:
             handoff.publish(scope.task.app, handed, scope.name)

@@ -29,7 +29,7 @@ from celery.exceptions import Ignore
 from celery_singleton_lock.celery import celery_api
 from celery_singleton_lock.celery.duplicates import latest
 from celery_singleton_lock.celery.duplicates.actions import Duplicate
-from celery_singleton_lock.engine import Parked
+from celery_singleton_lock.engine import Parked, required
 from celery_singleton_lock.errors import LockError
 
 log = logging.getLogger("celery_singleton_lock.duplicate")
@@ -47,7 +47,9 @@ def stop_holder_and_wait(duplicate: Duplicate, parked: Parked) -> NoReturn:
     task, request = duplicate.task, duplicate.request
     if parked.holder is not None:
         try:
-            stopped = task.lock_locker.cancel_holder(duplicate.name, request.id)
+            locker = task.lock_locker
+            cancels = required(locker.cancels, locker, "on_duplicate='restart'", "parking")
+            stopped = cancels.cancel_holder(duplicate.name, request.id)
         except LockError as exc:
             log.warning(
                 "task %s: could not ask the running call of lock %s to stop (%s); waiting for "

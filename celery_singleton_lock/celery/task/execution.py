@@ -34,7 +34,7 @@ from redis.exceptions import RedisError
 from celery_singleton_lock.celery import celery_api
 from celery_singleton_lock.celery.signals import lock_released
 from celery_singleton_lock.celery.task.lock_view import LockHandle
-from celery_singleton_lock.engine import Lease
+from celery_singleton_lock.engine import Lease, required
 from celery_singleton_lock.errors import LockError
 
 log = logging.getLogger("celery_singleton_lock.release")
@@ -155,8 +155,11 @@ class LockScope(LockHandle):
         if now - self._cancel_read_at < CANCEL_POLL:
             return False
         self._cancel_read_at = now
+        cancels = task.lock_locker.cancels
+        if cancels is None:  # no latest wins on this backend: registration refused restart
+            return False
         try:
-            asked = task.lock_locker.cancel_requested([(self.name, self.task_id)])
+            asked = cancels.cancel_requested([(self.name, self.task_id)])
         except LockError as exc:  # not told: the worker's grace still ends it (prefork)
             log.warning(
                 "task %s[%s]: cannot read its cancel flag (%s)", task.name, self.task_id, exc
@@ -214,7 +217,9 @@ class LockScope(LockHandle):
             if policy.parks:  # the lock is handed on to a parked call
                 owned = policy.release(self, options, cooldown, remember_for)
             elif cooldown:
-                owned = lease.locker.release_cooling(lease, cooldown, remember_for=remember_for)
+                backend: Any = lease.locker  # the backend that granted it
+                cooling = required(backend.cooldown, backend, "lock_cooldown", "cooldown")
+                owned = cooling.release_cooling(lease, cooldown, remember_for=remember_for)
             elif not self.eager and lease.locker.release_later(
                 lease, self._settled, remember_for=remember_for
             ):

@@ -61,7 +61,10 @@ class CancelGrace:
         asked_now: dict[str, float] = {}
         ended = 0
         for locker, calls in by_locker.items():
-            flags = locker.cancel_requested([(w.name, request.id) for request, w in calls])
+            cancels = locker.cancels
+            if cancels is None:  # no latest wins on this backend: registration refused restart
+                continue
+            flags = cancels.cancel_requested([(w.name, request.id) for request, w in calls])
             for (request, watched), asked in zip(calls, flags):
                 if not asked:
                     continue

@@ -6,7 +6,7 @@
 -- KEYS[1..N]  the N slot keys, slot 1 first (as acquire_slot.lua)
 -- KEYS[N+1]   shared fence counter
 -- KEYS[N+2]   the lock's starts (sorted set, as acquire_slot.lua), used with ARGV[5] only
--- KEYS[N+3]   parked task ids (list)   KEYS[N+4]  parked messages (hash)
+-- KEYS[N+3]   parked task ids (sorted set)   KEYS[N+4]  parked messages (hash)
 -- KEYS[N+5]   hand-off index           KEYS[N+6]  the lock's rule (see includes/slot_queue.lua)
 -- KEYS[N+7]   optional: the finish-record set to look in (as acquire_slot.lua's KEYS[N+3])
 -- ARGV[1]     ttl in ms            ARGV[2]  the lock value with an empty fence
@@ -64,8 +64,7 @@ else
   end
 end
 if take then
-  redis.call('LREM', q.parked, 1, id)
-  redis.call('HDEL', q.messages, id)
+  unpark(q.parked, q.messages, id)
   local fence = take_lock(KEYS[take], ARGV[2], ARGV[1], ARGV[3], KEYS[n + 1])
   schedule(n, q, now)
   return {take, fence}

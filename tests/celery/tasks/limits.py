@@ -118,6 +118,15 @@ rate2_skip = limited_task("rate2_skip", lock_rate="2/m", on_duplicate="skip")
 
 # QUEUE: "retry" on a Redis Cluster, whose workers refuse to start with a queue task
 limit3_queue = limited_task("limit3_queue", lock_limit=3, on_duplicate=QUEUE, lock_ttl=5)
+
+
+def _live_cap(key: str, seconds: float) -> int:
+    """A tenant's cap as it is now (``cap:<key>`` in the records Redis; 3 when unset)."""
+    return int(store().get(f"cap:{key}") or 3)
+
+
+#: a cap changed while calls are parked (issue 28's bug 2)
+live_cap_queue = limited_task("live_cap_queue", lock_limit=_live_cap, on_duplicate=QUEUE)
 rate3_queue = limited_task("rate3_queue", lock_rate="3/3s", on_duplicate=QUEUE)
 cooldown1_queue = limited_task("cooldown1_queue", lock_cooldown=1, on_duplicate=QUEUE)
 #: issue 30's acceptance size: 9 calls at 3 per 10 s

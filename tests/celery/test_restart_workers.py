@@ -111,3 +111,11 @@ def test_a_third_call_takes_the_place_of_the_second_while_the_first_is_stopping(
         v2.get(timeout=10)
     assert listed("started", key) == [v1.id, v3.id]  # v2 never ran
     assert_superseded_then_alone(key, v1, v3)
+
+
+def test_a_threads_worker_says_a_cancel_grace_has_no_effect_there(
+    workers: dict[str, CeleryWorkerProcess],
+) -> None:
+    warning = "task tests.celery.tasks.restart.stubborn: lock_cancel_grace has no effect"
+    assert warning in workers["threads"].log()
+    assert warning not in workers["prefork"].log()

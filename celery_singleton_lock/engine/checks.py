@@ -72,6 +72,7 @@ def try_acquire(
     limit: int = 1,
     rate: Optional[tuple[int, float]] = None,
     finished_ttl: float = 3600.0,
+    fair: str = "",
 ) -> AcquireOutcome:
     """Take the lock ``name`` for ``ttl`` seconds, without waiting: ``backend.acquire`` of an
     :class:`AcquireRequest` of these arguments (each backend's ``try_acquire``).
@@ -116,6 +117,10 @@ def try_acquire(
             ``over_rate`` and the wait as its ``ttl`` (with ``park``: parked, and handed
             a slot when the rate allows). Not with those three either.
 
+        fair: with ``park`` (not ``latest``): the call's fairness value; parked calls are
+            handed slots round robin across values, oldest first within one (see
+            lua/includes/handoff.lua); "" for arrival order.
+
     Raises:
         AlreadyFinished: with ``unless_finished``, that record exists.
         LockBackendUnavailable: the server could not be reached or refused the write.
@@ -142,6 +147,7 @@ def try_acquire(
             limit,
             rate,
             finished_ttl,
+            fair=fair,
         )
     )
 
@@ -154,6 +160,8 @@ def check(request: AcquireRequest, capabilities: Capabilities, prefix: str) -> N
         raise ValueError(f"ttl must be a positive number of seconds, got {ttl!r}")
     if request.latest is not None and request.park is None:
         raise ValueError("latest needs park: the waiting call's message")
+    if request.fair and (request.park is None or request.latest is not None):
+        raise ValueError("fair needs park without latest: it orders the parked calls")
     if request.fencing or request.min_replicas or request.take_queued or request.park:
         for option, feature, what in _NEEDS:
             if getattr(request, option) and not getattr(capabilities, feature):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from typing import Any, Iterator
 
 import pytest
@@ -88,6 +89,33 @@ def test_a_cap_lowered_while_calls_are_parked_runs_every_call_once_with_no_slot_
         result.get(timeout=45)
     assert sorted(ran(store, key)) == sorted(result.id for result in results)
     assert store.exists(parked, lock_key(task, key) + ":slot:2") == 0
+
+
+def test_a_tenant_sending_after_a_backlog_starts_within_3_5_s_with_lock_fair_by(
+    prefork: CeleryWorkerProcess, store: redis.Redis
+) -> None:
+    """Issue 31's "fair" acceptance: tenant A sends 20 calls of 1 s, tenant B 2 calls 0.5 s
+    later (2 at once): B's calls are served round robin with A's backlog, not behind it (in
+    arrival order they would start ~9 s after they were sent)."""
+    key, task = unique("k"), limits.fair_limit2_queue
+    backlog = [task.apply_async((key, "A", 1.0), queue=prefork.queue) for _ in range(20)]
+    time.sleep(0.5)
+    sent_at = time.time()
+    later = [task.apply_async((key, "B", 1.0), queue=prefork.queue) for _ in range(2)]
+    results = backlog + later
+    for result in results:
+        result.get(timeout=120)
+    starts = {
+        task_id: float(at)
+        for task_id, _, at in (
+            entry.decode().split("|") for entry in store.lrange(f"runs:{key}", 0, -1)
+        )
+    }
+    waits = [round(starts[result.id] - sent_at, 2) for result in later]
+    print(f"\nlock_fair_by: tenant B's calls started {waits} s after they were sent")
+    assert sorted(ran(store, key)) == sorted(result.id for result in results)  # each once
+    assert int(store.get(f"most:{key}") or 0) == 2
+    assert all(wait <= 3.5 for wait in waits), waits
 
 
 def test_rate_3_per_3s_queue_runs_6_calls_never_more_than_3_starts_in_3s(

@@ -236,3 +236,34 @@ def test_a_copy_of_a_running_call_is_neither_parked_nor_run(locker: RedisLocker)
     copy = attempt(locker, "a")
     assert isinstance(copy, LockHolder) and copy.task_id == "a"
     assert parked_ids(locker) == []
+
+
+def test_fairly_parked_calls_are_handed_the_lock_round_robin_across_values(
+    locker: RedisLocker,
+) -> None:
+    holder = lease(attempt(locker, "h", limit=1, fair="A"))
+    for task_id, value in (("a1", "A"), ("a2", "A"), ("a3", "A"), ("b1", "B"), ("b2", "B")):
+        assert isinstance(attempt(locker, task_id, limit=1, fair=value), Parked)
+    assert parked_ids(locker) == [b"a1", b"b1", b"a2", b"b2", b"a3"]
+    assert release(locker, holder, limit=1) == [b"msg-a1"]
+
+
+def test_a_value_idle_for_a_while_joins_the_current_round_not_the_first(
+    locker: RedisLocker,
+) -> None:
+    holder = lease(attempt(locker, "h", limit=1))
+    for task_id in ("a1", "a2", "a3", "a4"):
+        attempt(locker, task_id, limit=1, fair="A")
+    release(locker, holder, limit=1)  # reserved for a1: a1 leaves the parked calls
+    lease(attempt(locker, "a1", limit=1, fair="A"))
+    attempt(locker, "b1", limit=1, fair="B")  # the oldest parked now is a2, of round 2
+    assert parked_ids(locker) == [b"a2", b"b1", b"a3", b"a4"]
+
+
+def test_the_fair_rounds_go_with_the_last_parked_call(locker: RedisLocker) -> None:
+    holder = lease(attempt(locker, "h", limit=1))
+    attempt(locker, "a1", limit=1, fair="A")
+    assert locker.client.exists(locker.keys("job").parked_rounds) == 1
+    release(locker, holder, limit=1)
+    release(locker, lease(attempt(locker, "a1", limit=1, fair="A")), limit=1)
+    assert locker.client.exists(locker.keys("job").parked_rounds) == 0

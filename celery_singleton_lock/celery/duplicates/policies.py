@@ -62,6 +62,9 @@ class DuplicatePolicy:
     #: a newer call asks the running one to stop: its body's ``self.request.lock.cancelled``
     #: reads the flag, and a prefork worker's main process ends it after ``lock_cancel_grace``
     restarts: ClassVar[bool] = False
+    #: its parked calls are handed the lock in an order ``lock_fair_by`` can make fair (round
+    #: robin across values); a policy where one call waits has no order to make fair
+    orders_parked: ClassVar[bool] = False
     #: what a call that took the lock does before its body, or None (read on the hot path)
     acquired: Optional[Callable[[Any, Any], None]] = None
 
@@ -177,6 +180,7 @@ class Queue(DuplicatePolicy):
     parks = True
     waits_when_eager = True
     stores_state = True
+    orders_parked = True
     #: what it runs (against dedupe_on_enqueue), and what waits, for the registration errors
     runs = (
         "every duplicate, one after the other, but dedupe_on_enqueue=True drops them before "
@@ -202,7 +206,8 @@ class Queue(DuplicatePolicy):
         actions.retry(duplicate)  # a call that could not be parked (see parking.parked_message)
 
     def park(self, task: Any, request: Any, options: Any, wanted: AcquireRequest) -> AcquireRequest:
-        return wanted._replace(park=handoff.parked_message(task, request))
+        fair = options.fair_value(request.args, request.kwargs)
+        return wanted._replace(park=handoff.parked_message(task, request), fair=fair)
 
     def parked(
         self, duplicate: actions.Duplicate, parked: Parked, wanted: AcquireRequest
@@ -261,6 +266,7 @@ class Replace(Queue):
     :mod:`.latest`); ``lock_debounce`` holds each call back first."""
 
     name = "replace"
+    orders_parked = False
     runs = (
         "the newest duplicate once the running call ends, but dedupe_on_enqueue=True drops "
         "every newer call before it is queued"

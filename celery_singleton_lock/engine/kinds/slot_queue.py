@@ -101,10 +101,11 @@ class SlotQueue:
         counter, finished = issuer.shared.of(keys.lock, owner.task_id)
         script_keys = [slots.slot_key(keys, slot) for slot in range(1, limit + 1)]
         script_keys += (counter, keys.starts, keys.parked, keys.parked_messages)
-        script_keys += (keys.handoff_due, keys.parked_rule)
+        script_keys += (keys.handoff_due, keys.parked_rule, keys.parked_rounds)
         args: list[Any] = [_ms(request.ttl), value, "1" if request.fencing else "0", limit]
         args += _rate_args(request.rate)
         args += (owner.task_id, request.park, keys.name, _ms(request.reservation_ttl))
+        args.append(request.fair)
         if request.unless_finished:
             script_keys.append(finished)
         script = self._slot_or_park
@@ -178,7 +179,7 @@ class SlotQueue:
         keys = self.issuer.keys(name)
         script_keys = [slots.slot_key(keys, slot) for slot in range(1, limit + 1)]
         script_keys += (keys.starts, keys.parked, keys.parked_messages, keys.handoff_due)
-        script_keys.append(keys.parked_rule)
+        script_keys += (keys.parked_rule, keys.parked_rounds)
         args: list[Any] = [limit, *_rate_args(rate), mode, subject, keys.channel, keys.name]
         args += (_ms(reservation_ttl), cooldown_ms)
         return script_keys, args

@@ -125,6 +125,21 @@ def _live_cap(key: str, seconds: float) -> int:
     return int(store().get(f"cap:{key}") or 3)
 
 
+@app.task(
+    bind=True,
+    base=LockedTask,
+    name=f"{__name__}.fair_limit2_queue",
+    lock_on=("key",),
+    lock_limit=2,
+    on_duplicate=QUEUE,
+    # a Redis Cluster's workers serve "retry" here (QUEUE), where nothing is parked to be fair
+    lock_fair_by=("tenant",) if QUEUE == "queue" else None,
+)
+def fair_limit2_queue(self: LockedTask, key: str, tenant: str, seconds: float) -> dict[str, Any]:
+    """Two at once per key; parked calls served round robin across tenants (issue 31)."""
+    return limited_body(self, key, seconds)
+
+
 #: a cap changed while calls are parked (issue 28's bug 2)
 live_cap_queue = limited_task("live_cap_queue", lock_limit=_live_cap, on_duplicate=QUEUE)
 rate3_queue = limited_task("rate3_queue", lock_rate="3/3s", on_duplicate=QUEUE)

@@ -25,7 +25,7 @@
 -- call is parked and deleted with the last parked id: the sweeper, which knows only the
 -- lock's name, reads it to call hand_on_slots.lua with the lock's slot keys.
 --
--- `q` is the lock's queue: {starts, parked, messages, index, rule, name, reserve, rate,
+-- `q` is the lock's queue: {starts, parked, messages, index, rule, rounds, name, reserve, rate,
 -- window} (keys, the lock name, the reservation's life in ms, the rate or nil, its window).
 --- @include "lock_value"
 --- @include "handoff"
@@ -104,7 +104,7 @@ local function schedule(n, q, now)
   local waiting = redis.call('ZCARD', q.parked)
   if waiting == 0 then
     redis.call('ZREM', q.index, q.name)
-    redis.call('DEL', q.rule)
+    redis.call('DEL', q.rule, q.rounds)
     return
   end
   local free, reserved, _, _, _, first_pttl = survey(n, nil, nil)

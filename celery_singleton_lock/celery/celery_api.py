@@ -16,6 +16,7 @@ also relies on, pinned elsewhere:
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 from typing import Any, Optional
 
@@ -277,6 +278,22 @@ def accepted_at(request: Any) -> Optional[float]:
     there); None until then."""
     started = getattr(request, "time_start", None)
     return float(started) if started else None
+
+
+def terminate(request: Any, pool: Any, reason: str) -> None:
+    """Terminate the pool child running worker ``request`` as ``revoke(terminate=True)`` does
+    (``Request.terminate``: SIGTERM, then the request announced revoked: REVOKED stored,
+    ``task-revoked`` sent, the message acked, ``task_revoked`` sent with ``terminated``), but
+    with ``reason`` stored, not "terminated": a waiter on the result reads the first state
+    published, so the reason must be right the first time."""
+    signum = signal.SIGTERM
+    pool.terminate_job(request.worker_pid, signum)
+    request._announce_revoked(reason, True, signum, False)
+
+
+def request_context(request: Any) -> Any:
+    """The task ``Context`` of worker ``request`` (what Celery's own revoke stores with)."""
+    return request._context
 
 
 def runs_bodies_in_children(consumer: Any) -> bool:

@@ -131,6 +131,15 @@ class CooldownRelease(Protocol):
     ) -> bool: ...
 
 
+class CancelFlags(Protocol):
+    """A running call asked to stop by the newest (policy ``restart``, beside latest wins:
+    :class:`~.kinds.cancels.Cancels`)."""
+
+    def cancel_holder(self, name: str, by: str) -> Optional[str]: ...
+
+    def cancel_requested(self, held: Sequence[tuple[str, str]]) -> list[bool]: ...
+
+
 class LockBackend(LeaseKeeper, Protocol):
     """What the Celery layer, the renewer and the CLI need of a lock server (the releases and
     renewal of a lease: :class:`~.lease.LeaseKeeper`).
@@ -189,5 +198,8 @@ class LockBackend(LeaseKeeper, Protocol):
 
     @property
     def cooldown(self) -> Optional[CooldownRelease]: ...
+
+    @property
+    def cancels(self) -> Optional[CancelFlags]: ...
 
     def close(self) -> None: ...

@@ -28,6 +28,7 @@ from celery_singleton_lock.engine.acquire_request import AcquireOutcome, Acquire
 from celery_singleton_lock.engine.backend import ReleaseSubscription
 from celery_singleton_lock.engine.capabilities import Capabilities
 from celery_singleton_lock.engine.keys import LockKeys, validate_prefix
+from celery_singleton_lock.engine.kinds.cancels import Cancels
 from celery_singleton_lock.engine.kinds.cooldown import Cooldown
 from celery_singleton_lock.engine.kinds.issuer import Issuer
 from celery_singleton_lock.engine.kinds.latest import LatestWins
@@ -129,9 +130,11 @@ class RedisLocker:
         # not on a cluster, where that key would sit in one slot apart from the locks
         self.queue: Optional[SlotQueue] = None
         self.latest: Optional[LatestWins] = None
+        self.cancels: Optional[Cancels] = None  # restart: beside latest wins, where it is
         if not server.cluster:
             self.queue = SlotQueue(server, issuer, releases)
             self.latest = LatestWins(server, issuer, releases)
+            self.cancels = Cancels(server, issuer)
         # A task's release is the hot path: the releases' own methods, bound here, cost no
         # call more than before; the methods below (the same) are what is documented and typed.
         self.release = releases.release  # type: ignore[method-assign]

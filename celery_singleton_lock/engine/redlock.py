@@ -117,6 +117,7 @@ class QuorumLocker:
     latest: None = None
     markers: None = None
     cooldown: None = None
+    cancels: None = None
     try_acquire = checks.try_acquire
 
     def __init__(

@@ -24,6 +24,7 @@ from tests.celery.tasks import (  # noqa: F401  (registers their tasks on the ap
     models,
     policies,
     queueing,
+    restart,
     runtime,
     scope,
 )

@@ -3,9 +3,11 @@ Celery release that changes it."""
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 import uuid
+from functools import cached_property
 from typing import Any
 
 import pytest
@@ -286,3 +288,30 @@ def test_only_a_prefork_pool_runs_bodies_in_children() -> None:
 
     assert celery_api.runs_bodies_in_children(Consumer(TaskPool.__new__(TaskPool)))
     assert not celery_api.runs_bodies_in_children(Consumer(ThreadPool.__new__(ThreadPool)))
+
+
+def test_terminating_a_request_kills_its_child_and_announces_the_revoke_with_our_reason() -> None:
+    """What ``celery_api.terminate`` calls: the pool's ``terminate_job`` and the request's
+    ``_announce_revoked`` (as ``Request.terminate`` does, with "terminated")."""
+    from celery.worker.request import Request
+
+    calls: list[tuple[Any, ...]] = []
+
+    class Pool:
+        def terminate_job(self, pid: int, signum: int) -> None:
+            calls.append(("terminate_job", pid, signum))
+
+    request = Request.__new__(Request)
+    request.worker_pid = 4321
+    request._announce_revoked = lambda *args: calls.append(("announce", *args))  # type: ignore[method-assign]
+    celery_api.terminate(request, Pool(), "superseded")
+    assert calls == [("terminate_job", 4321, 15), ("announce", "superseded", True, 15, False)]
+    announce = Request.__dict__["_announce_revoked"]
+    assert list(inspect.signature(announce).parameters) == [
+        "self",
+        "reason",
+        "terminated",
+        "signum",
+        "expired",
+    ]
+    assert isinstance(inspect.getattr_static(Request, "_context"), cached_property)

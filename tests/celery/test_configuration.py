@@ -186,6 +186,21 @@ def test_invalid_min_replicas_fails_at_registration(app: Celery, replicas: Any) 
         register(app, lock_min_replicas=replicas)
 
 
+@pytest.mark.parametrize("dedupe", ["until_finished", "yes", 1, None])
+def test_invalid_dedupe_on_enqueue_fails_at_registration(app: Celery, dedupe: Any) -> None:
+    with pytest.raises(
+        LockConfigurationError, match=r"billing\.job.*dedupe_on_enqueue.*until_started"
+    ):
+        register(app, dedupe_on_enqueue=dedupe)
+
+
+@pytest.mark.parametrize("dedupe", [True, False, "until_started"])
+def test_each_dedupe_on_enqueue_value_is_accepted(app: Celery, dedupe: Any) -> None:
+    options = register(app, dedupe_on_enqueue=dedupe).lock_options
+    assert options.dedupe_on_enqueue is (dedupe is not False)
+    assert options.dedupe_until_started is (dedupe == "until_started")
+
+
 @pytest.mark.parametrize("timeout", [0, -1, 61, "1"])
 def test_invalid_min_replicas_timeout_fails_at_registration(app: Celery, timeout: Any) -> None:
     with pytest.raises(LockConfigurationError, match=r"billing\.job.*lock_min_replicas_timeout"):

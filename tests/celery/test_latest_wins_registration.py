@@ -60,13 +60,14 @@ def test_a_debounce_that_is_not_a_number_of_seconds_is_refused(registration_app:
         register(app, on_duplicate="replace", lock_debounce="2s")
 
 
-def test_replace_is_refused_on_a_redlock_quorum(registration_app: Celery) -> None:
+@pytest.mark.parametrize("policy", ["replace", "restart"])
+def test_latest_wins_is_refused_on_a_redlock_quorum(registration_app: Celery, policy: str) -> None:
     app = registration_app
     app.conf.singleton_lock_url = [f"redis://127.0.0.1:{port}/0" for port in (1, 2, 3)]
     with pytest.raises(
-        LockConfigurationError, match=r"billing\.job: on_duplicate='replace'.*Redlock quorum"
+        LockConfigurationError, match=rf"billing\.job: on_duplicate='{policy}'.*Redlock quorum"
     ):
-        register(app, on_duplicate="replace")
+        register(app, on_duplicate=policy)
 
 
 def test_replace_is_refused_from_a_redis_clusters_capabilities(registration_app: Celery) -> None:

@@ -1,13 +1,21 @@
-"""Checks of "latest wins": policy ``replace`` and ``lock_debounce``/``lock_debounce_max``,
-refused at registration when they contradict the task's other options, naming the task."""
+"""Checks of "latest wins": policies ``replace`` and ``restart``, ``lock_debounce``/
+``lock_debounce_max`` and ``lock_cancel_grace``, refused at registration when they contradict
+the task's other options, naming the task."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Mapping, Optional
 
-from celery_singleton_lock.celery.config.options import MAX_TTL
+from celery_singleton_lock.celery.config.options import MAX_TTL, UNSET
 from celery_singleton_lock.celery.duplicates.policies import DuplicatePolicy, Replace
 from celery_singleton_lock.errors import LockConfigurationError
+
+log = logging.getLogger("celery_singleton_lock.config")
+
+#: Pools that run bodies in the worker's own process: no child to terminate, so a restart only
+#: asks the running call to stop.
+COOPERATIVE_POOLS = ("threads", "solo", "gevent", "eventlet")
 
 
 def _seconds(task: str, name: str, value: Any, low: float, too_low: str) -> Optional[float]:
@@ -69,3 +77,44 @@ def check_latest_wins(
     if not isinstance(policy, Replace):
         return None, None
     return debounce, debounce_max
+
+
+def checked_cancel_grace(
+    task: str,
+    policy: DuplicatePolicy,
+    attributes: Mapping[str, Any],
+    values: Mapping[str, Any],
+    conf: Mapping[str, Any],
+) -> float:
+    """The task's ``lock_cancel_grace`` in seconds, checked: a task attribute needs a policy
+    that restarts (the app setting is left alone for the others). Warns when it is set and the
+    app's ``worker_pool`` runs bodies in the worker's own process, where there is no child to
+    terminate (the worker warns again when it starts with such a pool).
+
+    Raises:
+        LockConfigurationError: naming the task, the option and why.
+    """
+    value = values["lock_cancel_grace"]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_TTL:
+        raise LockConfigurationError(
+            f"task {task}: lock_cancel_grace must be a number of seconds from 0 to "
+            f"{MAX_TTL:g}, got {value!r}"
+        )
+    explicit = attributes.get("lock_cancel_grace", UNSET) is not UNSET
+    if explicit and not policy.restarts:
+        raise LockConfigurationError(
+            f"task {task}: lock_cancel_grace={value!r} is how long a call stopped for a newer "
+            f"one has, which is on_duplicate='restart', but on_duplicate={policy.name!r}; set "
+            "on_duplicate='restart', or remove lock_cancel_grace"
+        )
+    pool = str(conf.get("worker_pool") or "")
+    if policy.restarts and explicit and pool in COOPERATIVE_POOLS:
+        log.warning(
+            "task %s: lock_cancel_grace=%r has no effect on the %s pool: a restart only asks "
+            "the running call to stop (self.request.lock.cancelled); no pool child is "
+            "terminated",
+            task,
+            value,
+            pool,
+        )
+    return float(value)

@@ -30,6 +30,8 @@ _ONE_HOLDER_ONLY = {
     "replace": "on_duplicate='replace' (latest wins: the newest call waits alone for THE "
     "holder's release, and with several holders there is no one release to wait for; "
     "on_duplicate='queue' runs every call in arrival order as slots free)",
+    "restart": "on_duplicate='restart' (the newest call stops THE running call and waits "
+    "for its release, and with several holders there is no one call to stop)",
     "dedupe_on_enqueue": "dedupe_on_enqueue (it drops a call while its key is queued or "
     "running, which would keep a second holder from ever starting)",
     "lock_min_replicas": "lock_min_replicas (it waits for the replicas of one key's write, and "
@@ -43,6 +45,8 @@ _NOT_WITH_RATE = {
     "kept back by the rate has no running execution to join)",
     "replace": "on_duplicate='replace' (latest wins waits for a release, and the rate's window "
     "releases none; on_duplicate='queue' hands parked calls on when the rate allows)",
+    "restart": "on_duplicate='restart' (it waits for the stopped call's release, and the "
+    "rate's window releases none)",
     "dedupe_on_enqueue": "dedupe_on_enqueue (a call's enqueue marker is cleared when its run "
     "takes the lock, and the rate's acquire does not clear it: the marker would keep every "
     "later call from being sent until lock_queued_ttl; this combination is not supported: "
@@ -58,6 +62,8 @@ _NOT_WITH_COOLDOWN = {
     "replace": "on_duplicate='replace' (latest wins hands the newest call a released key, and "
     "a cooldown releases none; on_duplicate='queue' hands parked calls on when the cooldown "
     "ends)",
+    "restart": "on_duplicate='restart' (the newest call is handed the stopped call's "
+    "released key, and a cooldown releases none)",
 }
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from celery_singleton_lock.errors import LockConfigurationError
+
 #: Where a user reads the options and settings, for the errors that name an unknown one: the
 #: docs page generated from this module (its source in the repository, its path on the site).
 LISTED_IN = (
@@ -14,10 +16,30 @@ LISTED_IN = (
     "docs site), generated from celery_singleton_lock.celery.config.options"
 )
 
-POLICIES = ("skip", "retry", "wait", "fail", "join", "queue", "replace")
+POLICIES = ("skip", "retry", "wait", "fail", "join", "queue", "replace", "restart")
 BACKEND_ERROR_POLICIES = ("retry", "run")
+#: ``dedupe_on_enqueue``'s values: off, on while a call is queued or running, or on only
+#: while it is queued (a running call does not block the next one's publish)
+UNTIL_STARTED = "until_started"
+DEDUPE_CHOICES = (False, True, UNTIL_STARTED)
 
 MIN_TTL, MAX_TTL = 0.1, 86_400.0
+
+
+def checked_dedupe(task: str, value: Any) -> tuple[bool, bool]:
+    """``dedupe_on_enqueue``'s ``value`` validated (one of :data:`DEDUPE_CHOICES`): whether
+    it is on, and whether only a queued call, not a running one, is a duplicate.
+
+    Raises:
+        LockConfigurationError: naming the task, the option and its values.
+    """
+    if value is True or value is False:
+        return value, False
+    if value == UNTIL_STARTED:
+        return True, True
+    raise LockConfigurationError(
+        f"task {task}: dedupe_on_enqueue must be True, False or {UNTIL_STARTED!r}, got {value!r}"
+    )
 
 
 class Option(NamedTuple):
@@ -111,8 +133,10 @@ TASK_OPTIONS: dict[str, TaskOption] = {
     "dedupe_on_enqueue": TaskOption(
         "singleton_lock_dedupe_on_enqueue",
         False,
-        "True or False",
-        "apply_async() of a call queued or running publishes nothing, returns its AsyncResult.",
+        "True, False or 'until_started'",
+        "apply_async() of a call queued or running publishes nothing, returns its AsyncResult; "
+        "'until_started': only while that call is queued and not yet started, so a burst "
+        "during a run yields one more run.",
     ),
     "lock_queued_ttl": TaskOption(
         "singleton_lock_queued_ttl",
@@ -134,6 +158,14 @@ TASK_OPTIONS: dict[str, TaskOption] = {
         f"None or lock_debounce to {MAX_TTL:g} seconds",
         "With lock_debounce: a burst's waiting call is due at most this long after the "
         "burst's first call, however many newer calls keep coming; None: no bound.",
+    ),
+    "lock_cancel_grace": TaskOption(
+        "singleton_lock_cancel_grace",
+        5.0,
+        f"0 to {MAX_TTL:g} seconds; needs on_duplicate='restart'",
+        "'restart' on a prefork worker: seconds a running call asked to stop has to end before "
+        "its pool child is terminated (as revoke(terminate=True) does) and its lock freed; "
+        "threads, gevent and solo pools only ask (the body reads self.request.lock.cancelled).",
     ),
     "lock_limit": TaskOption(
         "singleton_lock_limit",

@@ -23,7 +23,7 @@ from celery_singleton_lock.celery.config.backend_support import (
     refuse_unsupported,
 )
 from celery_singleton_lock.celery.config.groups import checked_group
-from celery_singleton_lock.celery.config.latest_wins import check_latest_wins
+from celery_singleton_lock.celery.config.latest_wins import check_latest_wins, checked_cancel_grace
 from celery_singleton_lock.celery.config.limits import (
     checked_cooldown,
     checked_limit,
@@ -38,6 +38,7 @@ from celery_singleton_lock.celery.config.options import (
     MIN_TTL,
     TASK_OPTIONS,
     UNSET,
+    checked_dedupe,
 )
 from celery_singleton_lock.celery.duplicates.policies import POLICIES, DuplicatePolicy
 from celery_singleton_lock.engine import LockKeys, validate_prefix
@@ -77,6 +78,9 @@ class LockOptions:
     default_time_limit: Optional[float] = None
     #: ``apply_async()`` publishes nothing while the lock name is queued or running
     dedupe_on_enqueue: bool = False
+    #: ``dedupe_on_enqueue='until_started'``: only a queued call blocks the next one's publish
+    #: (a running one does not), and a call that will run later stays queued meanwhile
+    dedupe_until_started: bool = False
     #: seconds a queued marker lives when its message never reaches a worker (purged, lost)
     queued_ttl: float = 3600.0
     #: policy ``queue``: seconds a lock handed to a parked message stays reserved for it
@@ -85,6 +89,9 @@ class LockOptions:
     #: no debounce; no bound)
     debounce: Optional[float] = None
     debounce_max: Optional[float] = None
+    #: policy ``restart``: seconds a running call asked to stop has before a prefork worker
+    #: terminates its pool child
+    cancel_grace: float = 5.0
     #: at most this many holders per key (an int >= 1, or a callable of the bound arguments)
     limit: Any = 1
     #: ``lock_fair_by``: names a call's fairness value from its arguments (None: parked calls
@@ -311,11 +318,7 @@ def resolve(
         raise LockConfigurationError(
             f"task {task_name}: lock_fencing must be True or False, got {fencing!r}"
         )
-    dedupe = value["dedupe_on_enqueue"]
-    if not isinstance(dedupe, bool):
-        raise LockConfigurationError(
-            f"task {task_name}: dedupe_on_enqueue must be True or False, got {dedupe!r}"
-        )
+    dedupe, until_started = checked_dedupe(task_name, value["dedupe_on_enqueue"])
     queued_ttl = queued_seconds(task_name, "lock_queued_ttl", value["lock_queued_ttl"])
     # fences, replicas, markers, parking: refused here on a quorum (the settings name it)
     refuse_unsupported(task_name, value, capabilities_from_settings(conf))
@@ -333,6 +336,7 @@ def resolve(
         task_name, value["lock_cooldown"], value["lock_cooldown_after"], policy.name
     )
     debounce, debounce_max = check_latest_wins(task_name, policy, value)
+    cancel_grace = checked_cancel_grace(task_name, policy, attributes, value, conf)
     policy.check(task_name, {**value, "ignore_result": attributes.get("ignore_result")}, conf)
     group = checked_group(task_name, attributes.get("lock_group"), prefix, policy)
     _, handoff_timeout = handoff_settings(conf)
@@ -368,10 +372,12 @@ def resolve(
         min_replicas_timeout=replicas_timeout,
         default_time_limit=time_limit or conf.get("task_time_limit") or None,
         dedupe_on_enqueue=dedupe,
+        dedupe_until_started=until_started,
         queued_ttl=queued_ttl,
         handoff_timeout=handoff_timeout,
         debounce=debounce,
         debounce_max=debounce_max,
+        cancel_grace=cancel_grace,
         limit=limit,
         cooldown=cooldown,
         cooldown_after=cooldown_after,

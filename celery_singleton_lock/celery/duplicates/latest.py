@@ -99,10 +99,12 @@ def _request_of(message: bytes) -> Context:
 def supersede(task: Any, message: bytes, by: str, key: str, hostname: str = "") -> bool:
     """End the call of the displaced parked ``message`` as REVOKED ("superseded"), and
     broadcast its revoke. Never raises: False when it could not be marked (logged)."""
-    return _mark(task, _request_of(message), by, key, hostname)
+    return mark_superseded(task, _request_of(message), by, key, hostname)
 
 
-def _mark(task: Any, request: Any, by: str, key: str, hostname: str) -> bool:
+def mark_superseded(task: Any, request: Any, by: str, key: str, hostname: str) -> bool:
+    """Store REVOKED ("superseded") for ``request`` (unless its results are ignored) and
+    broadcast its revoke; False when it could not be (logged). Never raises."""
     log.info("task %s[%s] superseded by %s (lock %s): REVOKED", task.name, request.id, by, key)
     try:
         if not request.ignore_result and not task.ignore_result:
@@ -174,7 +176,7 @@ def end_stale_copy(task: Any, request: Any, name: str, key: str) -> NoReturn:
         request.id,
         key,
     )
-    if _mark(task, request, "a newer call", key, request.hostname or ""):
+    if mark_superseded(task, request, "a newer call", key, request.hostname or ""):
         _cleared(task, name, [request.id])
     celery_api.logged_already(request.id)
     raise Ignore(f"superseded by a newer call of lock {key}")

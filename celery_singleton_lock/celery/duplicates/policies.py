@@ -18,7 +18,7 @@ from celery.exceptions import Ignore
 
 from celery_singleton_lock.celery import celery_api
 from celery_singleton_lock.celery.config.app_settings import celery_setting
-from celery_singleton_lock.celery.duplicates import actions, latest
+from celery_singleton_lock.celery.duplicates import actions, latest, restart
 from celery_singleton_lock.celery.duplicates import parking as handoff
 from celery_singleton_lock.celery.duplicates.join import join, rejoin
 from celery_singleton_lock.engine import (
@@ -50,12 +50,18 @@ class DuplicatePolicy:
     #: a held lock sends the message again later: with ``dedupe_on_enqueue`` the acquire keeps
     #: the call's queued marker meanwhile
     resends: ClassVar[bool] = False
+    #: a held lock keeps the call waiting in its worker slot to run then: with
+    #: ``dedupe_on_enqueue='until_started'`` it stays queued meanwhile (it has not started)
+    waits_in_place: ClassVar[bool] = False
     #: in an eager call (``apply()``) there is no message to send again or park and no
     #: stored result to join: such a policy waits in place instead
     waits_when_eager: ClassVar[bool] = False
     #: what it does with a held lock stores a state under the call's task id: a copy that
     #: finds its own task id holding the lock skips instead (that state is the holder's)
     stores_state: ClassVar[bool] = False
+    #: a newer call asks the running one to stop: its body's ``self.request.lock.cancelled``
+    #: reads the flag, and a prefork worker's main process ends it after ``lock_cancel_grace``
+    restarts: ClassVar[bool] = False
     #: its parked calls are handed the lock in an order ``lock_fair_by`` can make fair (round
     #: robin across values); a policy where one call waits has no order to make fair
     orders_parked: ClassVar[bool] = False
@@ -93,6 +99,11 @@ class DuplicatePolicy:
         only); True if the lease was still ours."""
         raise AssertionError(f"on_duplicate={self.name!r} hands nothing on")
 
+    def stop_cancelled(self, task: Any, request: Any, key: str) -> NoReturn:
+        """End the running call ``request``, which a newer call asked to stop (policies that
+        restart only)."""
+        raise AssertionError(f"on_duplicate={self.name!r} stops no running call")
+
     def reclaimed(self, task: Any, locker: Any, name: str) -> None:
         """The worker reclaimed lock ``name`` from a dead pool child of ``task``: hand it on
         now to a call parked behind it (not at the dead holder's TTL, when a sweeper would)."""
@@ -129,6 +140,7 @@ class Wait(DuplicatePolicy):
     """Block the worker slot until the release, up to ``lock_wait_timeout``, then retry."""
 
     name = "wait"
+    waits_in_place = True
 
     def held(self, duplicate: actions.Duplicate, acquire: Acquire) -> Lease:
         return actions.wait(duplicate, acquire)
@@ -313,9 +325,39 @@ class Replace(Queue):
         return bool(owned)
 
 
+class Restart(Replace):
+    """The newest call waits as ``replace``'s does and asks the running call to stop (see
+    :mod:`.restart`): cooperative through ``self.request.lock.cancelled``, and on prefork
+    its pool child is terminated ``lock_cancel_grace`` seconds later."""
+
+    name = "restart"
+    restarts = True
+    runs = (
+        "the newest duplicate at once, stopping the running call, but dedupe_on_enqueue=True "
+        "drops every newer call before it is queued"
+    )
+
+    def check(self, task: str, chosen: Mapping[str, Any], conf: Mapping[str, Any]) -> None:
+        super().check(task, chosen, conf)
+        if chosen.get("lock_debounce") is not None:
+            raise LockConfigurationError(
+                f"task {task}: lock_debounce holds each call back before it may run, but "
+                "on_duplicate='restart' stops the running call at once for the newest; use "
+                "on_duplicate='replace' with lock_debounce, or restart without it"
+            )
+
+    def parked(
+        self, duplicate: actions.Duplicate, parked: Parked, wanted: AcquireRequest
+    ) -> NoReturn:
+        restart.stop_holder_and_wait(duplicate, parked)
+
+    def stop_cancelled(self, task: Any, request: Any, key: str) -> NoReturn:
+        restart.end_cancelled(task, request, key)
+
+
 #: The registry: ``on_duplicate``'s names (validated against it) -> the policy classes.
 POLICIES: dict[str, type[DuplicatePolicy]] = {
-    policy.name: policy for policy in (Skip, Retry, Wait, Fail, Join, Queue, Replace)
+    policy.name: policy for policy in (Skip, Retry, Wait, Fail, Join, Queue, Replace, Restart)
 }
 #: the names of the policies that park (what a backend needs ``parking`` for)
 PARKING = tuple(name for name, policy in POLICIES.items() if policy.parks)

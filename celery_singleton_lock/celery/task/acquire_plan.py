@@ -31,6 +31,10 @@ def request_base(task: Any, options: LockOptions, has_id: bool, eager: bool) -> 
     )
     # This message is no longer queued: the acquire deletes its marker (enqueue dedupe).
     take_queued = bool(options.dedupe_on_enqueue and worker_call)
+    # A call that will run later stays queued while the lock is held: a retry's re-send, and
+    # with 'until_started' a wait too (only a started call lets the next one be published).
+    policy = options.policy
+    later = policy.resends or (options.dedupe_until_started and policy.waits_in_place)
     base = AcquireRequest(
         "",
         options.ttl,
@@ -40,7 +44,7 @@ def request_base(task: Any, options: LockOptions, has_id: bool, eager: bool) -> 
         min_replicas=options.min_replicas,
         replica_timeout=options.min_replicas_timeout,
         take_queued=take_queued,
-        queued_while_held=take_queued and options.policy.resends,
+        queued_while_held=take_queued and later,
         reservation_ttl=options.send_window,
         finished_ttl=options.finished_ttl or 3600.0,
         rate=options.rate,

@@ -41,6 +41,10 @@ log = logging.getLogger("celery_singleton_lock.release")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+#: Seconds between two reads of a restartable call's cancel flag (``lock.cancelled``): a body
+#: that asks in a tight loop costs the server at most this rate of reads.
+CANCEL_POLL = 0.05
+
 
 class _OpenScopes(threading.local):
     def __init__(self) -> None:
@@ -92,6 +96,8 @@ class LockScope(LockHandle):
 
     __slots__ = (
         "_body_started",
+        "_cancel_read_at",
+        "_cancelled",
         "_closed",
         "_sent_at",
         "eager",
@@ -125,6 +131,8 @@ class LockScope(LockHandle):
         self.eager = eager
         self._body_started = False
         self._closed = False
+        self._cancelled = False
+        self._cancel_read_at = 0.0
         _open.by_name[name] = self
 
     @property
@@ -133,6 +141,40 @@ class LockScope(LockHandle):
         lease = self._lease
         assert lease is not None  # a scope is only ever opened with its lease
         return lease
+
+    @property
+    def cancelled(self) -> bool:
+        """True once a newer call asked this one to stop (policy ``restart``): read from the
+        lock server at most every :data:`CANCEL_POLL` seconds, and True for good once seen."""
+        if self._cancelled:
+            return True
+        task = self.task
+        if not (task._lock_options or task.resolve_lock_options()).policy.restarts:
+            return False
+        now = time.monotonic()
+        if now - self._cancel_read_at < CANCEL_POLL:
+            return False
+        self._cancel_read_at = now
+        cancels = task.lock_locker.cancels
+        if cancels is None:  # no latest wins on this backend: registration refused restart
+            return False
+        try:
+            asked = cancels.cancel_requested([(self.name, self.task_id)])
+        except LockError as exc:  # not told: the worker's grace still ends it (prefork)
+            log.warning(
+                "task %s[%s]: cannot read its cancel flag (%s)", task.name, self.task_id, exc
+            )
+            return False
+        self._cancelled = bool(asked and asked[0])
+        return self._cancelled
+
+    def raise_if_cancelled(self) -> None:
+        """End the call as superseded if a newer call asked it to stop (see
+        :attr:`cancelled`); its release hands the lock to that call."""
+        if self.cancelled:
+            task = self.task
+            policy = (task._lock_options or task.resolve_lock_options()).policy
+            policy.stop_cancelled(task, celery_api.current_request(task), self.key)
 
     def running(self) -> bool:
         """Whether the request this scope was opened for is still on its task's request

@@ -68,6 +68,17 @@ class LockHandle:
                 self.key,
             )
 
+    @property
+    def cancelled(self) -> bool:
+        """True once a newer call asked this one to stop (``on_duplicate="restart"``); always
+        False for the other policies. The body may return early, or call
+        :meth:`raise_if_cancelled`."""
+        return False
+
+    def raise_if_cancelled(self) -> None:
+        """End this call as superseded (REVOKED, reason ``"superseded"``) if a newer call asked
+        it to stop (``on_duplicate="restart"``); its lock goes to that call. Else nothing."""
+
     def nested(self) -> LockHandle:
         """The handle of a reentrant run inside this one: same key and fence, owns nothing."""
         return _NestedHandle(self)
@@ -97,3 +108,10 @@ class _NestedHandle(LockHandle):
     @property
     def held(self) -> bool:
         return self._outer.held
+
+    @property
+    def cancelled(self) -> bool:
+        return self._outer.cancelled
+
+    def raise_if_cancelled(self) -> None:
+        self._outer.raise_if_cancelled()

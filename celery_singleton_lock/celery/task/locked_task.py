@@ -122,6 +122,7 @@ class LockedTask(Task):  # type: ignore[misc]
     dedupe_on_enqueue: Any = UNSET
     lock_queued_ttl: Any = UNSET
     lock_debounce: Any = UNSET
+    lock_cancel_grace: Any = UNSET
     lock_debounce_max: Any = UNSET
 
     _lock_options: Optional[LockOptions] = None
@@ -232,7 +233,10 @@ class LockedTask(Task):  # type: ignore[misc]
         lock_options = self.lock_options
         if not lock_options.dedupe_on_enqueue or self.app.conf.task_always_eager:
             return None
-        return enqueue.Dedupe(queued_ttl=lock_options.queued_ttl)
+        return enqueue.Dedupe(
+            queued_ttl=lock_options.queued_ttl,
+            running_is_duplicate=not lock_options.dedupe_until_started,
+        )
 
     # -- acquire: the hot path ---------------------------------------------------------------
 

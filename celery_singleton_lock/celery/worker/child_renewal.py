@@ -39,7 +39,10 @@ from typing import Any, Callable, Iterable, Optional
 from celery_singleton_lock.celery import celery_api
 from celery_singleton_lock.celery.config.limits import limit_for
 from celery_singleton_lock.celery.config.lockers import locker_for
+from celery_singleton_lock.celery.config.options import UNSET
+from celery_singleton_lock.celery.duplicates import latest
 from celery_singleton_lock.celery.task.locked_task import LockedTask, lock_owner
+from celery_singleton_lock.celery.worker.cancel_grace import CancelGrace, read_safely
 from celery_singleton_lock.celery.worker.reclaim import free_dead_holder, pid_is_gone
 from celery_singleton_lock.celery.worker.server_probe import unusable_at_start
 from celery_singleton_lock.celery.worker.ticking import Ticking
@@ -78,6 +81,8 @@ class ChildLockSupervisor(Ticking):
         gone: tells whether a child's pid is gone; with it, the supervisor looks every
             ``DEATH_CHECK`` seconds and frees a dead child's lock at once (None: requests
             standing for children that are not this worker's, as in the unit tests).
+        cancel_grace: terminates the children of restartable calls (``on_duplicate=
+            "restart"``) past their grace, looked at every tick (None: not at all).
     """
 
     def __init__(
@@ -87,6 +92,7 @@ class ChildLockSupervisor(Ticking):
         requests: Optional[Callable[[], Iterable[Any]]] = None,
         clock: Callable[[], float] = time.time,
         gone: Optional[Callable[[int], bool]] = None,
+        cancel_grace: Optional[CancelGrace] = None,
     ) -> None:
         super().__init__(interval if gone is None else min(interval, DEATH_CHECK))
         self.clock = clock
@@ -94,6 +100,7 @@ class ChildLockSupervisor(Ticking):
         #: a renewal every this many ticks (the ticks between only look for dead children)
         self._renew_every = max(1, round(interval / self.interval))
         self._requests = requests or celery_api.running_requests
+        self._cancel_grace = cancel_grace
         #: by (task id, child pid); None when the request's task takes no lock we can name
         self._watched: dict[tuple[str, int], Optional[Watched]] = {}
         #: round trips sent (one per lock server per tick), for tests
@@ -112,6 +119,7 @@ class ChildLockSupervisor(Ticking):
         batches: dict[LockBackend, list[tuple[str, Owner, float]]] = defaultdict(list)
         limits: dict[LockBackend, list[int]] = defaultdict(list)
         seen: dict[tuple[str, int], Optional[Watched]] = {}
+        restartable: list[tuple[Any, Watched]] = []
         for request in self._requests():
             pid, task_id = celery_api.child_pid(request), getattr(request, "id", None)
             if not pid or not task_id:
@@ -126,6 +134,8 @@ class ChildLockSupervisor(Ticking):
                 dead.append(watched)
                 seen[ident] = None  # freed once; forgotten when Celery drops the request
                 continue
+            if watched.task.lock_options.policy.restarts:
+                restartable.append((request, watched))
             if not renewing:
                 continue
             ttl = (
@@ -137,6 +147,8 @@ class ChildLockSupervisor(Ticking):
                 batches[watched.locker].append((watched.name, watched.owner, ttl))
                 limits[watched.locker].append(watched.limit)
         self._watched = seen  # requests that left active_requests are forgotten here
+        if self._cancel_grace is not None and restartable:
+            read_safely(self._cancel_grace, restartable)
         renewed = 0
         for locker, batch in batches.items():
             self.round_trips += 1
@@ -191,7 +203,10 @@ _supervisor: Optional[ChildLockSupervisor] = None
 def start_child_renewal(sender: Any = None, **_: Any) -> None:
     global _supervisor
     app = getattr(sender, "app", None)
-    if app is None or _supervisor is not None or not celery_api.runs_bodies_in_children(sender):
+    if app is None or _supervisor is not None:
+        return
+    if not celery_api.runs_bodies_in_children(sender):
+        _say_restart_is_cooperative(app)
         return
     ttls = [
         task.lock_options.ttl
@@ -209,7 +224,14 @@ def start_child_renewal(sender: Any = None, **_: Any) -> None:
                 locker_for(app)
             except LockError as exc:  # made on the supervisor's first tick that reaches it
                 log.debug("lock server not reachable at worker start: %s", exc)
-        _supervisor = ChildLockSupervisor(min(ttls) / 3, gone=pid_is_gone)
+        pool = sender.pool
+        _supervisor = ChildLockSupervisor(
+            min(ttls) / 3,
+            gone=pid_is_gone,
+            cancel_grace=CancelGrace(
+                lambda request: celery_api.terminate(request, pool, latest.SUPERSEDED)
+            ),
+        )
         _supervisor.start()
         log.info(
             "renewing the locks of pool children from the main process every %.2fs, and "
@@ -217,6 +239,24 @@ def start_child_renewal(sender: Any = None, **_: Any) -> None:
             min(ttls) / 3,
             _supervisor.interval,
         )
+
+
+def _say_restart_is_cooperative(app: Any) -> None:
+    """A pool without children (threads, gevent, solo): a restart only asks the running call
+    to stop; say it once per restartable task whose lock_cancel_grace was set."""
+    for task in app.tasks.values():
+        if (
+            isinstance(task, LockedTask)
+            and task.name
+            and task.lock_options.policy.restarts
+            and type(task).lock_cancel_grace is not UNSET
+        ):
+            log.warning(
+                "task %s: lock_cancel_grace has no effect in this pool (no pool child to "
+                "terminate): a newer call only asks the running one to stop "
+                "(self.request.lock.cancelled)",
+                task.name,
+            )
 
 
 def stop_child_renewal(**_: Any) -> None:

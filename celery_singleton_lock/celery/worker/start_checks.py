@@ -161,7 +161,10 @@ def check_lock_servers(app: Any) -> None:
 
 #: A policy whose scripts need a newer Redis than the others (Redis 6.0): the oldest version
 #: they run on, and the commands that need it. See docs/reference/supported-versions.md.
-REDIS_NEEDED = {"replace": ((6, 2), "ZADD GT/LT and LPOS")}
+REDIS_NEEDED = {
+    "replace": ((6, 2), "ZADD GT/LT and LPOS"),
+    "restart": ((6, 2), "ZADD GT/LT and LPOS"),
+}
 
 
 def needs_newer_redis(tasks: list[LockedTask]) -> list[tuple[str, str]]:

@@ -1,4 +1,4 @@
-"""Tasks with ``dedupe_on_enqueue`` (tests/celery/test_enqueue_dedupe.py,
+"""Tasks with ``dedupe_on_enqueue`` (tests/celery/test_enqueue_dedupe.py, test_until_started.py,
 test_enqueue_dedupe_processes.py); ``dedupe_gated`` blocks until the test opens its gate
 (:func:`~tests.celery.tasks.core.open_gate`)."""
 
@@ -33,3 +33,16 @@ def dedupe_retries_itself(self: LockedTask, key: str) -> int:
     if self.request.retries < 1:
         raise self.retry(countdown=0.1)
     return int(self.request.retries)
+
+
+@app.task(
+    bind=True,
+    base=LockedTask,
+    lock_on=("key",),
+    dedupe_on_enqueue="until_started",
+    on_duplicate="retry",
+    lock_retry_backoff=0.2,
+    lock_retry_backoff_max=0.5,
+)
+def dedupe_until_started(self: LockedTask, key: str) -> str:
+    return gated_body(key, self.request.id)

@@ -1,0 +1,77 @@
+"""Cancel flags (policy ``restart``): the newest call of a lock asks its running holder to
+stop by flagging the holder's task id beside the lock; the holder's body and its worker's main
+process read the flag. Script: lua/cancel_holder.lua.
+
+The flag is read, not pushed: a body that asks whether it is cancelled reads one key, and the
+worker's main process reads the flags of its children's restartable locks in one round trip
+per tick, so no subscription or thread is added for it.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from redis.commands.core import Script
+
+from celery_singleton_lock.engine import lease as _lease
+from celery_singleton_lock.engine import server_errors
+from celery_singleton_lock.engine.keys import LockKeys
+from celery_singleton_lock.engine.kinds.issuer import Issuer
+from celery_singleton_lock.engine.lua_scripts import source
+from celery_singleton_lock.engine.redis_server import RedisServer
+from celery_singleton_lock.engine.script_calls import _ms
+
+#: Seconds a cancel flag lives: it names one task id, so it only has to outlive that call's
+#: run; a body that has not looked by then is no longer told (its worker's grace ended it).
+CANCEL_FLAG_TTL = 3600.0
+
+
+def cancel_key(keys: LockKeys) -> str:
+    """Key of the lock's cancel flag (beside the lock, same hash tag)."""
+    return f"{keys.lock}:cancel"
+
+
+class Cancels:
+    """The cancel flags on ``server``."""
+
+    def __init__(self, server: RedisServer, issuer: Issuer) -> None:
+        self.server = server
+        self.issuer = issuer
+        self._cancel_holder: Script = server.register(source("cancel_holder"))
+
+    def cancel_holder(self, name: str, by: str) -> Optional[str]:
+        """Ask the running holder of the lock ``name`` to stop, for the call ``by`` (a task
+        id, never flagged itself); in one round trip. Returns the holder's task id now
+        flagged, or None when no running call holds the lock.
+
+        Raises:
+            LockBackendUnavailable: the server could not be reached.
+        """
+        keys = self.issuer.keys(name)
+        script_keys = [keys.lock, cancel_key(keys)]
+        ttl = _ms(CANCEL_FLAG_TTL)
+        reply = self.server.run(self._cancel_holder, keys.lock, script_keys, [by, ttl])
+        return None if reply is None else _lease.as_text(reply)
+
+    def cancel_requested(self, held: Sequence[tuple[str, str]]) -> list[bool]:
+        """For each ``(lock name, task id)``: whether that call was asked to stop; one round
+        trip for all (a pipeline of reads, which a Cluster splits by node).
+
+        Raises:
+            LockBackendUnavailable: the server could not be reached.
+        """
+        if not held:
+            return []
+        flags = [cancel_key(self.issuer.keys(name)) for name, _ in held]
+
+        def read() -> list[object]:
+            pipe = self.server.client.pipeline(transaction=False)
+            for flag in flags:
+                pipe.get(flag)
+            return list(pipe.execute())
+
+        values = server_errors.call(read, flags[0])
+        return [
+            value is not None and _lease.as_text(value) == task_id
+            for value, (_, task_id) in zip(values, held)
+        ]

@@ -68,6 +68,7 @@ else
 end
 if take then
   unpark(q.parked, q.messages, id)
+  redis.call('GET', KEYS[take])  -- survey's MGET reads a key of another type as nil
   local fence = take_lock(KEYS[take], ARGV[2], ARGV[1], ARGV[3], KEYS[n + 1])
   schedule(n, q, now)
   return {take, fence}

@@ -36,8 +36,9 @@
 -- id (a copy, or nil), the slot that frees first and its PTTL (or nil). Raises NOTLOCK.
 local function survey(n, token, id)
   local free, reserved, mine, copy, first, first_pttl = {}, {}, nil, nil, nil, nil
+  local values = redis.call('MGET', unpack(KEYS, 1, n))  -- one call reads every slot
   for i = 1, n do
-    local v = redis.call('GET', KEYS[i])
+    local v = values[i]
     if not v then
       free[#free + 1] = i
     else
@@ -89,6 +90,7 @@ local function hand_slots(n, q, free, reserved, now, max, stop_id)
         redis.call('PEXPIRE', q.starts, q.window + q.reserve)
       end
       local slot = table.remove(free, 1)
+      redis.call('GET', KEYS[slot])  -- survey's MGET reads a key of another type as nil
       redis.call('SET', KEYS[slot], HANDOFF_TOKEN .. '||' .. now .. '|0||' .. id,
                  'PX', q.reserve)
       reserved[id] = slot

@@ -25,6 +25,7 @@ SUBCOMMANDS = {
     "show": ("celery_singleton_lock.celery.cli.commands", "show"),
     "release": ("celery_singleton_lock.celery.cli.commands", "release"),
     "clear-queued": ("celery_singleton_lock.celery.cli.commands", "clear_queued"),
+    "limit": ("celery_singleton_lock.celery.cli.commands", "limit"),
     "doctor": ("celery_singleton_lock.celery.cli.doctor", "doctor"),
     "serve": ("celery_singleton_lock.celery.cli.console", "serve"),
 }

@@ -17,7 +17,7 @@ from .backend import (
 from .capabilities import Capabilities
 from .checks import required
 from .fork_safety import ForkSafeLock, current_pid, no_fork, reset_in_forked_children
-from .keys import LockKeys, validate_prefix
+from .keys import LockKeys, cap_key, validate_prefix
 from .latest import Latest
 from .lease import Lease, LockHolder, Owner, Parked, new_token
 from .locker import CLUSTER, SINGLE_SERVER, RedisLocker
@@ -58,6 +58,7 @@ __all__ = [
     "RedisLocker",
     "ReleaseSubscription",
     "Renewer",
+    "cap_key",
     "current_pid",
     "new_token",
     "no_fork",

@@ -55,6 +55,9 @@ class AcquireRequest(NamedTuple):
     #: calls are handed slots round robin across values, oldest first within one ("": in
     #: arrival order)
     fair: str = ""
+    #: with ``limit`` (or ``rate``): the key of the task's live cap (``celery locks limit``),
+    #: at most that many slots taken at once whatever ``limit`` says ("": none is read)
+    cap_key: str = ""
 
     def for_call(
         self, name: str, owner: Optional[Owner], max_lifetime: Optional[float]

@@ -77,6 +77,7 @@ class ParkingQueue(Protocol):
         cooldown: Optional[float] = None,
         reservation_ttl: float,
         remember_for: Optional[float] = None,
+        cap_key: str = "",
     ) -> tuple[bool, list[bytes]]: ...
 
     def hand_off_due(self, limit: int = 100) -> Due: ...

@@ -73,6 +73,7 @@ def try_acquire(
     rate: Optional[tuple[int, float]] = None,
     finished_ttl: float = 3600.0,
     fair: str = "",
+    cap_key: str = "",
 ) -> AcquireOutcome:
     """Take the lock ``name`` for ``ttl`` seconds, without waiting: ``backend.acquire`` of an
     :class:`AcquireRequest` of these arguments (each backend's ``try_acquire``).
@@ -120,6 +121,8 @@ def try_acquire(
         fair: with ``park`` (not ``latest``): the call's fairness value; parked calls are
             handed slots round robin across values, oldest first within one (see
             lua/includes/handoff.lua); "" for arrival order.
+        cap_key: with ``limit`` or ``rate``: the key of a live cap (an integer string):
+            at most that many slots are taken at once, whatever ``limit`` says.
 
     Raises:
         AlreadyFinished: with ``unless_finished``, that record exists.
@@ -148,6 +151,7 @@ def try_acquire(
             rate,
             finished_ttl,
             fair=fair,
+            cap_key=cap_key,
         )
     )
 

@@ -22,6 +22,8 @@ Layout, for prefix ``P`` and lock name ``N``::
                      lua/includes/handoff.lua), while any is parked
     P:handoff-due    (one per prefix, no hash tag) lock names a hand-off sweeper should look
                      at, scored by when (see lua/includes/handoff.lua)
+    P:cap:F          (one per family F, a task's or group's name; no hash tag: not on a
+                     Cluster) the live cap of its locks (``celery locks limit``), an integer
 
 The fence counter and the finish records are shared by many names (see shared_keys.py).
 
@@ -122,3 +124,11 @@ class LockKeys(NamedTuple):
         """The lock name between the hash-tag braces."""
         # rindex: a slot's key (``P:{N}:slot:k``, see slots.py) goes on after the brace
         return self.lock[self.lock.index("{") + 1 : self.lock.rindex("}")]
+
+
+def cap_key(prefix: str, family: str) -> str:
+    """Key of the live cap (``celery locks limit``) of the locks whose names start with
+    ``family`` (a task's or group's name) and a colon: at most that many slots of each lock
+    taken at once, whatever its ``lock_limit`` (lua/includes/slot_queue.lua's ``capped``).
+    Without a hash tag, it is read only on one server or Sentinel, not on a Cluster."""
+    return f"{prefix}:cap:{family}"

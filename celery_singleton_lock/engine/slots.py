@@ -49,13 +49,17 @@ def acquire_call(
     shared: tuple[str, str],
     task_id: str,
     unless_finished: bool,
+    cap_key: str = "",
 ) -> tuple[list[str], list[Any]]:
     """KEYS and ARGV of lua/acquire_slot.lua (``rate``: at most that many starts per that many
     seconds, or None; ``shared``: the fence counter and the finish-record set of ``task_id``
-    on the lock's server or slot; ``unless_finished``: to look for that record)."""
+    on the lock's server or slot; ``unless_finished``: to look for that record; ``cap_key``:
+    the task's live cap, or "")."""
     script_keys = [slot_key(keys, slot) for slot in range(1, limit + 1)]
     counter, finished = shared
     script_keys += (counter, keys.starts, finished)
+    if cap_key:
+        script_keys.append(cap_key)
     args: list[Any] = [ttl_ms, value, "1" if fencing else "0", limit]
     args += ("", "") if rate is None else (rate[0], max(1, int(rate[1] * 1000)))
     args += (task_id, "1" if unless_finished else "")

@@ -373,6 +373,34 @@ def test_a_limit_below_one_is_one_error_line(redis_server: RedisServer) -> None:
     assert "--limit" in line
 
 
+# -- limit (a live cap) ------------------------------------------------------------------------
+
+
+def test_limit_sets_shows_and_resets_a_tasks_live_cap(redis_server: RedisServer) -> None:
+    set_cap = run_cli("--url", redis_server.url, "limit", "proj.export", "2")
+    assert set_cap.returncode == 0, set_cap.stderr
+    assert "live cap of proj.export: 2" in set_cap.stdout
+    assert redis_server.client().get("singleton-lock:cap:proj.export") == b"2"
+    assert (
+        "live cap of proj.export: 2"
+        in run_cli("--url", redis_server.url, "limit", "proj.export").stdout
+    )
+    reset = run_cli("--url", redis_server.url, "limit", "proj.export", "--reset")
+    assert "live cap of proj.export: none" in reset.stdout
+    assert redis_server.client().exists("singleton-lock:cap:proj.export") == 0
+
+
+def test_show_names_the_live_cap_of_a_locks_task(redis_server: RedisServer) -> None:
+    redis_server.client().set("singleton-lock:cap:proj.export", 1)
+    result = run_cli("--url", redis_server.url, "show", "proj.export:ab")
+    assert "live cap: 1 slot(s) taken at most" in result.stdout
+
+
+def test_limit_refuses_a_cap_below_one(redis_server: RedisServer) -> None:
+    result = run_cli("--url", redis_server.url, "limit", "proj.export", "0")
+    assert result.returncode == 2 and "0 is not in the range x>=1" in result.stderr
+
+
 # -- clear-queued -----------------------------------------------------------------------------
 
 

@@ -13,6 +13,7 @@ import redis
 from celery.exceptions import WorkerLostError
 
 from tests.celery.tasks import limits
+from tests.celery.test_cli import run_cli
 from tests.celery.test_lock_limit_processes import RECLAIM_WITHIN, slots_held
 from tests.celery.test_lock_rate import CLOCKS, starts
 from tests.celery.workers import (
@@ -116,6 +117,31 @@ def test_a_tenant_sending_after_a_backlog_starts_within_3_5_s_with_lock_fair_by(
     assert sorted(ran(store, key)) == sorted(result.id for result in results)  # each once
     assert int(store.get(f"most:{key}") or 0) == 2
     assert all(wait <= 3.5 for wait in waits), waits
+
+
+def test_a_live_cap_of_1_set_while_3_run_lets_no_later_bodies_overlap(
+    prefork: CeleryWorkerProcess, store: redis.Redis, servers: Servers
+) -> None:
+    """Issue 31's "live" acceptance: lock_limit=3, 12 calls of one key; ``celery locks limit
+    TASK 1`` while 3 run: the bodies that start after it returns never overlap; all 12 run
+    once. (Its own task: a live cap is the task's.)"""
+    key, task = unique("k"), limits.live3_queue
+    results = [task.apply_async((key, 2.0), queue=prefork.queue) for _ in range(12)]
+    wait_until(lambda: int(store.get(f"gauge:{key}") or 0) == 3, timeout=30)
+    url = servers.lock.url
+    try:
+        result = run_cli("--url", url, "limit", task.name, "1")
+        assert result.returncode == 0, result.stderr
+        set_at = time.time()
+        for call in results:
+            call.get(timeout=120)
+    finally:
+        run_cli("--url", url, "limit", task.name, "--reset")
+    runs = [entry.decode().split("|") for entry in store.lrange(f"runs:{key}", 0, -1)]
+    assert sorted(task_id for task_id, _, _ in runs) == sorted(call.id for call in results)
+    later = sorted(float(at) for _, _, at in runs if float(at) > set_at)
+    assert len(later) >= 3  # (the command itself takes a second or two to start)
+    assert all(b - a >= 1.9 for a, b in zip(later, later[1:]))  # one at a time (2 s bodies)
 
 
 def test_rate_3_per_3s_queue_runs_6_calls_never_more_than_3_starts_in_3s(

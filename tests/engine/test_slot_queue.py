@@ -267,3 +267,26 @@ def test_the_fair_rounds_go_with_the_last_parked_call(locker: RedisLocker) -> No
     release(locker, holder, limit=1)
     release(locker, lease(attempt(locker, "a1", limit=1, fair="A")), limit=1)
     assert locker.client.exists(locker.keys("job").parked_rounds) == 0
+
+
+def test_a_live_cap_lowered_while_calls_are_parked_hands_on_no_slot_above_it(
+    locker: RedisLocker,
+) -> None:
+    cap_key = "singleton-lock:cap:proj.job"
+    first = lease(attempt(locker, "a", limit=3, cap_key=cap_key))
+    lease(attempt(locker, "b", limit=3, cap_key=cap_key))
+    assert isinstance(attempt(locker, "c", limit=3, cap_key=cap_key), Lease)
+    assert isinstance(attempt(locker, "d", limit=3, cap_key=cap_key), Parked)
+    locker.client.set(cap_key, 2)  # 3 run: a release leaves 2 taken, the cap
+    assert release(locker, first, limit=3, cap_key=cap_key) == []
+    assert parked_ids(locker) == [b"d"]
+
+
+def test_a_live_cap_is_read_by_the_sweeper_from_the_lock_rule(locker: RedisLocker) -> None:
+    cap_key = "singleton-lock:cap:proj.job"
+    locker.client.set(cap_key, 1)
+    lease(attempt(locker, "a", limit=3, cap_key=cap_key, ttl=0.2))
+    assert isinstance(attempt(locker, "b", limit=3, cap_key=cap_key), Parked)
+    assert isinstance(attempt(locker, "c", limit=3, cap_key=cap_key), Parked)
+    time.sleep(0.3)  # a's holder died: its slot expired
+    assert locker.queue.hand_on("job", reservation_ttl=30) == [b"msg-b"]  # one, not two

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import redis
 
@@ -151,3 +153,35 @@ def test_every_key_of_a_limited_rated_lock_shares_one_cluster_slot(locker: Redis
     shared = SharedKeys("t", cluster=True).of(keys.lock)  # the counter and records of its slot
     script_keys, _ = acquire_call(keys, 10, 1000, "v", True, (3, 1.0), shared, "t", 60000)
     assert len({key_slot(key.encode()) for key in script_keys}) == 1
+
+
+# -- the live cap (celery locks limit) ---------------------------------------------------------
+
+
+def capped_acquire(locker: RedisLocker, task_id: str, cap_key: str, limit: int = 3) -> Any:
+    return locker.try_acquire(
+        "job", ttl=30, owner=Owner(task_id=task_id), renew=False, limit=limit, cap_key=cap_key
+    )
+
+
+def test_a_live_cap_below_the_limit_refuses_a_slot_once_that_many_are_taken(
+    locker: RedisLocker,
+) -> None:
+    cap_key = "singleton-lock:cap:proj.job"
+    locker.client.set(cap_key, 1)
+    assert isinstance(capped_acquire(locker, "a", cap_key), Lease)
+    held = capped_acquire(locker, "b", cap_key)
+    assert isinstance(held, LockHolder) and held.task_id == "a"
+
+
+def test_without_a_live_cap_set_the_declared_limit_holds(locker: RedisLocker) -> None:
+    cap_key = "singleton-lock:cap:proj.job"
+    assert all(isinstance(capped_acquire(locker, t, cap_key), Lease) for t in "abc")
+    assert isinstance(capped_acquire(locker, "d", cap_key), LockHolder)
+
+
+def test_a_live_cap_of_zero_refuses_every_slot_and_asks_to_come_back(locker: RedisLocker) -> None:
+    cap_key = "singleton-lock:cap:proj.job"
+    locker.client.set(cap_key, 0)
+    refused = capped_acquire(locker, "a", cap_key)
+    assert isinstance(refused, LockHolder) and refused.over_rate and refused.ttl == 1.0

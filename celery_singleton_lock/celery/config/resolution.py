@@ -41,7 +41,7 @@ from celery_singleton_lock.celery.config.options import (
     checked_dedupe,
 )
 from celery_singleton_lock.celery.duplicates.policies import POLICIES, DuplicatePolicy
-from celery_singleton_lock.engine import LockKeys, validate_prefix
+from celery_singleton_lock.engine import LockKeys, cap_key, validate_prefix
 from celery_singleton_lock.errors import LockConfigurationError
 
 #: What a lock option of a task looks like; such an attribute that no class of this package
@@ -102,6 +102,9 @@ class LockOptions:
     cooldown_after: str = "success"
     #: at most ``rate[0]`` body starts per key in any ``rate[1]`` seconds, or None
     rate: Optional[tuple[int, float]] = None
+    #: the key of the live cap of the task's (or group's) locks, read by every acquire of a
+    #: ``lock_limit`` above 1 or callable (``celery locks limit``); "" for any other task
+    cap_key: str = ""
     #: a worker's call takes the key alone, without parking (``lock_limit`` 1, a policy other
     #: than ``queue`` and ``replace``): the task's prepared acquire (see acquire_plan)
     mutex: bool = field(init=False)
@@ -126,6 +129,14 @@ class LockOptions:
     def on_duplicate(self) -> str:
         """The name of the task's ``on_duplicate`` policy (as set)."""
         return self.policy.name
+
+
+def _cap_key(prefix: str, keyer: ArgumentKeyer, limit: Any) -> str:
+    """The live cap's key of a task whose ``lock_limit`` is above 1 or callable, else ""
+    (a live cap lowers a declared limit of several slots; it has nothing to lower on one)."""
+    if type(limit) is int and limit <= 1:
+        return ""
+    return cap_key(prefix, f"{keyer.namespace}{keyer.head}")
 
 
 def _fair_keyer(
@@ -382,4 +393,5 @@ def resolve(
         cooldown=cooldown,
         cooldown_after=cooldown_after,
         rate=rate,
+        cap_key=_cap_key(prefix, keyer, limit),
     )

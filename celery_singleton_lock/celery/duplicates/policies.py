@@ -260,6 +260,7 @@ class Queue(DuplicatePolicy):
             cooldown=cooldown,
             reservation_ttl=options.send_window,
             remember_for=remember_for,
+            cap_key=options.cap_key,
         )
         for message in messages:
             handoff.publish(scope.task.app, message, scope.name)

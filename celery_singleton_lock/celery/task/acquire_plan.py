@@ -48,6 +48,7 @@ def request_base(task: Any, options: LockOptions, has_id: bool, eager: bool) -> 
         reservation_ttl=options.send_window,
         finished_ttl=options.finished_ttl or 3600.0,
         rate=options.rate,
+        cap_key=options.cap_key,
     )
     if worker_call:
         task._acquire_base = (options, base)  # per task instance: on_lost is its own

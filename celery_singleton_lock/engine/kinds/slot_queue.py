@@ -43,11 +43,12 @@ log_acquire = logging.getLogger("celery_singleton_lock.acquire")
 #: owner has it; lua/includes/handoff.lua).
 HANDOFF_TOKEN = "handoff-reserved-for-next-parked"
 
-#: A lock's rule: its number of slots and its rate (``(count, seconds)`` or None).
-Rule = tuple[int, Optional[tuple[int, float]]]
+#: A lock's rule: its number of slots, its rate (``(count, seconds)`` or None) and the key of
+#: its task's live cap ("" none).
+Rule = tuple[int, Optional[tuple[int, float]], str]
 
-#: The rule of a lock parked without one written (latest wins: one slot, no rate).
-MUTEX_RULE: Rule = (1, None)
+#: The rule of a lock parked without one written (latest wins: one slot, no rate, no cap).
+MUTEX_RULE: Rule = (1, None, "")
 
 
 class Due(NamedTuple):
@@ -64,11 +65,11 @@ def _rate_args(rate: Optional[tuple[int, float]]) -> list[Any]:
 
 
 def parse_rule(raw: Any) -> Optional[Rule]:
-    """The rule stored by ACQUIRE_SLOT_OR_PARK (``N|rate|window ms``), or None."""
+    """The rule stored by ACQUIRE_SLOT_OR_PARK (``N|rate|window ms|cap key``), or None."""
     if raw is None:
         return None
-    count, rate, window = _lease.as_text(raw).split("|")
-    return int(count), (None if not rate else (int(rate), int(window) / 1000.0))
+    count, rate, window, cap_key = _lease.as_text(raw).split("|", 3)
+    return int(count), (None if not rate else (int(rate), int(window) / 1000.0)), cap_key
 
 
 def _holder(keys_lock: str, fields: Any) -> Optional[LockHolder]:
@@ -105,7 +106,9 @@ class SlotQueue:
         args: list[Any] = [_ms(request.ttl), value, "1" if request.fencing else "0", limit]
         args += _rate_args(request.rate)
         args += (owner.task_id, request.park, keys.name, _ms(request.reservation_ttl))
-        args.append(request.fair)
+        args += (request.fair, "1" if request.cap_key else "")
+        if request.cap_key:
+            script_keys.append(request.cap_key)
         if request.unless_finished:
             script_keys.append(finished)
         script = self._slot_or_park
@@ -144,8 +147,10 @@ class SlotQueue:
         cooldown: Optional[float] = None,
         reservation_ttl: float,
         remember_for: Optional[float] = None,
+        cap_key: str = "",
     ) -> tuple[bool, list[bytes]]:
-        """Release ``lease`` (one of ``limit`` slots, taken with ``rate``), into a cooldown
+        """Release ``lease`` (one of ``limit`` slots, taken with ``rate`` and the live cap of
+        ``cap_key``), into a cooldown
         of ``cooldown`` seconds if given, and in the same round trip reserve each free slot
         for the oldest parked task id without one, as far as the rate allows (and no more
         slots than the rule of the calls parked now: a limit lowered since ``lease`` was
@@ -157,8 +162,9 @@ class SlotQueue:
         """
         keys = lease.keys
         cooldown_ms: Any = "" if not cooldown else _ms(cooldown)
+        rule: Rule = (limit, rate, cap_key)
         script_keys, args = self._hand_on_call(
-            keys.name, limit, rate, "release", lease.token, reservation_ttl, cooldown_ms
+            keys.name, rule, "release", lease.token, reservation_ttl, cooldown_ms
         )
         done, *handed = self.releases.release_with(
             lease, self._hand_on_slots, script_keys, args, remember_for
@@ -168,20 +174,22 @@ class SlotQueue:
     def _hand_on_call(
         self,
         name: str,
-        limit: int,
-        rate: Optional[tuple[int, float]],
+        rule: Rule,
         mode: str,
         subject: str,
         reservation_ttl: float,
         cooldown_ms: Any = "",
     ) -> tuple[list[str], list[Any]]:
-        """KEYS and ARGV of HAND_ON_SLOTS (see its contract)."""
+        """KEYS and ARGV of HAND_ON_SLOTS (see its contract) for a lock of ``rule``."""
+        limit, rate, cap_key = rule
         keys = self.issuer.keys(name)
         script_keys = [slots.slot_key(keys, slot) for slot in range(1, limit + 1)]
         script_keys += (keys.starts, keys.parked, keys.parked_messages, keys.handoff_due)
         script_keys += (keys.parked_rule, keys.parked_rounds)
         args: list[Any] = [limit, *_rate_args(rate), mode, subject, keys.channel, keys.name]
-        args += (_ms(reservation_ttl), cooldown_ms)
+        args += (_ms(reservation_ttl), cooldown_ms, "1" if cap_key else "")
+        if cap_key:
+            script_keys.append(cap_key)
         return script_keys, args
 
     def _rule(self, name: str) -> Rule:
@@ -207,7 +215,7 @@ class SlotQueue:
         ids without one, as far as the rate allows; their messages, to publish (a held slot is
         looked at again when its TTL runs out)."""
         rule = self._rule(name)
-        script_keys, args = self._hand_on_call(name, rule[0], rule[1], "sweep", "", reservation_ttl)
+        script_keys, args = self._hand_on_call(name, rule, "sweep", "", reservation_ttl)
         _, *handed = self.server.run(self._hand_on_slots, script_keys[0], script_keys, args)
         return [as_bytes(message) for message in handed]
 
@@ -218,9 +226,7 @@ class SlotQueue:
         False if no slot is reserved for it (it took its slot already, or the window ran out
         and a sweeper sends its message again: a copy its finish record drops)."""
         rule = self._rule(name)
-        script_keys, args = self._hand_on_call(
-            name, rule[0], rule[1], "sent", task_id, reservation_ttl
-        )
+        script_keys, args = self._hand_on_call(name, rule, "sent", task_id, reservation_ttl)
         done, *_ = self.server.run(self._hand_on_slots, script_keys[0], script_keys, args)
         return bool(done)
 
@@ -234,9 +240,7 @@ class SlotQueue:
         itself is never touched.
         """
         rule = self._rule(name)
-        script_keys, args = self._hand_on_call(
-            name, rule[0], rule[1], "drop", task_id, reservation_ttl
-        )
+        script_keys, args = self._hand_on_call(name, rule, "drop", task_id, reservation_ttl)
         done, *handed = self.server.run(self._hand_on_slots, script_keys[0], script_keys, args)
         return as_bytes(handed[0]) if handed else bool(done)
 

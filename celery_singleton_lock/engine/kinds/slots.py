@@ -45,6 +45,7 @@ class Slots:
             issuer.shared.of(keys.lock, owner.task_id),
             owner.task_id,
             request.unless_finished,
+            "" if self.server.cluster else request.cap_key,  # keys.cap_key: not a cluster's
         )
         reply = self.server.run(self._acquire_slot, keys.lock, script_keys, args, pinned=True)
         if type(reply) is list:

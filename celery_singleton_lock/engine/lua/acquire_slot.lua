@@ -5,6 +5,8 @@
 --             see includes/rate.lua), used with ARGV[5] only
 -- KEYS[N+3]   the finish-record set of the owner's task id (as acquire.lua's KEYS[3]), used
 --             with ARGV[8] only: when the record lives, nothing is taken
+-- KEYS[N+4]   optional: the task's live cap (a string: at most that many slots taken at once,
+--             whatever N; celery locks limit)
 -- ARGV[1]     ttl in ms
 -- ARGV[2]     the lock value with an empty fence: '<token>||<acquired_at>|<pid>|<host>|<task_id>'
 -- ARGV[3]     '1' to hand out a fence (from KEYS[N+1]), '0' not to
@@ -18,7 +20,9 @@
 --             {0, wait}: a slot is free but ARGV[5] starts fell in the last ARGV[6] ms; the
 --               next start is allowed in wait ms. Nothing changed (old starts are trimmed).
 --             integer -1 (only with a finish record): it exists; nothing changed.
---             string 'pttl|fence|acquired_at|pid|host|task_id': every slot is held; the
+--             {0, wait} too when the live cap is reached with no slot held (wait: 1000 ms).
+--             string 'pttl|fence|acquired_at|pid|host|task_id': every slot is held (or as
+--               many as the live cap allows); the
 --               holder of the slot that frees first (pttl its remaining TTL in ms).
 --             error NOTLOCK: a slot key holds a string that is not a lock value.
 --- @include "lock_value"
@@ -31,7 +35,7 @@ if ARGV[8] ~= '' and is_finished(KEYS[n + 3], ARGV[7]) then
   return -1
 end
 local token = string.sub(ARGV[2], 1, 32)
-local free
+local free, taken, held_at = nil, 0, nil
 -- one MGET reads every slot (a GET per slot costs a call each: 415 us at N = 1,000)
 local values = redis.call('MGET', unpack(KEYS, 1, n))
 for i = 1, n do
@@ -45,6 +49,13 @@ for i = 1, n do
     if string.sub(v, 1, 32) == token then
       return {i, fence_of(v)}
     end
+    taken, held_at = taken + 1, i
+  end
+end
+if free and KEYS[n + 4] then
+  local cap = tonumber(redis.call('GET', KEYS[n + 4]))
+  if cap and taken >= cap then
+    free = nil
   end
 end
 if free and rate then
@@ -68,6 +79,9 @@ for i = 1, n do
   end
 end
 if not first then
-  first, first_pttl = 1, -1
+  if not held_at then  -- capped with no slot held: nothing to name
+    return {0, 1000}
+  end
+  first, first_pttl = held_at, -1
 end
 return first_pttl .. '|' .. string.sub(redis.call('GET', KEYS[first]), 34)

@@ -9,7 +9,10 @@
 -- KEYS[N+3]   parked task ids (sorted set)   KEYS[N+4]  parked messages (hash)
 -- KEYS[N+5]   hand-off index           KEYS[N+6]  the lock's rule (see includes/slot_queue.lua)
 -- KEYS[N+7]   the lock's parked rounds (hash, see includes/handoff.lua), used with ARGV[11]
--- KEYS[N+8]   optional: the finish-record set to look in (as acquire_slot.lua's KEYS[N+3])
+-- KEYS[N+8]   with ARGV[12] '1': the task's live cap (a string: at most that many slots taken,
+--             see includes/slot_queue.lua's capped)
+-- KEYS[N+8+c] optional: the finish-record set to look in (as acquire_slot.lua's KEYS[N+3]);
+--             c is 1 with the live cap, else 0
 -- ARGV[1]     ttl in ms            ARGV[2]  the lock value with an empty fence
 -- ARGV[3]     '1' to hand out a fence    ARGV[4]  N
 -- ARGV[5]     at most this many starts in any window of ARGV[6] ms; '' none
@@ -17,6 +20,7 @@
 -- ARGV[9]     the lock name (member of the index)   ARGV[10]  ms a reservation lives
 -- ARGV[11]    the call's fairness value (lock_fair_by): parked by rounds across values
 --             (includes/handoff.lua's park_fair); '' parked in arrival order
+-- ARGV[12]    '1' when KEYS[N+8] is the live cap; '' none
 -- Returns     {slot, fence}: acquired the 1-based slot (also for a resend of the same token).
 --             integer -1: the finish record exists; nothing changed.
 --             string 'pttl|fence|acquired_at|pid|host|task_id': a slot is held by an
@@ -31,14 +35,17 @@
 --- @include "take_lock"
 
 local n = tonumber(ARGV[4])
+local c = ARGV[12] == '1' and 1 or 0
 local id, token = ARGV[7], string.sub(ARGV[2], 1, 32)
 local q = {starts = KEYS[n + 2], parked = KEYS[n + 3], messages = KEYS[n + 4],
            index = KEYS[n + 5], rule = KEYS[n + 6], rounds = KEYS[n + 7], name = ARGV[9],
-           reserve = tonumber(ARGV[10]), rate = tonumber(ARGV[5]), window = tonumber(ARGV[6])}
-if KEYS[n + 8] and is_finished(KEYS[n + 8], id) then
+           reserve = tonumber(ARGV[10]), rate = tonumber(ARGV[5]), window = tonumber(ARGV[6]),
+           cap = c == 1 and tonumber(redis.call('GET', KEYS[n + 8])) or nil}
+if KEYS[n + 8 + c] and is_finished(KEYS[n + 8 + c], id) then
   return -1
 end
 local free, reserved, mine, copy, first, first_pttl = survey(n, token, id)
+free = capped(q, n, free)
 if mine then
   return {mine, fence_of(redis.call('GET', KEYS[mine]))}
 end
@@ -79,7 +86,8 @@ if ARGV[11] ~= '' then
 else
   position = park(q.parked, q.messages, id, ARGV[8])
 end
-redis.call('SET', q.rule, n .. '|' .. ARGV[5] .. '|' .. ARGV[6])
+redis.call('SET', q.rule, n .. '|' .. ARGV[5] .. '|' .. ARGV[6] .. '|'
+           .. (c == 1 and KEYS[n + 8] or ''))
 schedule(n, q, now)
 local holder = ''
 if first then

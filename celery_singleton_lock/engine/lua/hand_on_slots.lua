@@ -8,7 +8,9 @@
 -- KEYS[N+2]   parked task ids       KEYS[N+3]  parked messages      KEYS[N+4]  hand-off index
 -- KEYS[N+5]   the lock's rule       KEYS[N+6]  the lock's parked rounds (deleted with the last
 --             parked call)
--- KEYS[N+7]   optional ('release' only): the finish-record set (as release.lua's KEYS[2])
+-- KEYS[N+7]   with ARGV[10] '1': the task's live cap (see includes/slot_queue.lua's capped)
+-- KEYS[N+7+c] optional ('release' only): the finish-record set (as release.lua's KEYS[2]); c
+--             is 1 with the live cap, else 0
 -- ARGV[1]     N   ARGV[2]  the rate's starts ('' none)   ARGV[3]  its window in ms
 -- ARGV[4]     'release', 'sweep', 'drop' or 'sent'
 -- ARGV[5]     'release': the releasing owner's token; 'drop': the task id to drop; 'sent': the
@@ -18,7 +20,8 @@
 -- ARGV[9]     'release': the cooldown in ms ('' none): the slot stays taken that long (as
 --             release_into_cooldown.lua), and is handed on when it ends; nothing is
 --             published then
--- ARGV[10..11] with KEYS[N+7]: as release.lua's ARGV[3..4]
+-- ARGV[10]    '1' when KEYS[N+7] is the live cap; '' none
+-- ARGV[11..12] with the finish-record set: as release.lua's ARGV[3..4]
 -- The slots handed on are the first N, or fewer when the lock's rule (written by the newest
 -- parked call) names fewer: a limit lowered while calls are parked (a callable lock_limit)
 -- frees no slot above it, and its releases hand on none.
@@ -35,9 +38,11 @@
 --- @include "announce"
 
 local n, mode = tonumber(ARGV[1]), ARGV[4]
+local c = ARGV[10] == '1' and 1 or 0
 local q = {starts = KEYS[n + 1], parked = KEYS[n + 2], messages = KEYS[n + 3],
            index = KEYS[n + 4], rule = KEYS[n + 5], rounds = KEYS[n + 6], name = ARGV[7],
-           reserve = tonumber(ARGV[8]), rate = tonumber(ARGV[2]), window = tonumber(ARGV[3])}
+           reserve = tonumber(ARGV[8]), rate = tonumber(ARGV[2]), window = tonumber(ARGV[3]),
+           cap = c == 1 and tonumber(redis.call('GET', KEYS[n + 7])) or nil}
 local done, max = 1, n
 if mode == 'release' then
   local slot
@@ -51,8 +56,8 @@ if mode == 'release' then
     return {0}
   end
   local v = redis.call('GET', KEYS[slot])
-  if KEYS[n + 7] then
-    record_finished(KEYS[n + 7], ARGV[10], ARGV[11])
+  if KEYS[n + 7 + c] then
+    record_finished(KEYS[n + 7 + c], ARGV[11], ARGV[12])
   end
   if ARGV[9] ~= '' then
     cool_down(KEYS[slot], v, ARGV[9])
@@ -94,6 +99,7 @@ if rule then
 end
 local now = now_ms()
 local free, reserved = survey(n, nil, nil)
+free = capped(q, n, free)
 local handed = hand_slots(n, q, free, reserved, now, max, nil)
 schedule(n, q, now)
 local reply = {done}

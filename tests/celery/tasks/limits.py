@@ -140,6 +140,10 @@ def fair_limit2_queue(self: LockedTask, key: str, tenant: str, seconds: float) -
     return limited_body(self, key, seconds)
 
 
+#: a live cap set while it runs (issue 31's "live" acceptance; its own task: the cap is per task)
+live3_queue = limited_task("live3_queue", lock_limit=3, on_duplicate=QUEUE, lock_ttl=10)
+
+
 #: a cap changed while calls are parked (issue 28's bug 2)
 live_cap_queue = limited_task("live_cap_queue", lock_limit=_live_cap, on_duplicate=QUEUE)
 rate3_queue = limited_task("rate3_queue", lock_rate="3/3s", on_duplicate=QUEUE)

@@ -21,12 +21,13 @@
 --   nothing polls: a sweeper looks at the lock when something can change, and a release
 --   hands on at once.
 --
--- The lock's rule (P:{N}:parked-rule: 'N|rate|window ms', '' for no rate) is written when a
--- call is parked and deleted with the last parked id: the sweeper, which knows only the
--- lock's name, reads it to call hand_on_slots.lua with the lock's slot keys.
+-- The lock's rule (P:{N}:parked-rule: 'N|rate|window ms|live cap key', '' for no rate or no
+-- cap key) is written when a call is parked and deleted with the last parked id: the sweeper,
+-- which knows only the lock's name, reads it to call hand_on_slots.lua with the lock's keys.
 --
 -- `q` is the lock's queue: {starts, parked, messages, index, rule, rounds, name, reserve, rate,
--- window} (keys, the lock name, the reservation's life in ms, the rate or nil, its window).
+-- window, cap} (keys, the lock name, the reservation's life in ms, the rate or nil, its window,
+-- the live cap or nil).
 --- @include "lock_value"
 --- @include "handoff"
 --- @include "rate"
@@ -60,6 +61,18 @@ local function survey(n, token, id)
     end
   end
   return free, reserved, mine, copy, first, first_pttl
+end
+
+-- The live cap (`celery locks limit`): at most q.cap slots taken at once (held, reserved or
+-- cooling), whatever N; the free slots beyond it are not free. `free` is survey's list.
+local function capped(q, n, free)
+  if q.cap then
+    local allowed = math.max(q.cap - (n - #free), 0)
+    while #free > allowed do
+      table.remove(free)
+    end
+  end
+  return free
 end
 
 -- Reserve free slots for the parked ids without one, oldest first, while the rate allows,
@@ -110,6 +123,7 @@ local function schedule(n, q, now)
     return
   end
   local free, reserved, _, _, _, first_pttl = survey(n, nil, nil)
+  free = capped(q, n, free)
   local due
   local holding = 0
   for _ in pairs(reserved) do

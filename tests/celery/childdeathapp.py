@@ -79,6 +79,13 @@ def queued(self: LockedTask, key: str, value: Any, seconds: float = 0.0) -> Any:
     return record(key, value, seconds)
 
 
+@app.task(**_LOCKED, lock_ttl=6, lock_limit=3, on_duplicate="queue")
+def queued3(self: LockedTask, key: str, value: Any, seconds: float = 0.0) -> Any:
+    """Three at once per key, duplicates parked (its ``overlaps`` count means nothing: three
+    bodies may overlap)."""
+    return record(key, value, seconds)
+
+
 @app.task(**_LOCKED, lock_ttl=3, on_duplicate="retry", acks_late=True)
 def long_acks_late(self: LockedTask, key: str, value: Any, seconds: float = 0.0) -> Any:
     """A long body acknowledged at its end: a soft shutdown that cancels it requeues it."""

@@ -161,6 +161,31 @@ def test_a_child_killed_between_its_release_and_the_hand_off_of_a_slot_stalls_it
     assert max(sum(a <= at < b for a, b in intervals) for at, _ in intervals) <= 3
 
 
+def test_a_worker_killed_between_a_release_and_the_hand_off_stalls_the_next_call_briefly(
+    servers: Servers, celery_app: Any, store: redis.Redis
+) -> None:
+    """Issue 30, item 1, a whole worker: the one that released dies (main process and child)
+    before it publishes; the other worker's sweeper sends the parked call once the short
+    reservation runs out, within ``lock_ttl`` + 3 s of the holder's end."""
+    task = childdeathapp.queued
+    key = unique("w")
+    with worker_group(servers) as group:
+        workers = group.start(2, pool="prefork", concurrency=2, app=APP)  # one queue
+        task.apply_async((key, "holder", 2.0), queue=workers[0].queue)
+        _body_pid(key)
+        parked = task.apply_async((key, "p0"), queue=workers[0].queue)
+        parked_key = lock_key(task, key, 0) + ":parked"
+        wait_until(lambda: store.zcard(parked_key) == 1, timeout=20)
+        store.set(childdeathapp.worker_dies_before_publishing(parked.id), 1)
+        assert parked.get(timeout=45) == "p0"
+        # the worker that ran the holder is gone (its main process and child)
+        wait_until(lambda: any(w.process and w.process.poll() is not None for w in workers), 20)
+    delay = childdeathapp.started(key)[1][2] - dict(childdeathapp.ended(key))["holder"]
+    print(f"\nqueue, a worker killed: the parked call started {delay:.2f}s after the release")
+    assert delay <= task.lock_options.ttl + 3.0
+    assert [value for value, _, _ in childdeathapp.started(key)] == ["holder", "p0"]
+
+
 def test_a_child_killed_between_its_release_and_the_hand_off_stalls_a_replace_waiter_briefly(
     prefork: CeleryWorkerProcess, store: redis.Redis
 ) -> None:

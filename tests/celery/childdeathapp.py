@@ -50,9 +50,18 @@ def die_before_publishing(task_id: str) -> str:
 _publish = parking.publish
 
 
+def worker_dies_before_publishing(task_id: str) -> str:
+    """As :func:`die_before_publishing`, for the whole worker: its main process first."""
+    return f"worker-dies-before-publishing:{task_id}"
+
+
 def _publish_or_die(app: Any, message: bytes, name: str) -> bool:
     task_id = message.split(b"\n", 1)[0].decode()
-    if store().delete(die_before_publishing(task_id)):
+    records = store()
+    if records.delete(worker_dies_before_publishing(task_id)):
+        os.kill(os.getppid(), signal.SIGKILL)  # a pool child's parent: the worker
+        os.kill(os.getpid(), signal.SIGKILL)
+    if records.delete(die_before_publishing(task_id)):
         os.kill(os.getpid(), signal.SIGKILL)
     return _publish(app, message, name)
 
@@ -76,6 +85,13 @@ def replaced(self: LockedTask, key: str, value: Any, seconds: float = 0.0) -> An
 def queued(self: LockedTask, key: str, value: Any, seconds: float = 0.0) -> Any:
     """Duplicates parked behind the holder, handed the lock in arrival order (a TTL of 6 s,
     as issue 30)."""
+    return record(key, value, seconds)
+
+
+@app.task(**_LOCKED, lock_ttl=6, lock_limit=3, on_duplicate="queue")
+def queued3(self: LockedTask, key: str, value: Any, seconds: float = 0.0) -> Any:
+    """Three at once per key, duplicates parked (its ``overlaps`` count means nothing: three
+    bodies may overlap)."""
     return record(key, value, seconds)
 
 

@@ -22,6 +22,8 @@ from tests.celery.workers import CeleryWorkerProcess, Servers, lock_key, unique,
 from tests.support import wait_until
 
 APP = "tests.celery.latestapp"
+#: the same tasks on workers that sweep at the default interval
+DEFAULT_SWEEP_APP = "tests.celery.latestdefaultapp"
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +87,28 @@ def test_a_bounded_debounce_runs_during_a_long_burst_and_once_after_it(
     assert runs[0][1] < stream_end  # the bound ran one during the burst
     assert values[-1] == "15"  # and the burst's last call ran after it
     assert int(store.get(f"overlaps:{key}") or 0) == 0
+
+
+def test_a_bounded_debounce_starts_on_time_with_the_default_sweep_interval(
+    servers: Servers, celery_app: Any, store: redis.Redis
+) -> None:
+    """Issue 30, item 7: with the default 1 s sweep, the stream's first body starts at
+    ``lock_debounce_max`` (4 s) after its first call, not up to a sweep later (4.81-4.83 s
+    before): the sweeper sleeps until the due time it read."""
+    key = unique("s")
+    with worker_group(servers) as group:
+        (worker,) = group.start(
+            1, pool="prefork", concurrency=2, app="tests.celery.latestdefaultapp"
+        )
+        first_sent = time.time()
+        calls = []
+        for value in range(10):  # a call every 0.5 s for 5 s: the bound (4 s) ends it
+            calls.append(latestapp.debounced_bounded.apply_async((key, value), queue=worker.queue))
+            time.sleep(0.5)
+        calls[-1].get(timeout=30)
+    late = latestapp.started(key)[0][1] - first_sent - 4.0
+    print(f"\ndebounce max 4 s, default sweep: the first body started {late:+.2f}s after it")
+    assert -0.1 <= late <= 1.0
 
 
 def test_a_held_call_runs_once_after_the_worker_that_received_it_is_killed(

@@ -111,6 +111,23 @@ def test_the_page_shows_each_held_slot_of_a_lock_limit(
     assert (f"{KEY}:slot:2" in text, "t-s1" in text, "t-s2" in text) == (True, True, True)
 
 
+def test_the_page_shows_a_lock_in_its_cooldown(
+    lock_app: Celery, redis_server: RedisServer, client_of: ClientOf
+) -> None:
+    locker = RedisLocker(redis_server.client(), renewer=Renewer(autostart=False))
+    lease = locker.try_acquire(NAME, 300, owner=GONE, renew=False)
+    assert locker.cooldown.release_cooling(lease, 300) is True  # type: ignore[arg-type]
+    assert "cooldown, " in page_text(client_of(perms=("view_lock",)))
+
+
+def test_the_page_shows_what_the_rate_window_of_a_lock_holds(
+    lock_app: Celery, redis_server: RedisServer, client_of: ClientOf
+) -> None:
+    locker = RedisLocker(redis_server.client(), renewer=Renewer(autostart=False))
+    locker.try_acquire(NAME, 300, owner=GONE, rate=(5, 600), renew=False)
+    assert "rate: 1 start(s) in the window" in page_text(client_of(perms=("view_lock",)))
+
+
 def test_the_page_names_the_calls_parked_behind_a_lock(
     lock_app: Celery, held: RedisLocker, redis_server: RedisServer, client_of: ClientOf
 ) -> None:

@@ -13,8 +13,6 @@ from celery_singleton_lock.engine import LockKeys, Owner, RedisLocker, Renewer
 from celery_singleton_lock.testing import RedisServer
 from tests.celery.django_admin import settings as site_settings
 
-django = pytest.importorskip("django")
-
 NAME = "proj.rebuild:abc123"
 KEY = LockKeys.build("singleton-lock", NAME).lock
 #: a worker node that no worker answers for: the holder is gone
@@ -25,7 +23,9 @@ RELEASE = "/admin/celery_singleton_lock/lock/release/"
 
 @pytest.fixture(scope="session")
 def django_site() -> Iterator[None]:
-    """Django configured from ``settings.py`` and its tables made, once per session."""
+    """Django configured from ``settings.py`` and its tables made, once per session; the
+    tests skip without Django (extra ``[django]``)."""
+    django = pytest.importorskip("django")
     from django.conf import settings
     from django.db import connection
     from django.test.utils import setup_test_environment, teardown_test_environment

@@ -4,7 +4,6 @@ by plain HTTP requests where the point is what a request without the page does."
 
 from __future__ import annotations
 
-import shutil
 import threading
 import urllib.error
 import urllib.parse
@@ -18,14 +17,11 @@ from celery_singleton_lock.celery.cli.console import LockConsole, make_console
 from celery_singleton_lock.celery.observe.serving import quiet_server
 from celery_singleton_lock.engine import Owner, RedisLocker, Renewer
 from celery_singleton_lock.testing import RedisServer
+from tests.celery.chromium import headless_chromium
 
-webdriver = pytest.importorskip("selenium.webdriver")
 by = pytest.importorskip("selenium.webdriver.common.by")
 wait = pytest.importorskip("selenium.webdriver.support.wait")
-chrome_service = pytest.importorskip("selenium.webdriver.chrome.service")
 
-CHROMEDRIVER = shutil.which("chromedriver")
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 NAME = "proj.rebuild:abc123"
 KEY = f"singleton-lock:{{{NAME}}}"
 #: a worker node that no worker answers for: the holder is gone
@@ -66,14 +62,7 @@ def chromium() -> Iterator[Any]:
     """One browser for the module (starting one takes a second or two): each test serves a
     console of its own on a port of its own, and the console keeps nothing in the browser
     (its CSRF token is a form field, not a cookie)."""
-    if CHROMEDRIVER is None or CHROMIUM is None:
-        pytest.skip("needs Debian's chromium and chromium-driver")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage"):
-        options.add_argument(argument)
-    driver = webdriver.Chrome(service=chrome_service.Service(CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(30)
+    driver = headless_chromium()
     yield driver
     driver.quit()
 

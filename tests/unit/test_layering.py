@@ -45,3 +45,13 @@ def test_outside_the_engine_only_its_surface_is_imported() -> None:
             continue
         reached = imported_modules(path) & engine_modules
         assert not reached, f"{path.relative_to(PACKAGE)} imports {sorted(reached)}"
+
+
+def test_only_the_django_app_imports_django() -> None:
+    # an app without Django gets nothing of it: the admin's page is an edge of the package
+    django_app = PACKAGE / "contrib" / "django"
+    for path in PACKAGE.rglob("*.py"):
+        if django_app in path.parents:
+            continue
+        django_imports = {n for n in imported_modules(path) if n.split(".")[0] == "django"}
+        assert not django_imports, f"{path.relative_to(PACKAGE)} imports {sorted(django_imports)}"

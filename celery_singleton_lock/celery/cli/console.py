@@ -53,6 +53,7 @@ from celery_singleton_lock.celery.cli.lock_listing import (
     is_worker_node,
     list_locks,
     lock_name_from_key,
+    read_slot,
 )
 from celery_singleton_lock.celery.cli.lock_release import (
     node_is_alive,
@@ -60,7 +61,6 @@ from celery_singleton_lock.celery.cli.lock_release import (
     release_lock,
 )
 from celery_singleton_lock.celery.observe.serving import quiet_server
-from celery_singleton_lock.engine import LockHolder, slot_of
 from celery_singleton_lock.errors import LockError
 
 #: Host names a console bound to loopback is reached by, besides IP addresses.
@@ -262,7 +262,7 @@ class LockConsole:
         name = form.get("name", "")
         try:
             lock_name, slot = lock_name_from_key(self.target, name)
-            holder = self._holder(lock_name, slot)
+            holder = read_slot(self.target, lock_name, slot)
         except LockError as exc:
             return self._respond(
                 start_response, "400 Bad Request", outcome_page("Error", str(exc), "../")
@@ -324,13 +324,6 @@ class LockConsole:
             "200 OK",
             outcome_page("Released" if outcome.released else "Not released", message),
         )
-
-    def _holder(self, name: str, slot: Optional[int]) -> Optional[LockHolder]:
-        """The holder of lock ``name``'s ``slot`` (None: slot 1, the lock key), None if free."""
-        if slot is None:
-            return self.target.inspector.read(name)
-        held = self.target.inspector.holders(name, slot)
-        return next((seen for seen in held if slot_of(seen.key) == slot), None)
 
     def _refusal(self, environ: dict[str, Any], form: dict[str, str]) -> Optional[str]:
         if not self.allow_release:

@@ -191,6 +191,15 @@ def read_lock(target: Target, name: str) -> Optional[LockHolder]:
     return asking(target, lambda: target.inspector.read(name))
 
 
+def read_slot(target: Target, name: str, slot: Optional[int]) -> Optional[LockHolder]:
+    """The holder of lock ``name``'s ``slot`` (None: slot 1, the lock key), None if free:
+    what a release from a page checks against the holder the page showed."""
+    if slot is None:
+        return target.inspector.read(name)
+    held = target.inspector.holders(name, slot)
+    return next((seen for seen in held if slot_of(seen.key) == slot), None)
+
+
 #: ``show`` reads this many slots of a lock (a lock_limit above it shows its first ones).
 SHOWN_SLOTS = 64
 

@@ -114,9 +114,17 @@ def store_retry(task: Any, request: Any, reason: BaseException) -> None:
     task.backend.mark_as_retry(request.id, reason, request=request)
 
 
-def store_failure_quietly(task: Any, request: Any, exc: BaseException) -> None:
-    """Store FAILURE with ``exc`` without calling errbacks (nor sending ``task_failure``)."""
-    task.backend.mark_as_failure(request.id, exc, request=request, call_errbacks=False)
+def store_not_run(task: Any, request: Any, exc: BaseException) -> None:
+    """Store REVOKED with ``exc`` as its result: a call not run on purpose (a skipped
+    duplicate). As ``Backend.mark_as_revoked`` stores a revoke, but with ``exc`` instead of a
+    bare ``TaskRevokedError``: REVOKED is a ready, propagating, exception state, so
+    ``AsyncResult.get()`` raises ``exc`` rebuilt, ``ready()`` is true and ``failed()`` false
+    (FAILURE is what dashboards and alerts count). No errbacks, no ``task_failure`` (Celery
+    calls none for a revoked task); a chord member counts as revoked (the chord fails, as
+    with any revoked header task)."""
+    task.backend.store_result(request.id, exc, states.REVOKED, traceback=None, request=request)
+    if request.chord:
+        task.backend.on_chord_part_return(request, states.REVOKED, exc)
 
 
 def outcome_is_stored(task: Any, task_id: str) -> bool:
@@ -306,6 +314,23 @@ def send_event(task: Any, type_: str, *, task_id: str, hostname: str, **fields: 
             dispatcher.send(type_, uuid=task_id, retry=False, name=task.name, **fields)
     except EVENT_ERRORS as exc:
         log.debug("event %s of task %s not sent: %s", type_, task_id, exc)
+
+
+def announce_revoked(task: Any, *, task_id: str, hostname: str, reason: str) -> None:
+    """Send ``task-revoked`` for a call that ends without running and is stored REVOKED (a
+    skipped or superseded call), as the worker sends it for a revoked request
+    (celery/worker/request.py, ``_announce_revoked``): Flower and ``celery.events.state``
+    then show the call REVOKED instead of leaving it STARTED. ``reason`` is an extra field."""
+    send_event(
+        task,
+        "task-revoked",
+        task_id=task_id,
+        hostname=hostname,
+        terminated=False,
+        signum=None,
+        expired=False,
+        reason=reason,
+    )
 
 
 class _OwnIgnores(threading.local):

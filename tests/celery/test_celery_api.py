@@ -117,8 +117,20 @@ def test_stored_states_are_read_back_as_outcomes(celery_app: Any) -> None:
     assert not celery_api.outcome_is_stored(task, request.id)
     celery_api.store_retry(task, request, ValueError("again"))
     assert task.backend.get_task_meta(request.id)["status"] == "RETRY"
-    celery_api.store_failure_quietly(task, request, ValueError("skipped"))
+    celery_api.store_not_run(task, request, ValueError("skipped"))
     assert celery_api.outcome_is_stored(task, request.id)
+
+
+def test_a_call_stored_as_not_run_is_revoked_and_get_raises_its_exception(
+    celery_app: Any,
+) -> None:
+    task = adapter.reads_its_request
+    request = a_request(task)
+    celery_api.store_not_run(task, request, join.AccountMissing("held by the-holder"))
+    result = task.AsyncResult(request.id)
+    assert (result.state, result.failed()) == ("REVOKED", False)
+    with pytest.raises(join.AccountMissing, match="held by the-holder"):
+        result.get(timeout=5)
 
 
 def test_sending_again_keeps_the_task_id_and_adds_the_headers(worker: Any, unique_key: str) -> None:
@@ -221,7 +233,7 @@ def test_a_stored_outcome_is_read_back_with_its_state(celery_app: Any) -> None:
 def test_a_stored_failure_is_read_back_as_its_exception(celery_app: Any) -> None:
     task = adapter.reads_its_request
     request = a_request(task)
-    celery_api.store_failure_quietly(task, request, join.AccountMissing("no account 7"))
+    task.backend.mark_as_failure(request.id, join.AccountMissing("no account 7"), request=request)
     state, error = celery_api.stored_outcome(task, request.id) or ("", None)
     assert state == "FAILURE"
     assert type(error) is join.AccountMissing and str(error) == "no account 7"

@@ -149,21 +149,28 @@ class Duplicate:
 
 
 def skip(duplicate: Duplicate) -> NoReturn:
-    """End without running the body; store ``DuplicateTaskSkipped`` as the outcome."""
+    """End without running the body; store ``DuplicateTaskSkipped`` as the outcome, in state
+    REVOKED (ready, not failed: ``get()`` raises it, naming the holder)."""
     task, request, holder = duplicate.task, duplicate.request, duplicate.holder
     message = f"task {duplicate.label} skipped: lock {holder.key} is held by {describe(holder)}"
     log.warning(message)
     duplicate.announce("skip")
     # Store the skip unless the outcome belongs to another execution of this task id: the
-    # holder itself, or an original that already finished.
-    if (
-        holder.task_id != request.id
-        and not ignores_result(task, request)
-        and not (duplicate.is_copy and outcome_stored(task, request))
-    ):
-        celery_api.store_failure_quietly(
-            task, request, DuplicateTaskSkipped(message, holder.key, holder.as_dict())
-        )
+    # holder itself, or an original that already finished. REVOKED, not FAILURE: not run on
+    # purpose, which failure dashboards and alerts must not count; get() still raises it.
+    if holder.task_id != request.id:
+        if ignores_result(task, request):
+            ends_here = not duplicate.is_copy
+        else:
+            ends_here = not (duplicate.is_copy and outcome_stored(task, request))
+            if ends_here:
+                celery_api.store_not_run(
+                    task, request, DuplicateTaskSkipped(message, holder.key, holder.as_dict())
+                )
+        if ends_here:
+            celery_api.announce_revoked(
+                task, task_id=request.id, hostname=request.hostname or "", reason="skipped"
+            )
     celery_api.logged_already(request.id)
     raise Ignore(message)
 

@@ -296,41 +296,22 @@ def runs_bodies_in_children(consumer: Any) -> bool:
 
 # -- what an operator sees ---------------------------------------------------------------------
 
-#: Events are best effort: a monitor's feed must never fail or stall a task.
-EVENT_ERRORS: tuple[type[BaseException], ...] = (OSError, KombuError, RedisError)
+
+def task_events_at_start(worker: Any) -> bool:
+    """True if the starting worker (the ``worker_init`` sender) sends task events:
+    ``worker_send_task_events`` or ``-E`` (celery/worker/worker.py, ``setup_defaults``)."""
+    return bool(getattr(worker, "task_events", False))
 
 
-def send_event(task: Any, type_: str, *, task_id: str, hostname: str, **fields: Any) -> None:
-    """Send a Celery event as ``Task.send_event`` does (even with task events off), from any
-    thread: ``celery events`` and Flower show it. Not sent in eager mode (no worker).
-
-    Every event carries ``name`` (the task name) besides the dispatcher's ``hostname``: a
-    monitor that never saw the task's ``task-received`` (Flower's ``flower_events_total``,
-    celery-exporter) can still label it."""
-    if task.app.conf.task_always_eager or task.request.is_eager:
-        return
-    try:
-        with task.app.events.default_dispatcher(hostname=hostname) as dispatcher:
-            dispatcher.send(type_, uuid=task_id, retry=False, name=task.name, **fields)
-    except EVENT_ERRORS as exc:
-        log.debug("event %s of task %s not sent: %s", type_, task_id, exc)
-
-
-def announce_revoked(task: Any, *, task_id: str, hostname: str, reason: str) -> None:
-    """Send ``task-revoked`` for a call that ends without running and is stored REVOKED (a
-    skipped or superseded call), as the worker sends it for a revoked request
-    (celery/worker/request.py, ``_announce_revoked``): Flower and ``celery.events.state``
-    then show the call REVOKED instead of leaving it STARTED. ``reason`` is an extra field."""
-    send_event(
-        task,
-        "task-revoked",
-        task_id=task_id,
-        hostname=hostname,
-        terminated=False,
-        signum=None,
-        expired=False,
-        reason=reason,
-    )
+def sends_task_events(consumer: Any) -> bool:
+    """True if the worker's consumer sends task events now: its dispatcher is enabled and its
+    groups take ``task`` (no groups: all). ``celery control enable_events`` (which Flower
+    sends) adds the group at run time, ``disable_events`` removes it
+    (celery/worker/control.py); the consumer's ``Events`` step makes the dispatcher."""
+    dispatcher = getattr(consumer, "event_dispatcher", None)
+    if dispatcher is None or not dispatcher.enabled:
+        return False
+    return not dispatcher.groups or "task" in dispatcher.groups
 
 
 class _OwnIgnores(threading.local):

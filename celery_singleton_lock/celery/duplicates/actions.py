@@ -34,6 +34,7 @@ from celery_singleton_lock.celery.duplicates.redelivery import (
     lock_retries,
     outcome_stored,
 )
+from celery_singleton_lock.celery.observe import events
 from celery_singleton_lock.celery.signals import lock_duplicate
 from celery_singleton_lock.engine import (
     AcquireResult,
@@ -123,13 +124,13 @@ class Duplicate:
         return f"{self.task.name}[{self.request.id}]"
 
     def announce(self, action: str, reason: Optional[str] = None) -> None:
-        """Signal ``lock_duplicate`` and send the ``task-lock-duplicate`` event, saying why
+        """Signal ``lock_duplicate`` and send the ``lock-duplicate`` event, saying why
         the call could not run now: ``reason``, else this duplicate's own (``self.reason``);
         the metrics label duplicates with it."""
         request, reason = self.request, reason or self.reason
-        celery_api.send_event(
+        events.send_event(
             self.task,
-            "task-lock-duplicate",
+            events.DUPLICATE,
             task_id=request.id,
             hostname=request.hostname or "",
             key=self.holder.key,
@@ -168,7 +169,7 @@ def skip(duplicate: Duplicate) -> NoReturn:
                     task, request, DuplicateTaskSkipped(message, holder.key, holder.as_dict())
                 )
         if ends_here:
-            celery_api.announce_revoked(
+            events.announce_revoked(
                 task, task_id=request.id, hostname=request.hostname or "", reason="skipped"
             )
     celery_api.logged_already(request.id)

@@ -43,6 +43,7 @@ from kombu.utils import json
 
 from celery_singleton_lock.celery import celery_api
 from celery_singleton_lock.celery.duplicates.actions import Duplicate, describe
+from celery_singleton_lock.celery.observe import events
 from celery_singleton_lock.engine import Parked
 from celery_singleton_lock.errors import LockError
 
@@ -118,9 +119,10 @@ def _mark(task: Any, request: Any, by: str, key: str, hostname: str) -> bool:
             exc,
         )
         return False
-    celery_api.send_event(
-        task, "task-lock-superseded", task_id=request.id, hostname=hostname, key=key, by=by
+    events.send_event(
+        task, events.SUPERSEDED, task_id=request.id, hostname=hostname, key=key, by=by
     )
+    events.announce_revoked(task, task_id=request.id, hostname=hostname, reason=SUPERSEDED)
     return True
 
 

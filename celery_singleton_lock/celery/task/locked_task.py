@@ -23,6 +23,7 @@ from celery_singleton_lock.celery.duplicates.actions import Duplicate
 from celery_singleton_lock.celery.duplicates.backend_outage import on_backend_unavailable
 from celery_singleton_lock.celery.duplicates.policies import on_held
 from celery_singleton_lock.celery.duplicates.redelivery import already_ran, is_marked_copy
+from celery_singleton_lock.celery.observe import events
 from celery_singleton_lock.celery.signals import lock_acquired, lock_lost
 from celery_singleton_lock.celery.task import acquire_plan
 from celery_singleton_lock.celery.task.execution import (
@@ -376,8 +377,8 @@ class LockedTask(Task):  # type: ignore[misc]
         )
         # not from this thread: a slow broker must never delay the renewal of other leases
         threading.Thread(
-            target=celery_api.send_event,
-            args=(self, "task-lock-lost"),
+            target=events.send_event,
+            args=(self, events.LOST),
             kwargs={"task_id": lease.owner.task_id, "hostname": lease.owner.host, "key": lease.key},
             name="celery-singleton-lock-event",
             daemon=True,

@@ -183,6 +183,26 @@ def test_a_skipped_duplicate_logs_its_decision_once_and_no_ignored_line(
     ]
 
 
+def test_a_burst_of_skips_of_one_key_logs_one_warning(
+    worker: Any, locker: RedisLocker, unique_key: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    lease = _hold(locker, policies.hold_skip, unique_key, "the-holder")
+    with caplog.at_level(logging.INFO):
+        results = [policies.hold_skip.delay(unique_key) for _ in range(8)]
+        for result in results:
+            wait_until(result.ready, timeout=30)
+    lease.release()
+    assert all(isinstance(result.result, DuplicateTaskSkipped) for result in results)
+    warnings = [
+        r
+        for r in caplog.records
+        if r.levelno == logging.WARNING
+        and lease.key in r.getMessage()
+        and "skipped" in r.getMessage()
+    ]
+    assert len(warnings) == 1
+
+
 # -- what Flower and celery.events.state read ------------------------------------------------
 
 

@@ -34,6 +34,7 @@ from celery_singleton_lock.celery.duplicates.redelivery import (
     lock_retries,
     outcome_stored,
 )
+from celery_singleton_lock.celery.duplicates.skip_log import SkipLog
 from celery_singleton_lock.celery.observe import events
 from celery_singleton_lock.celery.signals import lock_duplicate
 from celery_singleton_lock.engine import (
@@ -50,6 +51,8 @@ from celery_singleton_lock.errors import (
 )
 
 log = logging.getLogger("celery_singleton_lock.duplicate")
+#: a skip's WARNING, once per burst of skips of one key
+SKIPS = SkipLog(log)
 
 #: seconds a lock retry for a cooldown's end (or a rate window's) is sent after it, so that it
 #: finds the key gone (the window slid)
@@ -154,7 +157,7 @@ def skip(duplicate: Duplicate) -> NoReturn:
     REVOKED (ready, not failed: ``get()`` raises it, naming the holder)."""
     task, request, holder = duplicate.task, duplicate.request, duplicate.holder
     message = f"task {duplicate.label} skipped: lock {holder.key} is held by {describe(holder)}"
-    log.warning(message)
+    SKIPS.skipped(holder.key, message)
     duplicate.announce("skip")
     # Store the skip unless the outcome belongs to another execution of this task id: the
     # holder itself, or an original that already finished. REVOKED, not FAILURE: not run on

@@ -298,3 +298,49 @@ def test_only_a_prefork_pool_runs_bodies_in_children() -> None:
 
     assert celery_api.runs_bodies_in_children(Consumer(TaskPool.__new__(TaskPool)))
     assert not celery_api.runs_bodies_in_children(Consumer(ThreadPool.__new__(ThreadPool)))
+
+
+# -- ending an execution quietly (celery_api.quiet_ends) ---------------------------------------
+
+
+class EndsQuietly(Task):  # type: ignore[misc]
+    """Ends in ``before_start`` as a skipped LockedTask does inside a worker's tracer."""
+
+    def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
+        assert celery_api.can_end_quietly()
+        raise celery_api.EndedQuietly(Ignore("skipped"))
+
+
+def _quiet_trace(app: Celery, postruns: list[Any]) -> Any:
+    from celery.app.trace import build_tracer
+    from celery.signals import task_postrun
+
+    def ends_quietly() -> str:
+        return "ran"
+
+    task = app.task(name="ends_quietly", base=EndsQuietly, shared=False)(ends_quietly)
+    task_postrun.connect(lambda **kw: postruns.append(kw["state"]), sender=task, weak=False)
+    tracer = build_tracer(task.name, task, app=app)
+    return celery_api.quiet_ends(tracer)(str(uuid.uuid4()), (), {}, {"id": "q"})
+
+
+def test_the_tracer_lets_a_base_exception_through_and_quiet_ends_makes_it_ignored(
+    eager_app: Celery,
+) -> None:
+    outcome = _quiet_trace(eager_app, [])
+    assert (outcome.info.state, type(outcome.retval.exception)) == ("IGNORED", Ignore)
+
+
+def test_a_quiet_end_runs_the_tracers_postrun(eager_app: Celery) -> None:
+    postruns: list[Any] = []
+    _quiet_trace(eager_app, postruns)
+    assert postruns == [None]
+
+
+def test_the_worker_builds_a_locked_tasks_tracer_and_it_ends_quietly(worker: Any) -> None:
+    # the in-process worker's consumer assigned __trace__ (update_strategies)
+    assert getattr(adapter.reads_its_request.__trace__, "quiet_ends", False)
+
+
+def test_outside_a_wrapped_tracer_nothing_ends_quietly() -> None:
+    assert not celery_api.can_end_quietly()

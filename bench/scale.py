@@ -196,7 +196,7 @@ def parked_curve(env: Env, sizes: Sequence[int]) -> Curve:
             raise BenchError(f"{task_id} was not parked ({parked!r})")
 
     def drop(task_id: str) -> None:
-        if env.locker.drop_parked(name, task_id, reservation_ttl=reservation) is not True:
+        if env.locker.queue.drop_parked(name, task_id, reservation_ttl=reservation) is not True:
             raise BenchError(f"{task_id} was not dropped")
 
     for size in sizes:

@@ -128,7 +128,8 @@ def _keys_to_lock_on(task_name: str, keys: Any) -> tuple[Optional[Sequence[str]]
 
 def _countdown(locker: LockBackend, name: str, timeout: float) -> float:
     """:attr:`AlreadyQueued.countdown` for lock ``name`` (see there)."""
-    remaining = locker.queued_for(name)
+    markers = locker.markers
+    remaining = None if markers is None else markers.queued_for(name)
     if remaining is not None:
         return remaining
     holder = locker.inspect.read(name)
@@ -310,11 +311,14 @@ def clear_locks(app: Any) -> int:
     if not starts:
         return 0
     locker = locker_for(app)
+    markers = locker.markers
+    if markers is None:  # a backend that keeps no markers has none to clear
+        return 0
     cleared = 0
     for name in list(locker.inspect.queued_names()):
         if not name.startswith(starts):
             continue
-        task_id = locker.queued(name)
-        if task_id is not None and locker.clear_queued(name, task_id):
+        task_id = markers.queued(name)
+        if task_id is not None and markers.clear_queued(name, task_id):
             cleared += 1
     return cleared

@@ -5,8 +5,17 @@ Imports nothing from Celery. This module is the engine's one surface: the Celery
 """
 
 from .acquire_request import AcquireOutcome, AcquireRequest, AcquireResult
-from .backend import LockBackend, LockReader, ReleaseSubscription
+from .backend import (
+    CooldownRelease,
+    LatestQueue,
+    LockBackend,
+    LockReader,
+    ParkingQueue,
+    QueuedMarkers,
+    ReleaseSubscription,
+)
 from .capabilities import Capabilities
+from .checks import required
 from .fork_safety import ForkSafeLock, current_pid, no_fork, reset_in_forked_children
 from .keys import LockKeys, validate_prefix
 from .latest import Latest
@@ -30,8 +39,10 @@ __all__ = [
     "AcquireResult",
     "Capabilities",
     "Client",
+    "CooldownRelease",
     "ForkSafeLock",
     "Latest",
+    "LatestQueue",
     "Lease",
     "LockBackend",
     "LockHolder",
@@ -40,7 +51,9 @@ __all__ = [
     "LockReader",
     "Owner",
     "Parked",
+    "ParkingQueue",
     "PreparedAcquire",
+    "QueuedMarkers",
     "QuorumLocker",
     "RedisLocker",
     "ReleaseSubscription",
@@ -49,6 +62,7 @@ __all__ = [
     "new_token",
     "no_fork",
     "process_renewer",
+    "required",
     "reset_in_forked_children",
     "slot_key",
     "slot_of",

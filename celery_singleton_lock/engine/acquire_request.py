@@ -51,6 +51,10 @@ class AcquireRequest(NamedTuple):
     #: with ``take_queued``: keep the marker while another owner holds the lock (the caller
     #: sends the call again: it is still queued, see ACQUIRE's ARGV[6])
     queued_while_held: bool = False
+    #: with ``park``: the call's fairness value (its ``lock_fair_by`` arguments); parked
+    #: calls are handed slots round robin across values, oldest first within one ("": in
+    #: arrival order)
+    fair: str = ""
 
     def for_call(
         self, name: str, owner: Optional[Owner], max_lifetime: Optional[float]

@@ -20,7 +20,8 @@ from typing import Any, Optional, Protocol, Sequence, Union
 from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
 from celery_singleton_lock.engine.capabilities import Capabilities
 from celery_singleton_lock.engine.keys import LockKeys
-from celery_singleton_lock.engine.lease import LeaseKeeper, LockHolder, Owner
+from celery_singleton_lock.engine.kinds.slot_queue import Due
+from celery_singleton_lock.engine.lease import Lease, LeaseKeeper, LockHolder, Owner
 from celery_singleton_lock.engine.prepared_acquire import PreparedAcquire
 from celery_singleton_lock.engine.renewer import Renewer
 
@@ -62,13 +63,84 @@ class LockReader(Protocol):
     def queued_names(self, count: int = 500) -> Iterator[str]: ...
 
 
+class ParkingQueue(Protocol):
+    """Calls parked behind a lock's slots and the hand-off of each freed slot (policy
+    ``queue``; :class:`~.kinds.slot_queue.SlotQueue`). A call is parked by an acquire with
+    ``park``."""
+
+    def release_handing_on(
+        self,
+        lease: Lease,
+        *,
+        limit: int,
+        rate: Optional[tuple[int, float]] = None,
+        cooldown: Optional[float] = None,
+        reservation_ttl: float,
+        remember_for: Optional[float] = None,
+    ) -> tuple[bool, list[bytes]]: ...
+
+    def hand_off_due(self, limit: int = 100) -> Due: ...
+
+    def hand_on(self, name: str, *, reservation_ttl: float) -> list[bytes]: ...
+
+    def handed(self, name: str, task_id: str, *, reservation_ttl: float) -> bool: ...
+
+    def drop_parked(
+        self, name: str, task_id: str, *, reservation_ttl: float
+    ) -> Union[bool, bytes]: ...
+
+    def hand_off_soon(self, name: str) -> int: ...
+
+
+class LatestQueue(Protocol):
+    """The newest call waits alone behind a lock (policy ``replace``, ``lock_debounce``;
+    :class:`~.kinds.latest.LatestWins`). A call waits by an acquire with ``latest``."""
+
+    def release_latest(
+        self, lease: Lease, *, reservation_ttl: float, remember_for: Optional[float] = None
+    ) -> tuple[bool, Optional[bytes]]: ...
+
+    def superseded_left(self, limit: int = 100) -> list[tuple[str, list[bytes]]]: ...
+
+    def clear_superseded(
+        self, name: str, task_ids: Sequence[str], *, look_again_in: float = 0.0
+    ) -> int: ...
+
+
+class QueuedMarkers(Protocol):
+    """Markers of the message queued under a lock name (``dedupe_on_enqueue``;
+    :class:`~.kinds.markers.Markers`)."""
+
+    def enqueue(
+        self, name: str, task_id: str, ttl: float, *, resend: bool = False, running: bool = True
+    ) -> Optional[str]: ...
+
+    def clear_queued(self, name: str, task_id: Optional[str] = None) -> bool: ...
+
+    def queued_for(self, name: str) -> Optional[float]: ...
+
+    def queued(self, name: str) -> Optional[str]: ...
+
+
+class CooldownRelease(Protocol):
+    """A release that leaves the lock taken for a while (``lock_cooldown``;
+    :class:`~.kinds.cooldown.Cooldown`)."""
+
+    def release_cooling(
+        self, lease: Lease, cooldown: float, *, remember_for: Optional[float] = None
+    ) -> bool: ...
+
+
 class LockBackend(LeaseKeeper, Protocol):
     """What the Celery layer, the renewer and the CLI need of a lock server (the releases and
     renewal of a lease: :class:`~.lease.LeaseKeeper`).
 
-    Operations a backend's :class:`Capabilities` exclude are refused (``acquire`` with
-    ``fencing``, ``park``..., and ``enqueue``) with ``LockConfigurationError``; the reads of
-    parked calls and queued markers answer "none" there, which is true: none can be made.
+    The leases are all a backend must do. The queue, latest wins, queued markers and the
+    cooldown are parts beside them (:class:`ParkingQueue`, :class:`LatestQueue`,
+    :class:`QueuedMarkers`, :class:`CooldownRelease`), None on a backend that has none:
+    nothing there answers with a stub. An acquire its :class:`Capabilities` exclude (with
+    ``fencing``, ``park``...) is refused with ``LockConfigurationError``; the reads of parked
+    calls and queued markers answer "none" there, which is true: none can be made.
     """
 
     @property
@@ -104,35 +176,18 @@ class LockBackend(LeaseKeeper, Protocol):
 
     def subscribe_releases(self, name: str) -> ReleaseSubscription: ...
 
-    # -- queued markers (capabilities.enqueue_markers)
-    def enqueue(
-        self, name: str, task_id: str, ttl: float, *, resend: bool = False, running: bool = True
-    ) -> Optional[str]: ...
+    # -- the parts beside the leases: None where the backend has none (its capabilities say
+    # why, and registration refuses the option that needs it)
+    @property
+    def queue(self) -> Optional[ParkingQueue]: ...
 
-    def clear_queued(self, name: str, task_id: Optional[str] = None) -> bool: ...
+    @property
+    def latest(self) -> Optional[LatestQueue]: ...
 
-    def queued_for(self, name: str) -> Optional[float]: ...
+    @property
+    def markers(self) -> Optional[QueuedMarkers]: ...
 
-    def queued(self, name: str) -> Optional[str]: ...
-
-    # -- parking (capabilities.parking)
-    def hand_off_due(self, limit: int = 100) -> list[str]: ...
-
-    def hand_off_if_free(self, name: str, *, reservation_ttl: float) -> Optional[bytes]: ...
-
-    def hand_on(self, name: str, *, reservation_ttl: float) -> list[bytes]: ...
-
-    def drop_parked(
-        self, name: str, task_id: str, *, reservation_ttl: float
-    ) -> Union[bool, bytes]: ...
-
-    def hand_off_soon(self, name: str) -> int: ...
-
-    # -- latest wins: displaced calls their worker did not mark
-    def superseded_left(self, limit: int = 100) -> list[tuple[str, list[bytes]]]: ...
-
-    def clear_superseded(
-        self, name: str, task_ids: Sequence[str], *, look_again_in: float = 0.0
-    ) -> int: ...
+    @property
+    def cooldown(self) -> Optional[CooldownRelease]: ...
 
     def close(self) -> None: ...

@@ -8,7 +8,7 @@ an acquire (:func:`try_acquire`), and the release of every lease at shutdown
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import Optional, TypeVar
 
 from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
 from celery_singleton_lock.engine.backend import LockBackend
@@ -30,6 +30,9 @@ _NEEDS = (
 )
 
 
+T = TypeVar("T")
+
+
 def unsupported(capabilities: Capabilities, what: str, feature: str, name: str) -> LockError:
     """The error for asking ``capabilities`` for ``feature`` (said to people as ``what``)."""
     return LockConfigurationError(
@@ -37,6 +40,15 @@ def unsupported(capabilities: Capabilities, what: str, feature: str, name: str) 
         f"{capabilities.instead} for it",
         name,
     )
+
+
+def required(part: Optional[T], backend: LockBackend, what: str, feature: str) -> T:
+    """``part`` of ``backend`` (its queue, markers...), or the error that it has none (said to
+    people as ``what``). Registration refuses the options that need a part a backend lacks, so
+    only a caller that skipped that check gets the error."""
+    if part is None:
+        raise unsupported(backend.capabilities, what, feature, backend.prefix)
+    return part
 
 
 def try_acquire(
@@ -60,6 +72,7 @@ def try_acquire(
     limit: int = 1,
     rate: Optional[tuple[int, float]] = None,
     finished_ttl: float = 3600.0,
+    fair: str = "",
 ) -> AcquireOutcome:
     """Take the lock ``name`` for ``ttl`` seconds, without waiting: ``backend.acquire`` of an
     :class:`AcquireRequest` of these arguments (each backend's ``try_acquire``).
@@ -85,11 +98,12 @@ def try_acquire(
         take_queued: delete the lock's queued marker (see ``enqueue``) if it holds
             ``owner.task_id``, whatever the outcome, in the same round trip: this
             message is no longer queued.
-        park: this task id's message. When the lock is held (or free but promised to an
-            older parked task id), the message is parked behind it, in arrival order,
-            and :class:`Parked` returned; a release with ``release_handing_off`` then
-            reserves the lock for the oldest parked id and returns its message to
-            publish. A lock reserved for ``owner.task_id`` is taken over.
+        park: this task id's message. When every slot of the lock is held (or free but
+            promised to an older parked task id), the message is parked behind them, in
+            arrival order, and :class:`Parked` returned; a release with
+            ``release_handing_on`` then reserves the freed slot for the oldest parked id
+            and returns its message to publish (:mod:`.kinds.slot_queue`; a mutex is the
+            lock with one slot). A slot reserved for ``owner.task_id`` is taken over.
         reservation_ttl: with ``park``: seconds a reservation made by this call lives.
         token: the owner token to write (a fresh one by default); a quorum sends the
             same token to each of its servers (:mod:`.redlock`).
@@ -97,13 +111,15 @@ def try_acquire(
             most one call waits, a newer one takes its place (:attr:`Parked.displaced`
             names the calls it displaced); release with ``release_latest``.
         limit: up to this many holders at once, each on its own slot (:mod:`.slots`);
-            not with ``latest``, ``take_queued`` or ``min_replicas``. With ``park``,
-            calls park behind the slots and are handed each freed slot in arrival order
-            (:mod:`.kinds.slot_queue`): release with ``release_handing_on``.
+            not with ``latest``, ``take_queued`` or ``min_replicas``.
         rate: ``(count, seconds)``: at most ``count`` acquisitions in any window of that
             many seconds (server clock); over it, a :class:`LockHolder` with
             ``over_rate`` and the wait as its ``ttl`` (with ``park``: parked, and handed
             a slot when the rate allows). Not with those three either.
+
+        fair: with ``park`` (not ``latest``): the call's fairness value; parked calls are
+            handed slots round robin across values, oldest first within one (see
+            lua/includes/handoff.lua); "" for arrival order.
 
     Raises:
         AlreadyFinished: with ``unless_finished``, that record exists.
@@ -131,6 +147,7 @@ def try_acquire(
             limit,
             rate,
             finished_ttl,
+            fair=fair,
         )
     )
 
@@ -143,6 +160,8 @@ def check(request: AcquireRequest, capabilities: Capabilities, prefix: str) -> N
         raise ValueError(f"ttl must be a positive number of seconds, got {ttl!r}")
     if request.latest is not None and request.park is None:
         raise ValueError("latest needs park: the waiting call's message")
+    if request.fair and (request.park is None or request.latest is not None):
+        raise ValueError("fair needs park without latest: it orders the parked calls")
     if request.fencing or request.min_replicas or request.take_queued or request.park:
         for option, feature, what in _NEEDS:
             if getattr(request, option) and not getattr(capabilities, feature):
@@ -185,15 +204,15 @@ def release_all(backend: LockBackend) -> int:
     """
     backend.settle()  # the deferred releases are reported before the process goes
     released = 0
-    parking = backend.capabilities.parking
+    queue = backend.queue
     me: object = backend
     for lease in backend.renewer.leases():
         if lease.locker is me and lease.held:
             try:
                 if backend.release(lease):
                     released += 1
-                    if parking:
-                        backend.hand_off_soon(lease.keys.name)
+                    if queue is not None:
+                        queue.hand_off_soon(lease.keys.name)
             except LockError as exc:
                 log_release.error("could not release %s: %s", lease.key, exc)
     return released

@@ -11,12 +11,15 @@ Layout, for prefix ``P`` and lock name ``N``::
     P:{N}:queued     the task id of the message queued under this name (opt-in enqueue
                      deduplication): written by ENQUEUE with its own TTL, deleted by the
                      acquire of that task id or by a compare-and-delete (see lua/enqueue.lua)
-    P:{N}:parked     the task ids parked behind the lock, oldest first (policy ``queue``)
+    P:{N}:parked     the task ids parked behind the lock, scored by arrival (policy ``queue``)
     P:{N}:parked-messages
                      their parked messages, by task id
     P:{N}:parked-rule
                      'slots|rate|window ms' of calls parked over slots, a rate or a cooldown
                      (see lua/includes/slot_queue.lua), while any is parked
+    P:{N}:parked-rounds
+                     calls parked fairly: each fairness value's last round (see
+                     lua/includes/handoff.lua), while any is parked
     P:handoff-due    (one per prefix, no hash tag) lock names a hand-off sweeper should look
                      at, scored by when (see lua/includes/handoff.lua)
 
@@ -89,7 +92,8 @@ class LockKeys(NamedTuple):
 
     @property
     def parked(self) -> str:
-        """Key of the list of task ids parked behind this lock, oldest first."""
+        """Key of the sorted set of task ids parked behind this lock, in the order they are
+        handed a slot (arrival, or rounds with ``fair``)."""
         return f"{self.lock}:parked"
 
     @property
@@ -101,6 +105,12 @@ class LockKeys(NamedTuple):
     def parked_rule(self) -> str:
         """Key of the rule of calls parked over slots, a rate or a cooldown (slot_queue.py)."""
         return f"{self.lock}:parked-rule"
+
+    @property
+    def parked_rounds(self) -> str:
+        """Key of the hash of each fairness value's last round, and the arrival counter, of
+        calls parked fairly (``fair``, see lua/includes/handoff.lua)."""
+        return f"{self.lock}:parked-rounds"
 
     @property
     def handoff_due(self) -> str:

@@ -7,7 +7,7 @@ import os
 import socket
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Optional, Protocol, Sequence
+from typing import Any, Callable, ClassVar, Optional, Protocol, Sequence, Union
 from urllib.parse import unquote
 
 from celery_singleton_lock.engine import fork_safety
@@ -31,6 +31,11 @@ def as_text(value: Any) -> str:
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     return "" if value is None else str(value)
+
+
+def as_bytes(value: Union[bytes, str]) -> bytes:
+    # a client made with decode_responses=True hands back str
+    return value.encode("utf-8", "surrogateescape") if isinstance(value, str) else value
 
 
 def as_int(value: Any) -> Optional[int]:
@@ -177,10 +182,6 @@ class LeaseKeeper(Protocol):
 
     def release(self, lease: Lease, *, remember_for: Optional[float] = None) -> bool: ...
 
-    def release_cooling(
-        self, lease: Lease, cooldown: float, *, remember_for: Optional[float] = None
-    ) -> bool: ...
-
     def release_later(
         self,
         lease: Lease,
@@ -188,25 +189,6 @@ class LeaseKeeper(Protocol):
         *,
         remember_for: Optional[float] = None,
     ) -> bool: ...
-
-    def release_handing_off(
-        self, lease: Lease, *, reservation_ttl: float, remember_for: Optional[float] = None
-    ) -> tuple[bool, Optional[bytes]]: ...
-
-    def release_latest(
-        self, lease: Lease, *, reservation_ttl: float, remember_for: Optional[float] = None
-    ) -> tuple[bool, Optional[bytes]]: ...
-
-    def release_handing_on(
-        self,
-        lease: Lease,
-        *,
-        limit: int,
-        rate: Optional[tuple[int, float]] = None,
-        cooldown: Optional[float] = None,
-        reservation_ttl: float,
-        remember_for: Optional[float] = None,
-    ) -> tuple[bool, list[bytes]]: ...
 
     def renew_batch(self, leases: Sequence[Lease], *, now: float) -> list[int]: ...
 

@@ -5,9 +5,10 @@ every lease of the process (see :mod:`.renewer`). :class:`~.redis_server.RedisSe
 to the server; each kind of lock (:mod:`.kinds`: the mutex, the slots, the cooldown, the
 queues, latest wins, the queued markers), the releases (:mod:`.releases`) and the renewal
 (:mod:`.server_renewal`) hold it and run their own scripts through it. :class:`RedisLocker`
-builds them and answers the seam of :mod:`.backend` by delegating to them. Acquire and release
-run on connections kept checked out of the client's pool (:mod:`.pinned`); renewal runs
-through the client itself.
+builds them, answers the leases of :mod:`.backend` with them, and hands out the parts beside
+the leases (the queue, latest wins, the queued markers, the cooldown) as they are. Acquire and
+release run on connections kept checked out of the client's pool (:mod:`.pinned`); renewal
+runs through the client itself.
 
 On a Redis Cluster (a redis-py ``RedisCluster`` client) every script runs through the client,
 which sends it to the primary of its keys' slot (each lock's keys share one hash tag) and
@@ -20,7 +21,7 @@ Reading locks is :mod:`.reading`'s job, waiting for a release :mod:`.waiting`'s.
 from __future__ import annotations
 
 import time
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, Optional, Sequence
 
 from celery_singleton_lock.engine import checks, waiting
 from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
@@ -32,7 +33,6 @@ from celery_singleton_lock.engine.kinds.issuer import Issuer
 from celery_singleton_lock.engine.kinds.latest import LatestWins
 from celery_singleton_lock.engine.kinds.markers import Markers
 from celery_singleton_lock.engine.kinds.mutex import Mutex
-from celery_singleton_lock.engine.kinds.parking import Parking
 from celery_singleton_lock.engine.kinds.slot_queue import SlotQueue
 from celery_singleton_lock.engine.kinds.slots import Slots
 from celery_singleton_lock.engine.lease import Lease, Owner
@@ -79,7 +79,7 @@ CLUSTER = Capabilities(
 class RedisLocker:
     """Leases on one Redis server (or one primary behind Sentinel), or on a Redis Cluster: the
     single-server backend of :mod:`.backend`, composed of one object per job (see the module
-    docstring); each public method delegates to the one that does it.
+    docstring).
 
     Args:
         client: a redis-py client (``redis.Redis``, or ``redis.cluster.RedisCluster`` for a
@@ -92,6 +92,11 @@ class RedisLocker:
     Attributes:
         inspect: reads the locks under the same prefix (:class:`~.reading.LockInspector`).
         capabilities: :data:`SINGLE_SERVER`, or :data:`CLUSTER` for a cluster client.
+        queue: calls parked behind a lock (:class:`~.kinds.slot_queue.SlotQueue`); None on
+            a cluster (see :data:`CLUSTER`).
+        latest: the newest call wins (:class:`~.kinds.latest.LatestWins`); None on a cluster.
+        markers: queued markers (:class:`~.kinds.markers.Markers`).
+        cooldown: the release into a cooldown (:class:`~.kinds.cooldown.Cooldown`).
     """
 
     try_acquire = checks.try_acquire
@@ -120,9 +125,13 @@ class RedisLocker:
         self.slots = Slots(server, issuer)
         self.cooldown = Cooldown(server, releases)
         self.markers = Markers(server, issuer)
-        self.parking = Parking(server, issuer, releases)
-        self.slot_queue = SlotQueue(server, issuer, releases)
-        self.latest = LatestWins(server, issuer, releases)
+        # the queue and latest wins find their parked calls through one index key per prefix:
+        # not on a cluster, where that key would sit in one slot apart from the locks
+        self.queue: Optional[SlotQueue] = None
+        self.latest: Optional[LatestWins] = None
+        if not server.cluster:
+            self.queue = SlotQueue(server, issuer, releases)
+            self.latest = LatestWins(server, issuer, releases)
         # A task's release is the hot path: the releases' own methods, bound here, cost no
         # call more than before; the methods below (the same) are what is documented and typed.
         self.release = releases.release  # type: ignore[method-assign]
@@ -141,15 +150,14 @@ class RedisLocker:
         checks.check(request, self.capabilities, self.prefix)
         owner = request.owner or Owner()
         check_call(request, owner, request.max_lifetime)
+        if request.park is not None:  # refused on a cluster by its capabilities
+            assert self.queue is not None and self.latest is not None
+            if request.latest is not None:
+                return self.mutex.acquire(request, owner, self.latest)
+            return self.queue.acquire(request, owner)
         if request.limit != 1 or request.rate is not None:
-            if request.park is not None:
-                return self.slot_queue.acquire(request, owner)
             return self.slots.acquire(request, owner)
-        if request.park is None:
-            return self.mutex.acquire(request, owner)
-        return self.mutex.acquire(
-            request, owner, self.parking if request.latest is None else self.latest
-        )
+        return self.mutex.acquire(request, owner)
 
     def prepare(self, request: AcquireRequest) -> PreparedAcquire:
         """``request`` checked once for many calls that each set its name, owner and time
@@ -195,48 +203,6 @@ class RedisLocker:
         """See :meth:`.releases.Releases.release_abandoned`."""
         return self.releases.release_abandoned(name, task_id=task_id, host=host, pid=pid, slot=slot)
 
-    def release_cooling(
-        self, lease: Lease, cooldown: float, *, remember_for: Optional[float] = None
-    ) -> bool:
-        """See :meth:`.kinds.cooldown.Cooldown.release_cooling`."""
-        return self.cooldown.release_cooling(lease, cooldown, remember_for=remember_for)
-
-    def release_handing_off(
-        self, lease: Lease, *, reservation_ttl: float, remember_for: Optional[float] = None
-    ) -> tuple[bool, Optional[bytes]]:
-        """See :meth:`.kinds.parking.Parking.release_handing_off`."""
-        return self.parking.release_handing_off(
-            lease, reservation_ttl=reservation_ttl, remember_for=remember_for
-        )
-
-    def release_latest(
-        self, lease: Lease, *, reservation_ttl: float, remember_for: Optional[float] = None
-    ) -> tuple[bool, Optional[bytes]]:
-        """See :meth:`.kinds.latest.LatestWins.release_latest`."""
-        return self.latest.release_latest(
-            lease, reservation_ttl=reservation_ttl, remember_for=remember_for
-        )
-
-    def release_handing_on(
-        self,
-        lease: Lease,
-        *,
-        limit: int,
-        rate: Optional[tuple[int, float]] = None,
-        cooldown: Optional[float] = None,
-        reservation_ttl: float,
-        remember_for: Optional[float] = None,
-    ) -> tuple[bool, list[bytes]]:
-        """See :meth:`.kinds.slot_queue.SlotQueue.release_handing_on`."""
-        return self.slot_queue.release_handing_on(
-            lease,
-            limit=limit,
-            rate=rate,
-            cooldown=cooldown,
-            reservation_ttl=reservation_ttl,
-            remember_for=remember_for,
-        )
-
     def release_all(self) -> int:
         """See :func:`.checks.release_all`."""
         return checks.release_all(self)
@@ -252,76 +218,6 @@ class RedisLocker:
     ) -> list[int]:
         """See :meth:`.server_renewal.ServerRenewal.renew_by_owner`."""
         return self.renewal.renew_by_owner(held, limits=limits)
-
-    # -- queued markers -----------------------------------------------------------------------
-
-    def enqueue(
-        self, name: str, task_id: str, ttl: float, *, resend: bool = False, running: bool = True
-    ) -> Optional[str]:
-        """See :meth:`.kinds.markers.Markers.enqueue`."""
-        return self.markers.enqueue(name, task_id, ttl, resend=resend, running=running)
-
-    def clear_queued(self, name: str, task_id: Optional[str] = None) -> bool:
-        """See :meth:`.kinds.markers.Markers.clear_queued`."""
-        return self.markers.clear_queued(name, task_id)
-
-    def queued_for(self, name: str) -> Optional[float]:
-        """See :meth:`.kinds.markers.Markers.queued_for`."""
-        return self.markers.queued_for(name)
-
-    def queued(self, name: str) -> Optional[str]:
-        """See :meth:`.kinds.markers.Markers.queued`."""
-        return self.markers.queued(name)
-
-    # -- the queues: parking behind the mutex, or behind slots --------------------------------
-
-    def hand_off_due(self, limit: int = 100) -> list[str]:
-        """See :meth:`.kinds.parking.Parking.hand_off_due`."""
-        return self.parking.hand_off_due(limit)
-
-    def hand_off_if_free(self, name: str, *, reservation_ttl: float) -> Optional[bytes]:
-        """See :meth:`.kinds.parking.Parking.hand_off_if_free`."""
-        return self.parking.hand_off_if_free(name, reservation_ttl=reservation_ttl)
-
-    def hand_off_soon(self, name: str) -> int:
-        """See :meth:`.kinds.parking.Parking.hand_off_soon`."""
-        return self.parking.hand_off_soon(name)
-
-    def hand_on(self, name: str, *, reservation_ttl: float) -> list[bytes]:
-        """A sweeper's step on the lock ``name``: if calls are parked behind it and a slot (or
-        the lock) is free, reserve it for the oldest parked call without one (as far as a
-        rate allows), for ``reservation_ttl`` seconds; the messages to publish."""
-        rule = self.slot_queue.parked_rule(name)
-        if rule is None:  # the mutex's queue (kinds/parking.py)
-            message = self.parking.hand_off_if_free(name, reservation_ttl=reservation_ttl)
-            return [] if message is None else [message]
-        return self.slot_queue.hand_on_slots(name, rule, reservation_ttl=reservation_ttl)
-
-    def drop_parked(self, name: str, task_id: str, *, reservation_ttl: float) -> Union[bool, bytes]:
-        """Take ``task_id`` out of the calls parked behind the lock ``name`` for good (its
-        message was revoked, expired, or cannot be read), and, if the lock (or a slot) was
-        reserved for it, reserve it for the next parked id for ``reservation_ttl`` seconds at
-        once: that id's message, to publish; else whether ``task_id`` was parked or reserved
-        for. A lock held by ``task_id`` itself is never touched."""
-        rule = self.slot_queue.parked_rule(name)
-        if rule is not None:  # parked over slots, a rate or a cooldown (kinds/slot_queue.py)
-            dropped, handed = self.slot_queue.drop_from_slots(
-                name, rule, task_id, reservation_ttl=reservation_ttl
-            )
-            return handed[0] if handed else dropped
-        return self.parking.drop_parked(name, task_id, reservation_ttl=reservation_ttl)
-
-    # -- latest wins --------------------------------------------------------------------------
-
-    def superseded_left(self, limit: int = 100) -> list[tuple[str, list[bytes]]]:
-        """See :meth:`.kinds.latest.LatestWins.superseded_left`."""
-        return self.latest.superseded_left(limit)
-
-    def clear_superseded(
-        self, name: str, task_ids: Sequence[str], *, look_again_in: float = 0.0
-    ) -> int:
-        """See :meth:`.kinds.latest.LatestWins.clear_superseded`."""
-        return self.latest.clear_superseded(name, task_ids, look_again_in=look_again_in)
 
     # -- the rest of the seam ------------------------------------------------------------------
 

@@ -75,7 +75,7 @@ class LockInspector:
         key = LockKeys.build(self.prefix, name).parked
         return [
             as_text(task_id)
-            for task_id in server_errors.call(lambda: self.client.lrange(key, 0, -1), key)
+            for task_id in server_errors.call(lambda: self.client.zrange(key, 0, -1), key)
         ]
 
     def waiting_newest(self, name: str) -> Optional[tuple[str, Optional[float]]]:
@@ -92,7 +92,7 @@ class LockInspector:
         """How many task ids are parked behind each of ``lock_keys`` (full lock keys), in one
         pipelined round trip."""
         # LockKeys.parked of each lock
-        return [int(count) for (count,) in self._each_lock(lock_keys, ("llen", ":parked"))]
+        return [int(count) for (count,) in self._each_lock(lock_keys, ("zcard", ":parked"))]
 
     def rate_use(self, lock_keys: list[str]) -> list[tuple[int, Optional[float]]]:
         """For each of ``lock_keys`` (full lock keys): the starts its ``lock_rate`` window

@@ -45,7 +45,6 @@ import redis
 
 from celery_singleton_lock.engine import checks
 from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
-from celery_singleton_lock.engine.checks import unsupported
 from celery_singleton_lock.engine.fan_out import FanOut
 from celery_singleton_lock.engine.keys import LockKeys, validate_prefix
 from celery_singleton_lock.engine.lease import Lease, LockHolder, Owner, new_token
@@ -112,6 +111,12 @@ class QuorumLocker:
     """
 
     capabilities = QUORUM
+    #: none of the parts beside the leases (see :data:`QUORUM` for why): not declared, so an
+    #: option that needs one is refused at registration
+    queue: None = None
+    latest: None = None
+    markers: None = None
+    cooldown: None = None
     try_acquire = checks.try_acquire
 
     def __init__(
@@ -307,37 +312,6 @@ class QuorumLocker:
         """See :func:`.checks.release_all`."""
         return checks.release_all(self)
 
-    def release_cooling(
-        self, lease: Lease, cooldown: float, *, remember_for: Optional[float] = None
-    ) -> bool:
-        """Refused: a cooldown is not supported on a quorum (see :data:`QUORUM`)."""
-        raise unsupported(QUORUM, "lock_cooldown", "cooldown", lease.key)
-
-    def release_handing_off(
-        self, lease: Lease, *, reservation_ttl: float, remember_for: Optional[float] = None
-    ) -> tuple[bool, Optional[bytes]]:
-        """:meth:`release`; nothing is parked on a quorum, so there is no message to hand."""
-        return self.release(lease, remember_for=remember_for), None
-
-    def release_handing_on(
-        self,
-        lease: Lease,
-        *,
-        limit: int,
-        rate: Optional[tuple[int, float]] = None,
-        cooldown: Optional[float] = None,
-        reservation_ttl: float,
-        remember_for: Optional[float] = None,
-    ) -> tuple[bool, list[bytes]]:
-        """:meth:`release`; nothing is parked on a quorum (nor are slots or cooldowns)."""
-        return self.release(lease, remember_for=remember_for), []
-
-    def release_latest(
-        self, lease: Lease, *, reservation_ttl: float, remember_for: Optional[float] = None
-    ) -> tuple[bool, Optional[bytes]]:
-        """:meth:`release`; nothing waits on a quorum, so there is no message to hand."""
-        return self.release(lease, remember_for=remember_for), None
-
     def _release_everywhere(self, lease: Lease, remember_for: Optional[float]) -> int:
         """Compare-and-delete ``lease``'s token on every server; how many deleted it."""
         if isinstance(lease, QuorumLease):
@@ -422,55 +396,6 @@ class QuorumLocker:
         return QuorumSubscription(self.servers, self.keys(name).channel)
 
     # -- queued markers and parking: none on a quorum (see QUORUM) ----------------------------
-
-    def enqueue(
-        self, name: str, task_id: str, ttl: float, *, resend: bool = False, running: bool = True
-    ) -> Optional[str]:
-        """Refused: a queued marker on one master is not a marker on the quorum."""
-        what = "dedupe_on_enqueue (queued markers)"
-        raise unsupported(QUORUM, what, "enqueue_markers", self.keys(name).lock)
-
-    def clear_queued(self, name: str, task_id: Optional[str] = None) -> bool:
-        """False: no marker is ever written on a quorum."""
-        return False
-
-    def queued_for(self, name: str) -> Optional[float]:
-        """None: no marker is ever written on a quorum."""
-        return None
-
-    def queued(self, name: str) -> Optional[str]:
-        """None: no marker is ever written on a quorum."""
-        return None
-
-    def hand_off_due(self, limit: int = 100) -> list[str]:
-        """Empty: nothing is parked on a quorum."""
-        return []
-
-    def hand_off_if_free(self, name: str, *, reservation_ttl: float) -> Optional[bytes]:
-        """None: nothing is parked on a quorum."""
-        return None
-
-    def hand_on(self, name: str, *, reservation_ttl: float) -> list[bytes]:
-        """Empty: nothing is parked on a quorum."""
-        return []
-
-    def superseded_left(self, limit: int = 100) -> list[tuple[str, list[bytes]]]:
-        """Empty: nothing waits, so nothing is displaced, on a quorum."""
-        return []
-
-    def clear_superseded(
-        self, name: str, task_ids: Sequence[str], *, look_again_in: float = 0.0
-    ) -> int:
-        """0: nothing is displaced on a quorum."""
-        return 0
-
-    def drop_parked(self, name: str, task_id: str, *, reservation_ttl: float) -> Union[bool, bytes]:
-        """False: nothing is parked on a quorum."""
-        return False
-
-    def hand_off_soon(self, name: str) -> int:
-        """0: nothing is parked on a quorum."""
-        return 0
 
     def close(self) -> None:
         """Stop the thread pool (acquires not yet started are dropped) and close every

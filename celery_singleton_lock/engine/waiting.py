@@ -1,7 +1,8 @@
 """Waiting for a lock to be released: a subscription to its release channel.
 
 Every release (and every reclaim of a dead holder's lock) publishes the lock key on
-``<lock key>:released`` in the same script that deletes it (see lua/release.lua).
+``<lock key>:released`` in the same script that deletes it, when anyone is subscribed there
+(lua/includes/announce.lua): a waiter subscribes before it reads the lock again.
 """
 
 from __future__ import annotations

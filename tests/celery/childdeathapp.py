@@ -7,10 +7,12 @@ sees whether two bodies of a key overlapped."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 from typing import Any
 
 from celery_singleton_lock import LockedTask
+from celery_singleton_lock.celery.duplicates import parking
 from celery_singleton_lock.celery.worker.reclaim import pid_is_gone
 from tests.celery.lockapp import app
 from tests.celery.tasks.core import store
@@ -39,6 +41,25 @@ def record(key: str, value: Any, seconds: float) -> Any:
 _LOCKED = {"bind": True, "base": LockedTask, "lock_on": ("key",)}
 
 
+def die_before_publishing(task_id: str) -> str:
+    """The records key that makes the next process about to publish the parked message of
+    ``task_id`` die (``kill -9``) first: a death between a release and its hand-off."""
+    return f"die-before-publishing:{task_id}"
+
+
+_publish = parking.publish
+
+
+def _publish_or_die(app: Any, message: bytes, name: str) -> bool:
+    task_id = message.split(b"\n", 1)[0].decode()
+    if store().delete(die_before_publishing(task_id)):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return _publish(app, message, name)
+
+
+parking.publish = _publish_or_die  # type: ignore[assignment]
+
+
 @app.task(**_LOCKED, lock_ttl=1.5, on_duplicate="wait", lock_wait_timeout=60)
 def short_lease(self: LockedTask, key: str, value: Any, seconds: float = 0.0) -> Any:
     """A lock of 1.5 s that a duplicate waits for (woken by the release's publish)."""
@@ -48,6 +69,13 @@ def short_lease(self: LockedTask, key: str, value: Any, seconds: float = 0.0) ->
 @app.task(**_LOCKED, lock_ttl=6, on_duplicate="replace")
 def replaced(self: LockedTask, key: str, value: Any, seconds: float = 0.0) -> Any:
     """The newest duplicate waits, parked, for the holder's end (a TTL of 6 s, as issue 30)."""
+    return record(key, value, seconds)
+
+
+@app.task(**_LOCKED, lock_ttl=6, on_duplicate="queue")
+def queued(self: LockedTask, key: str, value: Any, seconds: float = 0.0) -> Any:
+    """Duplicates parked behind the holder, handed the lock in arrival order (a TTL of 6 s,
+    as issue 30)."""
     return record(key, value, seconds)
 
 

@@ -90,7 +90,7 @@ def seconds_a_queued_call_blocks(task: Any, impl: str, args: tuple[Any, ...]) ->
     lock server: the original's lock key's PTTL, our queued marker's."""
     if impl == "ours":
         name = task.lock_options.keyer.name(args, {})
-        return float(locker_for(task.app).queued_for(name) or 0.0)
+        return float(locker_for(task.app).markers.queued_for(name) or 0.0)
     if not isinstance(task, celery_singleton.Singleton):  # celery-once's
         lock = task.get_key(args, {})
     else:

@@ -296,7 +296,7 @@ def test_show_names_each_slots_holder_the_cooldown_left_and_the_rate_windows_use
     first = locker.try_acquire(name, 60, owner=Owner(task_id="s1"), limit=3, rate=rate)
     locker.try_acquire(name, 60, owner=Owner(task_id="s2"), limit=3, rate=rate, renew=False)
     assert isinstance(first, Lease)
-    locker.release_cooling(first, 30)
+    locker.cooldown.release_cooling(first, 30)
     lines = no_traceback(celery("locks", "show", name)).stdout.splitlines()
     assert "cooldown=" in lines[0] and " left" in lines[0]
     assert lines[1].startswith(f"{locker.keys(name).lock}:slot:2  task=s2  ")

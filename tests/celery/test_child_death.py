@@ -83,7 +83,7 @@ def test_a_replace_waiter_starts_within_two_seconds_of_the_holder_childs_kill(
     pid = _body_pid(key)
     waiting = task.apply_async((key, "v2"), queue=prefork.queue)
     parked = lock_key(task, key, 0) + ":parked"
-    wait_until(lambda: store.lrange(parked, 0, -1) == [waiting.id.encode()], timeout=20)
+    wait_until(lambda: store.zrange(parked, 0, -1) == [waiting.id.encode()], timeout=20)
     killed_at = _kill(pid)
     assert waiting.get(timeout=30) == "v2"
     delay = childdeathapp.started(key)[1][2] - killed_at
@@ -92,6 +92,52 @@ def test_a_replace_waiter_starts_within_two_seconds_of_the_holder_childs_kill(
     # WorkerLostError, the killed run itself: stored once Celery reports the death, which can
     # come after the waiting call already ran
     wait_until(lambda: holder.state == "FAILURE", timeout=20)
+    assert int(store.get(f"overlaps:{key}") or 0) == 0
+
+
+def test_a_child_killed_between_its_release_and_the_hand_off_stalls_the_next_call_briefly(
+    prefork: CeleryWorkerProcess, store: redis.Redis
+) -> None:
+    """Issue 30, item 1: the next parked call starts within ``lock_ttl`` + 3 s of the holder's
+    end (before: ``singleton_lock_handoff_timeout``, 60 s), and arrival order holds."""
+    task = childdeathapp.queued
+    key = unique("q")
+    task.apply_async((key, "holder", 2.0), queue=prefork.queue)
+    _body_pid(key)
+    parked = [task.apply_async((key, f"p{i}"), queue=prefork.queue) for i in range(2)]
+    parked_key = lock_key(task, key, 0) + ":parked"
+    wait_until(lambda: store.zcard(parked_key) == 2, timeout=20)
+    store.set(childdeathapp.die_before_publishing(parked[0].id), 1)
+    assert [result.get(timeout=45) for result in parked] == ["p0", "p1"]
+    holder_end = dict(childdeathapp.ended(key))["holder"]
+    values = [value for value, _, _ in childdeathapp.started(key)]
+    delay = childdeathapp.started(key)[1][2] - holder_end
+    print(f"\nqueue, lock_ttl=6: the next parked call started {delay:.2f}s after the release")
+    assert not store.exists(childdeathapp.die_before_publishing(parked[0].id))  # it did die
+    assert values == ["holder", "p0", "p1"]
+    assert delay <= task.lock_options.ttl + 3.0
+    assert int(store.get(f"overlaps:{key}") or 0) == 0
+
+
+def test_a_child_killed_between_its_release_and_the_hand_off_stalls_a_replace_waiter_briefly(
+    prefork: CeleryWorkerProcess, store: redis.Redis
+) -> None:
+    """Issue 30, item 1, for ``replace``: the waiting call starts within ``lock_ttl`` + 3 s of
+    the holder's end though the child that released died before sending it."""
+    task = childdeathapp.replaced
+    key = unique("r")
+    task.apply_async((key, "holder", 2.0), queue=prefork.queue)
+    _body_pid(key)
+    waiting = task.apply_async((key, "v2"), queue=prefork.queue)
+    parked_key = lock_key(task, key, 0) + ":parked"
+    wait_until(lambda: store.zrange(parked_key, 0, -1) == [waiting.id.encode()], timeout=20)
+    store.set(childdeathapp.die_before_publishing(waiting.id), 1)
+    assert waiting.get(timeout=45) == "v2"
+    holder_end = dict(childdeathapp.ended(key))["holder"]
+    delay = childdeathapp.started(key)[1][2] - holder_end
+    print(f"\nreplace, lock_ttl=6: the waiting call started {delay:.2f}s after the release")
+    assert not store.exists(childdeathapp.die_before_publishing(waiting.id))  # it did die
+    assert delay <= task.lock_options.ttl + 3.0
     assert int(store.get(f"overlaps:{key}") or 0) == 0
 
 

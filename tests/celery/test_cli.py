@@ -361,12 +361,14 @@ def test_clear_queued_deletes_the_enqueue_marker_so_the_next_call_is_published(
     redis_server: RedisServer,
 ) -> None:
     locker = _locker(redis_server)
-    assert locker.enqueue("app.job:aa", "lost-message", 3600) is None  # the marker is written
-    assert locker.enqueue("app.job:aa", "next-call", 3600) == "lost-message"  # it blocks
+    assert (
+        locker.markers.enqueue("app.job:aa", "lost-message", 3600) is None
+    )  # the marker is written
+    assert locker.markers.enqueue("app.job:aa", "next-call", 3600) == "lost-message"  # it blocks
     result = run_cli("--url", redis_server.url, "clear-queued", "app.job:aa")
     assert result.returncode == 0, result.stderr
     assert "lost-message" in result.stdout
-    assert locker.enqueue("app.job:aa", "next-call", 3600) is None
+    assert locker.markers.enqueue("app.job:aa", "next-call", 3600) is None
 
 
 def test_clear_queued_without_a_marker_exits_1(redis_server: RedisServer) -> None:
@@ -402,8 +404,10 @@ def test_release_of_a_lock_with_parked_calls_makes_it_due_for_a_hand_off_now(
     locker = _locker(redis_server)
     locker.try_acquire("app.job:pr", 30, owner=Owner(task_id="t-h", host="w@h", pid=7))
     _park(locker, "app.job:pr", "t-p1")
-    assert locker.hand_off_due() == []  # not before the holder's TTL of 30 s
+    assert locker.queue.hand_off_due().names == []  # not before the holder's TTL of 30 s
     result = run_cli("--url", redis_server.url, "release", "--force", "app.job:pr")
     assert result.returncode == 0, result.stderr
     assert "1 call(s) parked behind it" in result.stdout
-    assert locker.hand_off_due() == ["app.job:pr"]  # a sweeper hands it on at its next tick
+    assert locker.queue.hand_off_due().names == [
+        "app.job:pr"
+    ]  # a sweeper hands it on at its next tick

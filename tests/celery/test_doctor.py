@@ -67,7 +67,7 @@ def test_doctor_json_lists_the_eviction_finding_with_its_severity(
 
 
 def test_doctor_reports_calls_parked_behind_a_free_lock(redis_server: RedisServer) -> None:
-    redis_server.client().rpush("singleton-lock:{proj.job:abc}:parked", "t-1", "t-2")
+    redis_server.client().zadd("singleton-lock:{proj.job:abc}:parked", {"t-1": 1, "t-2": 2})
     (line,) = problems(doctor(redis_server).stdout)
     assert line.startswith("WARNING parked: 2 call(s) parked behind free lock proj.job:abc")
 

@@ -78,7 +78,7 @@ def test_a_duplicate_of_a_running_task_gets_the_running_tasks_result(
 ) -> None:
     first = dedupe.dedupe_gated.delay(unique_key)
     wait_until(lambda: runs(unique_key))  # running: its acquire took the queued marker
-    assert locker.queued(name_of(dedupe.dedupe_gated, unique_key)) is None
+    assert locker.markers.queued(name_of(dedupe.dedupe_gated, unique_key)) is None
     with published(dedupe.dedupe_gated) as ids:
         second = dedupe.dedupe_gated.delay(unique_key)
     core.open_gate(unique_key)
@@ -101,7 +101,7 @@ def assert_a_queued_call_blocks_for(task: Any, key: str, seconds: float) -> None
     """A queued call of gated ``task`` (due in 1 s) blocks duplicates for ``seconds`` more."""
     first = task.apply_async((key,), countdown=1)
     try:
-        remaining = locker_for(task.app).queued_for(name_of(task, key))
+        remaining = locker_for(task.app).markers.queued_for(name_of(task, key))
         assert remaining is not None and seconds < remaining <= seconds + 1
     finally:
         core.open_gate(key)
@@ -139,9 +139,9 @@ def test_a_revoked_queued_task_has_its_marker_cleared_by_the_worker(
 ) -> None:
     name = name_of(dedupe.dedupe_gated, unique_key)
     result = dedupe.dedupe_gated.apply_async((unique_key,), countdown=1)
-    assert locker.queued(name) == result.id
+    assert locker.markers.queued(name) == result.id
     lockapp.app.control.revoke(result.id)
-    wait_until(lambda: locker.queued(name) is None, timeout=15)
+    wait_until(lambda: locker.markers.queued(name) is None, timeout=15)
     wait_until(lambda: result.state == "REVOKED", timeout=10)
     assert runs(unique_key) == []
     core.open_gate(unique_key)
@@ -206,7 +206,7 @@ def test_a_call_that_gives_up_its_lock_retries_is_no_longer_queued(
     assert isinstance(holder, Lease)
     with pytest.raises(DuplicateTaskError):
         result.get(timeout=20)
-    assert locker.queued(name) is None
+    assert locker.markers.queued(name) is None
     holder.release()
 
 
@@ -283,7 +283,7 @@ def test_a_failed_publish_removes_its_marker_before_the_error_reaches_the_caller
     for _ in range(2):  # the second call is not blocked by the first one's marker
         with pytest.raises(OperationalError):
             dead_dedupe.delay(unique_key)
-        seen.append(locker.queued(name))
+        seen.append(locker.markers.queued(name))
     assert seen == [None, None]
 
 

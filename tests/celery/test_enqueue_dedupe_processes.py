@@ -55,9 +55,9 @@ def test_the_prefork_main_process_clears_the_marker_of_a_revoked_message(
     key = unique("k")
     name = name_of(dedupe.dedupe_gated, key)
     result = dedupe.dedupe_gated.apply_async((key,), queue=prefork.queue, countdown=1)
-    assert locker.queued(name) == result.id
+    assert locker.markers.queued(name) == result.id
     lockapp.app.control.revoke(result.id, destination=[prefork.name])
-    wait_until(lambda: locker.queued(name) is None, timeout=15)
+    wait_until(lambda: locker.markers.queued(name) is None, timeout=15)
     wait_until(lambda: result.state == "REVOKED", timeout=10)
     assert runs(key) == []
 
@@ -77,10 +77,10 @@ def test_a_redelivered_message_takes_its_own_marker_and_runs_once(
         first.crash()
         assert runs(key) == []
         # the message is lost for now: its marker still stands for it
-        assert locker.queued(name) == queued.id
+        assert locker.markers.queued(name) == queued.id
         assert dedupe.dedupe_gated.apply_async((key,), queue=queue).id == queued.id
         core.open_gate(key)
         group.start(1, queue=queue, pool="prefork", concurrency=1)  # restores it
         assert queued.get(timeout=30) == queued.id
     assert runs(key) == [queued.id]
-    assert locker.queued(name) is None
+    assert locker.markers.queued(name) is None

@@ -49,7 +49,7 @@ def _park_behind_a_holder(worker: CeleryWorkerProcess, store: redis.Redis, key: 
     duplicates = []
     for index in (1, 2, 3):  # one by one: their arrival order is their index order
         duplicates.append(queueing.queued_in_order.apply_async((key, index), queue=worker.queue))
-        wait_until(lambda index=index: store.llen(parked) == index, timeout=20)
+        wait_until(lambda index=index: store.zcard(parked) == index, timeout=20)
     return duplicates
 
 

@@ -27,7 +27,7 @@ def _running(key: str, value: Any, seconds: float, **options: Any) -> Any:
 
 def _waiting(locker: RedisLocker, key: str) -> list[bytes]:
     name = latestapp.newest.lock_options.keyer.name((key, 0), {})
-    return list(locker.client.lrange(locker.keys(name).parked, 0, -1))
+    return list(locker.client.zrange(locker.keys(name).parked, 0, -1))
 
 
 def test_the_newest_duplicate_runs_after_the_running_call_and_the_others_are_superseded(
@@ -125,7 +125,7 @@ def test_a_call_held_back_on_a_free_lock_is_announced_with_the_reason_debounce(
     finally:
         lock_duplicate.disconnect(on_duplicate)
         # this worker runs no sweeper: take the held call out, no other worker's sweeper sends it
-        locker.drop_parked(name, held.id, reservation_ttl=30)
+        locker.queue.drop_parked(name, held.id, reservation_ttl=30)
     assert latestapp.started(unique_key) == []
 
 

@@ -38,7 +38,7 @@ def prefork(servers: Servers, celery_app: Any) -> Iterator[CeleryWorkerProcess]:
 
 
 def _waiting(store: redis.Redis, task: Any, key: str) -> list[bytes]:
-    return list(store.lrange(lock_key(task, key, 0) + ":parked", 0, -1))
+    return list(store.zrange(lock_key(task, key, 0) + ":parked", 0, -1))
 
 
 def test_a_burst_of_five_runs_once_with_the_last_arguments_after_the_debounce(

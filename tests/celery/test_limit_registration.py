@@ -98,3 +98,32 @@ def test_a_callable_limit_returning_0_says_it_must_return_an_integer(
     keyer = task.lock_options.keyer
     with pytest.raises(LockConfigurationError, match=r"lock_limit's callable must return an int"):
         limit_for(task.name, task.lock_options.limit, keyer, [7], {})
+
+
+def test_lock_fair_by_registers_with_queue_and_gives_each_value_its_own_fairness(
+    registration_app: Celery,
+) -> None:
+    options = register(
+        registration_app, on_duplicate="queue", lock_fair_by=("account_id",)
+    ).lock_options
+    assert options.fair_value((1,), {}) == options.fair_value((), {"account_id": 1})
+    assert options.fair_value((1,), {}) != options.fair_value((2,), {})
+
+
+def test_without_lock_fair_by_a_call_has_no_fairness_value(registration_app: Celery) -> None:
+    assert register(registration_app, on_duplicate="queue").lock_options.fair_value((1,), {}) == ""
+
+
+def test_lock_fair_by_naming_no_parameter_of_the_task_is_refused_naming_it(
+    registration_app: Celery,
+) -> None:
+    with pytest.raises(
+        LockConfigurationError, match=r"billing\.job: lock_fair_by names \['tenant'\]"
+    ):
+        register(registration_app, on_duplicate="queue", lock_fair_by=("tenant",))
+
+
+@pytest.mark.parametrize("policy", ["skip", "retry", "replace"])
+def test_lock_fair_by_without_a_queue_is_refused(registration_app: Celery, policy: str) -> None:
+    with pytest.raises(LockConfigurationError, match=r"lock_fair_by.*on_duplicate='queue'"):
+        register(registration_app, on_duplicate=policy, lock_fair_by=("account_id",))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from typing import Any, Iterator
 
 import pytest
@@ -69,6 +70,54 @@ def test_limit_3_queue_runs_12_calls_once_each_at_most_3_at_once(
     assert store.exists(lock_key(task, key) + ":parked") == 0
 
 
+def test_a_cap_lowered_while_calls_are_parked_runs_every_call_once_with_no_slot_stranded(
+    prefork: CeleryWorkerProcess, store: redis.Redis
+) -> None:
+    """Issue 28, bug 2: a callable lock_limit lowered from 3 to 1 while calls are parked; no
+    slot stays reserved until the hand-off timeout (60 s), so every call ends well before."""
+    key, task = unique("k"), limits.live_cap_queue
+    parked = lock_key(task, key) + ":parked"
+    running = [task.apply_async((key, 6.0), queue=prefork.queue) for _ in range(3)]
+    wait_until(lambda: int(store.get(f"gauge:{key}") or 0) == 3, timeout=30)
+    waiting = [task.apply_async((key, 0.2), queue=prefork.queue) for _ in range(2)]
+    wait_until(lambda: store.zcard(parked) == 2, timeout=30)
+    store.set(f"cap:{key}", 1)
+    later = [task.apply_async((key, 0.2), queue=prefork.queue) for _ in range(2)]
+    wait_until(lambda: store.zcard(parked) == 4, timeout=30)
+    results = running + waiting + later
+    for result in results:
+        result.get(timeout=45)
+    assert sorted(ran(store, key)) == sorted(result.id for result in results)
+    assert store.exists(parked, lock_key(task, key) + ":slot:2") == 0
+
+
+def test_a_tenant_sending_after_a_backlog_starts_within_3_5_s_with_lock_fair_by(
+    prefork: CeleryWorkerProcess, store: redis.Redis
+) -> None:
+    """Issue 31's "fair" acceptance: tenant A sends 20 calls of 1 s, tenant B 2 calls 0.5 s
+    later (2 at once): B's calls are served round robin with A's backlog, not behind it (in
+    arrival order they would start ~9 s after they were sent)."""
+    key, task = unique("k"), limits.fair_limit2_queue
+    backlog = [task.apply_async((key, "A", 1.0), queue=prefork.queue) for _ in range(20)]
+    time.sleep(0.5)
+    sent_at = time.time()
+    later = [task.apply_async((key, "B", 1.0), queue=prefork.queue) for _ in range(2)]
+    results = backlog + later
+    for result in results:
+        result.get(timeout=120)
+    starts = {
+        task_id: float(at)
+        for task_id, _, at in (
+            entry.decode().split("|") for entry in store.lrange(f"runs:{key}", 0, -1)
+        )
+    }
+    waits = [round(starts[result.id] - sent_at, 2) for result in later]
+    print(f"\nlock_fair_by: tenant B's calls started {waits} s after they were sent")
+    assert sorted(ran(store, key)) == sorted(result.id for result in results)  # each once
+    assert int(store.get(f"most:{key}") or 0) == 2
+    assert all(wait <= 3.5 for wait in waits), waits
+
+
 def test_rate_3_per_3s_queue_runs_6_calls_never_more_than_3_starts_in_3s(
     threads: CeleryWorkerProcess, store: redis.Redis
 ) -> None:
@@ -101,7 +150,7 @@ def test_a_slot_of_a_killed_pool_child_is_handed_to_the_parked_call(
     holders = [task.apply_async((key, 8), queue=worker.queue) for _ in range(3)]
     wait_until(lambda: len(slots_held(store, task, key)) == 3, timeout=30)
     parked = task.apply_async((key, 0), queue=worker.queue)
-    wait_until(lambda: store.llen(lock_key(task, key) + ":parked") == 1, timeout=30)
+    wait_until(lambda: store.zcard(lock_key(task, key) + ":parked") == 1, timeout=30)
     # slot 2: not the lock key itself, which the mutex's hand-off would also find free
     victim = next(h for h in slots_held(store, task, key) if h.key.endswith(":slot:2"))
     (killed,) = (result for result in holders if result.id == victim.task_id)
@@ -129,7 +178,7 @@ def test_a_slot_of_a_killed_worker_is_handed_to_the_parked_call_once_it_expires(
     wait_until(lambda: len(slots_held(store, task, key)) == 3, timeout=30)
     assert slots_held(store, task, key)[1].task_id == doomed_call.id
     parked = task.apply_async((key, 0), queue=keeper.queue)
-    wait_until(lambda: store.llen(lock_key(task, key) + ":parked") == 1, timeout=30)
+    wait_until(lambda: store.zcard(lock_key(task, key) + ":parked") == 1, timeout=30)
     doomed.kill_group(signal.SIGKILL)
     # the doomed slot expires (5 s) and the keeper's sweeper hands it on, before the kept
     # bodies (15 s) free theirs

@@ -166,7 +166,7 @@ def run_scenario(server: RedisServer, worker: Any, client: Any, port: int) -> Ou
     assert lost.get(timeout=30)["lost"]
     # two calls parked behind a lock of hold_skip that no worker hands on (no queue policy)
     parked = f"singleton-lock:{{{policies.hold_skip.name}:{unique('parked')}}}:parked"
-    server.client().rpush(parked, "t-1", "t-2")
+    server.client().zadd(parked, {"t-1": 1, "t-2": 2})
     before = scrape_once_released(port)
     killed = children_of(worker.pid)
     for pid in killed:

@@ -42,9 +42,9 @@ def parked_list(key: str) -> str:
 def park(worker: CeleryWorkerProcess, key: str, index: int, **options: Any) -> Any:
     """Send call ``index`` on ``key`` and wait until it is parked."""
     store = core.store()
-    before = store.llen(parked_list(key))
+    before = store.zcard(parked_list(key))
     result = queueing.queued_in_order.apply_async((key, index, 0.05), queue=worker.queue, **options)
-    wait_until(lambda: store.llen(parked_list(key)) == before + 1, timeout=20)
+    wait_until(lambda: store.zcard(parked_list(key)) == before + 1, timeout=20)
     return result
 
 
@@ -66,7 +66,7 @@ def test_a_revoked_parked_call_is_dropped_and_the_next_one_runs(
     assert [second.get(timeout=RUN_TIMEOUT), third.get(timeout=RUN_TIMEOUT)] == [2, 3]
     assert revoked.state == "REVOKED"
     assert started_order(store, key) == [0, 2, 3]
-    assert store.llen(parked_list(key)) == 0
+    assert store.zcard(parked_list(key)) == 0
     assert int(store.get(f"overlaps:{key}") or 0) == 0
 
 
@@ -81,5 +81,5 @@ def test_a_parked_call_that_expired_meanwhile_is_dropped_and_the_next_one_runs(
     assert second.get(timeout=RUN_TIMEOUT) == 2
     assert expiring.state == "REVOKED"
     assert started_order(store, key) == [0, 2]
-    assert store.llen(parked_list(key)) == 0
+    assert store.zcard(parked_list(key)) == 0
     wait_until(lambda: not store.exists(lock_key(queueing.queued_in_order, key, 0)), timeout=10)

@@ -38,7 +38,7 @@ def test_every_duplicate_runs_once_in_arrival_order(
         if index == 0:
             wait_until(lambda: store.llen(f"order:{unique_key}") == 1, timeout=10)
         else:
-            wait_until(lambda index=index: store.llen(parked) == index, timeout=10)
+            wait_until(lambda index=index: store.zcard(parked) == index, timeout=10)
     assert [result.get(timeout=30) for result in results] == list(range(6))
     assert store.lrange(f"order:{unique_key}", 0, -1) == [str(i).encode() for i in range(6)]
     assert int(store.get(f"overlaps:{unique_key}") or 0) == 0
@@ -53,7 +53,7 @@ def test_a_parked_duplicate_holds_no_worker_slot(
     other = queueing.hold_queue.delay(f"{unique_key}-other")
     other.get(timeout=10)  # a slot was free: the six parked ones hold none
     keys = locker.keys(queueing.hold_queue.lock_options.keyer.name((unique_key,), {}))
-    wait_until(lambda: store.llen(keys.parked) == 6, timeout=10)
+    wait_until(lambda: store.zcard(keys.parked) == 6, timeout=10)
     assert all(result.state == "PENDING" for result in parked)
     assert store.llen(f"runs:{unique_key}") == 0
     lease.release()  # released from outside, without a hand-off: the sweeper is not running
@@ -107,7 +107,7 @@ def test_a_parked_call_whose_message_cannot_be_read_is_dropped_and_the_next_one_
         assert holder.get(timeout=10) == 0
         assert following.get(timeout=20) == 2
     assert store.lrange(f"order:{unique_key}", 0, -1) == [b"0", b"2"]
-    assert store.llen(locker.keys(name).parked) == 0
+    assert store.zcard(locker.keys(name).parked) == 0
     assert any(unreadable in record.getMessage() for record in caplog.records)
 
 
@@ -135,13 +135,13 @@ def test_a_parked_message_sent_again_keeps_its_place_and_runs_once(
     first = task.apply_async((unique_key, 1), task_id=copy_id)
     task.apply_async((unique_key, 1), task_id=copy_id)
     wait_until(lambda: ended() == 2, timeout=10)
-    assert store.lrange(keys.parked, 0, -1) == [copy_id.encode()]
+    assert store.zrange(keys.parked, 0, -1) == [copy_id.encode()]
     assert holder.get(timeout=10) == 0
     assert first.get(timeout=20) == 1
     task.apply_async((unique_key, 1), task_id=copy_id)  # after it ran: its finish drops it
     wait_until(lambda: ended() == 4, timeout=10)
     assert store.lrange(f"order:{unique_key}", 0, -1) == [b"0", b"1"]
-    assert store.llen(keys.parked) == 0
+    assert store.zcard(keys.parked) == 0
     assert_released(store, keys.lock)
 
 
@@ -155,13 +155,13 @@ def test_a_queued_task_retrying_itself_hands_on_and_its_retry_runs_later(
     others = []
     for index in (1, 2):  # one by one: their arrival order is their index order
         others.append(task.delay(unique_key, index, 0.1))
-        wait_until(lambda index=index: store.llen(keys.parked) == index, timeout=10)
+        wait_until(lambda index=index: store.zcard(keys.parked) == index, timeout=10)
     assert [r.get(timeout=20) for r in [first, *others]] == [0, 1, 2]
     runs = [int(index) for index in store.lrange(f"order:{unique_key}", 0, -1)]
     assert runs[:2] == [0, 1]  # the retry handed the lock to the oldest parked call
     assert sorted(runs) == [0, 0, 1, 1, 2, 2]  # each attempt ran once: 3 first, 3 retries
     assert int(store.get(f"overlaps:{unique_key}") or 0) == 0
-    assert store.llen(keys.parked) == 0
+    assert store.zcard(keys.parked) == 0
     assert_released(store, keys.lock)
 
 
@@ -173,7 +173,7 @@ def test_a_chain_goes_on_after_its_parked_step_runs(
     holder = task.delay(unique_key, 0, 0.5)
     wait_until(lambda: store.llen(f"order:{unique_key}") == 1, timeout=10)
     steps = chain(task.si(unique_key, 1, 0.05), task.si(unique_key, 2, 0.05)).delay()
-    wait_until(lambda: store.llen(keys.parked) == 1, timeout=10)  # its first step is parked
+    wait_until(lambda: store.zcard(keys.parked) == 1, timeout=10)  # its first step is parked
     assert holder.get(timeout=10) == 0
     assert steps.get(timeout=20) == 2
     assert store.lrange(f"order:{unique_key}", 0, -1) == [b"0", b"1", b"2"]

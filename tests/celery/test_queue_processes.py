@@ -85,7 +85,7 @@ def send_in_order(
         if index == 0:
             wait_until(lambda: started_order(store, key) == [0], timeout=20)
         else:
-            wait_until(lambda index=index: store.llen(parked_list(key)) == index, timeout=20)
+            wait_until(lambda index=index: store.zcard(parked_list(key)) == index, timeout=20)
     return results
 
 

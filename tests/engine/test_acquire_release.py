@@ -127,6 +127,34 @@ def test_release_publishes_a_notification(locker: RedisLocker) -> None:
         pubsub.close()
 
 
+def publishes(client: redis.Redis) -> int:
+    """PUBLISH calls the server has run (its own counter), scripts' included."""
+    return int(client.info("commandstats").get("cmdstat_publish", {}).get("calls", 0))
+
+
+def test_a_release_nobody_waits_for_publishes_nothing(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    lease = locker.try_acquire("job", ttl=5)
+    assert isinstance(lease, Lease)
+    assert lease.release() is True
+    assert publishes(redis_client) == 0
+
+
+def test_a_release_someone_waits_for_is_published_once(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    lease = locker.try_acquire("job", ttl=5)
+    assert isinstance(lease, Lease)
+    pubsub = subscribe_releases(locker.client, locker.keys("job").channel)
+    try:
+        wait_until(lambda: redis_client.pubsub_numsub(locker.keys("job").channel)[0][1] == 1, 5)
+        lease.release()
+        assert publishes(redis_client) == 1
+    finally:
+        pubsub.close()
+
+
 def test_waiting_for_release_times_out_while_the_lock_is_held(locker: RedisLocker) -> None:
     locker.try_acquire("job", ttl=5)
     pubsub = subscribe_releases(locker.client, locker.keys("job").channel)

@@ -16,14 +16,14 @@ def held(locker: RedisLocker, task_id: str = "runner", limit: int = 1) -> Lease:
 
 
 def test_an_acquire_inside_the_cooldown_finds_the_key_held_cooling(locker: RedisLocker) -> None:
-    assert locker.release_cooling(held(locker), 5.0) is True
+    assert locker.cooldown.release_cooling(held(locker), 5.0) is True
     holder = locker.try_acquire("job", 10.0)
     assert isinstance(holder, LockHolder)
     assert holder.cooling and holder.task_id == "runner"
 
 
 def test_the_cooldown_left_is_the_holders_ttl(locker: RedisLocker) -> None:
-    locker.release_cooling(held(locker), 5.0)
+    locker.cooldown.release_cooling(held(locker), 5.0)
     holder = locker.try_acquire("job", 10.0)
     assert isinstance(holder, LockHolder) and holder.ttl is not None and 4.0 < holder.ttl <= 5.0
 
@@ -34,7 +34,7 @@ def test_a_release_into_the_cooldown_is_published_to_the_waiters(locker: RedisLo
     lease = held(locker)
     pubsub = subscribe_releases(locker.client, locker.keys("job").channel)
     try:
-        locker.release_cooling(lease, 5.0)
+        locker.cooldown.release_cooling(lease, 5.0)
         assert wait_for_release(pubsub, timeout=2.0)
     finally:
         pubsub.close()
@@ -50,7 +50,7 @@ def test_the_key_is_free_again_after_the_cooldown(
     locker: RedisLocker, redis_client: redis.Redis
 ) -> None:
     lease = held(locker)
-    locker.release_cooling(lease, 0.2)
+    locker.cooldown.release_cooling(lease, 0.2)
     wait_until(lambda: not redis_client.exists(lease.key), timeout=5)  # the cooldown ends
     assert isinstance(locker.try_acquire("job", 10.0), Lease)
 
@@ -60,7 +60,7 @@ def test_a_cooldown_release_of_a_lease_no_longer_ours_changes_nothing(
 ) -> None:
     lease = held(locker)
     redis_client.delete(lease.key)
-    assert locker.release_cooling(lease, 5.0) is False
+    assert locker.cooldown.release_cooling(lease, 5.0) is False
     assert redis_client.exists(lease.key) == 0
 
 
@@ -68,7 +68,7 @@ def test_a_key_in_its_cooldown_is_neither_renewed_nor_released_by_owner(
     locker: RedisLocker, redis_client: redis.Redis
 ) -> None:
     lease = held(locker)
-    locker.release_cooling(lease, 5.0)
+    locker.cooldown.release_cooling(lease, 5.0)
     owner = lease.owner
     assert locker.renew_by_owner([("job", owner, 60.0)]) == [0]
     assert not locker.release_abandoned("job", task_id="runner", host=owner.host, pid=owner.pid)
@@ -78,5 +78,5 @@ def test_a_key_in_its_cooldown_is_neither_renewed_nor_released_by_owner(
 def test_a_slot_in_its_cooldown_stays_taken(locker: RedisLocker) -> None:
     first = held(locker, "a", limit=2)
     held(locker, "b", limit=2)
-    locker.release_cooling(first, 5.0)
+    locker.cooldown.release_cooling(first, 5.0)
     assert isinstance(locker.try_acquire("job", 10.0, limit=2), LockHolder)

@@ -1,16 +1,17 @@
-"""The hand-off queue: ACQUIRE_OR_PARK, RELEASE_AND_HAND_OFF and the sweeper's HANDOFF_DUE."""
+"""The hand-off queue behind a mutex (the slot queue with one slot): ACQUIRE_SLOT_OR_PARK,
+HAND_ON_SLOTS and the sweeper's HANDOFF_DUE."""
 
 from __future__ import annotations
 
 import time
-from typing import Union
+from typing import Any, Optional, Union
 
 import pytest
 import redis
 
 from celery_singleton_lock import AlreadyFinished
 from celery_singleton_lock.engine import Lease, LockHolder, Owner, RedisLocker
-from celery_singleton_lock.engine.kinds.parking import HANDOFF_TOKEN
+from celery_singleton_lock.engine.kinds.slot_queue import HANDOFF_TOKEN
 from celery_singleton_lock.engine.lease import Parked
 
 
@@ -29,8 +30,22 @@ def attempt(
     )
 
 
+def release(locker: RedisLocker, lease: Lease, **options: Any) -> tuple[bool, Optional[bytes]]:
+    """A release of the one slot: whether it was ours, and the one message handed on."""
+    owned, handed = locker.queue.release_handing_on(lease, limit=1, **options)
+    assert len(handed) <= 1
+    return owned, handed[0] if handed else None
+
+
+def sweep(locker: RedisLocker, *, reservation_ttl: float) -> Optional[bytes]:
+    """A sweeper's step on the lock: the one message handed on, or None."""
+    handed = locker.queue.hand_on("job", reservation_ttl=reservation_ttl)
+    assert len(handed) <= 1
+    return handed[0] if handed else None
+
+
 def parked_ids(locker: RedisLocker) -> list[bytes]:
-    return list(locker.client.lrange(locker.keys("job").parked, 0, -1))
+    return list(locker.client.zrange(locker.keys("job").parked, 0, -1))
 
 
 def test_a_free_lock_is_taken_without_parking(locker: RedisLocker) -> None:
@@ -71,7 +86,7 @@ def test_the_release_reserves_the_lock_for_the_oldest_parked_and_returns_its_mes
     assert isinstance(lease, Lease)
     attempt(locker, "b")
     attempt(locker, "c")
-    owned, message = locker.release_handing_off(lease, reservation_ttl=5)
+    owned, message = release(locker, lease, reservation_ttl=5)
     assert (owned, message) == (True, b"msg-b")
     value = redis_client.get(locker.keys("job").lock)
     assert value is not None and value.startswith(HANDOFF_TOKEN.encode())
@@ -83,7 +98,7 @@ def test_only_the_reserved_task_id_takes_a_reserved_lock(locker: RedisLocker) ->
     lease = attempt(locker, "a")
     assert isinstance(lease, Lease)
     attempt(locker, "b")
-    locker.release_handing_off(lease, reservation_ttl=5)
+    release(locker, lease, reservation_ttl=5)
     newcomer = attempt(locker, "z")
     assert isinstance(newcomer, Parked)
     assert newcomer.holder is not None and newcomer.holder.task_id == "b"
@@ -98,7 +113,7 @@ def test_releases_hand_the_lock_on_in_arrival_order(locker: RedisLocker) -> None
     ran = []
     while isinstance(lease, Lease):
         ran.append(lease.owner.task_id)
-        _, message = locker.release_handing_off(lease, reservation_ttl=5)
+        _, message = release(locker, lease, reservation_ttl=5)
         if message is None:
             break
         next_id = message.decode().removeprefix("msg-")
@@ -111,7 +126,7 @@ def test_releases_hand_the_lock_on_in_arrival_order(locker: RedisLocker) -> None
 def test_a_release_with_nothing_parked_frees_the_lock(locker: RedisLocker) -> None:
     lease = attempt(locker, "a")
     assert isinstance(lease, Lease)
-    assert locker.release_handing_off(lease, reservation_ttl=5) == (True, None)
+    assert release(locker, lease, reservation_ttl=5) == (True, None)
     assert not locker.client.exists(locker.keys("job").lock)
 
 
@@ -121,7 +136,7 @@ def test_a_release_by_a_lease_that_lost_the_lock_hands_off_nothing(locker: Redis
     attempt(locker, "b")
     locker.client.delete(locker.keys("job").lock)
     assert isinstance(attempt(locker, "x"), Parked)  # free, but "b" is older: reserved for it
-    assert locker.release_handing_off(lease, reservation_ttl=5) == (False, None)
+    assert release(locker, lease, reservation_ttl=5) == (False, None)
 
 
 def test_a_free_lock_with_older_parked_ids_is_handed_to_the_oldest_not_taken(
@@ -142,11 +157,13 @@ def test_the_sweeper_finds_a_dead_holders_lock_once_it_expired_and_hands_it_off(
 ) -> None:
     assert isinstance(attempt(locker, "a", ttl=0.3), Lease)
     attempt(locker, "b")
-    assert locker.hand_off_due() == []  # not due before the holder's TTL runs out
+    assert locker.queue.hand_off_due().names == []  # not due before the holder's TTL runs out
     time.sleep(0.4)
-    assert locker.hand_off_due() == ["job"]
-    assert locker.hand_off_if_free("job", reservation_ttl=5) == b"msg-b"
-    assert locker.hand_off_due() == []  # reserved: due again when the reservation runs out
+    assert locker.queue.hand_off_due().names == ["job"]
+    assert sweep(locker, reservation_ttl=5) == b"msg-b"
+    assert (
+        locker.queue.hand_off_due().names == []
+    )  # reserved: due again when the reservation runs out
 
 
 def test_the_sweeper_leaves_a_held_lock_and_looks_again_at_its_ttl(locker: RedisLocker) -> None:
@@ -155,9 +172,9 @@ def test_the_sweeper_leaves_a_held_lock_and_looks_again_at_its_ttl(locker: Redis
     attempt(locker, "b")
     locker.client.pexpire(locker.keys("job").lock, 30_000)  # renewed meanwhile
     time.sleep(0.4)
-    assert locker.hand_off_due() == ["job"]
-    assert locker.hand_off_if_free("job", reservation_ttl=5) is None
-    assert locker.hand_off_due() == []
+    assert locker.queue.hand_off_due().names == ["job"]
+    assert sweep(locker, reservation_ttl=5) is None
+    assert locker.queue.hand_off_due().names == []
     score = locker.client.zscore(locker.keys("job").handoff_due, "job")
     assert score is not None and score > time.time() * 1000 + 20_000
 
@@ -169,16 +186,51 @@ def test_a_reservation_that_ran_out_is_handed_to_the_same_task_id_again(
     assert isinstance(lease, Lease)
     attempt(locker, "b")
     attempt(locker, "c")
-    assert locker.release_handing_off(lease, reservation_ttl=0.2)[1] == b"msg-b"
+    assert release(locker, lease, reservation_ttl=0.2)[1] == b"msg-b"
     time.sleep(0.3)  # b's message was lost on its way
-    assert locker.hand_off_due() == ["job"]
-    assert locker.hand_off_if_free("job", reservation_ttl=5) == b"msg-b"
+    assert locker.queue.hand_off_due().names == ["job"]
+    assert sweep(locker, reservation_ttl=5) == b"msg-b"
+
+
+def test_a_published_hand_off_makes_its_short_reservation_live_the_whole_timeout(
+    locker: RedisLocker,
+) -> None:
+    lease = attempt(locker, "a")
+    assert isinstance(lease, Lease)
+    attempt(locker, "b")
+    assert release(locker, lease, reservation_ttl=3)[1] == b"msg-b"  # the send window
+    assert locker.client.pttl(locker.keys("job").lock) <= 3000
+    assert locker.queue.handed("job", "b", reservation_ttl=60) is True
+    assert locker.client.pttl(locker.keys("job").lock) > 50_000
+    score = locker.client.zscore(locker.keys("job").handoff_due, "job")
+    assert score is not None and score > time.time() * 1000 + 50_000  # looked at when it ends
+
+
+def test_a_hand_off_published_after_its_reservation_was_taken_changes_nothing(
+    locker: RedisLocker,
+) -> None:
+    lease = attempt(locker, "a")
+    assert isinstance(lease, Lease)
+    attempt(locker, "b")
+    release(locker, lease, reservation_ttl=3)
+    taken = attempt(locker, "b", ttl=30)
+    assert isinstance(taken, Lease)
+    assert locker.queue.handed("job", "b", reservation_ttl=60) is False
+    assert locker.client.get(locker.keys("job").lock).startswith(taken.token.encode())
+
+
+def test_the_sweeper_is_told_when_the_next_lock_falls_due(locker: RedisLocker) -> None:
+    assert locker.queue.hand_off_due().next_in is None  # nothing parked anywhere
+    assert isinstance(attempt(locker, "a", ttl=20), Lease)
+    attempt(locker, "b")
+    due = locker.queue.hand_off_due()
+    assert due.names == [] and due.next_in is not None and 15 < due.next_in <= 20
 
 
 def test_a_finished_task_id_takes_nothing_and_is_not_parked(locker: RedisLocker) -> None:
     lease = attempt(locker, "a")
     assert isinstance(lease, Lease)
-    locker.release_handing_off(lease, reservation_ttl=5, remember_for=3600)  # the default
+    release(locker, lease, reservation_ttl=5, remember_for=3600)  # the default
     with pytest.raises(AlreadyFinished):
         attempt(locker, "a", unless_finished=True)
     assert parked_ids(locker) == []
@@ -188,7 +240,7 @@ def test_parking_hands_out_fences_in_execution_order(locker: RedisLocker) -> Non
     lease = attempt(locker, "a", fencing=True)
     assert isinstance(lease, Lease) and lease.fence == 1
     attempt(locker, "b", fencing=True)
-    locker.release_handing_off(lease, reservation_ttl=5)
+    release(locker, lease, reservation_ttl=5)
     taken = attempt(locker, "b", fencing=True)
     assert isinstance(taken, Lease) and taken.fence == 2
 
@@ -203,8 +255,8 @@ def test_dropping_the_task_id_the_lock_is_reserved_for_hands_it_to_the_next_at_o
     assert isinstance(lease, Lease)
     attempt(locker, "b")
     attempt(locker, "c")
-    assert locker.release_handing_off(lease, reservation_ttl=30)[1] == b"msg-b"
-    assert locker.drop_parked("job", "b", reservation_ttl=30) == b"msg-c"
+    assert release(locker, lease, reservation_ttl=30)[1] == b"msg-b"
+    assert locker.queue.drop_parked("job", "b", reservation_ttl=30) == b"msg-c"
     assert parked_ids(locker) == [b"c"]
     assert not redis_client.hexists(locker.keys("job").parked_messages, "b")
     value = redis_client.get(locker.keys("job").lock)
@@ -216,8 +268,8 @@ def test_dropping_the_last_reserved_task_id_frees_the_lock(locker: RedisLocker) 
     lease = attempt(locker, "a")
     assert isinstance(lease, Lease)
     attempt(locker, "b")
-    locker.release_handing_off(lease, reservation_ttl=30)
-    assert locker.drop_parked("job", "b", reservation_ttl=30) is True
+    release(locker, lease, reservation_ttl=30)
+    assert locker.queue.drop_parked("job", "b", reservation_ttl=30) is True
     assert not locker.client.exists(locker.keys("job").lock)
     assert isinstance(attempt(locker, "z"), Lease)
 
@@ -228,18 +280,18 @@ def test_dropping_a_parked_task_id_behind_a_holder_keeps_the_others_in_order(
     lease = attempt(locker, "a")
     for task_id in "bcd":
         attempt(locker, task_id)
-    assert locker.drop_parked("job", "c", reservation_ttl=30) is True
+    assert locker.queue.drop_parked("job", "c", reservation_ttl=30) is True
     assert parked_ids(locker) == [b"b", b"d"]
     assert isinstance(lease, Lease)
-    assert locker.release_handing_off(lease, reservation_ttl=30)[1] == b"msg-b"
+    assert release(locker, lease, reservation_ttl=30)[1] == b"msg-b"
 
 
 def test_dropping_never_touches_a_lock_held_by_that_task_id(locker: RedisLocker) -> None:
     lease = attempt(locker, "a")
     attempt(locker, "b")
-    assert locker.drop_parked("job", "a", reservation_ttl=30) is False
+    assert locker.queue.drop_parked("job", "a", reservation_ttl=30) is False
     assert isinstance(lease, Lease) and lease.held
-    assert locker.release_handing_off(lease, reservation_ttl=30) == (True, b"msg-b")
+    assert release(locker, lease, reservation_ttl=30) == (True, b"msg-b")
 
 
 def test_release_all_at_shutdown_makes_a_lock_with_parked_ids_due_for_a_hand_off_now(
@@ -248,7 +300,7 @@ def test_release_all_at_shutdown_makes_a_lock_with_parked_ids_due_for_a_hand_off
     lease = locker.try_acquire("job", ttl=30, owner=Owner(task_id="a"), park=b"msg-a")
     assert isinstance(lease, Lease)
     attempt(locker, "b")
-    assert locker.hand_off_due() == []  # not before the holder's TTL of 30 s
+    assert locker.queue.hand_off_due().names == []  # not before the holder's TTL of 30 s
     assert locker.release_all() == 1
-    assert locker.hand_off_due() == ["job"]
-    assert locker.hand_off_if_free("job", reservation_ttl=5) == b"msg-b"
+    assert locker.queue.hand_off_due().names == ["job"]
+    assert sweep(locker, reservation_ttl=5) == b"msg-b"

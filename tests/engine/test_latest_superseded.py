@@ -47,33 +47,33 @@ def test_a_call_left_to_mark_is_not_due_for_a_sweeper_within_the_grace(
     locker: RedisLocker,
 ) -> None:
     displace_b(locker)
-    assert locker.superseded_left() == []
+    assert locker.latest.superseded_left() == []
 
 
 def test_a_call_left_to_mark_is_due_for_a_sweeper_after_the_grace(locker: RedisLocker) -> None:
     displace_b(locker)
     make_due(locker)
-    assert locker.superseded_left() == [("job", [b"b\nmsg"])]
+    assert locker.latest.superseded_left() == [("job", [b"b\nmsg"])]
 
 
 def test_clearing_a_marked_call_leaves_nothing_for_a_sweeper(locker: RedisLocker) -> None:
     displace_b(locker)
     make_due(locker)
-    assert locker.clear_superseded("job", ["b"]) == 0
-    assert locker.superseded_left() == []
+    assert locker.latest.clear_superseded("job", ["b"]) == 0
+    assert locker.latest.superseded_left() == []
 
 
 def test_a_cleared_call_stays_recorded_as_superseded(locker: RedisLocker) -> None:
     displace_b(locker)
-    locker.clear_superseded("job", ["b"])
+    locker.latest.clear_superseded("job", ["b"])
     assert ids_of(locker) == {b"b"}
 
 
 def test_a_call_still_left_after_a_clear_is_looked_at_again_later(locker: RedisLocker) -> None:
     displace_b(locker)
     make_due(locker)
-    assert locker.clear_superseded("job", [], look_again_in=60) == 1
-    assert locker.superseded_left() == []
+    assert locker.latest.clear_superseded("job", [], look_again_in=60) == 1
+    assert locker.latest.superseded_left() == []
 
 
 def test_a_stale_copy_of_a_displaced_call_is_refused(locker: RedisLocker) -> None:

@@ -30,7 +30,7 @@ def attempt(
 
 
 def waiting_ids(locker: RedisLocker) -> list[bytes]:
-    return list(locker.client.lrange(locker.keys("job").parked, 0, -1))
+    return list(locker.client.zrange(locker.keys("job").parked, 0, -1))
 
 
 def test_a_free_lock_is_taken_at_once_without_a_debounce(locker: RedisLocker) -> None:
@@ -66,7 +66,7 @@ def test_the_release_hands_the_lock_to_the_newest_call_only(locker: RedisLocker)
     assert isinstance(holder, Lease)
     for task_id in "bcd":
         attempt(locker, task_id)
-    owned, handed = locker.release_latest(holder, reservation_ttl=30)
+    owned, handed = locker.latest.release_latest(holder, reservation_ttl=30)
     assert owned and handed == b"d\nmsg"
     assert isinstance(attempt(locker, "d"), Lease)  # its reservation taken over
     assert waiting_ids(locker) == []
@@ -76,7 +76,7 @@ def test_a_call_whose_reservation_is_on_its_way_is_never_displaced(locker: Redis
     holder = attempt(locker, "a")
     assert isinstance(holder, Lease)
     attempt(locker, "b")
-    locker.release_latest(holder, reservation_ttl=30)  # reserved for b, its message sent
+    locker.latest.release_latest(holder, reservation_ttl=30)  # reserved for b, its message sent
     c, d = attempt(locker, "c"), attempt(locker, "d")
     assert isinstance(c, Parked) and c.displaced == () and c.position == 2
     assert isinstance(d, Parked) and d.displaced == (b"c\nmsg",)
@@ -87,14 +87,16 @@ def test_a_call_whose_reservation_is_on_its_way_is_never_displaced(locker: Redis
 def test_a_debounced_call_is_held_even_on_a_free_lock(locker: RedisLocker) -> None:
     held = attempt(locker, "a", Latest(debounce=5))
     assert isinstance(held, Parked) and held.holder is None
-    assert locker.hand_off_due() == []  # not due for 5 s
+    assert locker.queue.hand_off_due().names == []  # not due for 5 s
     assert locker.client.exists(locker.keys("job").lock) == 0
 
 
 def test_a_debounced_call_is_handed_on_by_the_sweeper_once_due(locker: RedisLocker) -> None:
     attempt(locker, "a", Latest(debounce=0.05))
-    wait_until(lambda: locker.hand_off_due() == ["job"], timeout=5)  # by the server's clock
-    assert locker.hand_off_if_free("job", reservation_ttl=30) == b"a\nmsg"
+    wait_until(
+        lambda: locker.queue.hand_off_due().names == ["job"], timeout=5
+    )  # by the server's clock
+    assert locker.queue.hand_on("job", reservation_ttl=30) == [b"a\nmsg"]
     assert isinstance(attempt(locker, "a", Latest(debounce=0.05)), Lease)
 
 
@@ -116,7 +118,7 @@ def test_a_release_before_the_waiting_call_is_due_hands_nothing_on(locker: Redis
     holder = attempt(locker, "a")
     assert isinstance(holder, Lease)
     attempt(locker, "b", Latest(debounce=60))
-    owned, handed = locker.release_latest(holder, reservation_ttl=30)
+    owned, handed = locker.latest.release_latest(holder, reservation_ttl=30)
     assert owned and handed is None
     assert waiting_ids(locker) == [b"b"]
 
@@ -152,7 +154,7 @@ def test_a_call_sent_before_the_holder_never_waits_or_runs_after_it(locker: Redi
     assert isinstance(holder, Lease)
     with pytest.raises(AlreadySuperseded):
         sent(locker, "d", 400)  # reached the lock while the newer call runs
-    locker.release_latest(holder, reservation_ttl=30)
+    locker.latest.release_latest(holder, reservation_ttl=30)
     with pytest.raises(AlreadySuperseded):
         sent(locker, "c", 300)  # and once it ran
     assert isinstance(sent(locker, "f", 600), Lease)
@@ -162,7 +164,7 @@ def test_the_reserved_call_takes_the_lock_even_if_a_newer_one_waits(locker: Redi
     holder = sent(locker, "a", 100)
     assert isinstance(holder, Lease)
     sent(locker, "b", 200)
-    locker.release_latest(holder, reservation_ttl=30)  # reserved for b, its message sent
+    locker.latest.release_latest(holder, reservation_ttl=30)  # reserved for b, its message sent
     assert isinstance(sent(locker, "c", 300), Parked)  # behind b's reservation
     assert isinstance(sent(locker, "b", 200), Lease)
     assert waiting_ids(locker) == [b"c"]

@@ -12,7 +12,7 @@ from celery_singleton_lock.engine import AcquireRequest, Lease, LockHolder, Owne
 def test_the_first_enqueue_writes_the_marker_and_says_publish(
     locker: RedisLocker, redis_client: redis.Redis
 ) -> None:
-    assert locker.enqueue("job", "t-1", ttl=60) is None
+    assert locker.markers.enqueue("job", "t-1", ttl=60) is None
     assert redis_client.get(locker.keys("job").queued) == b"t-1"
     assert 0 < redis_client.pttl(locker.keys("job").queued) <= 60_000
 
@@ -20,8 +20,8 @@ def test_the_first_enqueue_writes_the_marker_and_says_publish(
 def test_a_second_enqueue_gets_the_queued_task_id_and_writes_nothing(
     locker: RedisLocker, redis_client: redis.Redis
 ) -> None:
-    locker.enqueue("job", "t-1", ttl=60)
-    assert locker.enqueue("job", "t-2", ttl=60) == "t-1"
+    locker.markers.enqueue("job", "t-1", ttl=60)
+    assert locker.markers.enqueue("job", "t-2", ttl=60) == "t-1"
     assert redis_client.get(locker.keys("job").queued) == b"t-1"
 
 
@@ -30,34 +30,34 @@ def test_an_enqueue_while_the_lock_is_held_gets_the_running_task_id(
 ) -> None:
     lease = locker.try_acquire("job", ttl=30, owner=Owner(task_id="run|ning"), renew=False)
     assert isinstance(lease, Lease)
-    assert locker.enqueue("job", "t-2", ttl=60) == "run|ning"
+    assert locker.markers.enqueue("job", "t-2", ttl=60) == "run|ning"
     assert not redis_client.exists(locker.keys("job").queued)
 
 
 def test_a_lock_held_without_a_task_id_does_not_deduplicate(locker: RedisLocker) -> None:
     lease = locker.try_acquire("job", ttl=30, owner=Owner(task_id=""), renew=False)
     assert isinstance(lease, Lease)
-    assert locker.enqueue("job", "t-2", ttl=60) is None
+    assert locker.markers.enqueue("job", "t-2", ttl=60) is None
 
 
 def test_a_message_is_never_blocked_by_its_own_marker(
     locker: RedisLocker, redis_client: redis.Redis
 ) -> None:
-    locker.enqueue("job", "t-1", ttl=1)
-    assert locker.enqueue("job", "t-1", ttl=60) is None
+    locker.markers.enqueue("job", "t-1", ttl=1)
+    assert locker.markers.enqueue("job", "t-1", ttl=60) is None
     assert redis_client.pttl(locker.keys("job").queued) > 1000  # its TTL replaced
 
 
 def test_a_resend_is_published_whatever_is_queued_or_running(
     locker: RedisLocker, redis_client: redis.Redis
 ) -> None:
-    locker.enqueue("job", "other", ttl=60)
-    assert locker.enqueue("job", "t-1", ttl=60, resend=True) is None
+    locker.markers.enqueue("job", "other", ttl=60)
+    assert locker.markers.enqueue("job", "t-1", ttl=60, resend=True) is None
     assert redis_client.get(locker.keys("job").queued) == b"other"
-    locker.clear_queued("job")
+    locker.markers.clear_queued("job")
     lease = locker.try_acquire("job", ttl=30, owner=Owner(task_id="holder"), renew=False)
     assert isinstance(lease, Lease)
-    assert locker.enqueue("job", "t-1", ttl=60, resend=True) is None
+    assert locker.markers.enqueue("job", "t-1", ttl=60, resend=True) is None
     assert redis_client.get(locker.keys("job").queued) == b"t-1"
 
 
@@ -65,7 +65,7 @@ def test_a_resend_is_published_whatever_is_queued_or_running(
 def test_the_acquire_of_the_queued_task_id_takes_the_marker_in_the_same_call(
     locker: RedisLocker, redis_client: redis.Redis, fencing: bool
 ) -> None:
-    locker.enqueue("job", "t-1", ttl=60)
+    locker.markers.enqueue("job", "t-1", ttl=60)
     lease = locker.try_acquire(
         "job", ttl=30, owner=Owner(task_id="t-1"), fencing=fencing, take_queued=True, renew=False
     )
@@ -77,7 +77,7 @@ def test_the_acquire_of_the_queued_task_id_takes_the_marker_in_the_same_call(
 def test_the_acquire_of_another_task_id_leaves_the_marker(
     locker: RedisLocker, redis_client: redis.Redis
 ) -> None:
-    locker.enqueue("job", "t-1", ttl=60)
+    locker.markers.enqueue("job", "t-1", ttl=60)
     lease = locker.try_acquire("job", ttl=30, owner=Owner(task_id="t-2"), take_queued=True)
     assert isinstance(lease, Lease)
     assert redis_client.get(locker.keys("job").queued) == b"t-1"
@@ -142,7 +142,7 @@ def test_take_queued_and_unless_finished_work_together(
     lease = locker.try_acquire("job", ttl=30, owner=Owner(task_id="t-1"), renew=False)
     assert isinstance(lease, Lease)
     assert lease.release(remember_for=60)
-    locker.enqueue("job", "t-1", ttl=60)
+    locker.markers.enqueue("job", "t-1", ttl=60)
     with pytest.raises(AlreadyFinished):
         locker.try_acquire(
             "job",
@@ -156,28 +156,28 @@ def test_take_queued_and_unless_finished_work_together(
 
 
 def test_clear_queued_with_a_task_id_deletes_only_that_ids_marker(locker: RedisLocker) -> None:
-    locker.enqueue("job", "t-1", ttl=60)
-    assert not locker.clear_queued("job", "t-2")
-    assert locker.queued("job") == "t-1"
-    assert locker.clear_queued("job", "t-1")
-    assert locker.queued("job") is None
+    locker.markers.enqueue("job", "t-1", ttl=60)
+    assert not locker.markers.clear_queued("job", "t-2")
+    assert locker.markers.queued("job") == "t-1"
+    assert locker.markers.clear_queued("job", "t-1")
+    assert locker.markers.queued("job") is None
 
 
 def test_clear_queued_without_a_task_id_deletes_any_marker(locker: RedisLocker) -> None:
-    locker.enqueue("job", "t-1", ttl=60)
-    assert locker.clear_queued("job")
-    assert not locker.clear_queued("job")
+    locker.markers.enqueue("job", "t-1", ttl=60)
+    assert locker.markers.clear_queued("job")
+    assert not locker.markers.clear_queued("job")
 
 
 def test_with_running_false_only_a_queued_message_is_a_duplicate(locker: RedisLocker) -> None:
     lease = locker.try_acquire("job", ttl=30, owner=Owner(task_id="holder"), renew=False)
     assert isinstance(lease, Lease)
-    assert locker.enqueue("job", "t-1", ttl=60, running=False) is None
-    assert locker.enqueue("job", "t-2", ttl=60, running=False) == "t-1"
+    assert locker.markers.enqueue("job", "t-1", ttl=60, running=False) is None
+    assert locker.markers.enqueue("job", "t-2", ttl=60, running=False) == "t-1"
 
 
 def test_queued_for_is_the_markers_remaining_life(locker: RedisLocker) -> None:
-    assert locker.queued_for("job") is None
-    locker.enqueue("job", "t-1", ttl=60)
-    remaining = locker.queued_for("job")
+    assert locker.markers.queued_for("job") is None
+    locker.markers.enqueue("job", "t-1", ttl=60)
+    remaining = locker.markers.queued_for("job")
     assert remaining is not None and 0 < remaining <= 60

@@ -12,7 +12,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from celery_singleton_lock.engine import Lease, LockHolder, Owner, Renewer
+from celery_singleton_lock.engine import Lease, LockHolder, Owner, Renewer, required
 from celery_singleton_lock.engine.redlock import QuorumLease, QuorumLocker, drift
 from celery_singleton_lock.engine.waiting import wait_for_release
 from celery_singleton_lock.errors import (
@@ -260,9 +260,9 @@ def test_fencing_is_refused_on_a_quorum(quorum: QuorumLocker) -> None:
         quorum.try_acquire("job", 5, fencing=True)
 
 
-def test_queued_markers_are_refused_on_a_quorum(quorum: QuorumLocker) -> None:
-    with pytest.raises(LockConfigurationError, match="Redlock quorum"):
-        quorum.enqueue("job", "t1", 60)
+def test_queued_markers_are_refused_on_a_quorum_naming_it(quorum: QuorumLocker) -> None:
+    with pytest.raises(LockConfigurationError, match=r"dedupe_on_enqueue.*Redlock quorum"):
+        required(quorum.markers, quorum, "dedupe_on_enqueue", "enqueue_markers")
 
 
 def test_fewer_than_three_servers_are_refused(servers: list[RedisServer]) -> None:

@@ -63,14 +63,6 @@ def test_release_all_leaves_leases_of_another_locker_alone(
         other.close()
 
 
-def test_release_handing_off_frees_the_lock_on_every_server_and_hands_nothing(
-    quorum: QuorumLocker, servers: list[RedisServer]
-) -> None:
-    lease = held(quorum, "a")
-    assert quorum.release_handing_off(lease, reservation_ttl=5) == (True, None)
-    assert holders_on(servers, lease.key) == [b""] * 3
-
-
 def test_renew_by_owner_renews_a_held_lock_on_every_server(
     quorum: QuorumLocker, servers: list[RedisServer]
 ) -> None:
@@ -91,18 +83,13 @@ def test_a_renewer_tick_renews_a_held_lease_on_every_server(
     assert all(server.client().pttl(lease.key) > 10_000 for server in servers)
 
 
-def test_a_quorum_parks_nothing_and_keeps_no_queued_marker(quorum: QuorumLocker) -> None:
+def test_a_quorum_declares_no_queue_latest_wins_markers_or_cooldown(quorum: QuorumLocker) -> None:
+    assert (quorum.queue, quorum.latest, quorum.markers, quorum.cooldown) == (None,) * 4
+
+
+def test_a_quorums_reads_find_nothing_parked(quorum: QuorumLocker) -> None:
     held(quorum, "a")
-    assert (
-        quorum.hand_off_soon("a"),
-        quorum.hand_off_due(),
-        quorum.hand_off_if_free("a", reservation_ttl=5),
-        quorum.drop_parked("a", "t-x", reservation_ttl=5),
-        quorum.inspect.parked("a"),
-        quorum.queued("a"),
-        quorum.queued_for("a"),
-        quorum.clear_queued("a"),
-    ) == (0, [], None, False, [], None, None, False)
+    assert quorum.inspect.parked("a") == []
 
 
 @pytest.mark.parametrize(

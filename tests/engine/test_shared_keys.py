@@ -192,7 +192,7 @@ def test_every_key_the_finish_record_scripts_touch_is_in_their_keys(
         assert isinstance(lease, Lease) and lease.release(remember_for=3600)
         cooled = locker.try_acquire("c", 30, owner=owner("c1"), unless_finished=True)
         assert isinstance(cooled, Lease)
-        assert locker.release_cooling(cooled, 1.0, remember_for=3600)
+        assert locker.cooldown.release_cooling(cooled, 1.0, remember_for=3600)
 
     def parked(**options: Any) -> Callable[[], None]:
         def step() -> None:
@@ -208,14 +208,12 @@ def test_every_key_the_finish_record_scripts_touch_is_in_their_keys(
                 **options,
             )
             assert isinstance(first, Lease)
-            if "limit" in options:
-                locker.release_handing_on(
-                    first, limit=options["limit"], reservation_ttl=30, remember_for=3600
-                )
-            elif "latest" in options:
-                locker.release_latest(first, reservation_ttl=30, remember_for=3600)
+            if "latest" in options:
+                locker.latest.release_latest(first, reservation_ttl=30, remember_for=3600)
             else:
-                locker.release_handing_off(first, reservation_ttl=30, remember_for=3600)
+                locker.queue.release_handing_on(
+                    first, limit=options.get("limit", 1), reservation_ttl=30, remember_for=3600
+                )
 
         return step
 

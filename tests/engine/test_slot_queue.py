@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from celery_singleton_lock.engine import Lease, LockHolder, Owner, RedisLocker
-from celery_singleton_lock.engine.kinds.parking import HANDOFF_TOKEN
+from celery_singleton_lock.engine.kinds.slot_queue import HANDOFF_TOKEN
 from celery_singleton_lock.engine.lease import Parked
 from celery_singleton_lock.errors import LockNotOwnedError
 from tests.support import wait_until
@@ -49,7 +49,7 @@ def lease(outcome: Outcome) -> Lease:
 
 def release(locker: RedisLocker, held: Lease, **options: Any) -> list[bytes]:
     options.setdefault("limit", 2)
-    owned, handed = locker.release_handing_on(held, reservation_ttl=30, **options)
+    owned, handed = locker.queue.release_handing_on(held, reservation_ttl=30, **options)
     assert owned
     return handed
 
@@ -64,7 +64,7 @@ def full_with_parked(locker: RedisLocker, *parked: str) -> Lease:
 
 
 def parked_ids(locker: RedisLocker) -> list[bytes]:
-    return list(locker.client.lrange(locker.keys("job").parked, 0, -1))
+    return list(locker.client.zrange(locker.keys("job").parked, 0, -1))
 
 
 def reserved_for(client: redis.Redis, locker: RedisLocker, limit: int = 2) -> list[bytes]:
@@ -154,7 +154,7 @@ def test_a_dropped_call_reserved_a_slot_hands_it_to_the_next(
 ) -> None:
     first = full_with_parked(locker, "c", "d")
     release(locker, first)
-    assert locker.drop_parked("job", "c", reservation_ttl=30) == b"msg-d"
+    assert locker.queue.drop_parked("job", "c", reservation_ttl=30) == b"msg-d"
     assert reserved_for(redis_client, locker) == [b"d"] and parked_ids(locker) == [b"d"]
 
 
@@ -164,9 +164,9 @@ def test_a_sweeper_reserves_again_for_a_call_whose_reservation_ran_out(
     first = lease(attempt(locker, "a", reservation_ttl=0.2))
     lease(attempt(locker, "b"))
     attempt(locker, "c", reservation_ttl=0.2)
-    assert locker.release_handing_on(first, limit=2, reservation_ttl=0.2)[1] == [b"msg-c"]
-    wait_until(lambda: locker.hand_off_due() == ["job"], timeout=5)
-    assert locker.hand_on("job", reservation_ttl=30) == [b"msg-c"]
+    assert locker.queue.release_handing_on(first, limit=2, reservation_ttl=0.2)[1] == [b"msg-c"]
+    wait_until(lambda: locker.queue.hand_off_due().names == ["job"], timeout=5)
+    assert locker.queue.hand_on("job", reservation_ttl=30) == [b"msg-c"]
 
 
 def test_a_slot_freed_by_a_dead_holders_ttl_is_handed_on_by_the_sweeper(
@@ -175,8 +175,8 @@ def test_a_slot_freed_by_a_dead_holders_ttl_is_handed_on_by_the_sweeper(
     lease(attempt(locker, "a"))
     lease(attempt(locker, "b", ttl=0.3))  # never renewed: as if its holder died
     attempt(locker, "c")
-    wait_until(lambda: locker.hand_off_due() == ["job"], timeout=5)
-    assert locker.hand_on("job", reservation_ttl=30) == [b"msg-c"]
+    wait_until(lambda: locker.queue.hand_off_due().names == ["job"], timeout=5)
+    assert locker.queue.hand_on("job", reservation_ttl=30) == [b"msg-c"]
 
 
 def test_a_call_over_the_rate_is_parked_and_due_when_the_window_allows(
@@ -185,9 +185,9 @@ def test_a_call_over_the_rate_is_parked_and_due_when_the_window_allows(
     rate = (1, 0.5)
     lease(attempt(locker, "a", rate=rate)).release()
     over = attempt(locker, "b", rate=rate)
-    assert isinstance(over, Parked) and locker.hand_off_due() == []
-    wait_until(lambda: locker.hand_off_due() == ["job"], timeout=5)
-    assert locker.hand_on("job", reservation_ttl=30) == [b"msg-b"]
+    assert isinstance(over, Parked) and locker.queue.hand_off_due().names == []
+    wait_until(lambda: locker.queue.hand_off_due().names == ["job"], timeout=5)
+    assert locker.queue.hand_on("job", reservation_ttl=30) == [b"msg-b"]
 
 
 def test_a_reservation_counts_as_a_start_of_the_rate(locker: RedisLocker) -> None:
@@ -196,7 +196,7 @@ def test_a_reservation_counts_as_a_start_of_the_rate(locker: RedisLocker) -> Non
     attempt(locker, "b", rate=rate, limit=1), attempt(locker, "c", rate=rate, limit=1)
     assert release(locker, first, limit=1, rate=rate) == [b"msg-b"]
     lease(attempt(locker, "b", rate=rate, limit=1))
-    assert locker.hand_on("job", reservation_ttl=30) == []  # c: over the rate, not handed
+    assert locker.queue.hand_on("job", reservation_ttl=30) == []  # c: over the rate, not handed
 
 
 def test_a_release_into_a_cooldown_hands_the_slot_on_when_the_cooldown_ends(
@@ -206,8 +206,8 @@ def test_a_release_into_a_cooldown_hands_the_slot_on_when_the_cooldown_ends(
     attempt(locker, "b", limit=1)
     started = time.monotonic()
     assert release(locker, first, limit=1, cooldown=0.5) == []
-    assert locker.hand_off_due() == []
-    wait_until(lambda: locker.hand_on("job", reservation_ttl=30) == [b"msg-b"], timeout=5)
+    assert locker.queue.hand_off_due().names == []
+    wait_until(lambda: locker.queue.hand_on("job", reservation_ttl=30) == [b"msg-b"], timeout=5)
     assert time.monotonic() - started >= 0.45  # not before the cooldown's end
 
 
@@ -236,3 +236,34 @@ def test_a_copy_of_a_running_call_is_neither_parked_nor_run(locker: RedisLocker)
     copy = attempt(locker, "a")
     assert isinstance(copy, LockHolder) and copy.task_id == "a"
     assert parked_ids(locker) == []
+
+
+def test_fairly_parked_calls_are_handed_the_lock_round_robin_across_values(
+    locker: RedisLocker,
+) -> None:
+    holder = lease(attempt(locker, "h", limit=1, fair="A"))
+    for task_id, value in (("a1", "A"), ("a2", "A"), ("a3", "A"), ("b1", "B"), ("b2", "B")):
+        assert isinstance(attempt(locker, task_id, limit=1, fair=value), Parked)
+    assert parked_ids(locker) == [b"a1", b"b1", b"a2", b"b2", b"a3"]
+    assert release(locker, holder, limit=1) == [b"msg-a1"]
+
+
+def test_a_value_idle_for_a_while_joins_the_current_round_not_the_first(
+    locker: RedisLocker,
+) -> None:
+    holder = lease(attempt(locker, "h", limit=1))
+    for task_id in ("a1", "a2", "a3", "a4"):
+        attempt(locker, task_id, limit=1, fair="A")
+    release(locker, holder, limit=1)  # reserved for a1: a1 leaves the parked calls
+    lease(attempt(locker, "a1", limit=1, fair="A"))
+    attempt(locker, "b1", limit=1, fair="B")  # the oldest parked now is a2, of round 2
+    assert parked_ids(locker) == [b"a2", b"b1", b"a3", b"a4"]
+
+
+def test_the_fair_rounds_go_with_the_last_parked_call(locker: RedisLocker) -> None:
+    holder = lease(attempt(locker, "h", limit=1))
+    attempt(locker, "a1", limit=1, fair="A")
+    assert locker.client.exists(locker.keys("job").parked_rounds) == 1
+    release(locker, holder, limit=1)
+    release(locker, lease(attempt(locker, "a1", limit=1, fair="A")), limit=1)
+    assert locker.client.exists(locker.keys("job").parked_rounds) == 0

@@ -9,7 +9,7 @@ from importlib import resources
 import pytest
 
 from celery_singleton_lock.engine import lua_scripts
-from celery_singleton_lock.engine.kinds.parking import HANDOFF_TOKEN
+from celery_singleton_lock.engine.kinds.slot_queue import HANDOFF_TOKEN
 from celery_singleton_lock.engine.latest import MAX_SUPERSEDED
 from celery_singleton_lock.engine.lease import TOKEN_LENGTH
 from celery_singleton_lock.errors import LockError
@@ -27,7 +27,7 @@ def header(name: str) -> list[str]:
 
 
 def test_there_are_scripts_and_includes() -> None:
-    assert {"acquire", "release", "renew", "acquire_slot", "acquire_or_park"} <= set(SCRIPTS)
+    assert {"acquire", "release", "renew", "acquire_slot", "acquire_slot_or_park"} <= set(SCRIPTS)
     assert {"lock_value", "finish_records", "take_lock", "handoff"} <= set(INCLUDES)
 
 
@@ -84,7 +84,7 @@ def test_an_include_cycle_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_constants_python_reads_are_the_scripts_own() -> None:
-    assert f"local HANDOFF_TOKEN = '{HANDOFF_TOKEN}'" in lua_scripts.source("acquire_or_park")
+    assert f"local HANDOFF_TOKEN = '{HANDOFF_TOKEN}'" in lua_scripts.source("acquire_slot_or_park")
     assert len(HANDOFF_TOKEN) == TOKEN_LENGTH
     assert f"local MAX_SUPERSEDED = {MAX_SUPERSEDED}\n" in lua_scripts.source("acquire_or_replace")
     assert "string.sub(v, 1, 32)" in lua_scripts.source("release_latest") and TOKEN_LENGTH == 32

@@ -307,13 +307,13 @@ def check_markers(target: Target, app: Any, invocation: str = INVOCATION) -> lis
 
 def _parked_behind_free(target: Target) -> dict[str, int]:
     client, prefix = target.client, target.inspector.prefix
-    keys, _ = _scan(client, f"{prefix}:{{*}}:parked", "list")
+    keys, _ = _scan(client, f"{prefix}:{{*}}:parked", "zset")
     if not keys:
         return {}
     pipe = client.pipeline(transaction=False)
     for key in keys:
         pipe.exists(key[: -len(":parked")])
-        pipe.llen(key)
+        pipe.zcard(key)
     replies = pipe.execute()
     return {
         _lock_name(prefix, key): int(count)

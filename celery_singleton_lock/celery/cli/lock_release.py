@@ -126,7 +126,8 @@ def release_lock(
     )
     if released:
         # calls parked behind it: a worker's sweeper hands the freed slot on at its next tick
-        parked = asking(target, lambda: locker.hand_off_soon(name))
+        queue = locker.queue
+        parked = 0 if queue is None else asking(target, lambda: queue.hand_off_soon(name))
         return Released(key, holder, True, parked=parked)
     now = asking(target, lambda: inspector.holders(name, number))
     return Released(key, holder, False, next((h for h in now if slot_of(h.key) == number), None))
@@ -142,8 +143,10 @@ def clear_queued_marker(target: Target, name: str) -> Optional[str]:
     """Delete the enqueue marker of lock ``name`` (``dedupe_on_enqueue``) if it still names the
     task id read first (compare-and-delete); that task id, or None when there was none."""
     LockKeys.build(target.inspector.prefix, name)  # a bad name is bad input, not server trouble
-    locker = target.backend
-    queued = asking(target, lambda: locker.queued(name))
-    if queued is None or not asking(target, lambda: locker.clear_queued(name, queued)):
+    markers = target.backend.markers
+    if markers is None:  # a backend that keeps no markers has none to clear
+        return None
+    queued = asking(target, lambda: markers.queued(name))
+    if queued is None or not asking(target, lambda: markers.clear_queued(name, queued)):
         return None
     return queued

@@ -23,6 +23,14 @@ def lock_prefix(conf: Mapping[str, Any]) -> Any:
     return APP_SETTINGS["singleton_lock_prefix"].default if prefix is None else prefix
 
 
+#: Policies ``queue`` and ``replace``: seconds a slot handed to a parked call stays reserved
+#: until its message is published. The process that publishes it then makes the reservation
+#: live ``handoff_timeout`` (the message is on its way); one that dies first (``kill -9``
+#: between its release and the publish) stalls the lock this long, not the whole timeout,
+#: before a sweeper reserves it again and sends the message.
+SEND_WINDOW = 3.0
+
+
 def handoff_settings(conf: Mapping[str, Any]) -> tuple[float, float]:
     """The sweep interval and the reservation TTL of policy ``queue``, validated.
 

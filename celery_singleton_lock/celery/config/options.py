@@ -183,6 +183,12 @@ TASK_ONLY_OPTIONS: dict[str, Option] = {
         "callable(*args, **kwargs) -> str",
         "Names the lock from the call's arguments, for full control; exclusive with lock_on.",
     ),
+    "lock_fair_by": Option(
+        None,
+        "names of the task's parameters; with on_duplicate='queue'",
+        "Calls parked behind a lock are handed it round robin across the values of these "
+        "arguments (a tenant), oldest first within one; None: in arrival order.",
+    ),
 }
 
 #: App-wide settings with no task attribute. None of them turns the package on: an app is

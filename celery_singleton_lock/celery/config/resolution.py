@@ -15,6 +15,7 @@ from typing import Any, Callable, Mapping, Optional
 from celery_singleton_lock.arguments import ArgumentKeyer
 
 # handoff_settings and lock_prefix are read from here too (the CLI, the worker's checks)
+from celery_singleton_lock.celery.config.app_settings import SEND_WINDOW
 from celery_singleton_lock.celery.config.app_settings import handoff_settings as handoff_settings
 from celery_singleton_lock.celery.config.app_settings import lock_prefix as lock_prefix
 from celery_singleton_lock.celery.config.backend_support import (
@@ -85,6 +86,9 @@ class LockOptions:
     debounce_max: Optional[float] = None
     #: at most this many holders per key (an int >= 1, or a callable of the bound arguments)
     limit: Any = 1
+    #: ``lock_fair_by``: names a call's fairness value from its arguments (None: parked calls
+    #: go in arrival order)
+    fair_keyer: Optional[ArgumentKeyer] = None
     #: seconds the key stays taken after a body ends (None: not at all), and after which ends
     cooldown: Optional[float] = None
     cooldown_after: str = "success"
@@ -98,10 +102,57 @@ class LockOptions:
         mutex = self.limit == 1 and not self.policy.parks
         object.__setattr__(self, "mutex", mutex)  # frozen: set once, here
 
+    def fair_value(self, args: Any, kwargs: Any) -> str:
+        """The fairness value of a call with ``args`` and ``kwargs`` ("" without
+        ``lock_fair_by``)."""
+        keyer = self.fair_keyer
+        return "" if keyer is None else keyer.name(tuple(args or ()), dict(kwargs or {}))
+
+    @property
+    def send_window(self) -> float:
+        """Seconds a slot handed to a parked call stays reserved until its message is
+        published (see :data:`SEND_WINDOW`)."""
+        return min(SEND_WINDOW, self.handoff_timeout)
+
     @property
     def on_duplicate(self) -> str:
         """The name of the task's ``on_duplicate`` policy (as set)."""
         return self.policy.name
+
+
+def _fair_keyer(
+    task_name: str,
+    func: Callable[..., Any],
+    skip_first: bool,
+    keyer: ArgumentKeyer,
+    policy: DuplicatePolicy,
+    attributes: Mapping[str, Any],
+) -> Optional[ArgumentKeyer]:
+    """``lock_fair_by`` checked, as the keyer of a call's fairness value (None if unset)."""
+    fair_by = attributes.get("lock_fair_by")
+    if fair_by is None:
+        return None
+    if isinstance(fair_by, str):
+        fair_by = (fair_by,)
+    if not isinstance(fair_by, (tuple, list)) or not fair_by:
+        raise LockConfigurationError(
+            f"task {task_name}: lock_fair_by must name one or more of the task's parameters "
+            f"(a tuple of names, e.g. ('tenant',)), got {fair_by!r}"
+        )
+    if not policy.orders_parked:
+        raise LockConfigurationError(
+            f"task {task_name}: lock_fair_by orders the calls parked by on_duplicate='queue'; "
+            f"with on_duplicate={policy.name!r} none are (set on_duplicate='queue', or remove "
+            "lock_fair_by)"
+        )
+    parameters = list(keyer.signature.parameters)
+    missing = [name for name in fair_by if name not in parameters]
+    if missing:
+        raise LockConfigurationError(
+            f"task {task_name}: lock_fair_by names {missing}, which the task does not take "
+            f"(its parameters: {parameters}); name the arguments to be fair across"
+        )
+    return ArgumentKeyer(task_name, func, lock_on=tuple(fair_by), skip_first=skip_first)
 
 
 def check_option_names(task_name: str, cls: type) -> None:
@@ -283,16 +334,18 @@ def resolve(
     debounce, debounce_max = check_latest_wins(task_name, policy, value)
     policy.check(task_name, {**value, "ignore_result": attributes.get("ignore_result")}, conf)
     _, handoff_timeout = handoff_settings(conf)
+    keyer = ArgumentKeyer(
+        task_name,
+        func,
+        lock_on=attributes.get("lock_on"),
+        lock_key=attributes.get("lock_key"),
+        skip_first=skip_first,
+    )
 
     return LockOptions(
         task_name=task_name,
-        keyer=ArgumentKeyer(
-            task_name,
-            func,
-            lock_on=attributes.get("lock_on"),
-            lock_key=attributes.get("lock_key"),
-            skip_first=skip_first,
-        ),
+        keyer=keyer,
+        fair_keyer=_fair_keyer(task_name, func, skip_first, keyer, policy, attributes),
         prefix=prefix,
         ttl=ttl,
         policy=policy,

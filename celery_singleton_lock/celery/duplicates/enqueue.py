@@ -28,6 +28,7 @@ from typing import Any, Callable, Mapping, Optional
 from celery.utils import uuid
 
 from celery_singleton_lock.celery.config.lockers import locker_for
+from celery_singleton_lock.engine import required
 from celery_singleton_lock.errors import LockBackendUnavailable, LockError
 
 log = logging.getLogger("celery_singleton_lock.enqueue")
@@ -114,8 +115,9 @@ def publish_once(
     resend = task_id == getattr(task.request, "id", None)
     ttl = dedupe.queued_ttl + delay_of(options, _utcnow)
     locker = locker_for(task.app)
+    markers = required(locker.markers, locker, "dedupe_on_enqueue", "enqueue_markers")
     try:
-        existing = locker.enqueue(
+        existing = markers.enqueue(
             name, task_id, ttl, resend=resend, running=dedupe.running_is_duplicate
         )
     except LockBackendUnavailable as exc:
@@ -141,7 +143,7 @@ def publish_once(
         return publish(task_id)
     except BaseException:
         try:
-            locker.clear_queued(name, task_id)
+            markers.clear_queued(name, task_id)
         except LockError as exc:
             log.error(
                 "task %s[%s]: publishing failed and its queued marker could not be removed "
@@ -159,7 +161,9 @@ def forget_discarded(task: Any, request: Any) -> bool:
     revoked or expired task); True if it was removed. Never raises."""
     try:
         name = task.lock_options.keyer.name(tuple(request.args or ()), dict(request.kwargs or {}))
-        return locker_for(task.app).clear_queued(name, request.id)
+        locker = locker_for(task.app)
+        markers = required(locker.markers, locker, "dedupe_on_enqueue", "enqueue_markers")
+        return markers.clear_queued(name, request.id)
     except LockError as exc:
         log.error(
             "task %s[%s]: discarded, but its queued marker could not be removed (%s); it "

@@ -44,7 +44,7 @@ from kombu.utils import json
 from celery_singleton_lock.celery import celery_api
 from celery_singleton_lock.celery.duplicates.actions import Duplicate, describe
 from celery_singleton_lock.celery.observe import events
-from celery_singleton_lock.engine import Parked
+from celery_singleton_lock.engine import LockBackend, Parked, required
 from celery_singleton_lock.errors import LockError
 
 log = logging.getLogger("celery_singleton_lock.duplicate")
@@ -132,7 +132,10 @@ def _cleared(task: Any, name: str, task_ids: list[str]) -> None:
     if not task_ids:
         return
     try:
-        task.lock_locker.clear_superseded(name, task_ids)
+        locker = task.lock_locker
+        required(locker.latest, locker, "on_duplicate='replace'", "parking").clear_superseded(
+            name, task_ids
+        )
     except LockError as exc:
         log.warning("superseded calls %s left to the sweeper: %s", ", ".join(task_ids), exc)
 
@@ -179,12 +182,15 @@ def end_stale_copy(task: Any, request: Any, name: str, key: str) -> NoReturn:
     raise Ignore(f"superseded by a newer call of lock {key}")
 
 
-def mark_left(app: Any, locker: Any, look_again_in: float) -> int:
+def mark_left(app: Any, locker: LockBackend, look_again_in: float) -> int:
     """Mark the displaced calls whose worker died before marking them (the hand-off sweeper,
     in a worker's main process); those that cannot be marked now are looked at again in
     ``look_again_in`` seconds. Returns how many were marked."""
+    latest = locker.latest
+    if latest is None:  # a backend where no call waits displaces none
+        return 0
     marked_count = 0
-    for name, messages in locker.superseded_left():
+    for name, messages in latest.superseded_left():
         marked = []
         for message in messages:
             task = app.tasks.get(_task_name_of(message))
@@ -192,7 +198,7 @@ def mark_left(app: Any, locker: Any, look_again_in: float) -> int:
                 continue
             if supersede(task, message, "a newer call", locker.keys(name).lock):
                 marked.append(_request_of(message).id)
-        locker.clear_superseded(name, marked, look_again_in=look_again_in)
+        latest.clear_superseded(name, marked, look_again_in=look_again_in)
         marked_count += len(marked)
     return marked_count
 

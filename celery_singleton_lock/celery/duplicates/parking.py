@@ -1,7 +1,7 @@
 """Policy ``queue``: duplicates parked in Redis, handed the lock one by one in arrival order.
 
 A duplicate that finds its lock held parks its own message behind the lock, in the same round
-trip as its acquire (the engine's ``ACQUIRE_OR_PARK``), and ends at once: it holds no worker
+trip as its acquire (the engine's ``ACQUIRE_SLOT_OR_PARK``), and ends at once: it holds no worker
 slot and polls nothing, and its state stays what it was (PENDING). The holder's release
 reserves the lock for the oldest parked task id and returns that message, which the releasing
 worker sends again under the same task id (:func:`publish`); its acquire takes the reservation
@@ -10,7 +10,8 @@ overtake an older one.
 
 Nothing depends on that one send. If the holder dies (``kill -9``, a lost node) its lock
 expires; if the releasing worker dies before sending, the reservation expires
-(``singleton_lock_handoff_timeout``). Either way the hand-off sweeper, a thread in every
+(a reservation lives only a short send window until its message is published, then
+``singleton_lock_handoff_timeout``). Either way the hand-off sweeper, a thread in every
 worker's main process (:mod:`~celery_singleton_lock.celery.worker.handoff_sweeper`), finds the
 lock due (one round trip per tick, ``HANDOFF_DUE``), reserves it for the oldest parked task id
 again and sends its message. A message sent twice that way
@@ -40,9 +41,9 @@ from kombu.exceptions import KombuError
 from kombu.utils import json
 
 from celery_singleton_lock.celery import celery_api
-from celery_singleton_lock.celery.config.app_settings import handoff_settings
+from celery_singleton_lock.celery.config.app_settings import SEND_WINDOW, handoff_settings
 from celery_singleton_lock.celery.config.lockers import locker_for
-from celery_singleton_lock.engine import no_fork
+from celery_singleton_lock.engine import no_fork, required
 from celery_singleton_lock.errors import LockError
 
 log = logging.getLogger("celery_singleton_lock.handoff")
@@ -135,16 +136,41 @@ def publish(app: Any, message: bytes, name: str) -> bool:
             )
             return False
         log.debug("lock %s handed off to task %s: parked message sent", key, task_id)
+        _sent(app, name, task_id)
         return True
     return False
+
+
+def _sent(app: Any, name: str, task_id: str) -> None:
+    """The message of ``task_id`` is on its way: its reservation of lock ``name`` lives the
+    whole ``singleton_lock_handoff_timeout`` now. Never raises: a reservation left short runs
+    out after the send window and a sweeper sends the message again (a copy its finish
+    record drops)."""
+    _, handoff_timeout = handoff_settings(app.conf)
+    locker = locker_for(app)
+    try:
+        required(locker.queue, locker, "on_duplicate='queue'", "parking").handed(
+            name, task_id, reservation_ttl=handoff_timeout
+        )
+    except LockError as exc:
+        log.warning(
+            "lock %s: the message of task %s was sent, but its reservation could not be "
+            "made to last (%s); a sweeper sends it again within %.0fs",
+            locker.keys(name).lock,
+            task_id,
+            exc,
+            SEND_WINDOW,
+        )
 
 
 def _drop_quietly(app: Any, name: str, task_id: str) -> Optional[bytes]:
     """Drop ``task_id`` from the calls parked behind ``name``; the next call's message if the
     lock was reserved for it and is now reserved for that one. Never raises."""
-    _, reservation_ttl = handoff_settings(app.conf)
+    reservation_ttl = min(SEND_WINDOW, handoff_settings(app.conf)[1])
     try:
-        following = locker_for(app).drop_parked(name, task_id, reservation_ttl=reservation_ttl)
+        locker = locker_for(app)
+        queue = required(locker.queue, locker, "on_duplicate='queue'", "parking")
+        following = queue.drop_parked(name, task_id, reservation_ttl=reservation_ttl)
     except LockError as exc:
         log.error(
             "task %s: could not take it out of the calls parked behind lock %s (%s); its "

@@ -21,7 +21,14 @@ from celery_singleton_lock.celery.config.app_settings import celery_setting
 from celery_singleton_lock.celery.duplicates import actions, latest
 from celery_singleton_lock.celery.duplicates import parking as handoff
 from celery_singleton_lock.celery.duplicates.join import join, rejoin
-from celery_singleton_lock.engine import AcquireRequest, AcquireResult, Latest, Lease, Parked
+from celery_singleton_lock.engine import (
+    AcquireRequest,
+    AcquireResult,
+    Latest,
+    Lease,
+    Parked,
+    required,
+)
 from celery_singleton_lock.errors import LockConfigurationError
 
 #: The acquire a waiting policy repeats (``wait``, ``join``): it never parks.
@@ -49,6 +56,9 @@ class DuplicatePolicy:
     #: what it does with a held lock stores a state under the call's task id: a copy that
     #: finds its own task id holding the lock skips instead (that state is the holder's)
     stores_state: ClassVar[bool] = False
+    #: its parked calls are handed the lock in an order ``lock_fair_by`` can make fair (round
+    #: robin across values); a policy where one call waits has no order to make fair
+    orders_parked: ClassVar[bool] = False
     #: what a call that took the lock does before its body, or None (read on the hot path)
     acquired: Optional[Callable[[Any, Any], None]] = None
 
@@ -158,6 +168,7 @@ class Queue(DuplicatePolicy):
     parks = True
     waits_when_eager = True
     stores_state = True
+    orders_parked = True
     #: what it runs (against dedupe_on_enqueue), and what waits, for the registration errors
     runs = (
         "every duplicate, one after the other, but dedupe_on_enqueue=True drops them before "
@@ -183,7 +194,8 @@ class Queue(DuplicatePolicy):
         actions.retry(duplicate)  # a call that could not be parked (see parking.parked_message)
 
     def park(self, task: Any, request: Any, options: Any, wanted: AcquireRequest) -> AcquireRequest:
-        return wanted._replace(park=handoff.parked_message(task, request))
+        fair = options.fair_value(request.args, request.kwargs)
+        return wanted._replace(park=handoff.parked_message(task, request), fair=fair)
 
     def parked(
         self, duplicate: actions.Duplicate, parked: Parked, wanted: AcquireRequest
@@ -216,28 +228,24 @@ class Queue(DuplicatePolicy):
         self, scope: Any, options: Any, cooldown: Optional[float], remember_for: Optional[float]
     ) -> bool:
         lease = scope.lease
-        if scope.limit != 1 or options.rate is not None or options.cooldown:
-            # parked over slots, a rate or a cooldown: each freed slot handed on
-            owned, messages = lease.locker.release_handing_on(
-                lease,
-                limit=scope.limit,
-                rate=options.rate,
-                cooldown=cooldown,
-                reservation_ttl=options.handoff_timeout,
-                remember_for=remember_for,
-            )
-        else:
-            owned, handed = lease.locker.release_handing_off(
-                lease, reservation_ttl=options.handoff_timeout, remember_for=remember_for
-            )
-            messages = [] if handed is None else [handed]
+        locker = lease.locker  # the backend that granted it
+        queue = required(locker.queue, locker, f"on_duplicate={self.name!r}", "parking")
+        owned, messages = queue.release_handing_on(
+            lease,
+            limit=scope.limit,
+            rate=options.rate,
+            cooldown=cooldown,
+            reservation_ttl=options.send_window,
+            remember_for=remember_for,
+        )
         for message in messages:
             handoff.publish(scope.task.app, message, scope.name)
         return bool(owned)
 
     def reclaimed(self, task: Any, locker: Any, name: str) -> None:
         # a slot of a lock_limit too: the engine reads how the calls are parked
-        for message in locker.hand_on(name, reservation_ttl=task.lock_options.handoff_timeout):
+        queue = required(locker.queue, locker, f"on_duplicate={self.name!r}", "parking")
+        for message in queue.hand_on(name, reservation_ttl=task.lock_options.send_window):
             handoff.publish(task.app, message, name)
 
 
@@ -246,6 +254,7 @@ class Replace(Queue):
     :mod:`.latest`); ``lock_debounce`` holds each call back first."""
 
     name = "replace"
+    orders_parked = False
     runs = (
         "the newest duplicate once the running call ends, but dedupe_on_enqueue=True drops "
         "every newer call before it is queued"
@@ -278,8 +287,10 @@ class Replace(Queue):
     ) -> bool:
         # no slots, rate or cooldown here: refused at registration (see config/limits.py)
         lease = scope.lease
-        owned, handed = lease.locker.release_latest(
-            lease, reservation_ttl=options.handoff_timeout, remember_for=remember_for
+        locker = lease.locker  # the backend that granted it
+        latest_wins = required(locker.latest, locker, f"on_duplicate={self.name!r}", "parking")
+        owned, handed = latest_wins.release_latest(
+            lease, reservation_ttl=options.send_window, remember_for=remember_for
         )
         if handed is not None:
             handoff.publish(scope.task.app, handed, scope.name)

@@ -330,7 +330,7 @@ def parked_by_task(locker: Any) -> dict[str, int]:
         return {}
     client, prefix = locker.client, locker.prefix
     keys: list[str] = []
-    for raw in client.scan_iter(match=f"{prefix}:{{*}}:parked", count=500, _type="list"):
+    for raw in client.scan_iter(match=f"{prefix}:{{*}}:parked", count=500, _type="zset"):
         keys.append(raw.decode() if isinstance(raw, bytes) else str(raw))
         if len(keys) >= PARKED_SCAN_LIMIT:
             break
@@ -338,7 +338,7 @@ def parked_by_task(locker: Any) -> dict[str, int]:
         return {}
     pipe = client.pipeline(transaction=False)
     for key in keys:
-        pipe.llen(key)
+        pipe.zcard(key)
     counts: dict[str, int] = {}
     for key, count in zip(keys, pipe.execute()):
         lock_name = key[len(prefix) + 2 : key.rindex("}")]

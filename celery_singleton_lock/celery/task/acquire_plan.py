@@ -41,7 +41,7 @@ def request_base(task: Any, options: LockOptions, has_id: bool, eager: bool) -> 
         replica_timeout=options.min_replicas_timeout,
         take_queued=take_queued,
         queued_while_held=take_queued and options.policy.resends,
-        reservation_ttl=options.handoff_timeout,
+        reservation_ttl=options.send_window,
         finished_ttl=options.finished_ttl or 3600.0,
         rate=options.rate,
     )

@@ -35,7 +35,7 @@ from celery_singleton_lock.celery import celery_api
 from celery_singleton_lock.celery.observe import events
 from celery_singleton_lock.celery.signals import lock_released
 from celery_singleton_lock.celery.task.lock_view import LockHandle
-from celery_singleton_lock.engine import Lease
+from celery_singleton_lock.engine import Lease, required
 from celery_singleton_lock.errors import LockError
 
 log = logging.getLogger("celery_singleton_lock.release")
@@ -176,7 +176,9 @@ class LockScope(LockHandle):
             if policy.parks:  # the lock is handed on to a parked call
                 owned = policy.release(self, options, cooldown, remember_for)
             elif cooldown:
-                owned = lease.locker.release_cooling(lease, cooldown, remember_for=remember_for)
+                backend: Any = lease.locker  # the backend that granted it
+                cooling = required(backend.cooldown, backend, "lock_cooldown", "cooldown")
+                owned = cooling.release_cooling(lease, cooldown, remember_for=remember_for)
             elif not self.eager and lease.locker.release_later(
                 lease, self._settled, remember_for=remember_for
             ):

@@ -97,6 +97,7 @@ class LockedTask(Task):  # type: ignore[misc]
     on_duplicate: Any = UNSET
     lock_on: Optional[Sequence[str]] = None
     lock_key: Optional[Callable[..., str]] = None
+    lock_fair_by: Optional[Sequence[str]] = None
     lock_fencing: Any = UNSET
     lock_retry_backoff: Any = UNSET
     lock_retry_backoff_max: Any = UNSET

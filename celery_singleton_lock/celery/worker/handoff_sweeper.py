@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Optional
 
-from celery_singleton_lock.celery.config.app_settings import handoff_settings
+from celery_singleton_lock.celery.config.app_settings import SEND_WINDOW, handoff_settings
 from celery_singleton_lock.celery.config.lockers import locker_for
 from celery_singleton_lock.celery.duplicates import latest
 from celery_singleton_lock.celery.duplicates.parking import SWEEP_BATCH, publish
@@ -36,19 +36,35 @@ class HandOffSweeper(Ticking):
         super().__init__(interval)
         self.app = app
         self.reservation_ttl = reservation_ttl
+        self.send_window = min(SEND_WINDOW, reservation_ttl)
+        #: seconds until the next lock falls due in the hand-off index (None: none is)
+        self.next_due_in: Optional[float] = None
         #: parked messages sent, for tests and logs
         self.sent = 0
         #: displaced calls marked superseded here (their worker died first), for tests and logs
         self.superseded = 0
 
+    def pause(self) -> float:
+        """Until the next lock falls due (a debounce's or a cooldown's end, a reservation that
+        runs out), within the interval: a deadline is met when it comes, not at the next
+        tick after it."""
+        if self.next_due_in is None:
+            return self.interval
+        return min(self.interval, self.next_due_in)
+
     def tick(self) -> int:
         """Hand on every due lock that is free; how many parked messages were sent."""
         self.ticks += 1
         locker = locker_for(self.app)
+        queue = locker.queue
+        if queue is None:  # a backend that parks nothing: no sweeper is started for it
+            return 0
         sent = 0
-        for name in locker.hand_off_due(SWEEP_BATCH):
+        due = queue.hand_off_due(SWEEP_BATCH)
+        self.next_due_in = due.next_in
+        for name in due.names:
             # one message for the mutex; one per free slot of a lock_limit, as the rate allows
-            messages = locker.hand_on(name, reservation_ttl=self.reservation_ttl)
+            messages = queue.hand_on(name, reservation_ttl=self.send_window)
             if not messages:
                 continue
             log.info(

@@ -39,6 +39,10 @@ class Ticking:
     def tick(self) -> object:
         raise NotImplementedError
 
+    def pause(self) -> float:
+        """Seconds to wait after a tick before the next (the interval)."""
+        return self.interval
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
         self._thread.start()
@@ -56,4 +60,4 @@ class Ticking:
                 log.warning("%s failed (%s); trying again", self.job, exc)
             except Exception:
                 log.exception("%s failed; trying again", self.job)
-            self._stop.wait(self.interval)
+            self._stop.wait(self.pause())

@@ -1,13 +1,12 @@
 """ "Latest wins" on one server (policy ``replace``, and ``lock_debounce``): at most one call
 waits behind a lock, the newest; a debounced call is held until its due time. Scripts in
 ``lua/`` (acquire_or_replace, release_latest, clear_superseded; the keys in
-lua/includes/displace.lua); the parked list, the hand-off index and the sweeper are those of
-policy ``queue`` (:mod:`.parking`).
+lua/includes/displace.lua); the parked set, the hand-off index and the sweeper are those of
+policy ``queue`` (:mod:`.slot_queue`, with one slot).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any, Optional, Sequence
 
@@ -17,14 +16,20 @@ from celery_singleton_lock.engine import script_calls, server_errors
 from celery_singleton_lock.engine.acquire_request import AcquireRequest
 from celery_singleton_lock.engine.keys import LockKeys
 from celery_singleton_lock.engine.kinds.issuer import Issuer
-from celery_singleton_lock.engine.kinds.parking import Parking, as_bytes, handed_on
 from celery_singleton_lock.engine.latest import (
     SUPERSEDED_GRACE,
     debounce_key,
     superseded_index,
     superseded_keys,
 )
-from celery_singleton_lock.engine.lease import Lease, Owner, Parked, as_text
+from celery_singleton_lock.engine.lease import (
+    Lease,
+    LockHolder,
+    Owner,
+    Parked,
+    as_bytes,
+    as_text,
+)
 from celery_singleton_lock.engine.lua_scripts import source
 from celery_singleton_lock.engine.redis_server import RedisServer
 from celery_singleton_lock.engine.releases import Releases
@@ -84,9 +89,16 @@ class LatestWins:
     def parked(keys: LockKeys, reply: list[Any]) -> Parked:
         """The reply of ACQUIRE_OR_REPLACE when the call waits, as :class:`Parked`."""
         fields, position, displaced = reply
-        parked = Parking.parked(keys, [fields, position, None])
-        return dataclasses.replace(
-            parked, displaced=tuple(as_bytes(message) for message in displaced)
+        holder = None
+        if fields:
+            pttl, _, rest = as_text(fields).partition("|")
+            holder = LockHolder.parse(keys.lock, rest, pttl)
+        return Parked(
+            key=keys.lock,
+            holder=holder,
+            position=int(position),
+            handed=None,
+            displaced=tuple(as_bytes(message) for message in displaced),
         )
 
     def release_latest(
@@ -105,9 +117,13 @@ class LatestWins:
             debounce_key(keys),
         ]
         args: list[Any] = [lease.token, keys.channel, keys.name, _ms(reservation_ttl)]
-        return handed_on(
-            self.releases.release_with(lease, self._release_latest, script_keys, args, remember_for)
+        reply = self.releases.release_with(
+            lease, self._release_latest, script_keys, args, remember_for
         )
+        # 0 not ours, 1 released with nothing handed on, or the message handed the lock
+        if isinstance(reply, (bytes, str)):
+            return True, as_bytes(reply)
+        return bool(reply), None
 
     def superseded_left(self, limit: int = 100) -> list[tuple[str, list[bytes]]]:
         """The calls displaced by a newer one that their worker has not marked superseded
@@ -115,7 +131,7 @@ class LatestWins:
         at most ``limit`` locks. Mark each, then :meth:`clear_superseded` it."""
         index = superseded_index(self.issuer.prefix)
         due = script_calls.run(self._handoff_due, index, [index], [limit], self.server.client)
-        names = [as_text(name) for name in due]
+        names = [as_text(name) for name in due[1:]]  # due[0]: when the next falls due
         left = []
         for name in names:
             key = superseded_keys(self.issuer.keys(name))[1]

@@ -1,7 +1,8 @@
 """The mutex: one holder per lock name, with fencing, finish records and the take of a queued
-marker, in one round trip (lua/acquire.lua). A queue behind it (policy
-``queue``, :mod:`.parking`; latest wins, :mod:`.latest`) sends its own script in the same
-round trip and reads its own reply when the call waits (:class:`MutexQueue`).
+marker, in one round trip (lua/acquire.lua). Latest wins (:mod:`.latest`) waits behind it: it
+sends its own script in the same round trip and reads its own reply when the call waits
+(:class:`MutexQueue`). Policy ``queue`` parks behind the lock's slots (:mod:`.slot_queue`: a
+mutex is the lock with one slot).
 """
 
 from __future__ import annotations
@@ -33,6 +34,40 @@ from celery_singleton_lock.engine.script_calls import Acknowledged, _ms
 from celery_singleton_lock.errors import AlreadySuperseded, ReplicasUnavailable
 
 log_acquire = logging.getLogger("celery_singleton_lock.acquire")
+
+
+def send(
+    server: RedisServer,
+    script: Script,
+    keys: LockKeys,
+    script_keys: list[str],
+    args: list[Any],
+    request: AcquireRequest,
+) -> tuple[Any, Optional[int]]:
+    """Send an acquire ``script`` on the lock's pinned connection: its reply, and with
+    ``request.min_replicas`` how many replicas acknowledged the write (WAIT in the same
+    round trip; None without)."""
+    min_replicas = request.min_replicas
+    if not min_replicas:
+        return server.run(script, keys.lock, script_keys, args, pinned=True), None
+    connections = server.connections
+    assert connections is not None  # refused on a cluster by its capabilities
+    sender: Any = Acknowledged(connections, min_replicas, request.replica_timeout)
+    reply, acknowledged = script_calls.run(script, keys.lock, script_keys, args, sender)
+    return reply, acknowledged
+
+
+def confirm_replicas(lease: Lease, acknowledged: Optional[int], request: AcquireRequest) -> None:
+    """Keep ``lease`` only if ``request.min_replicas`` replicas acknowledged it; else release
+    it again and raise :class:`ReplicasUnavailable`."""
+    if acknowledged is None or acknowledged >= request.min_replicas:
+        return
+    lease.release()
+    raise ReplicasUnavailable(
+        f"lock {lease.key} was written, but only {acknowledged} of {request.min_replicas} "
+        f"replica(s) acknowledged it within {request.replica_timeout}s; released it again",
+        lease.key,
+    )
 
 
 class MutexQueue(Protocol):
@@ -73,29 +108,14 @@ class Mutex:
         else:
             script = queue.acquire_script
             script_keys, args = queue.acquire_call(request, keys, value, owner)
-        acknowledged = None
-        min_replicas = request.min_replicas
-        if min_replicas:
-            connections = self.server.connections
-            assert connections is not None  # refused on a cluster by its capabilities
-            sender: Any = Acknowledged(connections, min_replicas, request.replica_timeout)
-            reply, acknowledged = script_calls.run(script, keys.lock, script_keys, args, sender)
-        else:
-            reply = self.server.run(script, keys.lock, script_keys, args, pinned=True)
+        reply, acknowledged = send(self.server, script, keys, script_keys, args, request)
         if type(reply) is list:
             assert queue is not None  # only a queue's script answers a list
             return queue.parked(keys, reply)
         outcome = self.outcome(keys, token, owner, reply, sent_at, request)
         if type(outcome) is not Lease:
             return outcome
-        if acknowledged is not None and acknowledged < min_replicas:
-            outcome.release()
-            raise ReplicasUnavailable(
-                f"lock {keys.lock} was written, but only {acknowledged} of {min_replicas} "
-                f"replica(s) acknowledged it within {request.replica_timeout}s; released it "
-                "again",
-                keys.lock,
-            )
+        confirm_replicas(outcome, acknowledged, request)
         log_acquire.debug("acquired %s (fence=%s)", outcome.key, outcome.fence)
         return outcome
 

@@ -1,30 +1,35 @@
-"""Policy ``queue`` over N slots, a cooldown or a rate, on one server (the scripts, and why
-they are so, in lua/includes/slot_queue.lua).
+"""Policy ``queue`` on one server (``on_duplicate='queue'``): a call that finds every slot of
+its lock taken (a mutex is the lock with one slot) is parked behind them in arrival order, in
+the same round trip, and each release hands its freed slot to the oldest parked call. With a
+cooldown or a rate, a slot is handed on when they allow. The scripts, and why they are so:
+lua/includes/slot_queue.lua and lua/includes/handoff.lua.
 
-The mutex's queue (:mod:`.parking`) stays what it was for a lock with one holder, no rate
-and no cooldown: these operations are used only when a task asks for one of those three, and
-the sweeper and the drop of a parked call tell the two apart by the lock's rule, written when
-a call is parked here.
+The parked calls of a lock are a sorted set by arrival (finding, re-parking or dropping one
+costs O(log n)) and a hash of their messages. A sweeper (:meth:`SlotQueue.hand_off_due`, then
+:meth:`SlotQueue.hand_on`) hands on a slot whose holder died or whose reservation ran out; it
+reads the lock's rule (its slots and rate), written when a call is parked.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional, Union
 
 from redis.commands.core import Script
 
 from celery_singleton_lock.engine import lease as _lease
 from celery_singleton_lock.engine import server_errors, slots
 from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
+from celery_singleton_lock.engine.keys import handoff_index
 from celery_singleton_lock.engine.kinds.issuer import Issuer
-from celery_singleton_lock.engine.kinds.parking import as_bytes
+from celery_singleton_lock.engine.kinds.mutex import confirm_replicas, send
 from celery_singleton_lock.engine.lease import (
     Lease,
     LockHolder,
     Owner,
     Parked,
     already_finished,
+    as_bytes,
     new_token,
 )
 from celery_singleton_lock.engine.lua_scripts import source
@@ -34,8 +39,24 @@ from celery_singleton_lock.engine.script_calls import _ms
 
 log_acquire = logging.getLogger("celery_singleton_lock.acquire")
 
+#: Token of a lock value that reserves a slot for the parked task id it names (not hex: no
+#: owner has it; lua/includes/handoff.lua).
+HANDOFF_TOKEN = "handoff-reserved-for-next-parked"
+
 #: A lock's rule: its number of slots and its rate (``(count, seconds)`` or None).
 Rule = tuple[int, Optional[tuple[int, float]]]
+
+#: The rule of a lock parked without one written (latest wins: one slot, no rate).
+MUTEX_RULE: Rule = (1, None)
+
+
+class Due(NamedTuple):
+    """The locks a sweeper should look at now, and when it should look next."""
+
+    names: list[str]
+    #: seconds until the next lock falls due after these (0: more are due now than were
+    #: asked for; None: none is left)
+    next_in: Optional[float]
 
 
 def _rate_args(rate: Optional[tuple[int, float]]) -> list[Any]:
@@ -50,8 +71,16 @@ def parse_rule(raw: Any) -> Optional[Rule]:
     return int(count), (None if not rate else (int(rate), int(window) / 1000.0))
 
 
+def _holder(keys_lock: str, fields: Any) -> Optional[LockHolder]:
+    if not fields:
+        return None
+    pttl, _, rest = _lease.as_text(fields).partition("|")
+    return LockHolder.parse(keys_lock, rest, pttl)
+
+
 class SlotQueue:
-    """Parking behind N slots on ``server``, and the hand-off of each freed slot."""
+    """Parking behind the slots of a lock on ``server``, and the hand-off of each freed
+    slot."""
 
     def __init__(self, server: RedisServer, issuer: Issuer, releases: Releases) -> None:
         self.server = server
@@ -59,6 +88,7 @@ class SlotQueue:
         self.releases = releases
         self._slot_or_park: Script = server.register(source("acquire_slot_or_park"))
         self._hand_on_slots: Script = server.register(source("hand_on_slots"))
+        self._handoff_due: Script = server.register(source("handoff_due"))
 
     def acquire(self, request: AcquireRequest, owner: Owner) -> AcquireOutcome:
         """One round trip of ACQUIRE_SLOT_OR_PARK: a slot taken, or the call parked."""
@@ -71,18 +101,19 @@ class SlotQueue:
         counter, finished = issuer.shared.of(keys.lock, owner.task_id)
         script_keys = [slots.slot_key(keys, slot) for slot in range(1, limit + 1)]
         script_keys += (counter, keys.starts, keys.parked, keys.parked_messages)
-        script_keys += (keys.handoff_due, keys.parked_rule)
+        script_keys += (keys.handoff_due, keys.parked_rule, keys.parked_rounds)
         args: list[Any] = [_ms(request.ttl), value, "1" if request.fencing else "0", limit]
         args += _rate_args(request.rate)
         args += (owner.task_id, request.park, keys.name, _ms(request.reservation_ttl))
+        args.append(request.fair)
         if request.unless_finished:
             script_keys.append(finished)
-        reply = self.server.run(self._slot_or_park, keys.lock, script_keys, args, pinned=True)
+        script = self._slot_or_park
+        reply, acknowledged = send(self.server, script, keys, script_keys, args, request)
         if reply == -1:
             raise already_finished(keys, owner)
         if isinstance(reply, (bytes, str)):  # a copy of this task id holds a slot
-            pttl, _, fields = _lease.as_text(reply).partition("|")
-            holder = LockHolder.parse(keys.lock, fields, pttl)
+            holder = _holder(keys.lock, reply)
             if holder is None:
                 raise server_errors.not_a_lock(keys.lock)
             return holder
@@ -91,17 +122,14 @@ class SlotQueue:
             lease = issuer.lease(
                 request, slots.slot_keys(keys, slot), token, owner, fence or None, sent_at
             )
+            confirm_replicas(lease, acknowledged, request)
             log_acquire.debug("acquired %s (fence=%s)", lease.key, lease.fence)
             return lease
         fields, position, *handed = reply
-        holder = None
-        if fields:
-            pttl, _, rest = _lease.as_text(fields).partition("|")
-            holder = LockHolder.parse(keys.lock, rest, pttl)
         messages = tuple(as_bytes(message) for message in handed)
         return Parked(
             key=keys.lock,
-            holder=holder,
+            holder=_holder(keys.lock, fields),
             position=int(position),
             handed=messages[0] if messages else None,
             more_handed=messages[1:],
@@ -119,7 +147,9 @@ class SlotQueue:
     ) -> tuple[bool, list[bytes]]:
         """Release ``lease`` (one of ``limit`` slots, taken with ``rate``), into a cooldown
         of ``cooldown`` seconds if given, and in the same round trip reserve each free slot
-        for the oldest parked task id without one, as far as the rate allows.
+        for the oldest parked task id without one, as far as the rate allows (and no more
+        slots than the rule of the calls parked now: a limit lowered since ``lease`` was
+        taken hands on only as many).
 
         Returns whether the slot was still ours, and the parked messages the caller must now
         publish. One never published is not lost: its reservation runs out and a sweeper
@@ -149,33 +179,75 @@ class SlotQueue:
         keys = self.issuer.keys(name)
         script_keys = [slots.slot_key(keys, slot) for slot in range(1, limit + 1)]
         script_keys += (keys.starts, keys.parked, keys.parked_messages, keys.handoff_due)
-        script_keys.append(keys.parked_rule)
+        script_keys += (keys.parked_rule, keys.parked_rounds)
         args: list[Any] = [limit, *_rate_args(rate), mode, subject, keys.channel, keys.name]
         args += (_ms(reservation_ttl), cooldown_ms)
         return script_keys, args
 
-    def parked_rule(self, name: str) -> Optional[Rule]:
-        """The rule of the calls parked behind lock ``name`` over slots, a rate or a
-        cooldown; None when they are parked behind the mutex (or none are)."""
+    def _rule(self, name: str) -> Rule:
+        """The rule of the calls parked behind lock ``name`` (one slot, no rate, when none
+        is written: latest wins)."""
         key = self.issuer.keys(name).parked_rule
-        return parse_rule(server_errors.call(lambda: self.server.client.get(key), key))
+        raw = server_errors.call(lambda: self.server.client.get(key), key)
+        return parse_rule(raw) or MUTEX_RULE
 
-    def hand_on_slots(self, name: str, rule: Rule, *, reservation_ttl: float) -> list[bytes]:
-        """A sweeper's step on a lock parked over slots: reserve its free slots for the
-        oldest parked ids without one, as far as the rate allows; their messages, to
-        publish."""
+    # -- the sweeper's side ------------------------------------------------------------------
+
+    def hand_off_due(self, limit: int = 100) -> Due:
+        """Names of the locks with parked task ids whose holder's TTL or reservation has run
+        out by the server's clock (at most ``limit``): a sweeper looks at each with
+        :meth:`hand_on`, then sleeps until the next is due (or its interval ends)."""
+        key = handoff_index(self.issuer.prefix)
+        wait, *names = self.server.run(self._handoff_due, key, [key], [limit])
+        wait = int(wait)
+        return Due([_lease.as_text(name) for name in names], None if wait < 0 else wait / 1000)
+
+    def hand_on(self, name: str, *, reservation_ttl: float) -> list[bytes]:
+        """A sweeper's step on the lock ``name``: reserve its free slots for the oldest parked
+        ids without one, as far as the rate allows; their messages, to publish (a held slot is
+        looked at again when its TTL runs out)."""
+        rule = self._rule(name)
         script_keys, args = self._hand_on_call(name, rule[0], rule[1], "sweep", "", reservation_ttl)
         _, *handed = self.server.run(self._hand_on_slots, script_keys[0], script_keys, args)
         return [as_bytes(message) for message in handed]
 
-    def drop_from_slots(
-        self, name: str, rule: Rule, task_id: str, *, reservation_ttl: float
-    ) -> tuple[bool, list[bytes]]:
-        """Take ``task_id`` out of the calls parked over slots for good, freeing a slot
-        reserved for it and handing that on: whether it was parked or reserved for, and the
-        messages to publish."""
+    def handed(self, name: str, task_id: str, *, reservation_ttl: float) -> bool:
+        """The message of ``task_id``, handed a slot of lock ``name``, was published: its
+        reservation (made for a short send window, so that a holder that dies before it
+        publishes stalls the lock only that long) lives ``reservation_ttl`` seconds from now.
+        False if no slot is reserved for it (it took its slot already, or the window ran out
+        and a sweeper sends its message again: a copy its finish record drops)."""
+        rule = self._rule(name)
+        script_keys, args = self._hand_on_call(
+            name, rule[0], rule[1], "sent", task_id, reservation_ttl
+        )
+        done, *_ = self.server.run(self._hand_on_slots, script_keys[0], script_keys, args)
+        return bool(done)
+
+    def drop_parked(self, name: str, task_id: str, *, reservation_ttl: float) -> Union[bool, bytes]:
+        """Take ``task_id`` out of the calls parked behind the lock ``name`` for good (its
+        message was revoked, expired, or cannot be read), and, if a slot was reserved for it,
+        reserve that slot for the next parked id for ``reservation_ttl`` seconds at once.
+
+        Returns that next id's message, to publish; else True if ``task_id`` was parked or
+        reserved for (now dropped), False if it was neither. A slot held by ``task_id``
+        itself is never touched.
+        """
+        rule = self._rule(name)
         script_keys, args = self._hand_on_call(
             name, rule[0], rule[1], "drop", task_id, reservation_ttl
         )
         done, *handed = self.server.run(self._hand_on_slots, script_keys[0], script_keys, args)
-        return bool(done), [as_bytes(message) for message in handed]
+        return as_bytes(handed[0]) if handed else bool(done)
+
+    def hand_off_soon(self, name: str) -> int:
+        """After the lock ``name`` was released without a hand-off (by hand, or at shutdown):
+        how many task ids are parked behind it; if any, the name is made due in the hand-off
+        index now, so a sweeper hands the lock on at its next tick instead of at the old
+        holder's TTL."""
+        keys = self.issuer.keys(name)
+        parked = int(server_errors.call(lambda: self.server.client.zcard(keys.parked), keys.parked))
+        if parked:
+            index = keys.handoff_due
+            server_errors.call(lambda: self.server.client.zadd(index, {keys.name: 0}), index)
+        return parked

@@ -2,7 +2,7 @@
 -- lock, or become the one call that waits behind it, displacing the call that waited there,
 -- in one round trip. (The keys of latest wins: includes/displace.lua.)
 -- KEYS[1]  lock key               KEYS[2]  shared fence counter key (as acquire.lua's)
--- KEYS[3]  parked task ids (list) KEYS[4]  parked messages (hash)
+-- KEYS[3]  parked task ids (sorted set)  KEYS[4]  parked messages (hash)
 -- KEYS[5]  hand-off index         KEYS[6]  the lock's latest-wins hash
 -- KEYS[7]  the lock's superseded task ids (sorted set)
 -- KEYS[8]  the lock's superseded calls left to mark (hash)
@@ -73,7 +73,7 @@ if v then
       return holder
     end
   end
-elseif debounce == 0 and redis.call('LLEN', parked) == 0 then
+elseif debounce == 0 and redis.call('ZCARD', parked) == 0 then
   take = true
 end
 -- Calls are ordered by when they were sent, not by when they get here: one sent before the
@@ -88,9 +88,8 @@ elseif sent ~= '' then
   redis.call('HSET', burst, 'sent', sent)
 end
 if take then
-  redis.call('LREM', parked, 0, id)
-  redis.call('HDEL', messages, id)
-  if redis.call('LLEN', parked) == 0 then
+  unpark(parked, messages, id)
+  if redis.call('ZCARD', parked) == 0 then
     redis.call('ZREM', index, name)
     redis.call('HDEL', burst, 'newest', 'first', 'due')
     redis.call('PEXPIRE', burst, keep_ms)  -- only 'sent' is left
@@ -99,14 +98,13 @@ if take then
   end
   return take_lock(lock, ARGV[2], ARGV[1], ARGV[3], KEYS[2])
 end
-local position = redis.call('LPOS', parked, id)
+local position = redis.call('ZRANK', parked, id)
 if position then
   return {holder, position + 1, {}}
 end
 local gone = displace(parked, messages, id, reserved, KEYS[7], KEYS[8], KEYS[9], name,
                      tonumber(ARGV[10]), tonumber(ARGV[11]))
-redis.call('HSET', messages, id, ARGV[5])
-position = redis.call('RPUSH', parked, id)
+position = park(parked, messages, id, ARGV[5])
 local now = now_ms()
 if debounce > 0 then
   local first = now

@@ -6,14 +6,17 @@
 -- KEYS[1..N]  the N slot keys, slot 1 first (as acquire_slot.lua)
 -- KEYS[N+1]   shared fence counter
 -- KEYS[N+2]   the lock's starts (sorted set, as acquire_slot.lua), used with ARGV[5] only
--- KEYS[N+3]   parked task ids (list)   KEYS[N+4]  parked messages (hash)
+-- KEYS[N+3]   parked task ids (sorted set)   KEYS[N+4]  parked messages (hash)
 -- KEYS[N+5]   hand-off index           KEYS[N+6]  the lock's rule (see includes/slot_queue.lua)
--- KEYS[N+7]   optional: the finish-record set to look in (as acquire_slot.lua's KEYS[N+3])
+-- KEYS[N+7]   the lock's parked rounds (hash, see includes/handoff.lua), used with ARGV[11]
+-- KEYS[N+8]   optional: the finish-record set to look in (as acquire_slot.lua's KEYS[N+3])
 -- ARGV[1]     ttl in ms            ARGV[2]  the lock value with an empty fence
 -- ARGV[3]     '1' to hand out a fence    ARGV[4]  N
 -- ARGV[5]     at most this many starts in any window of ARGV[6] ms; '' none
 -- ARGV[7]     the owner's task id (not empty)   ARGV[8]  its message, stored if parked
 -- ARGV[9]     the lock name (member of the index)   ARGV[10]  ms a reservation lives
+-- ARGV[11]    the call's fairness value (lock_fair_by): parked by rounds across values
+--             (includes/handoff.lua's park_fair); '' parked in arrival order
 -- Returns     {slot, fence}: acquired the 1-based slot (also for a resend of the same token).
 --             integer -1: the finish record exists; nothing changed.
 --             string 'pttl|fence|acquired_at|pid|host|task_id': a slot is held by an
@@ -30,9 +33,9 @@
 local n = tonumber(ARGV[4])
 local id, token = ARGV[7], string.sub(ARGV[2], 1, 32)
 local q = {starts = KEYS[n + 2], parked = KEYS[n + 3], messages = KEYS[n + 4],
-           index = KEYS[n + 5], rule = KEYS[n + 6], name = ARGV[9],
+           index = KEYS[n + 5], rule = KEYS[n + 6], rounds = KEYS[n + 7], name = ARGV[9],
            reserve = tonumber(ARGV[10]), rate = tonumber(ARGV[5]), window = tonumber(ARGV[6])}
-if KEYS[n + 7] and is_finished(KEYS[n + 7], id) then
+if KEYS[n + 8] and is_finished(KEYS[n + 8], id) then
   return -1
 end
 local free, reserved, mine, copy, first, first_pttl = survey(n, token, id)
@@ -64,13 +67,17 @@ else
   end
 end
 if take then
-  redis.call('LREM', q.parked, 1, id)
-  redis.call('HDEL', q.messages, id)
+  unpark(q.parked, q.messages, id)
   local fence = take_lock(KEYS[take], ARGV[2], ARGV[1], ARGV[3], KEYS[n + 1])
   schedule(n, q, now)
   return {take, fence}
 end
-local position = park(q.parked, q.messages, id, ARGV[8])
+local position
+if ARGV[11] ~= '' then
+  position = park_fair(q.parked, q.messages, q.rounds, id, ARGV[8], ARGV[11])
+else
+  position = park(q.parked, q.messages, id, ARGV[8])
+end
 redis.call('SET', q.rule, n .. '|' .. ARGV[5] .. '|' .. ARGV[6])
 schedule(n, q, now)
 local holder = ''

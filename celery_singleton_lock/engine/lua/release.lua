@@ -9,13 +9,14 @@
 -- ARGV[4]  with KEYS[2]: the owner's task id
 -- Returns  1 released; 0 not ours (expired, or taken over by another owner): nothing changed.
 --- @include "release_lock"
+--- @include "announce"
 
 if #KEYS == 1 then
   if redis.call('GETRANGE', KEYS[1], '0', '31') ~= ARGV[1] then
     return 0
   end
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], KEYS[1])
+  announce(ARGV[2], KEYS[1])
   return 1
 end
 return release_lock(KEYS[1], ARGV[1], ARGV[2], KEYS[2], ARGV[3], ARGV[4]) and 1 or 0

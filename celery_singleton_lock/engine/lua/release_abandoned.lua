@@ -5,6 +5,7 @@
 -- ARGV[2]  channel to publish the release on
 -- Returns  1 released; 0 the lock is gone or held by another execution: nothing changed.
 --- @include "lock_value"
+--- @include "announce"
 
 local v = redis.call('GET', KEYS[1])
 if not v or string.sub(v, 33, 33) ~= '|' then
@@ -12,7 +13,7 @@ if not v or string.sub(v, 33, 33) ~= '|' then
 end
 if owner_of(v) == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], KEYS[1])
+  announce(ARGV[2], KEYS[1])
   return 1
 end
 return 0

@@ -14,6 +14,7 @@
 --          0 not ours (expired, or taken over): nothing changed.
 --- @include "finish_records"
 --- @include "cooldown"
+--- @include "announce"
 
 local v = redis.call('GET', KEYS[1])
 if not v or string.sub(v, 1, 32) ~= ARGV[1] then
@@ -23,5 +24,5 @@ if KEYS[2] then
   record_finished(KEYS[2], ARGV[4], ARGV[5])
 end
 cool_down(KEYS[1], v, ARGV[2])
-redis.call('PUBLISH', ARGV[3], KEYS[1])
+announce(ARGV[3], KEYS[1])
 return 1

@@ -1,7 +1,7 @@
 -- release.lua for a task whose newest duplicate wins: release (compare-and-delete), then
 -- reserve the lock for the call waiting behind it, unless that call's debounce runs on (the
 -- index then holds its due time, and a sweeper hands it the lock then).
--- KEYS[1]  lock key               KEYS[2]  parked task ids (list)
+-- KEYS[1]  lock key               KEYS[2]  parked task ids (sorted set)
 -- KEYS[3]  parked messages (hash) KEYS[4]  hand-off index
 -- KEYS[5]  the lock's debounce hash
 -- KEYS[6]  optional: the finish-record set (as release.lua's KEYS[2])
@@ -23,7 +23,7 @@ if not release_lock(lock, ARGV[1], ARGV[2], KEYS[6], ARGV[5], ARGV[6]) then
   return 0
 end
 local due = tonumber(redis.call('HGET', burst, 'due') or '0')
-if due > now_ms() and redis.call('LLEN', parked) > 0 then
+if due > now_ms() and redis.call('ZCARD', parked) > 0 then
   redis.call('ZADD', index, due, name)
   return 1
 end

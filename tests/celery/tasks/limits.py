@@ -118,6 +118,30 @@ rate2_skip = limited_task("rate2_skip", lock_rate="2/m", on_duplicate="skip")
 
 # QUEUE: "retry" on a Redis Cluster, whose workers refuse to start with a queue task
 limit3_queue = limited_task("limit3_queue", lock_limit=3, on_duplicate=QUEUE, lock_ttl=5)
+
+
+def _live_cap(key: str, seconds: float) -> int:
+    """A tenant's cap as it is now (``cap:<key>`` in the records Redis; 3 when unset)."""
+    return int(store().get(f"cap:{key}") or 3)
+
+
+@app.task(
+    bind=True,
+    base=LockedTask,
+    name=f"{__name__}.fair_limit2_queue",
+    lock_on=("key",),
+    lock_limit=2,
+    on_duplicate=QUEUE,
+    # a Redis Cluster's workers serve "retry" here (QUEUE), where nothing is parked to be fair
+    lock_fair_by=("tenant",) if QUEUE == "queue" else None,
+)
+def fair_limit2_queue(self: LockedTask, key: str, tenant: str, seconds: float) -> dict[str, Any]:
+    """Two at once per key; parked calls served round robin across tenants (issue 31)."""
+    return limited_body(self, key, seconds)
+
+
+#: a cap changed while calls are parked (issue 28's bug 2)
+live_cap_queue = limited_task("live_cap_queue", lock_limit=_live_cap, on_duplicate=QUEUE)
 rate3_queue = limited_task("rate3_queue", lock_rate="3/3s", on_duplicate=QUEUE)
 cooldown1_queue = limited_task("cooldown1_queue", lock_cooldown=1, on_duplicate=QUEUE)
 #: issue 30's acceptance size: 9 calls at 3 per 10 s

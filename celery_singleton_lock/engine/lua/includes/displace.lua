@@ -35,17 +35,17 @@ local function supersede(ids, left, index, name, id, message, now, keep_ms, grac
   redis.call('ZADD', index, 'NX', now + grace_ms, name)
 end
 
--- Take out of the parked list every waiting call but `keep` and `reserved` (whose message is
+-- Take out of the parked set every waiting call but `keep` and `reserved` (whose message is
 -- on its way); returns their messages (each '<task id>\n...'), oldest first, each superseded.
 local function displace(parked, messages, keep, reserved, ids, left, index, name, keep_ms,
                         grace_ms)
   local gone = {}
   local now = now_ms()
-  for _, other in ipairs(redis.call('LRANGE', parked, 0, -1)) do
+  for _, other in ipairs(redis.call('ZRANGE', parked, 0, -1)) do
     if other ~= keep and other ~= reserved then
       local message = redis.call('HGET', messages, other) or (other .. '\n')
       table.insert(gone, message)
-      redis.call('LREM', parked, 0, other)
+      redis.call('ZREM', parked, other)
       redis.call('HDEL', messages, other)
       supersede(ids, left, index, name, other, message, now, keep_ms, grace_ms)
     end

@@ -1,22 +1,70 @@
 -- The hand-off queue of policy queue (and latest wins). Per lock, beside the lock key (same
 -- hash tag):
---   P:{N}:parked           list of the task ids parked behind the lock, oldest first
+--   P:{N}:parked           sorted set: the task ids parked behind the lock, scored by arrival
+--                          (1, 2, 3, ...: the newest's score + 1), so the oldest is first and
+--                          finding, re-parking or dropping one id costs O(log n), not a walk
 --   P:{N}:parked-messages  hash: task id -> its parked message (opaque to the scripts, bytes)
+--   P:{N}:parked-rounds    hash, calls parked fairly (lock_fair_by): fairness value -> the
+--                          round of its newest parked call, and '' -> an arrival counter
 -- and one index per prefix, WITHOUT a hash tag (so: a single server or Sentinel, not a
 -- Cluster):
 --   P:handoff-due          sorted set: lock name -> server time (ms) at which a sweeper should
 --                          look at it (the holder's TTL runs out, or a reservation does)
--- While the lock is handed to the oldest parked task id and that message is on its way, the
--- lock holds a RESERVATION: a lock value whose token is HANDOFF_TOKEN (not hex, so no owner
--- can have it), pid 0 and the reserved task id, with its own TTL. Only that task id takes it.
+-- While a free lock (or slot) is handed to the oldest parked task id and that message is on
+-- its way, it holds a RESERVATION: a lock value whose token is HANDOFF_TOKEN (not hex, so no
+-- owner can have it), pid 0 and the reserved task id, with its own TTL. Only that task id
+-- takes it.
 --- @include "now_ms"
 
 local HANDOFF_TOKEN = 'handoff-reserved-for-next-parked'
 
+-- Park task id `id` with its `message` behind the others in `parked` (kept where it is when
+-- it is already parked); returns its 1-based place.
+local function park(parked, messages, id, message)
+  local rank = redis.call('ZRANK', parked, id)
+  if rank then
+    return rank + 1
+  end
+  local last = redis.call('ZRANGE', parked, -1, -1, 'WITHSCORES')
+  redis.call('ZADD', parked, (tonumber(last[2]) or 0) + 1, id)
+  redis.call('HSET', messages, id, message)
+  return redis.call('ZCARD', parked)
+end
+
+-- Rounds of fair parking: a call's score is its round * ROUND + its arrival number (mod
+-- ROUND), so the calls of one round go in arrival order and every value has at most one call
+-- in each round: a freed slot goes round robin across the values, oldest first within one.
+local ROUND = 1e9
+
+-- Park task id `id` with its `message`, fairly by `value`: in the round after its value's
+-- newest parked call, and never before the round of the oldest call parked now (a value that
+-- was idle joins the current round, not the first). Kept where it is when already parked.
+-- Returns its 1-based place.
+local function park_fair(parked, messages, rounds, id, message, value)
+  local rank = redis.call('ZRANK', parked, id)
+  if rank then
+    return rank + 1
+  end
+  local head = redis.call('ZRANGE', parked, 0, 0, 'WITHSCORES')
+  local current = head[2] and math.floor(tonumber(head[2]) / ROUND) or 0
+  local round = math.max(tonumber(redis.call('HGET', rounds, value) or '0') + 1, current)
+  local arrival = redis.call('HINCRBY', rounds, '', 1) % ROUND
+  redis.call('HSET', rounds, value, round)
+  redis.call('ZADD', parked, round * ROUND + arrival, id)
+  redis.call('HSET', messages, id, message)
+  return redis.call('ZRANK', parked, id) + 1
+end
+
+-- Take task id `id` out of `parked` and its message out of `messages`; returns how many of
+-- the two it was in (0, 1 or 2).
+local function unpark(parked, messages, id)
+  return redis.call('ZREM', parked, id) + redis.call('HDEL', messages, id)
+end
+
 -- The lock is free: reserve it for the oldest parked task id for reserve_ms; returns that
 -- id's parked message, or false (and drops the name from the index) when none is parked.
 local function hand_off(lock, parked, messages, index, name, reserve_ms)
-  local head = redis.call('LINDEX', parked, 0)
+  local head = redis.call('ZRANGE', parked, 0, 0)[1]
   if not head then
     redis.call('ZREM', index, name)
     return false
@@ -25,18 +73,4 @@ local function hand_off(lock, parked, messages, index, name, reserve_ms)
   redis.call('SET', lock, HANDOFF_TOKEN .. '||' .. now .. '|0||' .. head, 'PX', reserve_ms)
   redis.call('ZADD', index, now + tonumber(reserve_ms), name)
   return redis.call('HGET', messages, head) or ''
-end
-
--- Park task id `id` with its `message` at the end of the list `parked` (kept where it is when
--- it is already parked); returns its 1-based place.
-local function park(parked, messages, id, message)
-  if redis.call('HSETNX', messages, id, message) == 1 then
-    return redis.call('RPUSH', parked, id)
-  end
-  for i, parked_id in ipairs(redis.call('LRANGE', parked, 0, -1)) do
-    if parked_id == id then
-      return i
-    end
-  end
-  return 0
 end

@@ -1,6 +1,7 @@
 -- The release of a lock by its owner: a compare-and-delete of the token, published to the
 -- lock's waiters, with the owner's finish record when asked (finish_records.lua).
 --- @include "finish_records"
+--- @include "announce"
 
 -- Release `lock` if it holds `token`, publishing the release on `channel`; with `records` (the
 -- finish-record set of task id `id`), record that `id` finished, for `lifetime` ms. Returns
@@ -14,6 +15,6 @@ local function release_lock(lock, token, channel, records, lifetime, id)
     record_finished(records, lifetime, id)
   end
   redis.call('DEL', lock)
-  redis.call('PUBLISH', channel, lock)
+  announce(channel, lock)
   return true
 end

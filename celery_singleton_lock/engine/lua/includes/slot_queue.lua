@@ -1,6 +1,6 @@
--- Policy queue over N slots (lock_limit), a cooldown and a rate: the mutex's hand-off queue
--- (handoff.lua: the same parked list, parked messages, hand-off index and reservation value)
--- over the N slot keys KEYS[1..n] of a lock (slots.py).
+-- Policy queue: calls parked behind the N slot keys KEYS[1..n] of a lock (slots.py; a mutex is
+-- the lock with one slot, its key the lock key), with a cooldown and a rate; the parked set,
+-- parked messages, hand-off index and reservation value are handoff.lua's.
 --
 -- - a slot is reserved for ONE parked task id at a time (the reservation value names it), and
 --   the parked ids are handed free slots in arrival order, skipping the ids already holding a
@@ -25,7 +25,7 @@
 -- call is parked and deleted with the last parked id: the sweeper, which knows only the
 -- lock's name, reads it to call hand_on_slots.lua with the lock's slot keys.
 --
--- `q` is the lock's queue: {starts, parked, messages, index, rule, name, reserve, rate,
+-- `q` is the lock's queue: {starts, parked, messages, index, rule, rounds, name, reserve, rate,
 -- window} (keys, the lock name, the reservation's life in ms, the rate or nil, its window).
 --- @include "lock_value"
 --- @include "handoff"
@@ -71,7 +71,7 @@ local function hand_slots(n, q, free, reserved, now, max, stop_id)
     return handed, free, false
   end
   -- at most n ids hold a reservation: n + #free + 1 ids hold #free + 1 without one
-  local walked = redis.call('LRANGE', q.parked, 0, n + #free)
+  local walked = redis.call('ZRANGE', q.parked, 0, n + #free)
   for _, id in ipairs(walked) do
     if id == stop_id then
       return handed, free, true
@@ -101,10 +101,10 @@ end
 -- Write when a sweeper should next look at the lock (see above), or take it out of the index
 -- (and drop its rule) when nothing is parked.
 local function schedule(n, q, now)
-  local waiting = redis.call('LLEN', q.parked)
+  local waiting = redis.call('ZCARD', q.parked)
   if waiting == 0 then
     redis.call('ZREM', q.index, q.name)
-    redis.call('DEL', q.rule)
+    redis.call('DEL', q.rule, q.rounds)
     return
   end
   local free, reserved, _, _, _, first_pttl = survey(n, nil, nil)

@@ -190,8 +190,8 @@ def send(task: Any, args: List[Any], **options: Any) -> Sent:
 def state_of(result: Any) -> str:
     try:
         state = result.state
-        if state == "FAILURE":
-            return f"FAILURE {type(result.result).__name__}"
+        if state in ("FAILURE", "REVOKED"):  # a skip is REVOKED with its DuplicateTaskSkipped
+            return f"{state} {type(result.result).__name__}"
         return str(state)
     except Exception as exc:  # noqa: BLE001  (recorded as the outcome)
         return f"? {describe_exc(exc)}"

@@ -20,7 +20,7 @@ from celery_singleton_lock.arguments import ArgumentKeyer
 from celery_singleton_lock.celery import LockedTask
 from celery_singleton_lock.celery.config.lockers import forget_locker
 from celery_singleton_lock.celery.config.servers import make_client
-from celery_singleton_lock.engine import Lease, QuorumLocker, RedisLocker, Renewer
+from celery_singleton_lock.engine import Lease, Owner, QuorumLocker, RedisLocker, Renewer
 from celery_singleton_lock.engine.checks import check
 from celery_singleton_lock.engine.prepared_acquire import GeneralAcquire
 
@@ -310,6 +310,34 @@ def variant_task(locker_class: type, keyer_class: Optional[type] = None) -> Work
         return setup.app.task(name=name, base=Variant)(noop)
 
     return build
+
+
+def skipped_task(setup: WorkerSetup, name: str) -> Any:
+    """``LockedTask`` with ``on_duplicate="skip"`` and one lock for all its calls
+    (``lock_key``), held by the bench for the whole run: every call is a skipped duplicate, to
+    set against ``locked``'s no-op run. A locker of its own under ``<prefix>-held`` (as
+    ``locked2``), so the held key is none of ``locked``'s; results ignored, like the others'
+    (the app's ``task_ignore_result``), and task events off (the in-process worker's
+    default)."""
+    options = {"connection_class": setup.connection_class}
+    locker = RedisLocker(make_client(setup.url, options), prefix=f"{setup.prefix}-held")
+
+    class Skipped(LockedTask):
+        lock_locker = locker
+
+    Skipped.__name__ = Skipped.__qualname__ = "BenchSkippedTask"
+    task = setup.app.task(
+        name=name, base=Skipped, on_duplicate="skip", lock_key=lambda *_, **__: "held"
+    )(noop)
+    lock_name = task.lock_options.keyer.name((0,), {})  # binds the task (no app finalize)
+    lease = locker.try_acquire(lock_name, 3600, owner=Owner(task_id="bench-holder"), renew=False)
+    if not isinstance(lease, Lease):
+        raise BenchError(f"the skipped contender's lock {lock_name} is held already")
+    setup.closers.append(locker.client.close)
+    if locker.connections is not None:
+        setup.closers.insert(0, locker.connections.close)
+    setup.closers.insert(0, lease.release)
+    return task
 
 
 def metrics_task(setup: WorkerSetup, name: str) -> Any:

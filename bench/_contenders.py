@@ -39,6 +39,7 @@ from ._builds import (
     redis_py_cycle,
     singleton_cycle,
     singleton_task,
+    skipped_task,
     slots_cycle,
     variant_task,
 )
@@ -138,6 +139,15 @@ CONTENDERS = [
         "LockedTask, f-string lock name",
         variant_task(RedisLocker, FStringKeyer),
         lock_keys=_locked_keys,
+    ),
+    # every call skipped (its lock held by the bench all along): a skip against a no-op run
+    Contender(
+        "skipped",
+        "LockedTask, every call skipped",
+        skipped_task,
+        # its lock (under <prefix>-held) is held on purpose; a skip writes no key of its own,
+        # so nothing may match this (and its lock requests are counted as the others')
+        lock_keys=lambda prefix, name: f"{prefix}-held-left:*",
     ),
     Contender(
         "dedupe",

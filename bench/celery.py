@@ -2,8 +2,9 @@
 
 ``python -m bench celery [--quick]``. Contenders (``bench/_contenders.py``): a plain Celery
 ``Task``, the floor (the least a lock taken at run time can cost), ``LockedTask`` (default
-options), celery-once ``QueueOnce`` and celery-singleton ``Singleton``, all on one Redis
-(broker and locks), alternated task by task in ONE in-process solo worker
+options), ``LockedTask`` whose every call is a skipped duplicate (its lock held all along: a
+skip against a no-op run), celery-once ``QueueOnce`` and celery-singleton ``Singleton``, all
+on one Redis (broker and locks), alternated task by task in ONE in-process solo worker
 (``bench/_worker.py``, the paired loop of ``bench/_paired.py``), ``--tasks`` of each per round.
 
 This module is ``bench.celery``; ``celery`` below is the real package (absolute imports).
@@ -21,10 +22,12 @@ from ._paired import Paired
 from ._report import ahead_of, print_requests, print_side_by_side, print_verdicts, trips_verdict
 from ._worker import Lane, run_worker_bench, worker_options
 
-KEYS = ("plain", "floor", "locked", "once", "singleton")
+KEYS = ("plain", "floor", "locked", "skipped", "once", "singleton")
 
 #: Target from the spec: LockedTask's tasks/s at least this share of a plain task's.
 MIN_RATIO_TO_PLAIN = 0.95
+#: Target from issue 29: a skipped duplicate costs no more than a no-op task's run.
+MIN_SKIP_TO_RUN = 1.0
 
 
 def verdicts(paired: Paired, lane: Lane) -> List[str]:
@@ -52,6 +55,16 @@ def verdicts(paired: Paired, lane: Lane) -> List[str]:
         lines.append(
             f"LockedTask ahead of {other.label}: {ahead:.3f}x its tasks/s (> 1) "
             f"{verdict(ahead > 1)}  [counting enqueue too: {ours:.0f} vs {theirs:.0f} us/task]"
+        )
+    if by_key["skipped"].available:
+        # us of a no-op locked run over us of a skip, per round: > 1 when the skip is cheaper
+        skip = median(paired.ratios("worker", "locked", "skipped"))
+        skip_plain = median(paired.ratios("worker", "plain", "skipped"))
+        saved = median(paired.differences("worker", "locked", "skipped"))
+        lines.append(
+            f"a skipped duplicate {skip:.3f}x the tasks/s of a no-op LockedTask run "
+            f"(>= {MIN_SKIP_TO_RUN:g}; {saved:+.0f} us/task vs the run; {skip_plain:.3f}x plain) "
+            f"{verdict(skip >= MIN_SKIP_TO_RUN)}"
         )
     lines.append(trips_verdict(paired, lane, "locked"))
     return lines

@@ -18,10 +18,13 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from typing import Any, Optional
 
+from billiard.einfo import ExceptionInfo
 from celery import VERSION, states
 from celery.app.task import Context
+from celery.app.trace import TraceInfo, trace_ok_t
 from celery.canvas import group, signature
 from kombu import serialization
 from kombu.exceptions import KombuError, OperationalError
@@ -115,9 +118,17 @@ def store_retry(task: Any, request: Any, reason: BaseException) -> None:
     task.backend.mark_as_retry(request.id, reason, request=request)
 
 
-def store_failure_quietly(task: Any, request: Any, exc: BaseException) -> None:
-    """Store FAILURE with ``exc`` without calling errbacks (nor sending ``task_failure``)."""
-    task.backend.mark_as_failure(request.id, exc, request=request, call_errbacks=False)
+def store_not_run(task: Any, request: Any, exc: BaseException) -> None:
+    """Store REVOKED with ``exc`` as its result: a call not run on purpose (a skipped
+    duplicate). As ``Backend.mark_as_revoked`` stores a revoke, but with ``exc`` instead of a
+    bare ``TaskRevokedError``: REVOKED is a ready, propagating, exception state, so
+    ``AsyncResult.get()`` raises ``exc`` rebuilt, ``ready()`` is true and ``failed()`` false
+    (FAILURE is what dashboards and alerts count). No errbacks, no ``task_failure`` (Celery
+    calls none for a revoked task); a chord member counts as revoked (the chord fails, as
+    with any revoked header task)."""
+    task.backend.store_result(request.id, exc, states.REVOKED, traceback=None, request=request)
+    if request.chord:
+        task.backend.on_chord_part_return(request, states.REVOKED, exc)
 
 
 def outcome_is_stored(task: Any, task_id: str) -> bool:
@@ -303,26 +314,80 @@ def runs_bodies_in_children(consumer: Any) -> bool:
     return isinstance(getattr(consumer, "pool", None), TaskPool)
 
 
+# -- ending an execution the tracer ignores, without its traceback work -------------------------
+
+
+class EndedQuietly(BaseException):
+    """Ends an execution as ``Ignore`` does (IGNORED: nothing stored, the message acked), in a
+    worker, without the cost of Celery's ``except Ignore``: it builds billiard's
+    ``ExceptionInfo`` twice, copying every frame's code positions (the tracer's own is ~2,300
+    instructions) and formatting the traceback, ~1-3 ms, for an INFO line this package drops.
+    Raised only inside a tracer wrapped by :func:`quiet_ends` (:func:`can_end_quietly`). A
+    ``BaseException`` the tracer does not catch: it runs its ``finally`` blocks (``task_postrun``
+    with ``state=None``, the request popped, the backend's clean-up) and lets it through."""
+
+    def __init__(self, ignore: BaseException) -> None:
+        super().__init__(ignore)
+        self.ignore = ignore
+
+
+class _Tracing(threading.local):
+    inside = False
+
+
+_tracing = _Tracing()
+
+
+def can_end_quietly() -> bool:
+    """True while this thread runs a tracer wrapped by :func:`quiet_ends`."""
+    return _tracing.inside
+
+
+def quiet_ends(tracer: Any) -> Any:
+    """``tracer`` (a task's ``__trace__``, which the worker builds and assigns: consumer.py
+    ``update_strategies``, prefork.py ``process_initializer``) made to turn
+    :class:`EndedQuietly` into the outcome the tracer gives an ``Ignore``: info IGNORED, the
+    worker then acks the message (worker/request.py ``on_failure``)."""
+    if tracer is None or getattr(tracer, "quiet_ends", False):
+        return tracer
+
+    def trace(uuid: str, args: Any, kwargs: Any, request: Any = None) -> Any:
+        _tracing.inside = True
+        started = time.monotonic()
+        try:
+            return tracer(uuid, args, kwargs, request)
+        except EndedQuietly as end:
+            _own_ignore.task_id = None  # no "ignored" line comes for it to drop
+            ignored = ExceptionInfo.__new__(ExceptionInfo)  # no traceback to copy
+            ignored.type, ignored.exception, ignored.tb = type(end.ignore), end.ignore, None
+            ignored.traceback, ignored.internal = "", True
+            info = TraceInfo(states.IGNORED, end.ignore)
+            return trace_ok_t(ignored, info, time.monotonic() - started, None)
+        finally:
+            _tracing.inside = False
+
+    trace.quiet_ends = True  # type: ignore[attr-defined]
+    return trace
+
+
 # -- what an operator sees ---------------------------------------------------------------------
 
-#: Events are best effort: a monitor's feed must never fail or stall a task.
-EVENT_ERRORS: tuple[type[BaseException], ...] = (OSError, KombuError, RedisError)
+
+def task_events_at_start(worker: Any) -> bool:
+    """True if the starting worker (the ``worker_init`` sender) sends task events:
+    ``worker_send_task_events`` or ``-E`` (celery/worker/worker.py, ``setup_defaults``)."""
+    return bool(getattr(worker, "task_events", False))
 
 
-def send_event(task: Any, type_: str, *, task_id: str, hostname: str, **fields: Any) -> None:
-    """Send a Celery event as ``Task.send_event`` does (even with task events off), from any
-    thread: ``celery events`` and Flower show it. Not sent in eager mode (no worker).
-
-    Every event carries ``name`` (the task name) besides the dispatcher's ``hostname``: a
-    monitor that never saw the task's ``task-received`` (Flower's ``flower_events_total``,
-    celery-exporter) can still label it."""
-    if task.app.conf.task_always_eager or task.request.is_eager:
-        return
-    try:
-        with task.app.events.default_dispatcher(hostname=hostname) as dispatcher:
-            dispatcher.send(type_, uuid=task_id, retry=False, name=task.name, **fields)
-    except EVENT_ERRORS as exc:
-        log.debug("event %s of task %s not sent: %s", type_, task_id, exc)
+def sends_task_events(consumer: Any) -> bool:
+    """True if the worker's consumer sends task events now: its dispatcher is enabled and its
+    groups take ``task`` (no groups: all). ``celery control enable_events`` (which Flower
+    sends) adds the group at run time, ``disable_events`` removes it
+    (celery/worker/control.py); the consumer's ``Events`` step makes the dispatcher."""
+    dispatcher = getattr(consumer, "event_dispatcher", None)
+    if dispatcher is None or not dispatcher.enabled:
+        return False
+    return not dispatcher.groups or "task" in dispatcher.groups
 
 
 class _OwnIgnores(threading.local):

@@ -40,6 +40,8 @@ SKIPPED = re.compile(
     r"WARNING.*task \S+\[(?P<task>[^\]]+)\] skipped: lock (?P<key>\S+) is held by task "
     r"(?P<holder>\S+) on (?P<host>\S+) pid (?P<pid>\S+)"
 )
+#: what a skip's WARNING adds once per burst of one key: the skips left out since the last one
+LEFT_OUT = re.compile(r"\(and (?P<count>\d+) more skips of this key not logged")
 SENT = re.compile(r"Scheduler: Sending due task rebuild-report")
 STARTED = re.compile(r"beat: Starting\.\.\.")
 
@@ -97,8 +99,9 @@ class Summary:
             f"x {o.concurrency} {o.pool} slots, job ~{o.job_seconds:g}s, for {o.seconds:g}s",
             f"  ticks sent by beat:       {sum(self.ticks_sent.values())} ({sent})",
             f"  runs:                     {len(self.runs)} ({completed} completed)",
-            f'  skipped ticks:            {self.skipped} (WARNING "skipped" lines in the worker '
-            f"logs; lock_duplicate signal counted {self.skipped_signal})",
+            f"  skipped ticks:            {self.skipped_signal} (lock_duplicate signal); the "
+            f"worker logs account for {self.skipped} (one WARNING per burst of skips of a key, "
+            "with the count it left out; the last burst's count is not logged)",
         ]
         if self.example_skip:
             lines.append(f"    e.g. {self.example_skip}")
@@ -259,7 +262,8 @@ def summarize(options: Options, settings: Settings, supervisor: Supervisor, now:
     for line in log_lines(supervisor.logs("worker-")):
         match = SKIPPED.search(line)
         if match:
-            skipped += 1
+            left_out = LEFT_OUT.search(line)
+            skipped += 1 + (int(left_out.group("count")) if left_out else 0)
             if example is None:
                 example, holder = line.strip(), match.group("holder")
     ticks = {

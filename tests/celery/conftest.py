@@ -102,6 +102,8 @@ def celery_worker_parameters() -> dict[str, Any]:
         "perform_ping_check": False,
         "loglevel": "WARNING",
         "shutdown_timeout": 15,
+        # as -E: our lock events are sent only by a worker that sends task events
+        "task_events": True,
     }
 
 

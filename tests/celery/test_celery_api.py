@@ -119,8 +119,20 @@ def test_stored_states_are_read_back_as_outcomes(celery_app: Any) -> None:
     assert not celery_api.outcome_is_stored(task, request.id)
     celery_api.store_retry(task, request, ValueError("again"))
     assert task.backend.get_task_meta(request.id)["status"] == "RETRY"
-    celery_api.store_failure_quietly(task, request, ValueError("skipped"))
+    celery_api.store_not_run(task, request, ValueError("skipped"))
     assert celery_api.outcome_is_stored(task, request.id)
+
+
+def test_a_call_stored_as_not_run_is_revoked_and_get_raises_its_exception(
+    celery_app: Any,
+) -> None:
+    task = adapter.reads_its_request
+    request = a_request(task)
+    celery_api.store_not_run(task, request, join.AccountMissing("held by the-holder"))
+    result = task.AsyncResult(request.id)
+    assert (result.state, result.failed()) == ("REVOKED", False)
+    with pytest.raises(join.AccountMissing, match="held by the-holder"):
+        result.get(timeout=5)
 
 
 def test_sending_again_keeps_the_task_id_and_adds_the_headers(worker: Any, unique_key: str) -> None:
@@ -223,7 +235,7 @@ def test_a_stored_outcome_is_read_back_with_its_state(celery_app: Any) -> None:
 def test_a_stored_failure_is_read_back_as_its_exception(celery_app: Any) -> None:
     task = adapter.reads_its_request
     request = a_request(task)
-    celery_api.store_failure_quietly(task, request, join.AccountMissing("no account 7"))
+    task.backend.mark_as_failure(request.id, join.AccountMissing("no account 7"), request=request)
     state, error = celery_api.stored_outcome(task, request.id) or ("", None)
     assert state == "FAILURE"
     assert type(error) is join.AccountMissing and str(error) == "no account 7"
@@ -315,3 +327,49 @@ def test_terminating_a_request_kills_its_child_and_announces_the_revoke_with_our
         "expired",
     ]
     assert isinstance(inspect.getattr_static(Request, "_context"), cached_property)
+
+
+# -- ending an execution quietly (celery_api.quiet_ends) ---------------------------------------
+
+
+class EndsQuietly(Task):  # type: ignore[misc]
+    """Ends in ``before_start`` as a skipped LockedTask does inside a worker's tracer."""
+
+    def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
+        assert celery_api.can_end_quietly()
+        raise celery_api.EndedQuietly(Ignore("skipped"))
+
+
+def _quiet_trace(app: Celery, postruns: list[Any]) -> Any:
+    from celery.app.trace import build_tracer
+    from celery.signals import task_postrun
+
+    def ends_quietly() -> str:
+        return "ran"
+
+    task = app.task(name="ends_quietly", base=EndsQuietly, shared=False)(ends_quietly)
+    task_postrun.connect(lambda **kw: postruns.append(kw["state"]), sender=task, weak=False)
+    tracer = build_tracer(task.name, task, app=app)
+    return celery_api.quiet_ends(tracer)(str(uuid.uuid4()), (), {}, {"id": "q"})
+
+
+def test_the_tracer_lets_a_base_exception_through_and_quiet_ends_makes_it_ignored(
+    eager_app: Celery,
+) -> None:
+    outcome = _quiet_trace(eager_app, [])
+    assert (outcome.info.state, type(outcome.retval.exception)) == ("IGNORED", Ignore)
+
+
+def test_a_quiet_end_runs_the_tracers_postrun(eager_app: Celery) -> None:
+    postruns: list[Any] = []
+    _quiet_trace(eager_app, postruns)
+    assert postruns == [None]
+
+
+def test_the_worker_builds_a_locked_tasks_tracer_and_it_ends_quietly(worker: Any) -> None:
+    # the in-process worker's consumer assigned __trace__ (update_strategies)
+    assert getattr(adapter.reads_its_request.__trace__, "quiet_ends", False)
+
+
+def test_outside_a_wrapped_tracer_nothing_ends_quietly() -> None:
+    assert not celery_api.can_end_quietly()

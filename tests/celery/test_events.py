@@ -9,18 +9,39 @@ import uuid
 from typing import Any, Callable, Iterator
 
 import pytest
+from celery import states
+from celery.events.state import State
 
 from celery_singleton_lock import DuplicateTaskSkipped
 from celery_singleton_lock.engine import Lease, Owner, RedisLocker
-from tests.celery.tasks import policies, runtime
+from tests.celery.tasks import core, policies, queueing, runtime
+from tests.celery.workers import CeleryWorkerProcess, Servers
 from tests.support import wait_until
+
+#: every state Celery itself knows: an event of ours must never make another one
+CELERY_STATES = states.ALL_STATES | {states.STARTED, states.RECEIVED, states.REJECTED}
 
 
 class Events:
-    """Events a real ``app.events.Receiver`` on the broker has seen, by type."""
+    """Events a real ``app.events.Receiver`` on the broker has seen, by type, fed as they come
+    to a real ``celery.events.state.State`` (what Flower reads): ``states`` holds each task's
+    state after each of its events, as (event type, state)."""
 
     def __init__(self) -> None:
         self.seen: list[dict[str, Any]] = []
+        self.state = State()
+        self.states: dict[str, list[tuple[str, str]]] = {}
+
+    def receive(self, event: dict[str, Any]) -> None:
+        self.state.event(dict(event))
+        uuid_ = event.get("uuid")
+        task = self.state.tasks.get(uuid_) if uuid_ else None
+        if task is not None:
+            self.states.setdefault(uuid_, []).append((event["type"], task.state))
+        self.seen.append(event)
+
+    def states_of(self, task_id: str) -> set[str]:
+        return {state for _, state in self.states.get(task_id, [])}
 
     def of(self, type_: str, **fields: Any) -> list[dict[str, Any]]:
         return [
@@ -39,7 +60,7 @@ def received_events(app: Any) -> Iterator[Events]:
     """A receiver consuming the app's event exchange in a thread, ready when yielded."""
     events = Events()
     with app.connection_for_read() as connection:
-        receiver = app.events.Receiver(connection, handlers={"*": events.seen.append})
+        receiver = app.events.Receiver(connection, handlers={"*": events.receive})
         thread = threading.Thread(
             target=receiver.capture, kwargs={"limit": None, "timeout": 30}, daemon=True
         )
@@ -70,46 +91,56 @@ def _hold(locker: RedisLocker, task: Any, key: str, task_id: str) -> Lease:
 
 def _skipped_duplicate_event(
     celery_app: Any, locker: RedisLocker, unique_key: str
-) -> tuple[dict[str, Any], Lease]:
-    """The ``task-lock-duplicate`` event of a call skipped behind a lock held from here."""
+) -> tuple[dict[str, Any], Lease, Events, str]:
+    """The ``lock-duplicate`` event of a call skipped behind a lock held from here, once its
+    ``task-revoked`` has come too; the events seen and the call's task id."""
     lease = _hold(locker, policies.hold_skip, unique_key, "the-holder")
     with received_events(celery_app) as events:
         result = policies.hold_skip.delay(unique_key)
         with pytest.raises(DuplicateTaskSkipped):
             result.get(timeout=10)
-        event = events.wait_for("task-lock-duplicate", uuid=result.id)
+        event = events.wait_for("lock-duplicate", uuid=result.id)
+        events.wait_for("task-revoked", uuid=result.id)
     lease.release()
-    return event, lease
+    return event, lease, events, result.id
+
+
+def _lost_lock_run(celery_app: Any, unique_key: str) -> tuple[dict[str, Any], Events, str]:
+    """The ``lock-lost`` event of a call that deletes its own lock key, once the call's
+    ``task-succeeded`` has come too; the events seen and the call's task id."""
+    with received_events(celery_app) as events:
+        result = runtime.watches_its_lock.delay(unique_key)  # deletes its own lock key
+        result.get(timeout=10)
+        event = events.wait_for("lock-lost", uuid=result.id)
+        events.wait_for("task-succeeded", uuid=result.id)
+    return event, events, result.id
 
 
 def test_a_skipped_duplicate_sends_a_lock_duplicate_event_naming_the_holder(
     worker: Any, celery_app: Any, locker: RedisLocker, unique_key: str
 ) -> None:
-    event, lease = _skipped_duplicate_event(celery_app, locker, unique_key)
+    event, lease, _, _ = _skipped_duplicate_event(celery_app, locker, unique_key)
     assert (event["action"], event["holder"], event["key"]) == ("skip", "the-holder", lease.key)
 
 
 def test_a_lock_duplicate_event_carries_the_task_name(
     worker: Any, celery_app: Any, locker: RedisLocker, unique_key: str
 ) -> None:
-    event, _ = _skipped_duplicate_event(celery_app, locker, unique_key)
+    event, _, _, _ = _skipped_duplicate_event(celery_app, locker, unique_key)
     assert event["name"] == policies.hold_skip.name
 
 
 def test_a_lock_duplicate_event_says_the_reason_held(
     worker: Any, celery_app: Any, locker: RedisLocker, unique_key: str
 ) -> None:
-    event, _ = _skipped_duplicate_event(celery_app, locker, unique_key)
+    event, _, _, _ = _skipped_duplicate_event(celery_app, locker, unique_key)
     assert event["reason"] == "held"
 
 
 def test_a_lost_lock_event_carries_the_task_name(
     worker: Any, celery_app: Any, unique_key: str
 ) -> None:
-    with received_events(celery_app) as events:
-        result = runtime.watches_its_lock.delay(unique_key)
-        result.get(timeout=10)
-        event = events.wait_for("task-lock-lost", uuid=result.id)
+    event, _, _ = _lost_lock_run(celery_app, unique_key)
     assert event["name"] == runtime.watches_its_lock.name
 
 
@@ -119,27 +150,22 @@ def test_a_retried_duplicate_sends_a_lock_duplicate_event_with_action_retry(
     lease = _hold(locker, policies.hold_retry, unique_key, "the-holder")
     with received_events(celery_app) as events:
         result = policies.hold_retry.delay(unique_key)
-        event = events.wait_for("task-lock-duplicate", uuid=result.id)
+        event = events.wait_for("lock-duplicate", uuid=result.id)
         lease.release()
         result.get(timeout=20)
     assert (event["action"], event["holder"]) == ("retry", "the-holder")
 
 
 def test_a_lost_lock_sends_a_lock_lost_event(worker: Any, celery_app: Any, unique_key: str) -> None:
-    with received_events(celery_app) as events:
-        result = runtime.watches_its_lock.delay(unique_key)
-        result.get(timeout=10)
-        event = events.wait_for("task-lock-lost", uuid=result.id)
+    event, _, _ = _lost_lock_run(celery_app, unique_key)
     assert event["key"].startswith("singleton-lock:{")
 
 
 def test_a_release_that_finds_the_lock_gone_sends_a_released_late_event(
     worker: Any, celery_app: Any, unique_key: str
 ) -> None:
-    with received_events(celery_app) as events:
-        result = runtime.watches_its_lock.delay(unique_key)  # deletes its own lock key
-        result.get(timeout=10)
-        events.wait_for("task-lock-released-late", uuid=result.id)
+    _, events, task_id = _lost_lock_run(celery_app, unique_key)
+    assert events.of("lock-released-late", uuid=task_id)
 
 
 def test_a_skipped_duplicate_logs_its_decision_once_and_no_ignored_line(
@@ -155,3 +181,87 @@ def test_a_skipped_duplicate_logs_its_decision_once_and_no_ignored_line(
     assert [(r.name, r.levelname) for r in about_it if "received" not in r.getMessage()] == [
         ("celery_singleton_lock.duplicate", "WARNING")
     ]
+
+
+def test_a_burst_of_skips_of_one_key_logs_one_warning(
+    worker: Any, locker: RedisLocker, unique_key: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    lease = _hold(locker, policies.hold_skip, unique_key, "the-holder")
+    with caplog.at_level(logging.INFO):
+        results = [policies.hold_skip.delay(unique_key) for _ in range(8)]
+        for result in results:
+            wait_until(result.ready, timeout=30)
+    lease.release()
+    assert all(isinstance(result.result, DuplicateTaskSkipped) for result in results)
+    warnings = [
+        r
+        for r in caplog.records
+        if r.levelno == logging.WARNING
+        and lease.key in r.getMessage()
+        and "skipped" in r.getMessage()
+    ]
+    assert len(warnings) == 1
+
+
+# -- what Flower and celery.events.state read ------------------------------------------------
+
+
+def test_a_skipped_duplicate_reads_revoked_in_the_event_state(
+    worker: Any, celery_app: Any, locker: RedisLocker, unique_key: str
+) -> None:
+    _, _, events, task_id = _skipped_duplicate_event(celery_app, locker, unique_key)
+    assert events.state.tasks[task_id].state == states.REVOKED
+
+
+def test_a_skipped_duplicate_never_reads_a_state_celery_does_not_know(
+    worker: Any, celery_app: Any, locker: RedisLocker, unique_key: str
+) -> None:
+    _, _, events, task_id = _skipped_duplicate_event(celery_app, locker, unique_key)
+    assert events.states_of(task_id) <= CELERY_STATES
+
+
+def test_a_parked_call_is_started_while_its_body_runs_and_success_after(
+    worker: Any, celery_app: Any, store: Any, unique_key: str
+) -> None:
+    with received_events(celery_app) as events:
+        holder = queueing.gated_queue.delay(unique_key)
+        wait_until(lambda: store.llen(f"runs:{unique_key}") == 1, timeout=30)
+        parked = queueing.gated_queue.delay(unique_key)
+        events.wait_for("lock-duplicate", uuid=parked.id, action="queue")
+        core.open_gate(unique_key)  # the holder ends; the parked call runs, at the gate
+        wait_until(lambda: store.llen(f"runs:{unique_key}") == 2, timeout=30)
+        wait_until(lambda: len(events.of("task-started", uuid=parked.id)) == 2, timeout=30)
+        while_running = events.state.tasks[parked.id].state
+        core.open_gate(unique_key)
+        assert parked.get(timeout=30) == parked.id and holder.get(timeout=30) == holder.id
+        wait_until(lambda: events.state.tasks[parked.id].state == states.SUCCESS, timeout=10)
+    assert while_running == states.STARTED
+    assert events.states_of(parked.id) <= CELERY_STATES
+
+
+def test_a_lost_lock_leaves_the_task_states_to_celery(
+    worker: Any, celery_app: Any, unique_key: str
+) -> None:
+    _, events, task_id = _lost_lock_run(celery_app, unique_key)
+    assert events.states_of(task_id) <= CELERY_STATES
+
+
+# -- a worker with task events off sends none of ours ----------------------------------------
+
+
+def test_a_worker_without_task_events_sends_no_lock_event_until_they_are_enabled(
+    celery_app: Any, locker: RedisLocker, servers: Servers, unique_key: str
+) -> None:
+    with CeleryWorkerProcess(servers, queue=f"q-{unique_key}", heartbeat=True) as process:
+        lease = _hold(locker, policies.hold_skip, unique_key, "the-holder")
+        try:
+            with received_events(celery_app) as events:
+                quiet = policies.hold_skip.apply_async((unique_key,), queue=process.queue)
+                wait_until(quiet.ready, timeout=30)
+                celery_app.control.enable_events(destination=[process.name], reply=True)
+                wait_until(lambda: process.count_in_log("lock events on"), timeout=30)
+                heard = policies.hold_skip.apply_async((unique_key,), queue=process.queue)
+                events.wait_for("lock-duplicate", uuid=heard.id)  # sent after quiet's would be
+            assert events.of("lock-duplicate", uuid=quiet.id) == []
+        finally:
+            lease.release()

@@ -227,12 +227,12 @@ def test_chord_of_identical_skip_calls_fails_its_callback_with_chord_error(
     assert "DuplicateTaskSkipped" in str(result.result)
 
 
-def test_chord_of_identical_skip_calls_stores_each_skip_as_a_failure(
+def test_chord_of_identical_skip_calls_stores_each_skip_as_revoked(
     skipped_chord: tuple[str, AsyncResult, BaseException], store: redis.Redis
 ) -> None:
     key, result, _ = skipped_chord
     members = result.parent.results
-    assert Counter(each.state for each in members) == {"SUCCESS": 1, "FAILURE": CALLS - 1}
+    assert Counter(each.state for each in members) == {"SUCCESS": 1, "REVOKED": CALLS - 1}
     assert body_runs(store, key) == 1
 
 

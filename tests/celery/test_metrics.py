@@ -102,6 +102,8 @@ class Outcome:
     body_pids: set[int]
     #: pool processes killed
     killed: list[int]
+    #: the queue the worker consumes, which the client sends to
+    queue: str
 
 
 @contextlib.contextmanager
@@ -170,7 +172,7 @@ def run_scenario(server: RedisServer, worker: Any, client: Any, port: int) -> Ou
     for pid in killed:
         os.kill(pid, signal.SIGKILL)
     wait_until(lambda: not set(children_of(worker.pid)) & set(killed), timeout=20)
-    return Outcome(before, scrape(port), pids, killed)
+    return Outcome(before, scrape(port), pids, killed, worker.queue)
 
 
 def test_the_twenty_acquires_ran_in_more_than_one_pool_child(outcome: Outcome) -> None:
@@ -212,6 +214,27 @@ def test_the_parked_gauge_counts_the_calls_parked_behind_locks_of_the_task(
     outcome: Outcome,
 ) -> None:
     assert total(outcome.before_kill, "celery_lock_parked", name=SKIP_TASK) == 2
+
+
+PER_CALL_SERIES = (
+    "celery_lock_acquired_total",
+    "celery_lock_duplicates_total",
+    "celery_lock_lost_total",
+    "celery_lock_acquire_seconds_count",
+    "celery_lock_held_seconds_count",
+)
+
+
+@pytest.mark.parametrize("series", PER_CALL_SERIES)
+def test_every_per_call_series_is_labelled_with_the_queue_the_calls_came_in_on(
+    outcome: Outcome, series: str
+) -> None:
+    queues = {
+        dict(labels).get("queue_name")
+        for (sample, labels), value in outcome.before_kill.items()
+        if sample == series and value
+    }
+    assert queues == {outcome.queue}
 
 
 def test_killing_every_pool_child_loses_no_acquire_already_counted(outcome: Outcome) -> None:

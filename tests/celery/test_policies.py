@@ -45,8 +45,40 @@ def test_skipped_duplicate_raises_skipped_naming_the_holder(
     with pytest.raises(DuplicateTaskSkipped) as info:
         result.get(timeout=10)
     assert "the-holder" in str(info.value)
-    assert result.state == "FAILURE"
     lease.release()
+
+
+def _skipped(locker: RedisLocker, key: str) -> tuple[AsyncResult, Lease]:
+    """A call skipped behind a lock held from here by "the-holder", ended (ready)."""
+    lease = _hold(locker, policies.hold_skip, key, task_id="the-holder")
+    result = policies.hold_skip.delay(key)
+    wait_until(result.ready, timeout=30)
+    lease.release()
+    return result, lease
+
+
+def test_a_skipped_duplicate_is_stored_revoked_not_failure(
+    worker: Any, locker: RedisLocker, unique_key: str
+) -> None:
+    result, _ = _skipped(locker, unique_key)
+    assert result.state == "REVOKED"
+
+
+def test_a_skipped_duplicate_is_ready_and_not_failed(
+    worker: Any, locker: RedisLocker, unique_key: str
+) -> None:
+    result, _ = _skipped(locker, unique_key)
+    assert (result.ready(), result.failed(), result.successful()) == (True, False, False)
+
+
+def test_a_skipped_duplicates_stored_exception_names_the_holder_and_the_key(
+    worker: Any, locker: RedisLocker, unique_key: str
+) -> None:
+    result, lease = _skipped(locker, unique_key)
+    error = result.result
+    assert isinstance(error, DuplicateTaskSkipped)
+    assert (error.holder or {}).get("task_id") == "the-holder"
+    assert error.key == lease.key and lease.key in str(error)
 
 
 def test_skipped_duplicate_does_not_run_the_body(

@@ -124,6 +124,8 @@ class CeleryWorkerProcess:
         pool: ``prefork``, ``threads``, ``solo`` (or ``gevent``).
         concurrency: pool size (ignored by ``solo``).
         app: the module ``celery -A`` imports (default: the servers' ``app``).
+        heartbeat: send worker heartbeats (their events enable the event dispatcher, which
+            ``celery control enable_events`` needs to turn task events on).
     """
 
     def __init__(
@@ -136,8 +138,10 @@ class CeleryWorkerProcess:
         extra_args: Sequence[str] = (),
         log_dir: Optional[str] = None,
         app: Optional[str] = None,
+        heartbeat: bool = False,
     ) -> None:
         self.servers = servers
+        self.heartbeat = heartbeat
         self.app = app or servers.app
         self.queue = queue
         self.pool = pool
@@ -175,7 +179,7 @@ class CeleryWorkerProcess:
             self.name.split("@")[0] + "@%h",
             "-Q",
             self.queue,
-            "--without-heartbeat",
+            *([] if self.heartbeat else ["--without-heartbeat"]),
             "--without-mingle",
             "--without-gossip",
             "-l",

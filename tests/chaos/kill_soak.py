@@ -70,8 +70,8 @@ class Figures:
     calls_by_policy: dict[str, int] = field(default_factory=dict)
     bodies_ended: int = 0
     bodies_killed: int = 0
-    #: from the workers' logs: calls parked behind a lock, lock retries sent, duplicates
-    #: skipped, locks of killed children freed by their worker's main process
+    #: from the workers' logs: calls parked behind a lock, lock retries sent, locks of killed
+    #: children freed by their worker's main process; from the outcomes: duplicates skipped
     parked: int = 0
     lock_retries: int = 0
     skipped: int = 0
@@ -182,7 +182,6 @@ def _count_in_logs(figures: Figures, group: WorkerGroup) -> None:
     logs = "\n".join(worker.log() for worker in group.workers)
     figures.parked = logs.count("; queued behind it")
     figures.lock_retries = logs.count("lock retry")
-    figures.skipped = logs.count(" skipped: lock ")
     figures.reclaimed = logs.count("left by dead process")
 
 
@@ -224,7 +223,8 @@ def _analyse(
         meta = client.backend.get_task_meta(task_id)
         status = meta.get("status")
         result = meta.get("result")
-        kind = type(result).__name__ if status == states.FAILURE else ""
+        kind = type(result).__name__ if status in (states.FAILURE, states.REVOKED) else ""
+        figures.skipped += kind == "DuplicateTaskSkipped"  # logged once per burst: counted here
         outcomes[f"{policy} {status}{' ' + kind if kind else ''}"] += 1
         ready = status in states.READY_STATES
         if task_id in ends:

@@ -87,7 +87,8 @@ def test_beat_two_beats_two_workers_never_overlap(redis_url: str) -> None:
     assert summary["runs"] >= 2, output
     assert summary["completed"] == summary["runs"], output
     assert summary["skipped"] >= 1, output
-    assert summary["skipped"] == summary["skipped_signal"], output  # log lines == signals
+    # the logs account for every skip but the last burst's (one WARNING per burst of a key)
+    assert summary["skipped"] <= summary["skipped_signal"], output
     assert "is held by task" in output and "skipped: lock" in output, output
     # skipping does not starve the job: the next tick after a release runs it
     assert summary["longest_gap_s"] is not None and summary["longest_gap_s"] < 5.0, output

@@ -19,6 +19,8 @@ MOVED, ASK and failovers.
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from typing import Any, Mapping, Optional
 from urllib.parse import parse_qs, urlsplit
 
@@ -65,6 +67,18 @@ CLIENT_DEFAULTS: dict[str, Any] = {
     "socket_connect_timeout": 2.0,
     "health_check_interval": 30,
 }
+
+#: The first part of the name the package's connections give themselves (``CLIENT SETNAME``).
+CLIENT_NAME_PREFIX = "celery-singleton-lock"
+
+
+def client_name() -> str:
+    """The name of this process's connections to the lock server, sent by redis-py as each
+    connects (``CLIENT SETNAME``), so that ``CLIENT LIST`` shows who holds what beside
+    Celery's own named connections: ``celery-singleton-lock:<host>:<pid>``. Made with the
+    client, so a pool child's (which makes its own) carries the child's pid.
+    ``singleton_lock_redis_options={"client_name": ...}`` overrides it."""
+    return f"{CLIENT_NAME_PREFIX}:{socket.gethostname()}:{os.getpid()}"
 
 
 def _inherited_url(value: Any) -> Optional[str]:
@@ -232,6 +246,7 @@ def make_client(
     settings = {
         **CLIENT_DEFAULTS,
         "retry": Retry(ExponentialBackoff(cap=0.2, base=0.02), 2),
+        "client_name": client_name(),
         **(options or {}),
     }
     if not is_sentinel(url):

@@ -34,6 +34,8 @@ from celery_singleton_lock.celery.duplicates.redelivery import (
     lock_retries,
     outcome_stored,
 )
+from celery_singleton_lock.celery.duplicates.skip_log import SkipLog
+from celery_singleton_lock.celery.observe import events
 from celery_singleton_lock.celery.signals import lock_duplicate
 from celery_singleton_lock.engine import (
     AcquireResult,
@@ -49,6 +51,8 @@ from celery_singleton_lock.errors import (
 )
 
 log = logging.getLogger("celery_singleton_lock.duplicate")
+#: a skip's WARNING, once per burst of skips of one key
+SKIPS = SkipLog(log)
 
 #: seconds a lock retry for a cooldown's end (or a rate window's) is sent after it, so that it
 #: finds the key gone (the window slid)
@@ -147,13 +151,13 @@ class Duplicate:
         return f"{self.task.name}[{self.request.id}]"
 
     def announce(self, action: str, reason: Optional[str] = None) -> None:
-        """Signal ``lock_duplicate`` and send the ``task-lock-duplicate`` event, saying why
+        """Signal ``lock_duplicate`` and send the ``lock-duplicate`` event, saying why
         the call could not run now: ``reason``, else this duplicate's own (``self.reason``);
         the metrics label duplicates with it."""
         request, reason = self.request, reason or self.reason
-        celery_api.send_event(
+        events.send_event(
             self.task,
-            "task-lock-duplicate",
+            events.DUPLICATE,
             task_id=request.id,
             hostname=request.hostname or "",
             key=self.holder.key,
@@ -173,21 +177,28 @@ class Duplicate:
 
 
 def skip(duplicate: Duplicate) -> NoReturn:
-    """End without running the body; store ``DuplicateTaskSkipped`` as the outcome."""
+    """End without running the body; store ``DuplicateTaskSkipped`` as the outcome, in state
+    REVOKED (ready, not failed: ``get()`` raises it, naming the holder)."""
     task, request, holder = duplicate.task, duplicate.request, duplicate.holder
     message = f"task {duplicate.label} skipped: lock {holder.key} is held by {describe(holder)}"
-    log.warning(message)
+    SKIPS.skipped(holder.key, message)
     duplicate.announce("skip")
     # Store the skip unless the outcome belongs to another execution of this task id: the
-    # holder itself, or an original that already finished.
-    if (
-        holder.task_id != request.id
-        and not ignores_result(task, request)
-        and not (duplicate.is_copy and outcome_stored(task, request))
-    ):
-        celery_api.store_failure_quietly(
-            task, request, DuplicateTaskSkipped(message, holder.key, holder.as_dict())
-        )
+    # holder itself, or an original that already finished. REVOKED, not FAILURE: not run on
+    # purpose, which failure dashboards and alerts must not count; get() still raises it.
+    if holder.task_id != request.id:
+        if ignores_result(task, request):
+            ends_here = not duplicate.is_copy
+        else:
+            ends_here = not (duplicate.is_copy and outcome_stored(task, request))
+            if ends_here:
+                celery_api.store_not_run(
+                    task, request, DuplicateTaskSkipped(message, holder.key, holder.as_dict())
+                )
+        if ends_here:
+            events.announce_revoked(
+                task, task_id=request.id, hostname=request.hostname or "", reason="skipped"
+            )
     celery_api.logged_already(request.id)
     raise Ignore(message)
 

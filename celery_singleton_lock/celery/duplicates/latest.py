@@ -43,6 +43,7 @@ from kombu.utils import json
 
 from celery_singleton_lock.celery import celery_api
 from celery_singleton_lock.celery.duplicates.actions import Duplicate, describe
+from celery_singleton_lock.celery.observe import events
 from celery_singleton_lock.engine import LockBackend, Parked, required
 from celery_singleton_lock.errors import LockError
 
@@ -120,9 +121,10 @@ def mark_superseded(task: Any, request: Any, by: str, key: str, hostname: str) -
             exc,
         )
         return False
-    celery_api.send_event(
-        task, "task-lock-superseded", task_id=request.id, hostname=hostname, key=key, by=by
+    events.send_event(
+        task, events.SUPERSEDED, task_id=request.id, hostname=hostname, key=key, by=by
     )
+    events.announce_revoked(task, task_id=request.id, hostname=hostname, reason=SUPERSEDED)
     return True
 
 

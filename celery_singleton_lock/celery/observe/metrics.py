@@ -1,14 +1,19 @@
 """Prometheus metrics of lock decisions (extra ``[metrics]``, setting ``singleton_lock_metrics``).
 
-Names follow celery-exporter (``celery_task_*_total{name, hostname}``)::
+Names and labels follow celery-exporter (``celery_task_*_total{name, hostname,
+queue_name}``), so dashboards join them on the same labels::
 
-    celery_lock_acquired_total{name, hostname}
-    celery_lock_duplicates_total{name, hostname, action, reason}
-    celery_lock_lost_total{name, hostname}
-    celery_lock_backend_errors_total{name, hostname}
-    celery_lock_acquire_seconds{name, hostname}   histogram: message received -> lock held
-    celery_lock_held_seconds{name, hostname}      histogram: lock held -> release sent
+    celery_lock_acquired_total{name, hostname, queue_name}
+    celery_lock_duplicates_total{name, hostname, queue_name, action, reason}
+    celery_lock_lost_total{name, hostname, queue_name}
+    celery_lock_backend_errors_total{name, hostname, queue_name}
+    celery_lock_acquire_seconds{name, hostname, queue_name}   histogram: received -> lock held
+    celery_lock_held_seconds{name, hostname, queue_name}      histogram: held -> release sent
     celery_lock_parked{name}                      gauge: calls parked behind locks now
+
+``queue_name`` is the queue the call came in on: its message's routing key (the queue's name
+with Celery's default routing), ``celery`` when unknown, as celery-exporter says then. The
+parked gauge is read from the lock server, which does not know the queue.
 
 Why prometheus_client's multiprocess mode rather than aggregating in the main process: a
 prefork pool child counts into a memory-mapped file of its own (``<kind>_<pid>.db`` in one
@@ -101,7 +106,7 @@ class _Metrics:
     def __init__(self) -> None:
         from prometheus_client import Counter, Histogram
 
-        labels = ("name", "hostname")
+        labels = ("name", "hostname", "queue_name")
         # registry=None: multiprocess values are files, collected by MultiProcessCollector
         self.acquired = Counter(
             "celery_lock_acquired", "Locks taken before a body ran.", labels, registry=None
@@ -137,38 +142,61 @@ class _Metrics:
         )
 
 
+#: ``queue_name`` when the call's queue is unknown (celery-exporter's own default)
+DEFAULT_QUEUE = "celery"
+#: the queue of each call holding a lock in this process, by task id: a lost lock and a
+#: release are signalled by task id, maybe from the renewer thread, where the request is not
+_queue_of: dict[str, str] = {}
+#: calls remembered at most (a lock never released: a crash of its body's thread)
+MAX_REMEMBERED = 10_000
+
+
 def _name(sender: Any) -> str:
     return str(getattr(sender, "name", None) or "")
+
+
+def _queue(sender: Any) -> str:
+    """The queue of the call ``sender`` runs in this thread (its message's routing key)."""
+    request = getattr(sender, "request", None)
+    info = getattr(request, "delivery_info", None) or {}
+    return str(info.get("routing_key") or DEFAULT_QUEUE)
 
 
 def _on_acquired(sender: Any = None, task_id: Optional[str] = None, **_: Any) -> None:
     if _metrics is None:
         return
-    _metrics.acquired.labels(_name(sender), _hostname).inc()
+    queue = _queue(sender)
+    if task_id:
+        if len(_queue_of) >= MAX_REMEMBERED:
+            _queue_of.clear()
+        _queue_of[task_id] = queue
+    _metrics.acquired.labels(_name(sender), _hostname, queue).inc()
     waited = timing.waited(task_id)
     if waited is not None:
-        _metrics.acquire_seconds.labels(_name(sender), _hostname).observe(waited)
+        _metrics.acquire_seconds.labels(_name(sender), _hostname, queue).observe(waited)
 
 
 def _on_duplicate(sender: Any = None, action: str = "", reason: str = "held", **_: Any) -> None:
     if _metrics is not None:
-        _metrics.duplicates.labels(_name(sender), _hostname, action, reason).inc()
+        _metrics.duplicates.labels(_name(sender), _hostname, _queue(sender), action, reason).inc()
 
 
-def _on_lost(sender: Any = None, **_: Any) -> None:
+def _on_lost(sender: Any = None, task_id: Optional[str] = None, **_: Any) -> None:
     if _metrics is not None:
-        _metrics.lost.labels(_name(sender), _hostname).inc()
+        queue = _queue_of.get(task_id or "", DEFAULT_QUEUE)
+        _metrics.lost.labels(_name(sender), _hostname, queue).inc()
 
 
 def _on_backend_error(sender: Any = None, **_: Any) -> None:
     if _metrics is not None:
-        _metrics.backend_errors.labels(_name(sender), _hostname).inc()
+        _metrics.backend_errors.labels(_name(sender), _hostname, _queue(sender)).inc()
 
 
 def _on_released(sender: Any = None, task_id: Optional[str] = None, **_: Any) -> None:
     held = timing.held(task_id)
+    queue = _queue_of.pop(task_id or "", DEFAULT_QUEUE)
     if _metrics is not None and held is not None:
-        _metrics.held_seconds.labels(_name(sender), _hostname).observe(held)
+        _metrics.held_seconds.labels(_name(sender), _hostname, queue).observe(held)
 
 
 _RECEIVERS = (

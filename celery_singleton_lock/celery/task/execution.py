@@ -32,6 +32,7 @@ from celery.exceptions import Ignore, Reject, Retry
 from redis.exceptions import RedisError
 
 from celery_singleton_lock.celery import celery_api
+from celery_singleton_lock.celery.observe import events
 from celery_singleton_lock.celery.signals import lock_released
 from celery_singleton_lock.celery.task.lock_view import LockHandle
 from celery_singleton_lock.engine import Lease, required
@@ -259,9 +260,9 @@ class LockScope(LockHandle):
                 self.task_id,
                 self.key,
             )
-            celery_api.send_event(
+            events.send_event(
                 task,
-                "task-lock-released-late",
+                events.RELEASED_LATE,
                 task_id=self.task_id,
                 hostname=lease.owner.host,
                 key=self.key,

@@ -23,6 +23,7 @@ from celery_singleton_lock.celery.duplicates.actions import Duplicate
 from celery_singleton_lock.celery.duplicates.backend_outage import on_backend_unavailable
 from celery_singleton_lock.celery.duplicates.policies import on_held
 from celery_singleton_lock.celery.duplicates.redelivery import already_ran, is_marked_copy
+from celery_singleton_lock.celery.observe import events
 from celery_singleton_lock.celery.signals import lock_acquired, lock_lost
 from celery_singleton_lock.celery.task import acquire_plan
 from celery_singleton_lock.celery.task.execution import (
@@ -238,6 +239,20 @@ class LockedTask(Task):  # type: ignore[misc]
             running_is_duplicate=not lock_options.dedupe_until_started,
         )
 
+    # -- the worker's tracer -------------------------------------------------------------------
+
+    @property
+    def __trace__(self) -> Any:
+        return self._lock_tracer
+
+    @__trace__.setter
+    def __trace__(self, tracer: Any) -> None:
+        # The tracer the worker builds for this task, made to end an execution that must not
+        # run (Ignore) without Celery's traceback work (celery_api.quiet_ends).
+        self._lock_tracer = celery_api.quiet_ends(tracer)
+
+    _lock_tracer: Any = None
+
     # -- acquire: the hot path ---------------------------------------------------------------
 
     def before_start(self, task_id: str, args: Any, kwargs: Any) -> None:
@@ -249,23 +264,32 @@ class LockedTask(Task):  # type: ignore[misc]
             request.lock = outer.nested()
             return
         acquired: Optional[tuple[Lease, bool, int]]
-        if options.mutex and task_id and not request.is_eager:
-            # A worker's mutex call, the hot path: through the task's prepared acquire. Any
-            # other outcome goes on in _acquire, as the general way's would.
-            owner = lock_owner(task_id, request, current_pid())
-            max_lifetime = celery_api.hard_time_limit(request) or options.default_time_limit
-            try:
-                # the first call in a process makes the locker: the server is first asked then
-                plan = acquire_plan.prepared(self, options)
-                first: Any = plan.acquire.acquire(name, owner, max_lifetime)
-            except (LockBackendUnavailable, AlreadyFinished, AlreadySuperseded) as exc:
-                first = exc  # handled in _acquire, as the general way's
-            if type(first) is Lease:
-                acquired = first, is_marked_copy(request), 1
+        try:
+            if options.mutex and task_id and not request.is_eager:
+                # A worker's mutex call, the hot path: through the task's prepared acquire.
+                # Any other outcome goes on in _acquire, as the general way's would.
+                owner = lock_owner(task_id, request, current_pid())
+                max_lifetime = celery_api.hard_time_limit(request) or options.default_time_limit
+                try:
+                    # the first call in a process makes the locker: the server is asked then
+                    plan = acquire_plan.prepared(self, options)
+                    first: Any = plan.acquire.acquire(name, owner, max_lifetime)
+                except (LockBackendUnavailable, AlreadyFinished, AlreadySuperseded) as exc:
+                    first = exc  # handled in _acquire, as the general way's
+                if type(first) is Lease:
+                    acquired = first, is_marked_copy(request), 1
+                else:
+                    acquired = self._acquire(task_id, name, options, request, first)
             else:
-                acquired = self._acquire(task_id, name, options, request, first)
-        else:
-            acquired = self._acquire(task_id, name, options, request)
+                acquired = self._acquire(task_id, name, options, request)
+        except Ignore as end:
+            # A skip, a parked call, a lock retry: Celery's own handling of an Ignore costs
+            # more than a no-op run (see celery_api.EndedQuietly); in a worker's tracer, end
+            # without it. Elsewhere, raised again from here it carries this frame and the
+            # tracer's only, not the five between, whose traceback the tracer would format.
+            if celery_api.can_end_quietly():
+                raise celery_api.EndedQuietly(end) from None
+            raise end.with_traceback(None) from None
         if acquired is None:
             return  # running without the lock (lock_on_backend_error="run")
         lease, is_copy, limit = acquired
@@ -382,8 +406,8 @@ class LockedTask(Task):  # type: ignore[misc]
         )
         # not from this thread: a slow broker must never delay the renewal of other leases
         threading.Thread(
-            target=celery_api.send_event,
-            args=(self, "task-lock-lost"),
+            target=events.send_event,
+            args=(self, events.LOST),
             kwargs={"task_id": lease.owner.task_id, "hostname": lease.owner.host, "key": lease.key},
             name="celery-singleton-lock-event",
             daemon=True,

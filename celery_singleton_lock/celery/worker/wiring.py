@@ -24,6 +24,8 @@
   their receivers, so nothing runs for them when they are off; ``worker_ready`` serves
   ``/metrics`` (``singleton_lock_metrics_port``), ``worker_shutdown`` stops it;
   ``worker_process_shutdown`` merges an exiting child's metrics files into the archive.
+* ``worker_init`` reads whether the worker sends task events, ``worker_ready`` follows that
+  setting from the main process (see :mod:`.task_events`): our events are sent only then.
 
 Every ``celery`` process imports this module (the ``celery locks`` command is a
 ``celery.commands`` entry point), so these receivers are connected for every app, ours or not.
@@ -60,6 +62,11 @@ from celery_singleton_lock.celery.worker.start_checks import (
     install_configuration_check,
     locked_tasks,
     report_lock_server,
+)
+from celery_singleton_lock.celery.worker.task_events import (
+    follow,
+    start_following,
+    stop_following,
 )
 from celery_singleton_lock.errors import LockError
 
@@ -135,6 +142,17 @@ def _observe(sender: Any = None, **_: Any) -> None:
         return
     metrics.set_up(app, getattr(sender, "hostname", None))
     tracing.connect(app.conf)
+    start_following(sender)  # our events go where the worker's task events go
+
+
+def _follow_task_events(sender: Any = None, **_: Any) -> None:
+    app = getattr(sender, "app", None)
+    if app is not None and locked_tasks(app):
+        follow(sender)
+
+
+def _stop_following_task_events(**_: Any) -> None:
+    stop_following()
 
 
 def _serve_metrics(sender: Any = None, **_: Any) -> None:
@@ -190,4 +208,6 @@ signals.worker_process_shutdown.connect(_release_everything_held, weak=False)
 signals.worker_process_shutdown.connect(metrics.retire_process, weak=False)
 signals.worker_init.connect(_observe, weak=False)
 signals.worker_ready.connect(_serve_metrics, weak=False)
+signals.worker_ready.connect(_follow_task_events, weak=False)
+signals.worker_shutdown.connect(_stop_following_task_events, weak=False)
 signals.worker_shutdown.connect(_stop_metrics, weak=False)

@@ -7,13 +7,19 @@ import enum
 import os
 
 from celery_singleton_lock import LockedTask
-from tests.celery.tasks.core import app, body, keyed_task, store
+from tests.celery.tasks.core import app, body, gated_body, keyed_task, store
 
 #: The policy of the queue tasks below: a worker whose locks are on a Redis Cluster refuses
 #: to start with a queue task (tests/celery/test_cluster.py sets "retry").
 QUEUE = os.environ.get("CSL_QUEUE_POLICY", "queue")
 
 hold_queue = keyed_task(__name__, "hold_queue", on_duplicate=QUEUE, lock_ttl=5)
+
+
+@app.task(bind=True, base=LockedTask, lock_on=("key",), on_duplicate=QUEUE, lock_ttl=5)
+def gated_queue(self: LockedTask, key: str) -> str:
+    """Policy queue; the body waits at ``gate:<key>`` (see ``core.gated_body``)."""
+    return gated_body(key, self.request.id)
 
 
 @app.task(bind=True, base=LockedTask, lock_on=("key",), on_duplicate=QUEUE, lock_ttl=5)

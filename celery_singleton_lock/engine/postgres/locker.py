@@ -52,7 +52,7 @@ from celery_singleton_lock.engine.prepared_acquire import (
     check_call,
 )
 from celery_singleton_lock.engine.renewer import Renewer, process_renewer
-from celery_singleton_lock.errors import LockBackendUnavailable, LockError
+from celery_singleton_lock.errors import LockError
 
 log = logging.getLogger("celery_singleton_lock.acquire")
 
@@ -292,12 +292,13 @@ class PostgresLocker:
         """
         return PostgresSubscription(self.connections, self.schema.channel, self.keys(name).lock)
 
-    def probe(self) -> Optional[LockBackendUnavailable]:
-        """None if the database answers (and the tables exist or were made); else why not."""
+    def probe(self) -> Optional[LockError]:
+        """None if the database answers and the tables exist (made now if missing); else why
+        not (``LockBackendUnavailable``: out of reach or refused the login)."""
         started = time.monotonic()
         try:
             self.ensure_schema()
-        except LockBackendUnavailable as exc:
+        except LockError as exc:
             return exc
         log.debug("PostgreSQL lock server answered in %.3fs", time.monotonic() - started)
         return None

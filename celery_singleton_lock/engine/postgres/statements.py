@@ -26,7 +26,8 @@ class Statements:
         #: fences of one name increase in the order the lock is taken; a fresh insert's fence
         #: (drawn before the insert) is only kept by the name's first holder ever, since a
         #: release keeps the row. The same statement answers who holds it otherwise, or that
-        #: the task id's finish record exists (``unless_finished``).
+        #: the task id's finish record exists (``unless_finished``). No row at all: another
+        #: statement took the lock after this one's snapshot (the caller sends it again).
         self.acquire = f"""
 WITH done AS (
     SELECT %(unless_finished)s AND EXISTS (
@@ -54,7 +55,7 @@ SELECT 'finished', NULL, NULL, NULL, NULL, NULL, NULL FROM done WHERE done.finis
 UNION ALL
 SELECT 'held', {HOLDER} FROM {leases} h, done
 WHERE h.prefix = %(prefix)s AND h.name = %(name)s AND NOT done.finished
-    AND NOT EXISTS (SELECT 1 FROM taken)"""
+    AND h.lease_until > now() AND NOT EXISTS (SELECT 1 FROM taken)"""
         #: Free the lock if ``token`` still holds it (its row stays, see ``acquire``), write
         #: the finish record if asked, and NOTIFY the release, all in one transaction: a
         #: listener hears it only once the lock is free. Only a live lease: one run out is

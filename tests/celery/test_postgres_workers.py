@@ -11,7 +11,7 @@ import contextlib
 import os
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import pytest
@@ -60,6 +60,19 @@ class Setup:
     schema: str
     admin: Any  # a psycopg connection to the test's schema
     client: Celery
+    #: the RabbitMQ queues the test used, deleted at its end
+    queues: list[str] = field(default_factory=list)
+
+    def queue(self) -> str:
+        name = unique("pgq")
+        self.queues.append(name)
+        return name
+
+    def delete_queues(self) -> None:
+        with self.client.connection_for_write() as connection:
+            for name in self.queues:
+                with contextlib.suppress(Exception):
+                    connection.default_channel.queue_delete(name)
 
     def rows(self, key: str) -> list[tuple[Any, ...]]:
         """``(n, pid, fence, started, ended)`` of each body run under ``key``, by start."""
@@ -94,9 +107,11 @@ def setup() -> Iterator[Setup]:
         servers = PostgresServers(
             broker_url=BROKER_URL, lock=None, backend_url="-", app=APP, lock_url=url
         )
+        setup = Setup(servers, schema, admin, client)
         try:
-            yield Setup(servers, schema, admin, client)
+            yield setup
         finally:
+            setup.delete_queues()
             client.close()
             admin.close()
 
@@ -122,7 +137,7 @@ def drained(setup: Setup, queue: str, key: str) -> list[tuple[Any, ...]]:
 
 
 def test_200_same_argument_skip_calls_never_run_two_at_once(setup: Setup) -> None:
-    queue, key = unique("pgq"), unique("skip")
+    queue, key = setup.queue(), unique("skip")
     with worker_group(setup.servers) as group:
         group.start(1, queue=queue, concurrency=4, app=APP)
         for _ in range(200):
@@ -134,7 +149,7 @@ def test_200_same_argument_skip_calls_never_run_two_at_once(setup: Setup) -> Non
 
 
 def test_50_fenced_retry_calls_get_fences_increasing_in_start_order(setup: Setup) -> None:
-    queue, key = unique("pgq"), unique("fenced")
+    queue, key = setup.queue(), unique("fenced")
     with worker_group(setup.servers) as group:
         group.start(1, queue=queue, concurrency=4, app=APP)
         for n in range(50):
@@ -150,7 +165,7 @@ def test_50_fenced_retry_calls_get_fences_increasing_in_start_order(setup: Setup
 def test_after_a_kill_9_of_the_holders_worker_a_duplicate_runs_within_ttl_plus_3s(
     setup: Setup,
 ) -> None:
-    queue, key = unique("pgq"), unique("long")
+    queue, key = setup.queue(), unique("long")
     ttl = 3.0  # pg_long's lock_ttl
     with worker_group(setup.servers) as group:
         workers = group.start(2, queue=queue, concurrency=2, app=APP)

@@ -12,6 +12,7 @@ import pytest
 from celery import Celery
 
 from celery_singleton_lock import LockedTask
+from celery_singleton_lock.celery.config.backend_support import refuse_unsupported
 from celery_singleton_lock.celery.config.lockers import forget_locker, locker_for
 from celery_singleton_lock.celery.config.servers import check_url
 from celery_singleton_lock.celery.worker.server_probe import probe_postgres
@@ -117,3 +118,12 @@ def test_the_start_probe_says_a_database_out_of_reach_may_heal() -> None:
 def test_a_postgresql_url_with_a_bad_port_is_refused() -> None:
     with pytest.raises(LockConfigurationError, match="invalid"):
         check_url("postgresql://postgres@127.0.0.1:notaport/test")
+
+
+def test_the_worker_start_refuses_nothing_a_task_did_not_ask_for() -> None:
+    refuse_unsupported("t", {"lock_fencing": True}, POSTGRES)  # lock_limit not asked: 1
+
+
+def test_the_worker_start_refuses_an_option_asked_that_postgres_lacks() -> None:
+    with pytest.raises(LockConfigurationError, match="lock_limit=2 is not supported on PostgreSQL"):
+        refuse_unsupported("t", {"lock_limit": 2}, POSTGRES)

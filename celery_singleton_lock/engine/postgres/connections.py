@@ -19,6 +19,7 @@ from typing import Any, Iterator, Optional, Sequence
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from celery_singleton_lock.engine.fork_safety import reset_in_forked_children
 from celery_singleton_lock.errors import LockBackendUnavailable, LockError
@@ -27,6 +28,16 @@ from celery_singleton_lock.errors import LockBackendUnavailable, LockError
 KEEP = 4
 #: Seconds a new connection may take before the server counts as unreachable.
 CONNECT_TIMEOUT = 2
+#: libpq's socket settings unless the URL gives its own: a server gone without a word (a
+#: network partition) fails a statement within seconds, as the Redis client's socket timeout
+#: does, rather than at the kernel's TCP timeout (minutes) with the renewer stuck behind it.
+SOCKET_DEFAULTS = {
+    "connect_timeout": CONNECT_TIMEOUT,
+    "tcp_user_timeout": 5000,  # ms of sent data unacknowledged
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 2,
+}
 
 Row = tuple[Any, ...]
 Connection = psycopg.Connection[Row]
@@ -80,9 +91,10 @@ class Connections:
 
     def connect(self) -> Connection:
         """A new autocommit connection of this process's own (the caller closes it)."""
-        connection: Connection = psycopg.connect(
-            self.conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT, prepare_threshold=None
-        )
+        given = conninfo_to_dict(self.conninfo)
+        defaults = {key: value for key, value in SOCKET_DEFAULTS.items() if key not in given}
+        conninfo = make_conninfo(self.conninfo, **defaults)
+        connection: Connection = psycopg.connect(conninfo, autocommit=True, prepare_threshold=None)
         return connection
 
     @contextlib.contextmanager

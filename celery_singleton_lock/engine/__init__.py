@@ -21,6 +21,8 @@ from .keys import LockKeys, cap_key, validate_prefix
 from .latest import Latest
 from .lease import Lease, LockHolder, Owner, Parked, new_token
 from .locker import CLUSTER, SINGLE_SERVER, RedisLocker
+from .postgres import POSTGRES, postgres_locker
+from .postgres import SCHEMES as POSTGRES_SCHEMES
 from .prepared_acquire import PreparedAcquire
 from .quorum_reading import QUORUM
 from .reading import Client, LockInspector
@@ -32,6 +34,8 @@ from .waiting import subscribe_releases, wait_for_release
 __all__ = [
     "CLUSTER",
     "MIN_SERVERS",
+    "POSTGRES",
+    "POSTGRES_SCHEMES",
     "QUORUM",
     "SINGLE_SERVER",
     "AcquireOutcome",
@@ -62,6 +66,7 @@ __all__ = [
     "current_pid",
     "new_token",
     "no_fork",
+    "postgres_locker",
     "process_renewer",
     "required",
     "reset_in_forked_children",

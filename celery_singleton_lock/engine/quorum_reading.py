@@ -17,7 +17,7 @@ from typing import (
 
 import redis
 
-from celery_singleton_lock.engine import server_errors
+from celery_singleton_lock.engine import absent_reads, server_errors
 from celery_singleton_lock.engine.capabilities import Capabilities
 from celery_singleton_lock.engine.fan_out import FanOut
 from celery_singleton_lock.engine.lease import LockHolder
@@ -124,25 +124,12 @@ class QuorumInspector:
         futures = self._quorum.each(lambda server: server.inspect.fence(name))
         return max(value or 0 for value in self._quorum.answers(futures, name))
 
-    def waiting_newest(self, name: str) -> Optional[tuple[str, Optional[float]]]:
-        """None: nothing waits on a quorum (``replace`` is refused there)."""
-        return None
-
-    def parked(self, name: str) -> list[str]:
-        """None: nothing is parked on a quorum (``on_duplicate='queue'`` is refused there)."""
-        return []
-
-    def parked_counts(self, lock_keys: list[str]) -> list[int]:
-        """Zeros: nothing is parked on a quorum."""
-        return [0] * len(lock_keys)
-
-    def rate_use(self, lock_keys: list[str]) -> list[tuple[int, Optional[float]]]:
-        """No starts: ``lock_rate`` is refused on a quorum."""
-        return [(0, None)] * len(lock_keys)
-
-    def queued_names(self, count: int = 500) -> Iterator[str]:
-        """None: no queued marker is ever written on a quorum."""
-        return iter(())
+    # the parts this backend does not have read as none (see :mod:`.absent_reads`)
+    waiting_newest = absent_reads.no_waiting_newest
+    parked = absent_reads.nothing_parked
+    parked_counts = absent_reads.no_parked_counts
+    rate_use = absent_reads.no_rate_use
+    queued_names = absent_reads.no_queued_names
 
     def scan(self, count: int = 500) -> Iterator[LockHolder]:
         """Every lock held on a majority (SCAN on each server)."""

@@ -18,7 +18,7 @@ from celery_singleton_lock.celery.config.servers import (
     make_client,
     transport_options,
 )
-from celery_singleton_lock.celery.config.urls import redact, redact_loosely
+from celery_singleton_lock.celery.config.urls import is_postgres, redact, redact_loosely
 from celery_singleton_lock.celery.worker.server_probe import probe
 from celery_singleton_lock.engine import (
     Client,
@@ -26,6 +26,7 @@ from celery_singleton_lock.engine import (
     LockReader,
     QuorumLocker,
     RedisLocker,
+    postgres_locker,
     validate_prefix,
 )
 from celery_singleton_lock.errors import LockBackendUnavailable, LockConfigurationError, LockError
@@ -63,7 +64,8 @@ class Target:
     #: where ``url`` came from, for the user: "--url", "-A proj:app, its broker_url"...
     source: str
     app: Any = None
-    #: one client per server: a quorum's, in order, or the one server's (a Cluster's client)
+    #: one client per server: a quorum's, in order, or the one server's (a Cluster's client);
+    #: none for PostgreSQL (its backend reads everything, through its own connections)
     clients: list[Client] = field(default_factory=list)
 
     @property
@@ -124,6 +126,9 @@ def open_target(
     prefix = validate_prefix(prefix if prefix is not None else "singleton-lock")
     sentinel_options = transport_options(app.conf, setting) if app is not None else None
     check_url(url, sentinel_options)
+    if is_postgres(url):
+        backend = postgres_locker(url, prefix=prefix)
+        return Target(backend=backend, url=url, source=source, app=app)
     servers = quorum_urls(url)
     refuse_unusable(servers or [url], options, sentinel_options, named_in)
     if servers is not None:
@@ -139,8 +144,13 @@ def open_target(
         )
     except (ValueError, TypeError) as exc:  # what redis-py raises for a URL or option it refuses
         raise LockConfigurationError(f"cannot connect to {redact_loosely(url)}: {exc}") from None
-    backend = RedisLocker(client, prefix=prefix)
-    return Target(backend=backend, url=url, source=source, app=app, clients=[client])
+    return Target(
+        backend=RedisLocker(client, prefix=prefix),
+        url=url,
+        source=source,
+        app=app,
+        clients=[client],
+    )
 
 
 def refuse_unusable(

@@ -37,7 +37,7 @@ from celery_singleton_lock.celery.worker.start_checks import (
     locked_tasks,
 )
 from celery_singleton_lock.engine import Client, slot_of
-from celery_singleton_lock.errors import LockError
+from celery_singleton_lock.errors import LockConfigurationError, LockError
 
 #: No SCAN of the doctor looks at more than this many matching keys.
 SCAN_LIMIT = 100_000
@@ -408,7 +408,16 @@ def run_doctor(
     target: Target, app: Any, ping_timeout: float = PING_TIMEOUT, invocation: str = INVOCATION
 ) -> list[Finding]:
     """Every check, in the order of the report (``invocation``: how the commands it suggests
-    start, e.g. ``celery -A proj locks``)."""
+    start, e.g. ``celery -A proj locks``).
+
+    Raises:
+        LockConfigurationError: the target is PostgreSQL (these are checks of Redis servers).
+    """
+    if not target.clients:
+        raise LockConfigurationError(
+            "locks doctor checks Redis lock servers (eviction, persistence, topology); it has "
+            "no checks for PostgreSQL yet: use locks list and show there"
+        )
     servers = _servers(target)
     return [
         *check_topology(target),

@@ -55,8 +55,10 @@ def list_locks(target: Target, limit: int) -> Listing:
             if len(holders) >= limit:
                 return counted(holders, True, [])
             holders.append(holder)
-        client, prefix = target.client, target.inspector.prefix
-        others = [] if holders or target.quorum else lock_shaped_prefixes(client, prefix)
+        # other prefixes are looked for on one Redis server only (not a quorum nor PostgreSQL)
+        one_redis = len(target.clients) == 1
+        prefix = target.inspector.prefix
+        others = [] if holders or not one_redis else lock_shaped_prefixes(target.client, prefix)
         return counted(holders, False, others)
 
     def counted(holders: list[LockHolder], truncated: bool, others: list[str]) -> Listing:

@@ -13,8 +13,9 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Optional
 
 from celery_singleton_lock.celery.config.quorum_settings import quorum_urls
+from celery_singleton_lock.celery.config.urls import is_postgres
 from celery_singleton_lock.celery.duplicates.policies import PARKING
-from celery_singleton_lock.engine import QUORUM, Capabilities
+from celery_singleton_lock.engine import POSTGRES, QUORUM, Capabilities
 from celery_singleton_lock.errors import LockConfigurationError
 
 #: option -> (the capability it needs, whether a resolved value asks for it, its attribute
@@ -30,13 +31,19 @@ NEEDS: dict[str, tuple[str, Callable[[Any], bool], str]] = {
 }
 
 #: what names the backend in the settings, said after its kind in a refusal
-_NAMED_BY = {QUORUM: " (singleton_lock_url lists several servers)"}
+_NAMED_BY = {
+    QUORUM: " (singleton_lock_url lists several servers)",
+    POSTGRES: " (singleton_lock_url is a postgresql:// URL)",
+}
 
 
 def capabilities_from_settings(conf: Mapping[str, Any]) -> Optional[Capabilities]:
-    """The capabilities the settings alone decide, without asking a server: a quorum's; None
-    when the backend must be asked (one server, Sentinel or Cluster)."""
-    return QUORUM if quorum_urls(conf.get("singleton_lock_url")) is not None else None
+    """The capabilities the settings alone decide, without asking a server: a quorum's,
+    PostgreSQL's; None when the backend must be asked (one server, Sentinel or Cluster)."""
+    url = conf.get("singleton_lock_url")
+    if is_postgres(url):
+        return POSTGRES
+    return QUORUM if quorum_urls(url) is not None else None
 
 
 def refuse_unsupported(
@@ -51,7 +58,9 @@ def refuse_unsupported(
     if capabilities is None:
         return
     for option, (feature, asks, _) in NEEDS.items():
-        value = values.get(option)
+        if option not in values:  # not asked (``requested`` leaves out what is not)
+            continue
+        value = values[option]
         if asks(value) and not supports(capabilities, option):
             raise LockConfigurationError(
                 f"task {task_name}: {option}={value!r} is not supported on "

@@ -17,11 +17,13 @@ from celery_singleton_lock.celery.config.servers import (
     make_client,
     transport_options,
 )
+from celery_singleton_lock.celery.config.urls import is_postgres
 from celery_singleton_lock.engine import (
     ForkSafeLock,
     LockBackend,
     QuorumLocker,
     RedisLocker,
+    postgres_locker,
     reset_in_forked_children,
 )
 from celery_singleton_lock.errors import LockConfigurationError
@@ -95,13 +97,20 @@ def make_locker(
     cluster: Optional[bool],
     prefix: str,
 ) -> LockBackend:
-    """The locker of the server(s) ``url`` names: a :class:`QuorumLocker` over a client per
-    server for a quorum (see :mod:`.quorum_settings`), else a ``RedisLocker`` over
-    :func:`make_client`.
+    """The locker of the server(s) ``url`` names: a PostgreSQL one for a ``postgresql://``
+    URL, a :class:`QuorumLocker` over a client per server for a quorum (see
+    :mod:`.quorum_settings`), else a ``RedisLocker`` over :func:`make_client`.
 
     Raises:
-        LockConfigurationError: ``singleton_lock_cluster = True`` with a quorum.
+        LockConfigurationError: ``singleton_lock_cluster = True`` with a quorum or PostgreSQL;
+            a PostgreSQL URL without psycopg installed.
     """
+    if is_postgres(url):
+        if cluster:
+            raise LockConfigurationError(
+                "singleton_lock_cluster = True, but singleton_lock_url is a PostgreSQL URL"
+            )
+        return postgres_locker(url, prefix=prefix)
     servers = quorum_urls(url)
     if servers is None:
         client = make_client(url, options, transport, cluster=cluster)

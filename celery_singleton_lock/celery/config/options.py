@@ -238,8 +238,10 @@ TASK_ONLY_OPTIONS: dict[str, Option] = {
 APP_SETTINGS: dict[str, Option] = {
     "singleton_lock_url": Option(
         None,
-        "a redis://, rediss://, unix:// or sentinel:// URL, or a list of 3 or more URLs",
-        "The lock server (a list: a Redlock quorum); None: the broker if it is Redis, else "
+        "a redis://, rediss://, unix://, sentinel:// or postgresql:// URL, or a list of 3 or "
+        "more Redis URLs",
+        "The lock server (a list: a Redlock quorum; postgresql://: row leases in that "
+        "database); None: the broker if it is Redis, else "
         "the result backend if it is Redis, else redis://localhost:6379/0.",
     ),
     "singleton_lock_prefix": Option(

@@ -41,6 +41,7 @@ from celery_singleton_lock.celery.config.sentinel import (
 )
 from celery_singleton_lock.celery.config.urls import (
     REDIS_SCHEMES,
+    is_postgres,
     is_sentinel,
     redact,
     redact_loosely,
@@ -171,6 +172,8 @@ def check_url(
     URL must also have a ``master_name`` in ``transport_options`` (read from
     ``options_setting``, named in the error).
     """
+    if is_postgres(url):
+        return check_postgres_url(url)
     servers = quorum_urls(url)
     if servers is not None:
         check_quorum(servers)
@@ -200,6 +203,18 @@ def check_url(
             raise LockConfigurationError(
                 f"lock server URL {shown!r}: database {db!r} is not a number"
             )
+    return url
+
+
+def check_postgres_url(url: str) -> str:
+    """``url`` if it names a PostgreSQL database with a port that is a number, else
+    ``LockConfigurationError`` (the rest is libpq's to judge when it connects)."""
+    try:
+        _ = urlsplit(url).port  # raises ValueError when it is not a number
+    except ValueError as exc:
+        raise LockConfigurationError(
+            f"lock server URL {redact_loosely(url)!r} is invalid: {exc}"
+        ) from None
     return url
 
 

@@ -1,11 +1,13 @@
 """Lock server URLs: which kind of server a URL names (one Redis, a Sentinel group, a
-Redlock quorum), and the URL as it may be logged or shown (password hidden)."""
+Redlock quorum, a PostgreSQL database), and the URL as it may be logged or shown (password
+hidden)."""
 
 from __future__ import annotations
 
 from urllib.parse import urlsplit, urlunsplit
 
 from celery_singleton_lock.celery.config.quorum_settings import quorum_urls
+from celery_singleton_lock.engine import POSTGRES_SCHEMES
 
 
 def redact(url: str) -> str:
@@ -43,3 +45,11 @@ def is_sentinel(url: str) -> bool:
 
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
+
+
+def is_postgres(url: object) -> bool:
+    """True for a PostgreSQL lock URL, ``postgresql://`` (or ``postgres://``)."""
+    if not isinstance(url, str):
+        return False
+    scheme, sep, _ = url.strip().partition("://")
+    return bool(sep) and scheme.lower() in POSTGRES_SCHEMES

@@ -53,7 +53,6 @@ from celery_singleton_lock.celery.signals import (
     lock_lost,
     lock_released,
 )
-from celery_singleton_lock.engine import QuorumLocker
 from celery_singleton_lock.errors import LockConfigurationError, LockError
 
 log = logging.getLogger("celery_singleton_lock.metrics")
@@ -326,7 +325,7 @@ def parking_task_names(app: Any) -> list[str]:
 
 def parked_by_task(locker: Any) -> dict[str, int]:
     """Calls parked behind locks now, by task name (the lock name before its digest)."""
-    if isinstance(locker, QuorumLocker):  # a quorum parks nothing ('queue' is refused there)
+    if locker.queue is None:  # a quorum or PostgreSQL parks nothing ('queue' is refused)
         return {}
     client, prefix = locker.client, locker.prefix
     keys: list[str] = []

@@ -40,6 +40,8 @@ from redis.retry import Retry
 
 from celery_singleton_lock.celery.config.servers import close_client, make_client
 from celery_singleton_lock.celery.config.urls import is_sentinel, redact
+from celery_singleton_lock.engine import postgres_locker
+from celery_singleton_lock.errors import LockBackendUnavailable
 
 #: Seconds a probe waits to connect, and for each reply.
 PROBE_TIMEOUT = 2.0
@@ -124,6 +126,22 @@ def probe(
     else:
         what = "is not reachable"
     return Unusable(f"{server} {what} ({described})", heals=True)
+
+
+def probe_postgres(url: str, prefix: str) -> Optional[Unusable]:
+    """None if the PostgreSQL database at ``url`` answers and holds the lock tables (made now
+    when missing, see docs/how-to/postgres-locks.md); else why not. A refused login or a
+    refused ``CREATE`` does not heal by retrying; an outage may."""
+    locker = postgres_locker(url, prefix=prefix)
+    try:
+        error = locker.probe()
+    finally:
+        locker.close()
+    if error is None:
+        return None
+    text = str(error)
+    heals = isinstance(error, LockBackendUnavailable) and "authentication failed" not in text
+    return Unusable(f"PostgreSQL lock server: {text}", heals=heals)
 
 
 def _client(

@@ -50,11 +50,13 @@ from celery_singleton_lock.celery.config.servers import (
     make_client,
     transport_options,
 )
-from celery_singleton_lock.celery.config.urls import redact
+from celery_singleton_lock.celery.config.urls import is_postgres, redact
 from celery_singleton_lock.celery.observe import metrics
 from celery_singleton_lock.celery.task.locked_task import LockedTask
 from celery_singleton_lock.celery.worker.server_probe import (
+    Unusable,
     probe,
+    probe_postgres,
     redis_version,
     unusable_at_start,
     where,
@@ -133,6 +135,11 @@ def check_lock_servers(app: Any) -> None:
         LockConfigurationError: one cannot, for a reason retrying will not heal.
     """
     url, source = choose_url(app.conf)
+    if is_postgres(url):
+        found = probe_postgres(url, lock_prefix(app.conf))
+        if found is not None:
+            unusable(app, url, found, 1)
+        return
     servers = quorum_urls(url) or [url]
     options = app.conf.get("singleton_lock_redis_options")
     transport = transport_options(app.conf, source)
@@ -149,14 +156,24 @@ def check_lock_servers(app: Any) -> None:
             if needing:  # asked only when a task needs more than any Redis this supports
                 refuse_too_old(needing, where(server), redis_version(server, options, transport))
             continue
-        if not found.heals:
-            raise LockConfigurationError(found.cause)
-        unusable_at_start.add(server)
-        log.warning(
-            "%s; the worker starts, and until it answers %s",
-            found.cause,
-            meanwhile(locked_tasks(app), len(servers)),
-        )
+        unusable(app, server, found, len(servers))
+
+
+def unusable(app: Any, server: str, found: Unusable, servers: int) -> None:
+    """Refuse the start for a lock server the configuration makes unusable; else warn that
+    the worker starts without it (one of ``servers``).
+
+    Raises:
+        LockConfigurationError: retrying will not heal it.
+    """
+    if not found.heals:
+        raise LockConfigurationError(found.cause)
+    unusable_at_start.add(server)
+    log.warning(
+        "%s; the worker starts, and until it answers %s",
+        found.cause,
+        meanwhile(locked_tasks(app), servers),
+    )
 
 
 #: A policy whose scripts need a newer Redis than the others (Redis 6.0): the oldest version
@@ -340,6 +357,8 @@ def report_lock_server(app: Any) -> None:
         lock_prefix(app.conf),
         len(tasks),
     )
+    if is_postgres(url):
+        return  # no eviction in a database
     for server in quorum_urls(url) or [url]:  # each server of a Redlock quorum
         if server not in unusable_at_start:  # said at start, and asking again costs seconds
             report_eviction_policy(app, server, source)

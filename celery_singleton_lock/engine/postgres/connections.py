@@ -1,0 +1,154 @@
+"""A process's few kept connections to one PostgreSQL database, fork-safe, and psycopg's errors
+said as ours.
+
+Each statement runs on a connection taken from the idle ones (or a new one) and put back after:
+autocommit, so one statement is one transaction and nothing holds a session state between
+statements; server-side prepared statements are off (``prepare_threshold=None``). Both make it
+work through PgBouncer in transaction mode. A connection that fails is dropped, never put back.
+
+Fork safety: a forked child (a prefork pool child) never uses, closes nor frees its parent's
+connections (freeing one would send the server a terminate on the parent's socket): it keeps a
+reference to each for good and starts with none of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Iterator, Optional, Sequence
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from celery_singleton_lock.engine.fork_safety import reset_in_forked_children
+from celery_singleton_lock.errors import LockBackendUnavailable, LockError
+
+#: Idle connections kept per process (the worker's main thread, the renewer, a waiter...).
+KEEP = 4
+#: Seconds a new connection may take before the server counts as unreachable.
+CONNECT_TIMEOUT = 2
+#: libpq's socket settings unless the URL gives its own: a server gone without a word (a
+#: network partition) fails a statement within seconds, as the Redis client's socket timeout
+#: does, rather than at the kernel's TCP timeout (minutes) with the renewer stuck behind it.
+SOCKET_DEFAULTS = {
+    "connect_timeout": CONNECT_TIMEOUT,
+    "tcp_user_timeout": 5000,  # ms of sent data unacknowledged
+    "keepalives_idle": 5,
+    "keepalives_interval": 2,
+    "keepalives_count": 2,
+}
+
+Row = tuple[Any, ...]
+Connection = psycopg.Connection[Row]
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """``(conninfo, schema)`` of a lock URL: ``postgresql://...?schema=S`` names the schema of
+    the lock tables (``public`` by default); every other parameter is libpq's."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    schema = next((value for key, value in query if key == "schema"), "public")
+    rest = urlencode([(key, value) for key, value in query if key != "schema"])
+    return urlunsplit(parts._replace(query=rest)), schema
+
+
+def where(conninfo: str) -> str:
+    """``host:port/db`` of ``conninfo``, password left out, for messages."""
+    parts = urlsplit(conninfo)
+    return f"{parts.hostname or 'localhost'}:{parts.port or 5432}{parts.path}"
+
+
+def unavailable(exc: BaseException, conninfo: str, key: Optional[str]) -> LockError:
+    """``exc`` (a psycopg error) said as ours: the server out of reach, or what it refused."""
+    said = f"PostgreSQL lock server {where(conninfo)}: {type(exc).__name__}: {exc}".strip()
+    if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
+        return LockBackendUnavailable(said, key)
+    return LockError(said, key)
+
+
+class Connections:
+    """Kept connections to ``conninfo`` for this process (see the module)."""
+
+    def __init__(self, conninfo: str, *, keep: int = KEEP) -> None:
+        self.conninfo = conninfo
+        self.keep = keep
+        #: statements sent, for tests and benchmarks (a renewal tick is one)
+        self.statements = 0
+        #: the parent's connections in a forked child: kept, never used nor freed
+        self._inherited: list[Connection] = []
+        self._reset()
+        reset_in_forked_children(self)
+
+    def _reset(self) -> None:
+        self._lock = threading.Lock()
+        self._idle: list[Connection] = []
+        self._open: set[Connection] = set()
+
+    def after_fork_in_child(self) -> None:
+        self._inherited.extend(self._open)
+        self._reset()
+
+    def connect(self) -> Connection:
+        """A new autocommit connection of this process's own (the caller closes it)."""
+        given = conninfo_to_dict(self.conninfo)
+        defaults = {key: value for key, value in SOCKET_DEFAULTS.items() if key not in given}
+        conninfo = make_conninfo(self.conninfo, **defaults)
+        connection: Connection = psycopg.connect(conninfo, autocommit=True, prepare_threshold=None)
+        return connection
+
+    @contextlib.contextmanager
+    def connection(self, key: Optional[str] = None) -> Iterator[Connection]:
+        """A kept connection for the ``with`` block, psycopg's errors said as ours."""
+        with self._lock:
+            connection = self._idle.pop() if self._idle else None
+        try:
+            if connection is None:
+                connection = self.connect()
+                with self._lock:
+                    self._open.add(connection)
+            yield connection
+        except psycopg.Error as exc:
+            if connection is not None:
+                self._drop(connection)
+            raise unavailable(exc, self.conninfo, key) from exc
+        except BaseException:
+            if connection is not None:
+                self._drop(connection)  # its state is not known: a statement may be running
+            raise
+        else:
+            with self._lock:
+                if len(self._idle) < self.keep and not connection.closed:
+                    self._idle.append(connection)
+                    return
+            self._drop(connection)
+
+    def run(self, sql: str, params: Any, key: Optional[str] = None) -> list[Row]:
+        """The rows of one statement (one transaction)."""
+        with self.connection(key) as connection:
+            self.statements += 1
+            cursor = connection.execute(sql, params)
+            return cursor.fetchall() if cursor.description is not None else []
+
+    def transaction(self, statements: Sequence[tuple[str, Any]], key: Optional[str] = None) -> None:
+        """``statements`` in one transaction."""
+        with self.connection(key) as connection, connection.transaction():
+            for sql, params in statements:
+                self.statements += 1
+                connection.execute(sql, params)
+
+    def _drop(self, connection: Connection) -> None:
+        with self._lock:
+            self._open.discard(connection)
+            if connection in self._idle:
+                self._idle.remove(connection)
+        with contextlib.suppress(Exception):
+            connection.close()
+
+    def close(self) -> None:
+        """Close this process's connections (a child's inherited ones are left alone)."""
+        with self._lock:
+            connections, self._idle, self._open = list(self._open), [], set()
+        for connection in connections:
+            with contextlib.suppress(Exception):
+                connection.close()

@@ -1,0 +1,97 @@
+"""The app of the PostgreSQL acceptance (tests/celery/test_postgres_workers.py): RabbitMQ as
+the broker, PostgreSQL for the locks and for the bodies' records, no Redis URL anywhere.
+
+Configured by the environment: ``CSL_BROKER_URL`` (AMQP), ``CSL_PG_URL`` (the lock URL, with
+the test's ``?schema=``), ``CSL_QUEUE``. Each body writes a row of ``<schema>.records``: its
+key, pid, fence, and its start and end by the database's clock (one clock for every worker),
+from inside the lock."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any, Optional
+
+import psycopg
+from celery import Celery
+
+from celery_singleton_lock import LockedTask
+from celery_singleton_lock.engine.postgres.connections import split_url
+
+LOCK_URL = os.environ.get("CSL_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
+CONNINFO, SCHEMA = split_url(LOCK_URL)
+
+app = Celery("postgresapp")
+app.conf.update(
+    broker_url=os.environ.get("CSL_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//"),
+    broker_connection_retry_on_startup=True,
+    task_default_queue=os.environ.get("CSL_QUEUE", "celery"),
+    task_ignore_result=True,
+    worker_prefetch_multiplier=1,
+    singleton_lock_url=LOCK_URL,
+)
+
+_records: Optional[psycopg.Connection[Any]] = None
+_records_pid = 0
+
+
+def records() -> psycopg.Connection[Any]:
+    """This process's connection to the records table (a forked child opens its own)."""
+    global _records, _records_pid
+    if _records is None or _records_pid != os.getpid():
+        _records = psycopg.connect(CONNINFO, autocommit=True)
+        _records_pid = os.getpid()
+    return _records
+
+
+def record_table(connection: psycopg.Connection[Any], schema: str) -> None:
+    """Create the records table in ``schema`` (the test does, before any worker starts)."""
+    connection.execute(
+        f"CREATE TABLE IF NOT EXISTS {schema}.records (id bigserial PRIMARY KEY, key text, "
+        "n integer, pid integer, fence bigint, started timestamptz, ended timestamptz)"
+    )
+
+
+def run_recorded(key: str, n: int, fence: Optional[int], seconds: float) -> None:
+    """Record the body's start, sleep ``seconds``, record its end."""
+    connection = records()
+    (row_id,) = connection.execute(
+        f"INSERT INTO {SCHEMA}.records (key, n, pid, fence, started) "
+        "VALUES (%s, %s, %s, %s, clock_timestamp()) RETURNING id",
+        (key, n, os.getpid(), fence),
+    ).fetchone() or (0,)
+    time.sleep(seconds)
+    connection.execute(
+        f"UPDATE {SCHEMA}.records SET ended = clock_timestamp() WHERE id = %s", (row_id,)
+    )
+
+
+@app.task(base=LockedTask, bind=True, on_duplicate="skip", lock_ttl=10, lock_on=["key"])
+def pg_skip(self: Any, key: str, n: int) -> None:
+    run_recorded(key, n, None, 0.02)
+
+
+@app.task(
+    base=LockedTask,
+    bind=True,
+    on_duplicate="retry",
+    lock_fencing=True,
+    lock_ttl=10,
+    lock_on=["key"],
+    lock_retry_backoff=0.05,
+    lock_retry_backoff_max=0.2,
+)
+def pg_fenced(self: Any, key: str, n: int) -> None:
+    run_recorded(key, n, self.request.lock.fence, 0.02)
+
+
+@app.task(
+    base=LockedTask,
+    bind=True,
+    on_duplicate="wait",
+    lock_ttl=3,
+    lock_wait_timeout=120,
+    lock_on=["key"],
+)
+def pg_long(self: Any, key: str, n: int, seconds: float) -> None:
+    run_recorded(key, n, None, seconds)

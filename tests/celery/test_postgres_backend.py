@@ -1,0 +1,129 @@
+"""``singleton_lock_url = "postgresql://..."`` in the Celery layer: it selects the PostgreSQL
+backend, registration refuses what that backend lacks (naming it and the option), and
+``celery locks list/show/release`` read and release its locks."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from celery import Celery
+
+from celery_singleton_lock import LockedTask
+from celery_singleton_lock.celery.config.backend_support import refuse_unsupported
+from celery_singleton_lock.celery.config.lockers import forget_locker, locker_for
+from celery_singleton_lock.celery.config.servers import check_url
+from celery_singleton_lock.celery.worker.server_probe import probe_postgres
+from celery_singleton_lock.engine import POSTGRES, AcquireRequest, Lease, Owner
+from celery_singleton_lock.engine import postgres_locker as locker_for_url
+from celery_singleton_lock.errors import LockConfigurationError
+from tests.celery.test_celery_locks import entry_points_dir  # noqa: F401 - the fixture
+from tests.celery.test_cli import _ENTRY_POINTS, run_cli
+from tests.postgres_support import postgres_schema
+
+pytest.importorskip("psycopg")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _celery_finds_locks(entry_points_dir: Path) -> None:  # noqa: F811 - the fixture
+    _ENTRY_POINTS[:] = [entry_points_dir]
+
+
+@pytest.fixture
+def url() -> Iterator[str]:
+    with postgres_schema() as url:
+        yield url
+
+
+@pytest.fixture
+def app(url: str) -> Iterator[Celery]:
+    app = Celery("pg-config", set_as_current=False)
+    app.conf.update(
+        broker_url="amqp://guest:guest@127.0.0.1:5672//",
+        singleton_lock_url=url,
+        singleton_lock_prefix="pgt",
+    )
+    yield app
+    forget_locker(app)
+
+
+def test_a_postgresql_url_selects_the_postgres_backend(app: Celery) -> None:
+    locker = locker_for(app)
+    assert locker.capabilities is POSTGRES
+    assert locker.queue is None and locker.markers is None
+
+
+def test_registration_refuses_queue_naming_postgres_and_the_option(app: Celery) -> None:
+    with pytest.raises(LockConfigurationError) as refused:
+
+        @app.task(base=LockedTask, on_duplicate="queue", shared=False)
+        def parked(x: int) -> None: ...
+
+        _ = parked.lock_options
+    message = refused.value.message
+    assert "on_duplicate" in message and "PostgreSQL" in message
+
+
+def test_registration_accepts_fencing_on_postgres(app: Celery) -> None:
+    @app.task(base=LockedTask, lock_fencing=True, shared=False)
+    def fenced(x: int) -> None: ...
+
+    assert fenced.lock_options.fencing is True
+
+
+def held(app: Celery, name: str, owner: Owner) -> Lease:
+    lease = locker_for(app).acquire(AcquireRequest(name, 60, owner, renew=False))
+    assert isinstance(lease, Lease)
+    return lease
+
+
+def test_locks_list_shows_a_lock_held_in_postgres(app: Celery, url: str) -> None:
+    held(app, "report:1", Owner(task_id="t-1", host="w@h", pid=4242))
+    result = run_cli("--url", url, "--prefix", "pgt", "list", "--json")
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)
+    assert [(row["key"], row["task_id"]) for row in rows] == [("pgt:{report:1}", "t-1")]
+
+
+def test_locks_show_names_the_holder(app: Celery, url: str) -> None:
+    held(app, "report:2", Owner(task_id="t-2", host="w@h", pid=4242))
+    result = run_cli("--url", url, "--prefix", "pgt", "show", "report:2")
+    assert result.returncode == 0, result.stderr
+    assert "t-2" in result.stdout
+
+
+def test_locks_release_force_frees_the_lock(app: Celery, url: str) -> None:
+    held(app, "report:3", Owner(task_id="t-3", host="w@h", pid=4242))
+    result = run_cli("--url", url, "--prefix", "pgt", "release", "report:3", "--force")
+    assert result.returncode == 0, result.stderr
+    assert locker_for(app).inspect.read("report:3") is None
+
+
+def test_the_start_probe_creates_the_tables_of_a_reachable_database(url: str) -> None:
+    assert probe_postgres(url, "pgt") is None
+    locker = locker_for_url(url)
+    try:
+        assert locker.inspect.fence("any") == 0  # the sequence exists
+    finally:
+        locker.close()
+
+
+def test_the_start_probe_says_a_database_out_of_reach_may_heal() -> None:
+    found = probe_postgres("postgresql://postgres@127.0.0.1:1/test?connect_timeout=2", "pgt")
+    assert found is not None and found.heals and "PostgreSQL" in found.cause
+
+
+def test_a_postgresql_url_with_a_bad_port_is_refused() -> None:
+    with pytest.raises(LockConfigurationError, match="invalid"):
+        check_url("postgresql://postgres@127.0.0.1:notaport/test")
+
+
+def test_the_worker_start_refuses_nothing_a_task_did_not_ask_for() -> None:
+    refuse_unsupported("t", {"lock_fencing": True}, POSTGRES)  # lock_limit not asked: 1
+
+
+def test_the_worker_start_refuses_an_option_asked_that_postgres_lacks() -> None:
+    with pytest.raises(LockConfigurationError, match="lock_limit=2 is not supported on PostgreSQL"):
+        refuse_unsupported("t", {"lock_limit": 2}, POSTGRES)

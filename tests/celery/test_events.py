@@ -107,12 +107,15 @@ def _skipped_duplicate_event(
 
 def _lost_lock_run(celery_app: Any, unique_key: str) -> tuple[dict[str, Any], Events, str]:
     """The ``lock-lost`` event of a call that deletes its own lock key, once the call's
-    ``task-succeeded`` has come too; the events seen and the call's task id."""
+    ``task-succeeded`` and ``lock-released-late`` have come too (the release's reply, and
+    so that event, may be read after the call's end is reported); the events seen and the
+    call's task id."""
     with received_events(celery_app) as events:
         result = runtime.watches_its_lock.delay(unique_key)  # deletes its own lock key
         result.get(timeout=10)
         event = events.wait_for("lock-lost", uuid=result.id)
         events.wait_for("task-succeeded", uuid=result.id)
+        events.wait_for("lock-released-late", uuid=result.id)
     return event, events, result.id
 
 

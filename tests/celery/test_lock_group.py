@@ -122,7 +122,7 @@ def test_a_killed_pool_childs_slot_goes_to_a_parked_call_of_the_other_task_of_th
     wait_until(lambda: len(holders(store, name)) == 2, timeout=30)
     parked = groups.refund.apply_async((tenant, "o", run, 0), queue=prefork.queue)
     key = lock_key(groups.charge, tenant, 0, run)
-    wait_until(lambda: store.llen(f"{key}:parked") == 1, timeout=30)
+    wait_until(lambda: store.zcard(f"{key}:parked") == 1, timeout=30)
     # slot 2: not the lock key itself, which the mutex's hand-off would also find free
     victim = next(held for held in holders(store, name) if held.key.endswith(":slot:2"))
     (killed,) = (result for result in charges if result.id == victim.task_id)

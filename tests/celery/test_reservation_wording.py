@@ -31,7 +31,9 @@ def reservation(redis_server: RedisServer) -> LockHolder:
         first = attempt(locker, "first")
         assert isinstance(first, Lease)
         assert isinstance(attempt(locker, "second"), Parked)
-        assert locker.release_handing_off(first, reservation_ttl=30)[1] == b"msg-second"
+        assert locker.queue is not None
+        handed = locker.queue.release_handing_on(first, limit=1, reservation_ttl=30)[1]
+        assert handed == [b"msg-second"]
         third = attempt(locker, "third")
         assert isinstance(third, Parked) and third.holder is not None
         return third.holder

@@ -6,19 +6,23 @@ in ci/constraints-oldest.txt. Pins of names pyproject.toml does not mention are 
 packages' floors (e.g. Celery's billiard), allowed.
 
 ``python ci/check_floors.py --installed``: fail unless the running interpreter has exactly the
-pinned versions installed (the oldest corner really is the oldest).
+pinned versions installed and is itself the oldest Python ``requires-python`` accepts (the
+oldest corner really is the oldest), unless ``OLDEST_PYTHON`` in the environment chose another.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 EXTRAS = ("embedded", "test")
 FLOOR = re.compile(r"^([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?\s*>=\s*([^,;\s]+)\s*$")
+PYTHON_FLOOR = re.compile(r"^>=\s*(\d+\.\d+)\s*$")
 PIN = re.compile(r"^([A-Za-z0-9_.-]+)\s*==\s*(\S+)\s*$")
 
 
@@ -26,16 +30,29 @@ def normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def floors() -> dict[str, str]:
+def project() -> dict[str, Any]:
     try:
         import tomllib
-    except ImportError:  # Python < 3.11
+    except ImportError:  # Python < 3.11: the oldest corner's pytest brings tomli
         import tomli as tomllib  # type: ignore[no-redef]
 
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    requirements = list(project["dependencies"])
+    table: dict[str, Any] = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return table
+
+
+def python_floor() -> str:
+    """The X.Y of ``requires-python = ">=X.Y"``."""
+    match = PYTHON_FLOOR.match(project()["requires-python"])
+    if match is None:
+        sys.exit(f"pyproject.toml: requires-python is not '>=X.Y': {project()['requires-python']}")
+    return match[1]
+
+
+def floors() -> dict[str, str]:
+    project_table = project()
+    requirements = list(project_table["dependencies"])
     for extra in EXTRAS:
-        requirements += project["optional-dependencies"][extra]
+        requirements += project_table["optional-dependencies"][extra]
     found: dict[str, str] = {}
     for requirement in requirements:
         match = FLOOR.match(requirement)
@@ -66,10 +83,18 @@ def check_installed() -> int:
             installed = "not installed"
         if installed != version:
             problems.append(f"{name}: pinned {version}, installed {installed}")
+    running = "{}.{}".format(*sys.version_info[:2])
+    if running != python_floor():
+        # OLDEST_PYTHON in the environment: another interpreter chosen on purpose (ci/python.sh)
+        off_floor = f"python: requires-python floor {python_floor()}, running {running}"
+        if os.environ.get("OLDEST_PYTHON"):
+            print(f"{off_floor} (OLDEST_PYTHON={os.environ['OLDEST_PYTHON']})", file=sys.stderr)
+        else:
+            problems.append(off_floor)
     if problems:
         print("\n".join(problems), file=sys.stderr)
         return 1
-    print(f"installed versions match the oldest pins: {len(pinned)} packages")
+    print(f"installed versions match the oldest pins: {len(pinned)} packages, on Python {running}")
     return 0
 
 

@@ -3,8 +3,11 @@
 # in a virtualenv of its own.
 #   ci/matrix.sh [oldest] [newest]     (no argument: both; `./dev matrix` runs this)
 #   oldest  .venv-oldest: every dependency at its declared floor, pinned in
-#           ci/constraints-oldest.txt (ci/check_floors.py keeps it equal to pyproject.toml)
-#   newest  .venv-newest: the latest release of everything (upgraded on every run)
+#           ci/constraints-oldest.txt (ci/check_floors.py keeps it equal to pyproject.toml),
+#           on the oldest Python requires-python accepts
+#   newest  .venv-newest: the latest release of everything (upgraded on every run), on the
+#           newest Python tested
+# (the Python of each: ci/python.sh, which says how to pick another)
 # Each corner runs the engine and unit tests, every tests/celery module (eager runs and the
 # in-process worker included) except test_real_workers.py, and of that module the scenarios
 # on real `celery worker` processes listed in REAL_WORKERS below. Prints one summary line per
@@ -12,8 +15,8 @@
 # ignores `set -e`: every step in it checks its own status.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. ci/python.sh
 
-PY="${PYTHON:-python3}"
 PIP=(-m pip install -q --disable-pip-version-check)
 
 # Real `celery worker` processes, Redis broker: lease renewal on the prefork pool, time limits,
@@ -32,13 +35,19 @@ REDELIVERY_SCENARIOS=(
 )
 
 install() {
-  local corner="$1" venv=".venv-$1"
-  if [ ! -x "$venv/bin/python" ]; then
-    "$PY" -m venv "$venv" || return 1
-  fi
+  local corner="$1" venv=".venv-$1" python
+  case "$corner" in
+    oldest) python="$(python_for "$OLDEST_PYTHON")" || return 1 ;;
+    newest) python="$(python_for "$NEWEST_PYTHON")" || return 1 ;;
+    *)
+      echo "unknown corner: $corner (oldest | newest)" >&2
+      return 2
+      ;;
+  esac
+  make_venv "$venv" "$python" || return 1
   case "$corner" in
     oldest)
-      "$PY" ci/check_floors.py || return 1
+      python3 ci/check_floors.py || return 1   # reads files only: any Python 3.11+
       local stamp="$venv/.installed"
       if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] \
         || [ ci/constraints-oldest.txt -nt "$stamp" ]; then
@@ -50,17 +59,15 @@ install() {
     newest)
       "$venv/bin/python" "${PIP[@]}" --upgrade --upgrade-strategy eager -e ".[test]" || return 1
       ;;
-    *)
-      echo "unknown corner: $corner (oldest | newest)" >&2
-      return 2
-      ;;
   esac
 }
 
 versions() {
   "$1/bin/python" - <<'EOF'
 from importlib.metadata import version
-print(", ".join(f"{n} {version(n)}" for n in ("celery", "kombu", "redis", "pytest")))
+import platform
+names = ("celery", "kombu", "redis", "pytest")
+print(", ".join([f"Python {platform.python_version()}"] + [f"{n} {version(n)}" for n in names]))
 EOF
 }
 

@@ -42,6 +42,11 @@ def tls_redis(tmp_path: Path) -> Iterator[str]:
         "ca.crt",
         "-subj",
         "/CN=test-ca",
+        # Python 3.13 verifies strictly (VERIFY_X509_STRICT): a CA without key usage is refused
+        "-addext",
+        "basicConstraints=critical,CA:TRUE",
+        "-addext",
+        "keyUsage=critical,keyCertSign,cRLSign",
         cwd=tmp_path,
     )
     _run(
@@ -58,7 +63,12 @@ def tls_redis(tmp_path: Path) -> Iterator[str]:
         "/CN=127.0.0.1",
         cwd=tmp_path,
     )
-    (tmp_path / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\n")
+    # and a leaf without the key identifier of its issuer
+    (tmp_path / "ext.cnf").write_text(
+        "subjectAltName=IP:127.0.0.1\nauthorityKeyIdentifier=keyid,issuer\n"
+        "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
+        "extendedKeyUsage=serverAuth\n"
+    )
     _run(
         "openssl",
         "x509",

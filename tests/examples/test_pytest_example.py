@@ -21,7 +21,9 @@ EXAMPLE = "examples/test_with_pytest.py"
 
 
 def test_the_plugin_is_installed_as_a_pytest11_entry_point() -> None:
-    plugins = {ep.name: ep.value for ep in metadata.entry_points(group="pytest11")}
+    # the distribution's own entry points: entry_points(group=...) is Python 3.10's
+    installed = metadata.distribution("celery-singleton-lock").entry_points
+    plugins = {ep.name: ep.value for ep in installed if ep.group == "pytest11"}
     assert plugins.get("singleton_lock") == "celery_singleton_lock.pytest_plugin", (
         "no pytest11 entry point 'singleton_lock': the installed package predates it; "
         "reinstall it (pip install -e '.[test]')"

@@ -233,12 +233,12 @@ def test_a_parked_call_is_started_while_its_body_runs_and_success_after(
         events.wait_for("lock-duplicate", uuid=parked.id, action="queue")
         core.open_gate(unique_key)  # the holder ends; the parked call runs, at the gate
         wait_until(lambda: store.llen(f"runs:{unique_key}") == 2, timeout=30)
-        wait_until(lambda: len(events.of("task-started", uuid=parked.id)) == 2, timeout=30)
-        while_running = events.state.tasks[parked.id].state
+        # while its body runs (held at the gate) the call reads STARTED, whatever events its
+        # parked attempt sent (Celery 5.3's tracer sends no second task-started for it)
+        wait_until(lambda: events.state.tasks[parked.id].state == states.STARTED, timeout=30)
         core.open_gate(unique_key)
         assert parked.get(timeout=30) == parked.id and holder.get(timeout=30) == holder.id
         wait_until(lambda: events.state.tasks[parked.id].state == states.SUCCESS, timeout=10)
-    assert while_running == states.STARTED
     assert events.states_of(parked.id) <= CELERY_STATES
 
 

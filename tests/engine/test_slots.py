@@ -116,6 +116,39 @@ def test_renew_by_owner_with_a_limit_reports_an_owner_holding_no_slot_lost(
     assert locker.renew_by_owner([("job", Owner(task_id="nobody"), 20.0)], limits=[3]) == [0]
 
 
+def test_renew_by_owner_with_a_limit_reads_only_the_owners_slot_after_the_first_call(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    for i in range(999):
+        take(locker, 1000, task_id=f"other-{i}", renew=False)
+    mine = take(locker, 1000, task_id="mine", renew=False)
+    assert isinstance(mine, Lease) and mine.key.endswith(":slot:1000")
+    held = [("job", mine.owner, 20.0)]
+    reads = []
+    for _ in range(2):
+        redis_client.config_resetstat()
+        assert locker.renew_by_owner(held, limits=[1000]) == []
+        reads.append(redis_client.info("commandstats")["cmdstat_get"]["calls"])
+    assert reads == [1000, 1]  # every slot once, then the one it remembered
+
+
+def test_renew_by_owner_renews_an_owner_that_took_another_slot_again_at_the_next_call(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    first = take(locker, 3, task_id="first", renew=False)
+    mine = take(locker, 3, task_id="mine", renew=False)
+    assert isinstance(first, Lease) and isinstance(mine, Lease)
+    held = [("job", mine.owner, 20.0)]
+    assert locker.renew_by_owner(held, limits=[3]) == []  # remembers slot 2
+    first.release()
+    mine.release()
+    again = locker.try_acquire("job", 10.0, owner=mine.owner, limit=3, renew=False)
+    assert isinstance(again, Lease) and again.key == locker.keys("job").lock  # slot 1 now
+    assert locker.renew_by_owner(held, limits=[3]) == [0]  # slot 2 names it no more
+    assert locker.renew_by_owner(held, limits=[3]) == []  # every slot sent again
+    assert redis_client.pttl(again.key) > 15_000
+
+
 def test_release_abandoned_frees_only_the_dead_owners_slot(
     locker: RedisLocker, redis_client: redis.Redis
 ) -> None:

@@ -15,7 +15,7 @@ sqlalchemy = pytest.importorskip(
 )
 pytest.importorskip("psycopg")
 
-from celery_singleton_lock.contrib.fencing.sqlalchemy import fenced_update
+from celery_singleton_lock.contrib.fencing.sqlalchemy import fenced_update  # noqa: E402
 
 
 @pytest.fixture

@@ -61,14 +61,15 @@ def fenced_update(
         sql.SQL("{} = %s").format(sql.Identifier(name)) for name in [*values, fence_column]
     )
     statement = sql.SQL(
-        "UPDATE {table} SET {assignments} WHERE {condition} AND ({column} IS NULL OR {column} <= %s)"
+        "UPDATE {table} SET {assignments} "
+        "WHERE {condition} AND ({column} IS NULL OR {column} <= %s)"
     ).format(table=_identifier(table), assignments=assignments, condition=condition, column=column)
     cursor = connection.execute(statement, [*values.values(), fence, *where.values(), fence])
     updated = int(cursor.rowcount)
     if updated > 0:
         return updated
     row = connection.execute(
-        sql.SQL("SELECT max({column}) , count(*) FROM {table} WHERE {condition}").format(
+        sql.SQL("SELECT max({column}), count(*) FROM {table} WHERE {condition}").format(
             column=column, table=_identifier(table), condition=condition
         ),
         list(where.values()),
@@ -79,9 +80,7 @@ def fenced_update(
     raise stale(what, fence, row[0])
 
 
-def claim_fence(
-    connection: Any, resource: str, fence: int, *, table: str = FENCE_TABLE
-) -> None:
+def claim_fence(connection: Any, resource: str, fence: int, *, table: str = FENCE_TABLE) -> None:
     """Move the last fence of ``resource`` up to ``fence`` in ``table``, or refuse.
 
     Call it first in the transaction that writes the resource: the claimed row stays locked

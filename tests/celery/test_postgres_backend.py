@@ -142,3 +142,35 @@ def test_locks_list_of_a_schema_no_worker_used_yet_reads_no_locks(url: str) -> N
     result = run_cli("--url", url, "--prefix", "pgt", "list", "--json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == []
+
+
+def test_the_lock_console_lists_a_lock_held_in_postgres(app: Celery) -> None:
+    import http.client
+    import threading
+
+    from celery_singleton_lock.celery.cli.console import make_console
+    from celery_singleton_lock.celery.observe.serving import quiet_server
+
+    held(app, "report:5", Owner(task_id="t-5", host="w@h", pid=4242))
+    console = make_console(app, ping_timeout=1.0)
+    server = quiet_server("127.0.0.1", 0, console)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        connection = http.client.HTTPConnection("127.0.0.1", server.server_port, timeout=20)
+        connection.request("GET", "/locks.json", headers={"Host": "127.0.0.1"})
+        listed = json.loads(connection.getresponse().read())
+        connection.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+        console.close()
+    assert [(lock["key"], lock["task_id"]) for lock in listed["locks"]] == [
+        ("pgt:{report:5}", "t-5")
+    ]
+
+
+def test_the_parked_gauge_of_a_postgres_app_reads_nothing_parked(app: Celery) -> None:
+    from celery_singleton_lock.celery.observe.metrics import parked_by_task
+
+    held(app, "report:6", Owner(task_id="t-6", host="w@h", pid=4242))
+    assert parked_by_task(locker_for(app)) == {}

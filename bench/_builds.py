@@ -8,6 +8,7 @@ client counting its own requests (``WorkerSetup.connection_class``), apart from 
 
 from __future__ import annotations
 
+import os
 import secrets
 from dataclasses import dataclass, field
 from functools import partial
@@ -406,3 +407,93 @@ def singleton_task(setup: WorkerSetup, name: str) -> Any:
 
     setup.closers.append(close)
     return setup.app.task(name=name, base=Singleton)(noop)
+
+
+# -- PostgreSQL: the locks in a schema of the run's own (bench/postgres.py) ---------------------
+
+
+def postgres_url() -> str:
+    """The database of the PostgreSQL contenders: ``$CSL_POSTGRES_URL``, else the local one
+    (``bench/postgres.py`` points it at a database of the run's own)."""
+    return os.environ.get("CSL_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+def postgres_schema(prefix: str) -> str:
+    """The schema of a run's lock tables: its bench prefix, as an identifier."""
+    return prefix.replace("-", "_")
+
+
+def postgres_locker(prefix: str, closers: List[Callable[[], None]]) -> Any:
+    """A ``PostgresLocker`` on the run's schema (created on first use, dropped at the end)
+    with a renewer that runs no thread, as ``locked`` has."""
+    import psycopg
+
+    from celery_singleton_lock.engine.postgres.locker import PostgresLocker
+
+    schema = postgres_schema(prefix)
+    separator = "&" if "?" in postgres_url() else "?"
+    locker = PostgresLocker(
+        f"{postgres_url()}{separator}schema={schema}",
+        prefix=f"{prefix}-pg",
+        renewer=Renewer(autostart=False),
+    )
+
+    def drop() -> None:
+        locker.close()
+        with psycopg.connect(postgres_url(), autocommit=True) as admin:
+            admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+    closers.append(drop)
+    return locker
+
+
+def postgres_cycle(setup: EngineSetup, name: str) -> Call:
+    """``PostgresLocker.try_acquire`` then ``release`` (renew=False): 2 statements."""
+    locker = postgres_locker(setup.prefix, setup.closers)
+    return lease_cycle(locker, name, setup.ttl, renew=False)
+
+
+def postgres_floor_cycle(setup: EngineSetup, name: str) -> Call:
+    """The least a row lease can do: ``INSERT ... ON CONFLICT DO NOTHING`` of a row then its
+    ``DELETE``, autocommit, on one kept connection, no token check, expiry or fence. The table
+    is made and dropped by connections of their own (the kept one runs the cycles only)."""
+    import psycopg
+
+    schema = postgres_schema(setup.prefix)
+    with psycopg.connect(postgres_url(), autocommit=True) as admin:
+        admin.execute(f"CREATE SCHEMA IF NOT EXISTS {schema}")
+        admin.execute(
+            f"CREATE TABLE IF NOT EXISTS {schema}.floor (name text PRIMARY KEY, token text, "
+            "lease_until timestamptz)"
+        )
+    connection = psycopg.connect(postgres_url(), autocommit=True, prepare_threshold=None)
+    insert = (
+        f"INSERT INTO {schema}.floor VALUES (%s, %s, now() + interval '30 seconds') "
+        "ON CONFLICT DO NOTHING"
+    )
+    delete = f"DELETE FROM {schema}.floor WHERE name = %s"
+    token_hex = secrets.token_hex
+
+    def cycle(_: int) -> None:
+        if connection.execute(insert, (name, token_hex(16))).rowcount != 1:
+            raise BenchError(f"postgres floor: free row {name} not inserted")
+        connection.execute(delete, (name,))
+
+    def drop() -> None:
+        with psycopg.connect(postgres_url(), autocommit=True) as admin:
+            admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+    setup.closers.extend([connection.close, drop])
+    return cycle
+
+
+def postgres_task(setup: WorkerSetup, name: str) -> Any:
+    """``LockedTask`` whose locks are PostgreSQL row leases (a locker of its own, on the run's
+    schema); the broker is the bench's Redis, as for every contender."""
+    locker = postgres_locker(setup.prefix, setup.closers)
+
+    class OnPostgres(LockedTask):
+        lock_locker = locker
+
+    OnPostgres.__name__ = OnPostgres.__qualname__ = "BenchPostgresTask"
+    return setup.app.task(name=name, base=OnPostgres)(noop)

@@ -34,6 +34,9 @@ from ._builds import (
     once_cycle,
     once_task,
     plain_task,
+    postgres_cycle,
+    postgres_floor_cycle,
+    postgres_task,
     python_redis_lock_cycle,
     quorum_cycle,
     redis_py_cycle,
@@ -154,6 +157,24 @@ CONTENDERS = [
         "LockedTask dedupe_on_enqueue",
         partial(locked_task, dedupe_on_enqueue=True),
         lock_keys=_locked_keys,
+    ),
+    # PostgreSQL row leases (bench/postgres.py), in a schema of the run's own
+    Contender(
+        "pg-floor",
+        "",
+        engine_label="PostgreSQL floor: INSERT ON CONFLICT DO NOTHING + DELETE",
+        engine=postgres_floor_cycle,
+        needs="psycopg",
+    ),
+    Contender(
+        "postgres",
+        "LockedTask, locks in PostgreSQL",
+        postgres_task,
+        engine_label="PostgresLocker: try_acquire + release",
+        engine=postgres_cycle,
+        # its locks are rows, not Redis keys: nothing of it may match on the Redis
+        lock_keys=lambda prefix, name: f"{prefix}-pg:*",
+        needs="psycopg",
     ),
     Contender(
         "redis-py",

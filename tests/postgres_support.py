@@ -29,3 +29,21 @@ def postgres_schema() -> Iterator[str]:
     finally:
         admin.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
         admin.close()
+
+
+@contextlib.contextmanager
+def accounts_schema() -> Iterator[str]:
+    """The lock URL of a fresh schema that exists and holds a business table ``accounts``
+    (``id``, ``balance``, ``fence``) with accounts 1 (fence 5) and 2 (fence NULL: never
+    written under a lock), for the fenced-write helpers; dropped at the end."""
+    psycopg = pytest.importorskip("psycopg")
+    with postgres_schema() as url:
+        base, schema = url.rsplit("?schema=", 1)
+        with psycopg.connect(base, autocommit=True) as admin:
+            admin.execute(f"CREATE SCHEMA {schema}")
+            admin.execute(
+                f"CREATE TABLE {schema}.accounts "
+                "(id integer PRIMARY KEY, balance integer NOT NULL, fence bigint)"
+            )
+            admin.execute(f"INSERT INTO {schema}.accounts VALUES (1, 0, 5), (2, 0, NULL)")
+        yield url

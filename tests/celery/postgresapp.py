@@ -95,3 +95,41 @@ def pg_fenced(self: Any, key: str, n: int) -> None:
 )
 def pg_long(self: Any, key: str, n: int, seconds: float) -> None:
     run_recorded(key, n, None, seconds)
+
+
+def account_table(connection: psycopg.Connection[Any], schema: str) -> None:
+    """Create the business table of ``pg_fenced_write`` in ``schema`` (the test does): one row
+    per key, the fence of the last holder that wrote it, and how many writes it took."""
+    connection.execute(
+        f"CREATE TABLE IF NOT EXISTS {schema}.accounts (key text PRIMARY KEY, "
+        "writes integer NOT NULL DEFAULT 0, fence bigint)"
+    )
+
+
+@app.task(
+    base=LockedTask,
+    bind=True,
+    on_duplicate="retry",
+    lock_fencing=True,
+    lock_ttl=10,
+    lock_on=["key"],
+    lock_retry_backoff=0.05,
+    lock_retry_backoff_max=0.2,
+)
+def pg_fenced_write(self: Any, key: str, n: int) -> None:
+    """Record the run, then a read-modify-write of the key's row, fenced in its transaction."""
+    from celery_singleton_lock.contrib.fencing.psycopg import fenced_update
+
+    run_recorded(key, n, self.request.lock.fence, 0.0)
+    connection = records()
+    with connection.transaction():
+        (writes,) = connection.execute(
+            f"SELECT writes FROM {SCHEMA}.accounts WHERE key = %s FOR UPDATE", (key,)
+        ).fetchone() or (0,)
+        fenced_update(
+            connection,
+            f"{SCHEMA}.accounts",
+            {"key": key},
+            {"writes": writes + 1},
+            self.request.lock.fence,
+        )

@@ -1,6 +1,6 @@
 """``singleton_lock_url = "postgresql://..."`` in the Celery layer: it selects the PostgreSQL
 backend, registration refuses what that backend lacks (naming it and the option), and
-``celery locks list/show/release`` read and release its locks."""
+``celery locks list/show/release/doctor`` read, release and check its locks."""
 
 from __future__ import annotations
 
@@ -127,3 +127,50 @@ def test_the_worker_start_refuses_nothing_a_task_did_not_ask_for() -> None:
 def test_the_worker_start_refuses_an_option_asked_that_postgres_lacks() -> None:
     with pytest.raises(LockConfigurationError, match="lock_limit=2 is not supported on PostgreSQL"):
         refuse_unsupported("t", {"lock_limit": 2}, POSTGRES)
+
+
+def test_locks_doctor_checks_a_postgres_lock_server(app: Celery, url: str) -> None:
+    held(app, "report:4", Owner(task_id="t-4", host="w@h", pid=4242))
+    result = run_cli("--url", url, "--prefix", "pgt", "doctor", "--json")
+    assert result.returncode == 0, result.stderr
+    findings = json.loads(result.stdout)
+    assert any(f["check"] == "server" and "PostgreSQL" in f["message"] for f in findings)
+    assert all(f["severity"] == "info" for f in findings), findings
+
+
+def test_locks_list_of_a_schema_no_worker_used_yet_reads_no_locks(url: str) -> None:
+    result = run_cli("--url", url, "--prefix", "pgt", "list", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == []
+
+
+def test_the_lock_console_lists_a_lock_held_in_postgres(app: Celery) -> None:
+    import http.client
+    import threading
+
+    from celery_singleton_lock.celery.cli.console import make_console
+    from celery_singleton_lock.celery.observe.serving import quiet_server
+
+    held(app, "report:5", Owner(task_id="t-5", host="w@h", pid=4242))
+    console = make_console(app, ping_timeout=1.0)
+    server = quiet_server("127.0.0.1", 0, console)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        connection = http.client.HTTPConnection("127.0.0.1", server.server_port, timeout=20)
+        connection.request("GET", "/locks.json", headers={"Host": "127.0.0.1"})
+        listed = json.loads(connection.getresponse().read())
+        connection.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+        console.close()
+    assert [(lock["key"], lock["task_id"]) for lock in listed["locks"]] == [
+        ("pgt:{report:5}", "t-5")
+    ]
+
+
+def test_the_parked_gauge_of_a_postgres_app_reads_nothing_parked(app: Celery) -> None:
+    from celery_singleton_lock.celery.observe.metrics import parked_by_task
+
+    held(app, "report:6", Owner(task_id="t-6", host="w@h", pid=4242))
+    assert parked_by_task(locker_for(app)) == {}

@@ -162,6 +162,32 @@ def test_50_fenced_retry_calls_get_fences_increasing_in_start_order(setup: Setup
     never_two_at_once(rows)
 
 
+def test_two_workers_racing_fenced_writes_of_one_key_leave_it_at_the_highest_fence(
+    setup: Setup,
+) -> None:
+    from tests.celery.postgresapp import account_table
+
+    account_table(setup.admin, setup.schema)
+    queue, key = setup.queue(), unique("fenced-write")
+    setup.admin.execute(f"INSERT INTO {setup.schema}.accounts (key) VALUES (%s)", (key,))
+    with worker_group(setup.servers) as group:
+        group.start(2, queue=queue, concurrency=2, app=APP)
+        for n in range(50):
+            setup.client.send_task(f"{APP}.pg_fenced_write", args=[key, n], queue=queue)
+        rows = wait_until(lambda: (lambda r: r if len(r) == 50 else None)(setup.rows(key)), 180)
+        writes, fence = wait_until(
+            lambda: (lambda row: row if row[0] == 50 else None)(
+                setup.admin.execute(
+                    f"SELECT writes, fence FROM {setup.schema}.accounts WHERE key = %s", (key,)
+                ).fetchone()
+            ),
+            60,
+        )
+    fences = [row[2] for row in rows]
+    assert all(a < b for a, b in zip(fences, fences[1:])), fences  # in start order
+    assert (writes, fence) == (50, max(fences))  # every write applied, the last one's fence
+
+
 def test_after_a_kill_9_of_the_holders_worker_a_duplicate_runs_within_ttl_plus_3s(
     setup: Setup,
 ) -> None:

@@ -404,6 +404,50 @@ def check_counts(target: Target) -> list[Finding]:
     return found
 
 
+def check_postgres(target: Target) -> list[Finding]:
+    """A PostgreSQL lock server: a standby or a read-only default takes no lock (error);
+    ``fsync`` or ``synchronous_commit`` off lets a crash of the server lose committed leases,
+    so a lock may be taken twice after it (warning)."""
+    settings_of = getattr(target.inspector, "server_settings", None)
+    if settings_of is None:
+        raise LockConfigurationError(
+            f"locks doctor has no checks for the lock server of {target.source}"
+        )
+    settings: dict[str, str] = settings_of()
+    where = f"PostgreSQL {settings.get('server_version', '?')}"
+    found = [Finding("info", "server", f"{where}; the locks are row leases in its tables")]
+    if settings.get("in_recovery") == "true":
+        found.append(
+            Finding(
+                "error",
+                "server",
+                f"{where} is a standby (in recovery): it takes no writes, so no lock",
+                "point singleton_lock_url at the primary",
+            )
+        )
+    if settings.get("default_transaction_read_only") == "on":
+        found.append(
+            Finding(
+                "error",
+                "server",
+                "default_transaction_read_only is on: every acquire fails",
+                "ALTER ROLE ... SET default_transaction_read_only = off for the lock role",
+            )
+        )
+    for name in ("fsync", "synchronous_commit"):
+        if settings.get(name) == "off":
+            found.append(
+                Finding(
+                    "warning",
+                    "persistence",
+                    f"{name} is off: a crash of PostgreSQL can lose leases (and fences) it "
+                    "had committed, so a lock may be taken twice after the restart",
+                    f"{name} = on for the lock role or database",
+                )
+            )
+    return found
+
+
 def run_doctor(
     target: Target, app: Any, ping_timeout: float = PING_TIMEOUT, invocation: str = INVOCATION
 ) -> list[Finding]:
@@ -411,13 +455,13 @@ def run_doctor(
     start, e.g. ``celery -A proj locks``).
 
     Raises:
-        LockConfigurationError: the target is PostgreSQL (these are checks of Redis servers).
+        LockConfigurationError: the target has no checks here (neither Redis nor PostgreSQL).
     """
     if not target.clients:
-        raise LockConfigurationError(
-            "locks doctor checks Redis lock servers (eviction, persistence, topology); it has "
-            "no checks for PostgreSQL yet: use locks list and show there"
-        )
+        return [
+            *check_postgres(target),
+            *check_orphans(target, app, ping_timeout, invocation),
+        ]
     servers = _servers(target)
     return [
         *check_topology(target),

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Optional
 
+import psycopg
+
 from celery_singleton_lock.engine import absent_reads
 from celery_singleton_lock.engine.keys import LockKeys
 from celery_singleton_lock.engine.lease import LockHolder
 from celery_singleton_lock.engine.postgres.connections import Connections, Row, where
 from celery_singleton_lock.engine.postgres.statements import Statements
-from celery_singleton_lock.errors import LockBackendUnavailable
+from celery_singleton_lock.errors import LockBackendUnavailable, LockError
 
 
 def holder_of(key: str, row: Row) -> LockHolder:
@@ -30,6 +32,17 @@ def holder_of(key: str, row: Row) -> LockHolder:
     )
 
 
+def _rows(connections: Connections, sql: str, params: Any, key: str) -> list[Row]:
+    """The rows of a read; none when the lock tables do not exist yet (no worker has used
+    the schema, nor ``celery locks migrate``): nothing was ever locked there."""
+    try:
+        return connections.run(sql, params, key)
+    except LockError as exc:
+        if isinstance(exc.__cause__, psycopg.errors.UndefinedTable):
+            return []
+        raise
+
+
 class PostgresInspector:
     """Reads the locks under ``prefix`` in the tables of ``statements``."""
 
@@ -44,8 +57,8 @@ class PostgresInspector:
     def read(self, name: str) -> Optional[LockHolder]:
         """The live holder of lock ``name``, or None when it is free."""
         key = self._key(name)
-        rows = self._connections.run(
-            self._statements.read, {"prefix": self.prefix, "name": name}, key
+        rows = _rows(
+            self._connections, self._statements.read, {"prefix": self.prefix, "name": name}, key
         )
         return holder_of(key, rows[0][1:]) if rows else None
 
@@ -68,6 +81,19 @@ class PostgresInspector:
         rows = self._connections.run(self._statements.fence, None, self._key(name))
         return int(rows[0][0]) if rows else 0
 
+    def server_settings(self) -> dict[str, str]:
+        """What ``locks doctor`` checks of the server: whether it is a standby
+        (``in_recovery``), the settings a committed lease's durability and a writable
+        session depend on, and its version."""
+        rows = self._connections.run(
+            "SELECT name, setting FROM pg_settings WHERE name IN ('fsync', "
+            "'synchronous_commit', 'default_transaction_read_only', 'server_version') "
+            "UNION ALL SELECT 'in_recovery', pg_is_in_recovery()::text",
+            None,
+            self.prefix,
+        )
+        return {str(name): str(value) for name, value in rows}
+
     # the parts this backend does not have read as none (see engine/absent_reads.py)
     waiting_newest = absent_reads.no_waiting_newest
     parked = absent_reads.nothing_parked
@@ -79,7 +105,8 @@ class PostgresInspector:
         """Every live lease under the prefix, by name, ``count`` rows per SELECT."""
         after = ""
         while True:
-            rows = self._connections.run(
+            rows = _rows(
+                self._connections,
                 self._statements.scan,
                 {"prefix": self.prefix, "after": after, "count": count},
                 self.prefix,

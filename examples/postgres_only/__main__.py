@@ -1,0 +1,5 @@
+import sys
+
+from examples.postgres_only.runner import main
+
+sys.exit(main())

@@ -52,7 +52,7 @@ def app(url: str) -> Iterator[Celery]:
 def test_a_postgresql_url_selects_the_postgres_backend(app: Celery) -> None:
     locker = locker_for(app)
     assert locker.capabilities is POSTGRES
-    assert locker.queue is None and locker.markers is None
+    assert locker.queue is None and locker.markers is not None
 
 
 def test_registration_refuses_queue_naming_postgres_and_the_option(app: Celery) -> None:
@@ -125,5 +125,7 @@ def test_the_worker_start_refuses_nothing_a_task_did_not_ask_for() -> None:
 
 
 def test_the_worker_start_refuses_an_option_asked_that_postgres_lacks() -> None:
-    with pytest.raises(LockConfigurationError, match="lock_limit=2 is not supported on PostgreSQL"):
-        refuse_unsupported("t", {"lock_limit": 2}, POSTGRES)
+    with pytest.raises(
+        LockConfigurationError, match="lock_min_replicas=1 is not supported on PostgreSQL"
+    ):
+        refuse_unsupported("t", {"lock_min_replicas": 1}, POSTGRES)

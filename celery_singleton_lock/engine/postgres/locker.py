@@ -109,7 +109,9 @@ class PostgresLocker:
         # -- admission: slots (lock_limit, lock_rate, a live cap), cooldown, queued markers
         self.slots = PostgresSlots(self.connections, self.schema, self, self.prefix, self.renewer)
         self.cooldown = PostgresCooldown(self.connections, self.schema, self.prefix)
-        self.markers = PostgresMarkers(self.connections, self.schema, self.statements, self.prefix)
+        self.markers = PostgresMarkers(
+            self.connections, self.schema, self.statements, self.prefix, self.ready
+        )
         # -- end of admission
 
     def keys(self, name: str) -> LockKeys:
@@ -124,6 +126,12 @@ class PostgresLocker:
         statements += [(sql, None) for sql in self.schema.ddl()]
         self.connections.transaction(statements, self.schema.leases)
         self._ready = True
+
+    def ready(self) -> None:
+        """Create the tables now if they are not known to exist (an enqueue's marker may be
+        the first statement a process sends)."""
+        if not self._ready:
+            self.ensure_schema()
 
     # -- acquire ------------------------------------------------------------------------------
 

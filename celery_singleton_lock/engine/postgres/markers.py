@@ -11,7 +11,7 @@ id, never publishes beside it.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Callable, Optional
 
 from celery_singleton_lock.engine.postgres.connections import Connections
 from celery_singleton_lock.engine.postgres.schema import Schema
@@ -23,12 +23,20 @@ _RUNNING_TOO, _RESEND, _QUEUED_ONLY = "0", "1", "2"
 
 
 class PostgresMarkers:
-    """The queued markers under ``prefix`` in the tables of ``schema``."""
+    """The queued markers under ``prefix`` in the tables of ``schema``; ``ready`` makes
+    them if they are missing."""
 
     def __init__(
-        self, connections: Connections, schema: Schema, statements: Statements, prefix: str
+        self,
+        connections: Connections,
+        schema: Schema,
+        statements: Statements,
+        prefix: str,
+        ready: Callable[[], None],
     ) -> None:
         self._connections = connections
+        #: creates the tables if not known to exist: an enqueue may come before any acquire
+        self._ready = ready
         self._prefix = prefix
         leases, queued = schema.leases, schema.queued
         #: The marker of the name, unless another live one is there (its id answered, for a
@@ -100,6 +108,7 @@ WHERE prefix = %(prefix)s AND name = %(name)s AND until > now()"""
         """
         if not task_id:
             raise ValueError("enqueue needs a task id")
+        self._ready()
         mode = _RESEND if resend else (_RUNNING_TOO if running else _QUEUED_ONLY)
         params = {
             "prefix": self._prefix,

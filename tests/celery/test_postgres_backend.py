@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 from celery import Celery
@@ -129,3 +129,49 @@ def test_the_worker_start_refuses_an_option_asked_that_postgres_lacks() -> None:
         LockConfigurationError, match="lock_min_replicas=1 is not supported on PostgreSQL"
     ):
         refuse_unsupported("t", {"lock_min_replicas": 1}, POSTGRES)
+
+
+def test_the_tasks_of_a_lock_group_share_one_lock_and_its_slots_on_postgres(
+    app: Celery,
+) -> None:
+    @app.task(base=LockedTask, lock_group="api", lock_on=["tenant"], lock_limit=2, shared=False)
+    def charge(tenant: str, amount: int) -> None: ...
+
+    @app.task(base=LockedTask, lock_group="api", lock_on=["tenant"], lock_limit=2, shared=False)
+    def refund(tenant: str, order: int) -> None: ...
+
+    name = charge.lock_options.keyer.name(("t1", 5), {})
+    assert refund.lock_options.keyer.name(("t1", 9), {}) == name
+    locker = locker_for(app)
+    taken = [
+        locker.acquire(AcquireRequest(name, 60, Owner(task_id=t), renew=False, limit=2))
+        for t in ("charge", "refund", "third")
+    ]
+    assert [outcome.state for outcome in taken] == ["acquired", "acquired", "held"]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"lock_limit": 3},
+        {"lock_limit": lambda x: x},
+        {"lock_rate": "2/m"},
+        {"lock_cooldown": 5},
+        {"dedupe_on_enqueue": True},
+        {"dedupe_on_enqueue": "until_started"},
+    ],
+)
+def test_registration_accepts_admission_on_postgres(app: Celery, options: dict[str, Any]) -> None:
+    @app.task(base=LockedTask, shared=False, **options)
+    def admitted(x: int) -> None: ...
+
+    assert admitted.lock_options is not None
+
+
+def test_registration_still_refuses_min_replicas_naming_postgres(app: Celery) -> None:
+    with pytest.raises(LockConfigurationError, match=r"lock_min_replicas.*PostgreSQL"):
+
+        @app.task(base=LockedTask, lock_min_replicas=1, shared=False)
+        def replicated(x: int) -> None: ...
+
+        _ = replicated.lock_options

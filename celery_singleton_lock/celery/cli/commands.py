@@ -242,7 +242,8 @@ def show(
             parked = asking(target, lambda: inspector.parked(name))
             newest = asking(target, lambda: inspector.waiting_newest(name)) if parked else None
             live_cap = None
-            if not target.quorum and target.backend.queue is not None:  # one server: it may
+            # one Redis server (a PostgreSQL target has no client): it may have a live cap
+            if target.clients and not target.quorum and target.backend.queue is not None:
                 family = cap_key(inspector.prefix, name.rpartition(":")[0])
                 live_cap = asking(target, lambda: target.client.get(family))
             markers = target.backend.markers
@@ -414,6 +415,12 @@ def _cap_key_of(settings: Settings, target: Target, family: str) -> tuple[str, O
         LockConfigurationError: the backend cannot hold a live cap, or (with an app) no task
             of that name or group declares a lock_limit above 1.
     """
+    if not target.clients:  # PostgreSQL: no Redis client to set the key with
+        raise LockConfigurationError(
+            "celery locks limit does not set a PostgreSQL live cap yet: its slots read the row "
+            f"{cap_key(target.inspector.prefix, family)!r} of the table singleton_lock_caps; "
+            "set it with SQL (see docs/how-to/postgres-locks.md)"
+        )
     if target.quorum or getattr(target.backend, "queue", None) is None:
         raise LockConfigurationError(
             "a live cap is read by the slot scripts from one key per task or group: it needs "

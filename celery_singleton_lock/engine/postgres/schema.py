@@ -17,7 +17,7 @@ In schema ``S`` (``public`` unless the URL says ``?schema=S``)::
     S.singleton_lock_queued    queued markers of dedupe_on_enqueue: one row per lock name,
                                the task id queued and until when (markers.py)
     S.singleton_lock_caps      live caps (celery locks limit): an integer per cap key
-    S.singleton_lock_take_slot(...)
+    S.singleton_lock_take_slot_v1(...)
                                the admission of one of N slots (lock_limit, lock_rate, a live
                                cap), a PL/pgSQL function: one round trip, one transaction,
                                serialized per lock name (see slots.py)
@@ -57,7 +57,9 @@ class Schema:
         self.starts = f"{name}.singleton_lock_starts"
         self.queued = f"{name}.singleton_lock_queued"
         self.caps = f"{name}.singleton_lock_caps"
-        self.take_slot = f"{name}.singleton_lock_take_slot"
+        #: versioned: a new text gets a new name, so an existing function is never replaced
+        #: (which only its owner may do) and processes of two versions each call their own
+        self.take_slot = f"{name}.singleton_lock_take_slot_v1"
         # -- end of admission
         #: the NOTIFY channel of releases (one per schema; the payload names the lock)
         self.channel = f"singleton_lock_released_{name}"
@@ -99,7 +101,7 @@ class Schema:
 
     def admission_ddl(self) -> list[str]:
         """The tables and function of admission (see the module), each ``IF NOT EXISTS`` (the
-        function ``OR REPLACE``: its newest text wins)."""
+        function created only if no function of its name and arguments exists)."""
         return [
             f"""CREATE TABLE IF NOT EXISTS {self.starts} (
                 prefix text NOT NULL,
@@ -140,7 +142,13 @@ class Schema:
         held), ``held`` (the holder whose lease ends first).
         """
         leases, starts = self.leases, self.starts
-        return f"""CREATE OR REPLACE FUNCTION {self.take_slot}(
+        arguments = (
+            "text, text, text, integer, text, text, bigint, boolean, integer, integer, bigint, "
+            "boolean, text"
+        )
+        return f"""DO $do$ BEGIN
+IF to_regprocedure('{self.take_slot}({arguments})') IS NULL THEN
+EXECUTE $create$CREATE FUNCTION {self.take_slot}(
     p_prefix text, p_name text, p_token text, p_pid integer, p_host text, p_task_id text,
     p_ttl_ms bigint, p_fencing boolean, p_limit integer, p_rate integer, p_window_ms bigint,
     p_unless_finished boolean, p_cap_key text)
@@ -239,4 +247,6 @@ BEGIN
             AND l.lease_until > v_now
         ORDER BY l.lease_until LIMIT 1;
 END
-$fn$"""
+$fn$$create$;
+END IF;
+END $do$"""

@@ -175,3 +175,32 @@ def test_registration_still_refuses_min_replicas_naming_postgres(app: Celery) ->
         def replicated(x: int) -> None: ...
 
         _ = replicated.lock_options
+
+
+#: the live cap's key of task proj.export under the prefix pgt (engine.cap_key)
+CAP = "pgt:cap:proj.export"
+
+
+def test_locks_limit_sets_a_live_cap_the_slots_then_keep_to(app: Celery, url: str) -> None:
+    result = run_cli("--url", url, "--prefix", "pgt", "limit", "proj.export", "1")
+    assert result.returncode == 0, result.stderr
+    assert "live cap of proj.export: 1" in result.stdout
+    locker = locker_for(app)
+    taken = [
+        locker.acquire(
+            AcquireRequest(
+                "proj.export:ab", 60, Owner(task_id=t), renew=False, limit=3, cap_key=CAP
+            )
+        )
+        for t in ("first", "second")
+    ]
+    assert [outcome.state for outcome in taken] == ["acquired", "held"]
+    shown = run_cli("--url", url, "--prefix", "pgt", "show", "proj.export:ab")
+    assert "live cap: 1 slot(s) taken at most" in shown.stdout
+
+
+def test_locks_limit_reset_removes_a_postgres_live_cap(app: Celery, url: str) -> None:
+    run_cli("--url", url, "--prefix", "pgt", "limit", "proj.export", "2")
+    reset = run_cli("--url", url, "--prefix", "pgt", "limit", "proj.export", "--reset")
+    assert "live cap of proj.export: none" in reset.stdout
+    assert locker_for(app).caps.cap(CAP) is None

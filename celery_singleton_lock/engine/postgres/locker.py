@@ -43,6 +43,7 @@ from celery_singleton_lock.engine.lease import (
     new_token,
 )
 from celery_singleton_lock.engine.postgres.capabilities import POSTGRES
+from celery_singleton_lock.engine.postgres.caps import PostgresCaps
 from celery_singleton_lock.engine.postgres.connections import Connections, split_url
 from celery_singleton_lock.engine.postgres.cooldown import PostgresCooldown
 from celery_singleton_lock.engine.postgres.markers import PostgresMarkers
@@ -112,6 +113,7 @@ class PostgresLocker:
         self.markers = PostgresMarkers(
             self.connections, self.schema, self.statements, self.prefix, self.ready
         )
+        self.caps = PostgresCaps(self.connections, self.schema, self.ready)
         # -- end of admission
 
     def keys(self, name: str) -> LockKeys:

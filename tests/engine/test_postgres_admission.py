@@ -129,6 +129,14 @@ def test_release_abandoned_frees_a_slot_by_its_owner(locker: PostgresLocker) -> 
     assert [holder.task_id for holder in locker.inspect.holders("job", 2)] == ["a"]
 
 
+def test_holders_are_read_in_slot_order(locker: PostgresLocker) -> None:
+    for index in range(11):
+        take(locker, limit=11, owner=Owner(task_id=f"t{index}"))
+    assert [holder.task_id for holder in locker.inspect.holders("job", 11)] == [
+        f"t{index}" for index in range(11)
+    ]
+
+
 def test_scan_names_a_slot_by_its_key(locker: PostgresLocker) -> None:
     take(locker, limit=2)
     take(locker, limit=2)
@@ -175,6 +183,14 @@ def test_a_rate_of_2_per_window_refuses_the_3rd_start_and_says_when(
     third = take(locker, rate=(2, 30.0))
     assert isinstance(third, LockHolder) and third.over_rate
     assert third.ttl is not None and 25 < third.ttl <= 30
+
+
+def test_rate_use_counts_the_starts_in_the_window(locker: PostgresLocker) -> None:
+    for _ in range(2):
+        take(locker, rate=(5, 30.0)).release()
+    ((starts, empty_in),) = locker.inspect.rate_use(["t:{job}"])
+    assert starts == 2 and empty_in is not None and 25 < empty_in <= 30
+    assert locker.inspect.rate_use(["t:{other}"]) == [(0, None)]
 
 
 def test_a_rate_allows_a_start_again_once_the_window_passed(locker: PostgresLocker) -> None:

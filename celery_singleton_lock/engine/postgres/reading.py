@@ -1,7 +1,7 @@
 """Reading the locks of the PostgreSQL backend (its :class:`~..backend.LockReader`): who holds
 one or its slots, every live lease under the prefix (a SELECT, a page at a time), the fence
 sequence, the names with a queued marker. The parts this backend does not have (parked
-calls) read as none, which is true: none can be made here; nor do the rates' starts."""
+calls) read as none, which is true: none can be made here."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from celery_singleton_lock.engine.lease import LockHolder
 from celery_singleton_lock.engine.postgres.connections import Connections, Row, where
 from celery_singleton_lock.engine.postgres.rows import key_of_row, slot_row
 from celery_singleton_lock.engine.postgres.statements import Statements
+from celery_singleton_lock.engine.slots import slot_of
 from celery_singleton_lock.errors import LockBackendUnavailable
 
 #: the pid of a row in its cooldown (no process has it; see :mod:`.cooldown`)
@@ -65,7 +66,19 @@ class PostgresInspector:
             {"prefix": self.prefix, "names": [slot_row(name, k) for k in range(1, limit + 1)]},
             self._key(name),
         )
-        return [holder_of(key_of_row(self.prefix, row[0]), row[1:]) for row in rows]
+        holders = [holder_of(key_of_row(self.prefix, row[0]), row[1:]) for row in rows]
+        return sorted(holders, key=lambda holder: slot_of(holder.key))
+
+    def rate_use(self, lock_keys: list[str]) -> list[tuple[int, Optional[float]]]:
+        """For each of ``lock_keys`` (full lock keys): the starts its ``lock_rate`` window
+        holds, and the seconds until that window is empty (None without a start in it)."""
+        if not lock_keys:
+            return []
+        names = [LockKeys(key, "").name for key in lock_keys]
+        rows = self._connections.run(
+            self._statements.rate_use, {"prefix": self.prefix, "names": names}, lock_keys[0]
+        )
+        return [(int(count), None if left is None else max(0.0, left)) for count, left in rows]
 
     def per_server(self, name: str) -> list[tuple[str, Any]]:
         """``(server, holder or None or the error)`` of lock ``name``: the one database's."""
@@ -85,7 +98,6 @@ class PostgresInspector:
     waiting_newest = absent_reads.no_waiting_newest
     parked = absent_reads.nothing_parked
     parked_counts = absent_reads.no_parked_counts
-    rate_use = absent_reads.no_rate_use
 
     def scan(self, count: int = 500) -> Iterator[LockHolder]:
         """Every live lease under the prefix, by name, ``count`` rows per SELECT."""

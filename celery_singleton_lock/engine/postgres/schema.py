@@ -13,7 +13,8 @@ In schema ``S`` (``public`` unless the URL says ``?schema=S``)::
     S.singleton_lock_finished  finish records (prefix, name, task_id) until a time: the
                                release of an acks_late task remembers it ran to the end
     S.singleton_lock_starts    the body starts of locks with a lock_rate: (prefix, name, at,
-                               token), trimmed to the window at each admission (slots.py)
+                               token) and until when it counts (at + the window), trimmed
+                               to the window at each admission (slots.py)
     S.singleton_lock_queued    queued markers of dedupe_on_enqueue: one row per lock name,
                                the task id queued and until when (markers.py)
     S.singleton_lock_caps      live caps (celery locks limit): an integer per cap key
@@ -108,6 +109,7 @@ class Schema:
                 name text NOT NULL,
                 at timestamptz NOT NULL,
                 token text NOT NULL,
+                until timestamptz NOT NULL,
                 PRIMARY KEY (prefix, name, at, token)
             )""",
             f"""CREATE TABLE IF NOT EXISTS {self.queued} (
@@ -231,8 +233,9 @@ BEGIN
         RETURNING l.fence INTO v_fence;
         IF FOUND THEN
             IF p_rate IS NOT NULL THEN
-                INSERT INTO {starts} (prefix, name, at, token)
-                VALUES (p_prefix, p_name, v_now, p_token) ON CONFLICT DO NOTHING;
+                INSERT INTO {starts} (prefix, name, at, token, until)
+                VALUES (p_prefix, p_name, v_now, p_token, v_now + v_window)
+                ON CONFLICT DO NOTHING;
             END IF;
             RETURN QUERY SELECT 'acquired'::text, v_free, v_fence, NULL::integer,
                 NULL::text, NULL::text, NULL::float8, NULL::float8;

@@ -132,6 +132,13 @@ ORDER BY h.name LIMIT %(count)s"""
         self.holders = f"""
 SELECT h.name, {HOLDER} FROM {leases} h
 WHERE h.prefix = %(prefix)s AND h.name = ANY(%(names)s) AND h.lease_until > now()"""
+        #: For each lock name (in order): the starts its rate's window holds, and the seconds
+        #: until the last of them leaves it (None without any).
+        self.rate_use = f"""
+SELECT count(s.until), extract(epoch FROM max(s.until) - now())::float8
+FROM unnest(%(names)s::text[]) WITH ORDINALITY AS n(name, i)
+LEFT JOIN {schema.starts} s ON s.prefix = %(prefix)s AND s.name = n.name AND s.until > now()
+GROUP BY n.i ORDER BY n.i"""
         #: The names with a live queued marker under a prefix, a page after ``after``.
         self.queued_names = f"""
 SELECT q.name FROM {schema.queued} q

@@ -302,3 +302,17 @@ def test_queued_names_lists_the_names_with_a_marker(locker: PostgresLocker) -> N
     locker.markers.enqueue("a", "1", 60)
     locker.markers.enqueue("b", "2", 60)
     assert list(locker.inspect.queued_names()) == ["a", "b"]
+
+
+def test_a_database_without_the_admission_tables_gets_them_at_the_first_read(url: str) -> None:
+    older = PostgresLocker(url, prefix="t", renewer=Renewer())
+    older.ensure_schema()
+    schema = older.schema
+    sql(older, f"DROP TABLE {schema.queued}, {schema.starts}")  # as an earlier version left it
+    older.close()
+    locker = PostgresLocker(url, prefix="t", renewer=Renewer())
+    try:
+        assert locker.markers.queued("job") is None
+        assert locker.inspect.rate_use(["t:{job}"]) == [(0, None)]
+    finally:
+        locker.close()

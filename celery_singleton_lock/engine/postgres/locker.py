@@ -105,7 +105,9 @@ class PostgresLocker:
         self.schema = Schema(schema_name)
         self.statements = Statements(self.schema)
         self.connections = Connections(conninfo)
-        self.inspect = PostgresInspector(self.connections, self.statements, self.prefix)
+        self.inspect = PostgresInspector(
+            self.connections, self.statements, self.prefix, ready=self.ready
+        )
         self._ready = not create_schema
         # -- admission: slots (lock_limit, lock_rate, a live cap), cooldown, queued markers
         self.slots = PostgresSlots(self.connections, self.schema, self, self.prefix, self.renewer)

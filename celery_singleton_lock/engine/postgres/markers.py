@@ -128,16 +128,19 @@ WHERE prefix = %(prefix)s AND name = %(name)s AND until > now()"""
     def clear_queued(self, name: str, task_id: Optional[str] = None) -> bool:
         """Delete the queued marker of the lock ``name``; with ``task_id``, only if it holds
         exactly that id. True if a live marker was deleted."""
+        self._ready()
         params = {"prefix": self._prefix, "name": name, "task_id": task_id or None}
         rows = self._connections.run(self._clear, params, name)
         return any(live for (live,) in rows)
 
     def queued_for(self, name: str) -> Optional[float]:
         """Seconds the queued marker of the lock ``name`` still lives; None without one."""
+        self._ready()
         rows = self._connections.run(self._queued, {"prefix": self._prefix, "name": name}, name)
         return max(0.0, float(rows[0][1])) if rows else None
 
     def queued(self, name: str) -> Optional[str]:
         """The task id queued under the lock ``name`` (its marker), or None."""
+        self._ready()
         rows = self._connections.run(self._queued, {"prefix": self._prefix, "name": name}, name)
         return str(rows[0][0]) if rows else None

@@ -5,7 +5,7 @@ calls) read as none, which is true: none can be made here."""
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from celery_singleton_lock.engine import absent_reads
 from celery_singleton_lock.engine.keys import LockKeys
@@ -40,8 +40,17 @@ def holder_of(key: str, row: Row) -> LockHolder:
 class PostgresInspector:
     """Reads the locks under ``prefix`` in the tables of ``statements``."""
 
-    def __init__(self, connections: Connections, statements: Statements, prefix: str) -> None:
+    def __init__(
+        self,
+        connections: Connections,
+        statements: Statements,
+        prefix: str,
+        ready: Callable[[], None] = lambda: None,
+    ) -> None:
         self.prefix = prefix
+        #: creates the admission tables if not known to exist (a database the leases table
+        #: of an earlier version is in has none until a process of this one made them)
+        self._ready = ready
         self._connections = connections
         self._statements = statements
 
@@ -74,6 +83,7 @@ class PostgresInspector:
         holds, and the seconds until that window is empty (None without a start in it)."""
         if not lock_keys:
             return []
+        self._ready()
         names = [LockKeys(key, "").name for key in lock_keys]
         rows = self._connections.run(
             self._statements.rate_use, {"prefix": self.prefix, "names": names}, lock_keys[0]
@@ -116,6 +126,7 @@ class PostgresInspector:
 
     def queued_names(self, count: int = 500) -> Iterator[str]:
         """The names of the locks under the prefix with a live queued marker, by name."""
+        self._ready()
         after = ""
         while True:
             rows = self._connections.run(

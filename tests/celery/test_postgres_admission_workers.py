@@ -5,7 +5,7 @@ lease. The bodies write their start and end by the database's clock."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 from celery import Celery
@@ -72,8 +72,10 @@ def test_a_cooldown_skips_a_second_start_within_it(setup: Setup) -> None:  # noq
     assert [row[0] for row in rows] == [0]  # the second came within the 30 s cooldown
 
 
-def test_5_deduped_calls_with_no_worker_publish_1_message(setup: Setup) -> None:  # noqa: F811
-    queue, key = setup.queue(), unique("deduped")
+@pytest.fixture
+def deduped(setup: Setup) -> Iterator[Any]:  # noqa: F811
+    """``pg_deduped`` on a publisher app of the test's lock URL (the worker's app reads it from
+    its environment), with ``dedupe_on_enqueue=True``."""
     publisher = Celery(unique("pg-publisher"), set_as_current=False)
     publisher.conf.update(
         broker_url=setup.servers.broker_url, singleton_lock_url=setup.servers.lock_url
@@ -89,16 +91,43 @@ def test_5_deduped_calls_with_no_worker_publish_1_message(setup: Setup) -> None:
     def pg_deduped(key: str, n: int) -> None: ...
 
     try:
-        with publisher.connection_for_write() as connection:
-            connection.default_channel.queue_declare(queue, durable=True, auto_delete=False)
-        results = [pg_deduped.apply_async(args=[key, n], queue=queue) for n in range(5)]
-        with publisher.connection_for_write() as connection:
-            declared = connection.default_channel.queue_declare(queue, passive=True)
+        yield pg_deduped
     finally:
         forget_locker(publisher)
         publisher.close()
-    assert declared.message_count == 1
+
+
+def messages(setup: Setup, queue: str) -> int:  # noqa: F811
+    """Messages in ``queue`` (declared if it is not yet)."""
+    with setup.client.connection_for_write() as connection:
+        channel = connection.default_channel
+        channel.queue_declare(queue, durable=True, auto_delete=False)
+        return int(channel.queue_declare(queue, passive=True).message_count)
+
+
+def test_5_deduped_calls_with_no_worker_publish_1_message(
+    setup: Setup,  # noqa: F811
+    deduped: Any,
+) -> None:
+    queue, key = setup.queue(), unique("deduped")
+    messages(setup, queue)
+    results = [deduped.apply_async(args=[key, n], queue=queue) for n in range(5)]
+    assert messages(setup, queue) == 1
     assert len({result.id for result in results}) == 1  # the 4 duplicates answer the first
+
+
+def test_a_deduped_call_is_published_again_once_the_queued_one_started(
+    setup: Setup,  # noqa: F811
+    deduped: Any,
+) -> None:
+    queue, key = setup.queue(), unique("deduped")
+    first = deduped.apply_async(args=[key, 0], queue=queue)
+    with worker_group(setup.servers) as group:
+        group.start(1, queue=queue, concurrency=1, app=APP)
+        rows = drained(setup, queue, key)
+    assert [row[0] for row in rows] == [0]
+    again = deduped.apply_async(args=[key, 1], queue=queue)  # its start took the marker
+    assert again.id != first.id and messages(setup, queue) == 1
 
 
 def test_a_killed_holders_slot_is_taken_again_after_its_lease(setup: Setup) -> None:  # noqa: F811

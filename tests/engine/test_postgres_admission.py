@@ -63,6 +63,29 @@ def test_many_racing_acquires_never_take_more_than_the_limit(locker: PostgresLoc
     assert sum(isinstance(outcome, Lease) for outcome in outcomes) == 3
 
 
+def test_racing_acquires_never_take_more_than_a_live_cap(locker: PostgresLocker) -> None:
+    # each slot's row excludes its own takers; a cap counts the slots held, which only the
+    # admission lock of the name keeps from being counted twice by racing calls
+    locker.caps.set_cap("t:cap:job", 2)
+    with ThreadPoolExecutor(8) as pool:
+        outcomes = list(
+            pool.map(lambda i: take(locker, "race", limit=10, cap_key="t:cap:job"), range(40))
+        )
+    assert sum(isinstance(outcome, Lease) for outcome in outcomes) == 2
+
+
+def test_racing_acquires_never_start_more_than_the_rate(locker: PostgresLocker) -> None:
+    def start(i: int) -> bool:
+        outcome = take(locker, "race", limit=10, rate=(3, 60.0))
+        if isinstance(outcome, Lease):
+            outcome.release()
+            return True
+        return False
+
+    with ThreadPoolExecutor(8) as pool:
+        assert sum(pool.map(start, range(40))) == 3
+
+
 def test_a_released_slot_is_taken_again(locker: PostgresLocker) -> None:
     leases = [take(locker, limit=2) for _ in range(2)]
     assert isinstance(take(locker, limit=2), LockHolder)

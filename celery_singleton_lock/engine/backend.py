@@ -141,6 +141,16 @@ class CancelFlags(Protocol):
     def cancel_requested(self, held: Sequence[tuple[str, str]]) -> list[bool]: ...
 
 
+class LiveCaps(Protocol):
+    """The live caps of lock families (``celery locks limit``): an integer per cap key
+    (:func:`~.keys.cap_key`), read by every acquire of a slot that names that key
+    (:class:`~.kinds.caps.Caps`)."""
+
+    def cap(self, key: str) -> Optional[int]: ...
+
+    def set_cap(self, key: str, cap: Optional[int]) -> None: ...
+
+
 class LockBackend(LeaseKeeper, Protocol):
     """What the Celery layer, the renewer and the CLI need of a lock server (the releases and
     renewal of a lease: :class:`~.lease.LeaseKeeper`).
@@ -202,5 +212,8 @@ class LockBackend(LeaseKeeper, Protocol):
 
     @property
     def cancels(self) -> Optional[CancelFlags]: ...
+
+    @property
+    def caps(self) -> Optional[LiveCaps]: ...
 
     def close(self) -> None: ...

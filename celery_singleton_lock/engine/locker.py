@@ -29,6 +29,7 @@ from celery_singleton_lock.engine.backend import ReleaseSubscription
 from celery_singleton_lock.engine.capabilities import Capabilities
 from celery_singleton_lock.engine.keys import LockKeys, validate_prefix
 from celery_singleton_lock.engine.kinds.cancels import Cancels
+from celery_singleton_lock.engine.kinds.caps import Caps
 from celery_singleton_lock.engine.kinds.cooldown import Cooldown
 from celery_singleton_lock.engine.kinds.issuer import Issuer
 from celery_singleton_lock.engine.kinds.latest import LatestWins
@@ -131,7 +132,9 @@ class RedisLocker:
         self.queue: Optional[SlotQueue] = None
         self.latest: Optional[LatestWins] = None
         self.cancels: Optional[Cancels] = None  # restart: beside latest wins, where it is
+        self.caps: Optional[Caps] = None  # a cap key has no hash tag: not on a cluster
         if not server.cluster:
+            self.caps = Caps(server)
             self.queue = SlotQueue(server, issuer, releases)
             self.latest = LatestWins(server, issuer, releases)
             self.cancels = Cancels(server, issuer)

@@ -118,6 +118,7 @@ class QuorumLocker:
     markers: None = None
     cooldown: None = None
     cancels: None = None
+    caps: None = None  # a live cap read on each master apart would not be one cap
     try_acquire = checks.try_acquire
 
     def __init__(

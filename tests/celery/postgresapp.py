@@ -133,3 +133,50 @@ def pg_fenced_write(self: Any, key: str, n: int) -> None:
             {"writes": writes + 1},
             self.request.lock.fence,
         )
+
+
+# -- admission (lock_limit, lock_rate, lock_cooldown, dedupe_on_enqueue) ----------------------
+
+
+@app.task(
+    base=LockedTask,
+    bind=True,
+    on_duplicate="retry",
+    lock_limit=3,
+    lock_ttl=10,
+    lock_on=["key"],
+    lock_retry_backoff=0.05,
+    lock_retry_backoff_max=0.2,
+    lock_max_retries=None,
+)
+def pg_limited(self: Any, key: str, n: int) -> None:
+    run_recorded(key, n, None, 0.3)
+
+
+@app.task(
+    base=LockedTask,
+    bind=True,
+    on_duplicate="retry",
+    lock_limit=2,
+    lock_ttl=3,
+    lock_on=["key"],
+    lock_retry_backoff=0.2,
+    lock_retry_backoff_max=0.5,
+)
+def pg_limited_long(self: Any, key: str, n: int, seconds: float) -> None:
+    run_recorded(key, n, None, seconds)
+
+
+@app.task(base=LockedTask, bind=True, lock_rate="2/30s", lock_ttl=10, lock_on=["key"])
+def pg_rated(self: Any, key: str, n: int) -> None:
+    run_recorded(key, n, None, 0.01)
+
+
+@app.task(base=LockedTask, bind=True, lock_cooldown=30, lock_ttl=10, lock_on=["key"])
+def pg_cooled(self: Any, key: str, n: int) -> None:
+    run_recorded(key, n, None, 0.01)
+
+
+@app.task(base=LockedTask, bind=True, dedupe_on_enqueue=True, lock_ttl=10, lock_on=["key"])
+def pg_deduped(self: Any, key: str, n: int) -> None:
+    run_recorded(key, n, None, 0.01)

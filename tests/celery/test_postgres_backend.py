@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 from celery import Celery
@@ -52,7 +52,7 @@ def app(url: str) -> Iterator[Celery]:
 def test_a_postgresql_url_selects_the_postgres_backend(app: Celery) -> None:
     locker = locker_for(app)
     assert locker.capabilities is POSTGRES
-    assert locker.queue is None and locker.markers is None
+    assert locker.queue is None and locker.markers is not None
 
 
 def test_registration_refuses_queue_naming_postgres_and_the_option(app: Celery) -> None:
@@ -125,8 +125,85 @@ def test_the_worker_start_refuses_nothing_a_task_did_not_ask_for() -> None:
 
 
 def test_the_worker_start_refuses_an_option_asked_that_postgres_lacks() -> None:
-    with pytest.raises(LockConfigurationError, match="lock_limit=2 is not supported on PostgreSQL"):
-        refuse_unsupported("t", {"lock_limit": 2}, POSTGRES)
+    with pytest.raises(
+        LockConfigurationError, match="lock_min_replicas=1 is not supported on PostgreSQL"
+    ):
+        refuse_unsupported("t", {"lock_min_replicas": 1}, POSTGRES)
+
+
+def test_the_tasks_of_a_lock_group_share_one_lock_and_its_slots_on_postgres(
+    app: Celery,
+) -> None:
+    @app.task(base=LockedTask, lock_group="api", lock_on=["tenant"], lock_limit=2, shared=False)
+    def charge(tenant: str, amount: int) -> None: ...
+
+    @app.task(base=LockedTask, lock_group="api", lock_on=["tenant"], lock_limit=2, shared=False)
+    def refund(tenant: str, order: int) -> None: ...
+
+    name = charge.lock_options.keyer.name(("t1", 5), {})
+    assert refund.lock_options.keyer.name(("t1", 9), {}) == name
+    locker = locker_for(app)
+    taken = [
+        locker.acquire(AcquireRequest(name, 60, Owner(task_id=t), renew=False, limit=2))
+        for t in ("charge", "refund", "third")
+    ]
+    assert [outcome.state for outcome in taken] == ["acquired", "acquired", "held"]
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"lock_limit": 3},
+        {"lock_limit": lambda x: x},
+        {"lock_rate": "2/m"},
+        {"lock_cooldown": 5},
+        {"dedupe_on_enqueue": True},
+        {"dedupe_on_enqueue": "until_started"},
+    ],
+)
+def test_registration_accepts_admission_on_postgres(app: Celery, options: dict[str, Any]) -> None:
+    @app.task(base=LockedTask, shared=False, **options)
+    def admitted(x: int) -> None: ...
+
+    assert admitted.lock_options is not None
+
+
+def test_registration_still_refuses_min_replicas_naming_postgres(app: Celery) -> None:
+    with pytest.raises(LockConfigurationError, match=r"lock_min_replicas.*PostgreSQL"):
+
+        @app.task(base=LockedTask, lock_min_replicas=1, shared=False)
+        def replicated(x: int) -> None: ...
+
+        _ = replicated.lock_options
+
+
+#: the live cap's key of task proj.export under the prefix pgt (engine.cap_key)
+CAP = "pgt:cap:proj.export"
+
+
+def test_locks_limit_sets_a_live_cap_the_slots_then_keep_to(app: Celery, url: str) -> None:
+    result = run_cli("--url", url, "--prefix", "pgt", "limit", "proj.export", "1")
+    assert result.returncode == 0, result.stderr
+    assert "live cap of proj.export: 1" in result.stdout
+    locker = locker_for(app)
+    taken = [
+        locker.acquire(
+            AcquireRequest(
+                "proj.export:ab", 60, Owner(task_id=t), renew=False, limit=3, cap_key=CAP
+            )
+        )
+        for t in ("first", "second")
+    ]
+    assert [outcome.state for outcome in taken] == ["acquired", "held"]
+    shown = run_cli("--url", url, "--prefix", "pgt", "show", "proj.export:ab")
+    assert "live cap: 1 slot(s) taken at most" in shown.stdout
+
+
+def test_locks_limit_reset_removes_a_postgres_live_cap(app: Celery, url: str) -> None:
+    run_cli("--url", url, "--prefix", "pgt", "limit", "proj.export", "2")
+    reset = run_cli("--url", url, "--prefix", "pgt", "limit", "proj.export", "--reset")
+    assert "live cap of proj.export: none" in reset.stdout
+    assert locker_for(app).caps.cap(CAP) is None
 
 
 def test_locks_doctor_checks_a_postgres_lock_server(app: Celery, url: str) -> None:

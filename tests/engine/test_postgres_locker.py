@@ -212,9 +212,6 @@ def test_a_finish_record_refuses_the_same_task_id(locker: PostgresLocker) -> Non
     ("options", "option"),
     [
         ({"park": b"message"}, "on_duplicate='queue'"),
-        ({"limit": 2}, "lock_limit"),
-        ({"rate": (1, 1.0)}, "lock_rate"),
-        ({"take_queued": True}, "dedupe_on_enqueue"),
         ({"min_replicas": 1}, "lock_min_replicas"),
     ],
 )

@@ -242,9 +242,10 @@ def show(
             parked = asking(target, lambda: inspector.parked(name))
             newest = asking(target, lambda: inspector.waiting_newest(name)) if parked else None
             live_cap = None
-            if not target.quorum and target.backend.queue is not None:  # one server: it may
+            caps = target.backend.caps
+            if caps is not None:  # one server: it may have a live cap
                 family = cap_key(inspector.prefix, name.rpartition(":")[0])
-                live_cap = asking(target, lambda: target.client.get(family))
+                live_cap = asking(target, lambda: caps.cap(family))
             markers = target.backend.markers
             queued: Optional[tuple[str, Optional[float]]] = None
             if markers is not None:
@@ -414,10 +415,10 @@ def _cap_key_of(settings: Settings, target: Target, family: str) -> tuple[str, O
         LockConfigurationError: the backend cannot hold a live cap, or (with an app) no task
             of that name or group declares a lock_limit above 1.
     """
-    if target.quorum or getattr(target.backend, "queue", None) is None:
+    if target.backend.caps is None:
         raise LockConfigurationError(
             "a live cap is read by the slot scripts from one key per task or group: it needs "
-            "one Redis server or Sentinel, not a Redis Cluster or a Redlock quorum"
+            "one Redis server, Sentinel or PostgreSQL, not a Redis Cluster or a Redlock quorum"
         )
     if not settings.app_given:
         return cap_key(target.inspector.prefix, family), None
@@ -445,7 +446,7 @@ def limit(settings: Settings, name: str, cap: Optional[int], reset: bool) -> Non
     lowered cap lets the bodies running finish, and starts none until fewer than CAP run
     (parked calls stay parked). It only lowers a declared lock_limit (above 1, or callable);
     a cap above it changes nothing. --reset removes it; neither: show it. Needs one Redis
-    server or Sentinel.
+    server, Sentinel or PostgreSQL.
     """
     with _one_line_errors():
         if cap is not None and reset:
@@ -453,14 +454,13 @@ def limit(settings: Settings, name: str, cap: Optional[int], reset: bool) -> Non
         target = settings.target()
         try:
             key, declared = _cap_key_of(settings, target, name)
-            client = target.client
-            if reset:
-                asking(target, lambda: client.delete(key))
-            elif cap is not None:
-                asking(target, lambda: client.set(key, cap))
-            now = asking(target, lambda: client.get(key))
+            caps = target.backend.caps
+            assert caps is not None  # _cap_key_of refused a backend without
+            if reset or cap is not None:
+                asking(target, lambda: caps.set_cap(key, cap))
+            now = asking(target, lambda: caps.cap(key))
         finally:
             target.close()
-    shown = "none" if now is None else now.decode() if isinstance(now, bytes) else str(now)
+    shown = "none" if now is None else str(now)
     limit_text = "" if declared is None else f" (declared lock_limit: {declared})"
     click.echo(f"live cap of {name}: {shown}{limit_text}")

@@ -7,17 +7,18 @@ from celery_singleton_lock.engine.capabilities import Capabilities
 
 #: What row leases in PostgreSQL support (see :mod:`.locker`). Each refusal says why: the
 #: parts beside the leases are not written for this backend yet (issue 34's later steps).
+#: Admission is: slots (lock_limit), rate, cooldown, queued markers (dedupe_on_enqueue).
 POSTGRES = Capabilities(
     fencing=True,
     replica_acks=False,
     parking=False,
-    enqueue_markers=False,
+    enqueue_markers=True,  # admission: markers.py
     cluster=False,
     kind="PostgreSQL row leases",
     instead="use a Redis lock server (singleton_lock_url = 'redis://...')",
-    slots=False,
-    cooldown=False,
-    rate=False,
+    slots=True,  # admission: slots.py
+    cooldown=True,  # admission: cooldown.py
+    rate=True,  # admission: slots.py
     reasons=(
         (
             "replica_acks",
@@ -25,9 +26,5 @@ POSTGRES = Capabilities(
             "synchronous_commit and synchronous_standby_names",
         ),
         ("parking", "parked calls and their hand-off are not written for PostgreSQL yet"),
-        ("enqueue_markers", "queued markers are not written for PostgreSQL yet"),
-        ("slots", "a lock with several holders is not written for PostgreSQL yet"),
-        ("cooldown", "a release that leaves the lock taken is not written for PostgreSQL yet"),
-        ("rate", "counting starts in a window is not written for PostgreSQL yet"),
     ),
 )

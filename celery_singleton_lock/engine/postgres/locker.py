@@ -20,8 +20,10 @@ Not session advisory locks: they are tied to a connection, which PgBouncer's tra
 pooling hands to someone else between transactions. Nothing here keeps state in a session,
 but the LISTEN of a waiter (:mod:`.releases`).
 
-What it does not do is said, each with its reason, by its capabilities (:data:`POSTGRES`): the
-parts beside the leases (queue, latest wins, queued markers, cooldown) are None.
+Admission beside the mutex has a module each: one of N slots within a rate and a live cap
+(:mod:`.slots`, whose rows :mod:`.rows` names), the cooldown release (:mod:`.cooldown`), the
+queued markers (:mod:`.markers`). What it does not do is said, each with its reason, by its
+capabilities (:data:`POSTGRES`): those parts (queue, latest wins) are None.
 """
 
 from __future__ import annotations
@@ -41,10 +43,15 @@ from celery_singleton_lock.engine.lease import (
     new_token,
 )
 from celery_singleton_lock.engine.postgres.capabilities import POSTGRES
+from celery_singleton_lock.engine.postgres.caps import PostgresCaps
 from celery_singleton_lock.engine.postgres.connections import Connections, split_url
+from celery_singleton_lock.engine.postgres.cooldown import PostgresCooldown
+from celery_singleton_lock.engine.postgres.markers import PostgresMarkers
 from celery_singleton_lock.engine.postgres.reading import PostgresInspector, holder_of
 from celery_singleton_lock.engine.postgres.releases import PostgresSubscription
+from celery_singleton_lock.engine.postgres.rows import announced, row_name, slot_row
 from celery_singleton_lock.engine.postgres.schema import Schema
+from celery_singleton_lock.engine.postgres.slots import PostgresSlots
 from celery_singleton_lock.engine.postgres.statements import Statements
 from celery_singleton_lock.engine.prepared_acquire import (
     GeneralAcquire,
@@ -81,8 +88,6 @@ class PostgresLocker:
     #: so an option that needs one is refused at registration
     queue: None = None
     latest: None = None
-    markers: None = None
-    cooldown: None = None
     cancels: None = None
     try_acquire = checks.try_acquire
 
@@ -100,8 +105,18 @@ class PostgresLocker:
         self.schema = Schema(schema_name)
         self.statements = Statements(self.schema)
         self.connections = Connections(conninfo)
-        self.inspect = PostgresInspector(self.connections, self.statements, self.prefix)
+        self.inspect = PostgresInspector(
+            self.connections, self.statements, self.prefix, ready=self.ready
+        )
         self._ready = not create_schema
+        # -- admission: slots (lock_limit, lock_rate, a live cap), cooldown, queued markers
+        self.slots = PostgresSlots(self.connections, self.schema, self, self.prefix, self.renewer)
+        self.cooldown = PostgresCooldown(self.connections, self.schema, self.prefix)
+        self.markers = PostgresMarkers(
+            self.connections, self.schema, self.statements, self.prefix, self.ready
+        )
+        self.caps = PostgresCaps(self.connections, self.schema, self.ready)
+        # -- end of admission
 
     def keys(self, name: str) -> LockKeys:
         """The lock key (``prefix:{name}``, as lock holders name it) of ``name``."""
@@ -115,6 +130,12 @@ class PostgresLocker:
         statements += [(sql, None) for sql in self.schema.ddl()]
         self.connections.transaction(statements, self.schema.leases)
         self._ready = True
+
+    def ready(self) -> None:
+        """Create the tables now if they are not known to exist (an enqueue's marker may be
+        the first statement a process sends)."""
+        if not self._ready:
+            self.ensure_schema()
 
     # -- acquire ------------------------------------------------------------------------------
 
@@ -138,6 +159,8 @@ class PostgresLocker:
             self.ensure_schema()
         name = request.name
         keys = self.keys(name)
+        if request.limit != 1 or request.rate is not None:  # admission: one of N slots
+            return self.slots.acquire(request, owner, keys)
         token = request.token or new_token()
         params = {
             "prefix": self.prefix,
@@ -150,10 +173,14 @@ class PostgresLocker:
             "fencing": request.fencing,
             "unless_finished": request.unless_finished,
         }
+        sql = self.statements.acquire
+        if request.take_queued:  # admission: the marker deleted in the same statement
+            sql = self.markers.acquire_sql
+            params["queued_while_held"] = request.queued_while_held
         clock = self.renewer.clock
         for _ in range(ATTEMPTS):
             sent_at = clock()
-            rows = self.connections.run(self.statements.acquire, params, keys.lock)
+            rows = self.connections.run(sql, params, keys.lock)
             if rows:
                 break
         else:
@@ -191,14 +218,16 @@ class PostgresLocker:
         """
         if not lease.releasing():
             return False
+        keys = lease.keys
         params = {
             "prefix": self.prefix,
-            "name": lease.keys.name,
+            "name": row_name(keys),  # a slot's row (admission)
+            "lock": keys.name,
             "token": lease.token,
             "task_id": lease.owner.task_id,
             "remember_ms": 0 if not remember_for else _ms(remember_for),
             "channel": self.schema.channel,
-            "key": lease.key,
+            "key": announced(keys),  # the lock's key, whichever slot (admission)
         }
         try:
             rows = self.connections.run(self.statements.release, params, lease.key)
@@ -227,12 +256,12 @@ class PostgresLocker:
     def release_abandoned(
         self, name: str, *, task_id: str, host: str, pid: int, slot: int = 1
     ) -> bool:
-        """Free the lock ``name`` of a dead execution, matched by its owner fields; True if
-        it was held by that owner (one slot here: its capabilities refuse more)."""
+        """Free the lock ``name`` (its ``slot``) of a dead execution, matched by its owner
+        fields; True if it was held by that owner."""
         key = self.keys(name).lock
         params = {
             "prefix": self.prefix,
-            "name": name,
+            "name": slot_row(name, slot),  # admission: the slot's row
             "task_id": task_id,
             "host": host,
             "pid": pid,
@@ -251,7 +280,7 @@ class PostgresLocker:
             return []
         params = {
             "prefix": self.prefix,
-            "names": [lease.keys.name for lease in leases],
+            "names": [row_name(lease.keys) for lease in leases],  # a slot's row (admission)
             "tokens": [lease.token for lease in leases],
             "ttls": [
                 lease.ttl_ms
@@ -268,9 +297,12 @@ class PostgresLocker:
     ) -> list[int]:
         """Renew, in ONE statement, each lock ``name`` held by exactly ``owner``, for ``ttl``
         seconds; the indices (into ``held``) of those NOT renewed. For a supervisor keeping
-        its children's locks alive (one slot each here: ``limits`` are all 1)."""
+        its children's locks alive; ``limits``: each lock's ``lock_limit``, whose slot the
+        owner holds is not known here, so each of its slots' rows is matched."""
         if not held:
             return []
+        if limits is not None and any(limit != 1 for limit in limits):  # admission
+            return self._renew_slots_by_owner(held, limits)
         params = {
             "prefix": self.prefix,
             "names": [name for name, _, _ in held],
@@ -282,6 +314,21 @@ class PostgresLocker:
         key = self.keys(held[0][0]).lock
         rows = self.connections.run(self.statements.renew_by_owner, params, key)
         return [int(index) - 1 for (index,) in rows]
+
+    def _renew_slots_by_owner(
+        self, held: Sequence[tuple[str, Owner, float]], limits: Sequence[int]
+    ) -> list[int]:
+        """:meth:`renew_by_owner` of locks with slots: every slot's row of each, one
+        statement; a lock is lost when none of its rows was renewed."""
+        rows: list[tuple[str, Owner, float]] = []
+        of: list[int] = []
+        for index, ((name, owner, ttl), limit) in enumerate(zip(held, limits)):
+            for slot in range(1, limit + 1):
+                rows.append((slot_row(name, slot), owner, ttl))
+                of.append(index)
+        lost_rows = set(self.renew_by_owner(rows))
+        renewed = {of[row] for row in range(len(rows)) if row not in lost_rows}
+        return [index for index in range(len(held)) if index not in renewed]
 
     # -- waiting for a release ----------------------------------------------------------------
 

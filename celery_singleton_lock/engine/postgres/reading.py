@@ -1,11 +1,11 @@
 """Reading the locks of the PostgreSQL backend (its :class:`~..backend.LockReader`): who holds
-one, every live lease under the prefix (a SELECT, a page at a time), the fence sequence. The
-parts this backend does not have (parked calls, queued markers, rates) read as none, which
-is true: none can be made here."""
+one or its slots, every live lease under the prefix (a SELECT, a page at a time), the fence
+sequence, the names with a queued marker. The parts this backend does not have (parked
+calls) read as none, which is true: none can be made here."""
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import psycopg
 
@@ -13,22 +13,29 @@ from celery_singleton_lock.engine import absent_reads
 from celery_singleton_lock.engine.keys import LockKeys
 from celery_singleton_lock.engine.lease import LockHolder
 from celery_singleton_lock.engine.postgres.connections import Connections, Row, where
+from celery_singleton_lock.engine.postgres.rows import key_of_row, slot_row
 from celery_singleton_lock.engine.postgres.statements import Statements
+from celery_singleton_lock.engine.slots import slot_of
 from celery_singleton_lock.errors import LockBackendUnavailable, LockError
+
+#: the pid of a row in its cooldown (no process has it; see :mod:`.cooldown`)
+COOLDOWN_PID = -1
 
 
 def holder_of(key: str, row: Row) -> LockHolder:
     """The holder that ``row`` (``fence, pid, host, task_id, acquired_at, seconds left``)
-    names, under the lock ``key``."""
+    names, under the lock ``key``. Pid -1 is a cooldown's (:mod:`.cooldown`): the row holds
+    the run that ended, its lease the cooldown left."""
     fence, pid, host, task_id, acquired_at, left = row
     return LockHolder(
         key=key,
         task_id=task_id or "",
         host=host or "",
-        pid=pid,
+        pid=None if pid == COOLDOWN_PID else pid,
         acquired_at=acquired_at,
         fence=fence,
         ttl=None if left is None else max(0.0, float(left)),
+        cooling=pid == COOLDOWN_PID,
     )
 
 
@@ -46,8 +53,17 @@ def _rows(connections: Connections, sql: str, params: Any, key: str) -> list[Row
 class PostgresInspector:
     """Reads the locks under ``prefix`` in the tables of ``statements``."""
 
-    def __init__(self, connections: Connections, statements: Statements, prefix: str) -> None:
+    def __init__(
+        self,
+        connections: Connections,
+        statements: Statements,
+        prefix: str,
+        ready: Callable[[], None] = lambda: None,
+    ) -> None:
         self.prefix = prefix
+        #: creates the admission tables if not known to exist (a database the leases table
+        #: of an earlier version is in has none until a process of this one made them)
+        self._ready = ready
         self._connections = connections
         self._statements = statements
 
@@ -63,9 +79,29 @@ class PostgresInspector:
         return holder_of(key, rows[0][1:]) if rows else None
 
     def holders(self, name: str, limit: int) -> list[LockHolder]:
-        """The holder of ``name`` (one slot here: its capabilities refuse more)."""
-        holder = self.read(name)
-        return [] if holder is None else [holder]
+        """The live holders of the ``limit`` slots of ``name`` (see :mod:`.rows`)."""
+        if limit <= 1:
+            holder = self.read(name)
+            return [] if holder is None else [holder]
+        rows = self._connections.run(
+            self._statements.holders,
+            {"prefix": self.prefix, "names": [slot_row(name, k) for k in range(1, limit + 1)]},
+            self._key(name),
+        )
+        holders = [holder_of(key_of_row(self.prefix, row[0]), row[1:]) for row in rows]
+        return sorted(holders, key=lambda holder: slot_of(holder.key))
+
+    def rate_use(self, lock_keys: list[str]) -> list[tuple[int, Optional[float]]]:
+        """For each of ``lock_keys`` (full lock keys): the starts its ``lock_rate`` window
+        holds, and the seconds until that window is empty (None without a start in it)."""
+        if not lock_keys:
+            return []
+        self._ready()
+        names = [LockKeys(key, "").name for key in lock_keys]
+        rows = self._connections.run(
+            self._statements.rate_use, {"prefix": self.prefix, "names": names}, lock_keys[0]
+        )
+        return [(int(count), None if left is None else max(0.0, left)) for count, left in rows]
 
     def per_server(self, name: str) -> list[tuple[str, Any]]:
         """``(server, holder or None or the error)`` of lock ``name``: the one database's."""
@@ -98,8 +134,6 @@ class PostgresInspector:
     waiting_newest = absent_reads.no_waiting_newest
     parked = absent_reads.nothing_parked
     parked_counts = absent_reads.no_parked_counts
-    rate_use = absent_reads.no_rate_use
-    queued_names = absent_reads.no_queued_names
 
     def scan(self, count: int = 500) -> Iterator[LockHolder]:
         """Every live lease under the prefix, by name, ``count`` rows per SELECT."""
@@ -112,7 +146,22 @@ class PostgresInspector:
                 self.prefix,
             )
             for row in rows:
-                yield holder_of(self._key(row[0]), row[1:])
+                yield holder_of(key_of_row(self.prefix, row[0]), row[1:])
+            if len(rows) < count:
+                return
+            after = rows[-1][0]
+
+    def queued_names(self, count: int = 500) -> Iterator[str]:
+        """The names of the locks under the prefix with a live queued marker, by name."""
+        self._ready()
+        after = ""
+        while True:
+            rows = self._connections.run(
+                self._statements.queued_names,
+                {"prefix": self.prefix, "after": after, "count": count},
+                self.prefix,
+            )
+            yield from (name for (name,) in rows)
             if len(rows) < count:
                 return
             after = rows[-1][0]

@@ -56,9 +56,10 @@ UNION ALL
 SELECT 'held', {HOLDER} FROM {leases} h, done
 WHERE h.prefix = %(prefix)s AND h.name = %(name)s AND NOT done.finished
     AND h.lease_until > now() AND NOT EXISTS (SELECT 1 FROM taken)"""
-        #: Free the lock if ``token`` still holds it (its row stays, see ``acquire``), write
-        #: the finish record if asked, and NOTIFY the release, all in one transaction: a
-        #: listener hears it only once the lock is free. Only a live lease: one run out is
+        #: Free the lock (or a slot's row: ``name``) if ``token`` still holds it (its row
+        #: stays, see ``acquire``), write the finish record of the lock ``lock`` if asked,
+        #: and NOTIFY the release, all in one transaction: a listener hears it only once the
+        #: lock is free. Only a live lease: one run out is
         #: free already (as a Redis key gone at its TTL). Answers whether it was released.
         self.release = f"""
 WITH freed AS (
@@ -69,7 +70,7 @@ WITH freed AS (
     RETURNING 1
 ), remembered AS (
     INSERT INTO {finished} (prefix, name, task_id, until)
-    SELECT %(prefix)s, %(name)s, %(task_id)s, now() + %(remember_ms)s * interval '1 millisecond'
+    SELECT %(prefix)s, %(lock)s, %(task_id)s, now() + %(remember_ms)s * interval '1 millisecond'
     FROM freed WHERE %(remember_ms)s > 0
     ON CONFLICT (prefix, name, task_id) DO UPDATE SET until = excluded.until
 )
@@ -126,3 +127,20 @@ WHERE h.prefix = %(prefix)s AND h.lease_until > now() AND h.name > %(after)s
 ORDER BY h.name LIMIT %(count)s"""
         #: The sequence's last fence (0 before the first).
         self.fence = f"SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM {fence}"
+        # -- admission reads (lock_limit, dedupe_on_enqueue) ---------------------------------
+        #: The live holders of some rows (a lock's slots, see rows.py).
+        self.holders = f"""
+SELECT h.name, {HOLDER} FROM {leases} h
+WHERE h.prefix = %(prefix)s AND h.name = ANY(%(names)s) AND h.lease_until > now()"""
+        #: For each lock name (in order): the starts its rate's window holds, and the seconds
+        #: until the last of them leaves it (None without any).
+        self.rate_use = f"""
+SELECT count(s.until), extract(epoch FROM max(s.until) - now())::float8
+FROM unnest(%(names)s::text[]) WITH ORDINALITY AS n(name, i)
+LEFT JOIN {schema.starts} s ON s.prefix = %(prefix)s AND s.name = n.name AND s.until > now()
+GROUP BY n.i ORDER BY n.i"""
+        #: The names with a live queued marker under a prefix, a page after ``after``.
+        self.queued_names = f"""
+SELECT q.name FROM {schema.queued} q
+WHERE q.prefix = %(prefix)s AND q.until > now() AND q.name > %(after)s
+ORDER BY q.name LIMIT %(count)s"""

@@ -65,7 +65,7 @@ class ServerRenewal:
             for index, ttl_ms in enumerate(ttls[start : start + CHUNK]):
                 if ttl_ms != default_ms:
                     args += (index + 1, ttl_ms)
-            calls.append(([lease.key for lease in chunk], args))
+            calls.append(([*(lease.key for lease in chunk), *self.issuer.held_keys], args))
         return self._run_chunks(self._renew, calls)
 
     def renew_by_owner(

@@ -221,11 +221,17 @@ def _sentinel_health(pool: SentinelConnectionPool) -> list[Finding]:
     return found
 
 
+#: COUNT of the doctor's SCAN calls (markers; the shared keys on a Cluster): each call walks
+#: about this many keys, so 200,000 keys in the database take ~6 calls (each ~10 ms of the
+#: server's time, see docs/how-to/inspect-and-release-locks.md), not 200 of COUNT 1000.
+SCAN_COUNT = 50_000
+
+
 def _scan(client: Client, match: str, type_: str) -> tuple[list[str], bool]:
     """Keys matching ``match`` of type ``type_``, at most :data:`SCAN_LIMIT` (and whether it
     stopped there)."""
     keys: list[str] = []
-    for raw in client.scan_iter(match=match, count=1000, _type=type_):
+    for raw in client.scan_iter(match=match, count=SCAN_COUNT, _type=type_):
         keys.append(_text(raw))
         if len(keys) >= SCAN_LIMIT:
             return keys, True
@@ -338,20 +344,9 @@ def check_markers(target: Target, app: Any, invocation: str = INVOCATION) -> lis
 
 
 def _parked_behind_free(target: Target) -> dict[str, int]:
-    client, prefix = target.client, target.inspector.prefix
-    keys, _ = _scan(client, f"{prefix}:{{*}}:parked", "zset")
-    if not keys:
-        return {}
-    pipe = client.pipeline(transaction=False)
-    for key in keys:
-        pipe.exists(key[: -len(":parked")])
-        pipe.zcard(key)
-    replies = pipe.execute()
-    return {
-        _lock_name(prefix, key): int(count)
-        for key, held, count in zip(keys, replies[0::2], replies[1::2])
-        if not held and count
-    }
+    # from the hand-off index (no SCAN): every lock with a parked call is in it
+    parked = target.inspector.parked_locks(SCAN_LIMIT)
+    return {name: count for name, count, held in parked if not held}
 
 
 def check_parked(
@@ -385,6 +380,13 @@ def check_counts(target: Target) -> list[Finding]:
     if target.quorum:
         return []
     client, prefix = target.client, target.inspector.prefix
+    counted_by_name = target.inspector.shared_counts()  # one server: by name, no SCAN
+    if counted_by_name is not None:
+        counters, records = counted_by_name
+        return [
+            Finding("info", "keys", f"{counters} fence counters under prefix {prefix!r}"),
+            Finding("info", "keys", f"{records} finish records under prefix {prefix!r}"),
+        ]
     found = []
     # the shared keys (engine/shared_keys.py): one counter per server or Cluster slot, finish
     # records as task ids in sorted sets (sharded by task id)

@@ -67,7 +67,10 @@ def test_doctor_json_lists_the_eviction_finding_with_its_severity(
 
 
 def test_doctor_reports_calls_parked_behind_a_free_lock(redis_server: RedisServer) -> None:
-    redis_server.client().zadd("singleton-lock:{proj.job:abc}:parked", {"t-1": 1, "t-2": 2})
+    client = redis_server.client()
+    client.zadd("singleton-lock:{proj.job:abc}:parked", {"t-1": 1, "t-2": 2})
+    # as a parking script leaves it: the lock named in the hand-off index, whose sweeper is gone
+    client.zadd("singleton-lock:handoff-due", {"proj.job:abc": 1})
     (line,) = problems(doctor(redis_server).stdout)
     assert line.startswith("WARNING parked: 2 call(s) parked behind free lock proj.job:abc")
 

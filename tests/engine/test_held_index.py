@@ -236,3 +236,13 @@ def test_the_parked_gauge_among_200000_keys_makes_no_scan_call(crowded: RedisSer
     client.config_resetstat()
     counts = parked_by_task(locker)
     assert (counts, calls(client, "scan")) == ({}, 0)
+
+
+def test_list_scan_finds_a_lock_an_older_version_took_without_indexing_it(
+    redis_server: RedisServer, locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    take(locker, "indexed", renew=False)
+    redis_client.delete(HELD)  # as if an older worker had taken it: no index entry
+    result = command(redis_server, "list", "--scan")
+    listed = [line.split()[0] for line in result.stdout.splitlines() if "task=" in line]
+    assert listed == [f"{PREFIX}:{{indexed}}"]

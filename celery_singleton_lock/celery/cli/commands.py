@@ -128,8 +128,15 @@ def _one_line_errors() -> Iterator[None]:
     help="Print one JSON document: the list of holders (key, name, task_id, host, pid, "
     "acquired_at, ttl, fence, slot, cooldown, cooldown_left, parked, rate_starts).",
 )
+@click.option(
+    "--scan",
+    "by_scan",
+    is_flag=True,
+    help="Read the keys by SCAN (O(keys in the database)) rather than the held index: for locks "
+    "taken by workers of an older version, which write no index, during a rolling upgrade.",
+)
 @click.pass_obj
-def list_command(settings: Settings, limit: int, as_json: bool) -> None:
+def list_command(settings: Settings, limit: int, as_json: bool, by_scan: bool) -> None:
     """List the locks held now, printed as they are read (a page at a time).
 
     On one server (or Sentinel) they are read from the held index the lock scripts keep
@@ -139,8 +146,8 @@ def list_command(settings: Settings, limit: int, as_json: bool) -> None:
     """
     with _one_line_errors():
         target = settings.target()
-        listing = LockStream(target, limit)
         try:
+            listing = LockStream(target, limit, by_scan=by_scan)
             _print_pages(listing, target.inspector.prefix, as_json)
         finally:
             target.close()

@@ -16,7 +16,7 @@ import redis
 from celery_singleton_lock.celery.cli.app_target import Target, asking
 from celery_singleton_lock.celery.duplicates.actions import reserved_for
 from celery_singleton_lock.celery.task.locked_task import LockedTask
-from celery_singleton_lock.engine import Client, LockHolder, LockKeys, slot_of
+from celery_singleton_lock.engine import Client, LockHolder, LockInspector, LockKeys, slot_of
 from celery_singleton_lock.errors import LockConfigurationError, LockError
 
 #: The name of every lock a task takes: ``<task name>:<SHA-256 of its arguments, in hex>``, or
@@ -65,19 +65,39 @@ class LockStream:
     (:meth:`pages`, a generator): printed as they come, never all held in memory. From the
     held index on one server (O(held locks)), by SCAN on a Redis Cluster (see
     ``engine/reading.py``). Once the pages are read: how many, whether it stopped at
-    ``limit``, and, when none was held, the other prefixes that hold lock-shaped keys."""
+    ``limit``, and, when none was held, the other prefixes that hold lock-shaped keys.
 
-    def __init__(self, target: Target, limit: int, page: int = LIST_PAGE) -> None:
+    ``by_scan``: read one Redis server by SCAN rather than its held index (locks taken by
+    workers of a version before the index, during a rolling upgrade).
+
+    Raises:
+        LockConfigurationError: ``by_scan`` on a quorum or PostgreSQL.
+    """
+
+    def __init__(
+        self, target: Target, limit: int, page: int = LIST_PAGE, *, by_scan: bool = False
+    ) -> None:
+        inspector = target.inspector
+        if by_scan and not isinstance(inspector, LockInspector):
+            raise LockConfigurationError(
+                "--scan reads the keys of one Redis server (or Sentinel, or Cluster); a quorum "
+                "or PostgreSQL is read as it is: leave --scan out"
+            )
         self.target = target
         self.limit = limit
         self.page = page
+        self._read = (
+            inspector.scan_keys
+            if isinstance(inspector, LockInspector) and by_scan
+            else inspector.scan
+        )
         self.count = 0
         self.truncated = False
         self.other_prefixes: list[str] = []
 
     def pages(self) -> Iterator[ListedPage]:
         target, inspector = self.target, self.target.inspector
-        holders = asking(target, lambda: inspector.scan(self.page))
+        holders = asking(target, lambda: self._read(self.page))
         while True:
             batch = asking(target, lambda: list(itertools.islice(holders, self.page)))
             room = self.limit - self.count

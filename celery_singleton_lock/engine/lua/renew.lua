@@ -18,14 +18,18 @@ end
 local count = #tokens / 32
 local held = KEYS[count + 1]  -- held index: nil without it
 local now = held and now_ms()
+local ends, m = {}, 0  -- held index: (end, key) pairs, written by one ZADD
 local lost, n = {}, 0
 for i = 1, count do
   if redis.pcall('GETRANGE', KEYS[i], '0', '31') == string.sub(tokens, 32 * i - 31, 32 * i) then
     redis.call('PEXPIRE', KEYS[i], override[i] or ttl)
-    index_held_at(held, KEYS[i], held and now + tonumber(override[i] or ttl))  -- held index
+    if held then
+      ends[m + 1], ends[m + 2], m = now + tonumber(override[i] or ttl), KEYS[i], m + 2
+    end
   else
     n = n + 1
     lost[n] = i
   end
 end
+index_held_all(held, ends)  -- held index
 return lost

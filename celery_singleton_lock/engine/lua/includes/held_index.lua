@@ -11,10 +11,12 @@
 -- the script that took it indexes (or, for a script that does not, from the first renewal).
 --- @include "now_ms"
 
--- `key` is held until `at` (server ms): write it in `index` (nil: no index, nothing done).
-local function index_held_at(index, key, at)
-  if index then
-    redis.call('ZADD', index, at, key)
+-- The keys of `ends` (pairs: end in server ms, key) are held until their end: written in
+-- `index` by one ZADD (nil index or no pair: nothing done). At most a few thousand pairs
+-- (unpack's limit): the renewal sends 500 leases a call.
+local function index_held_all(index, ends)
+  if index and #ends > 0 then
+    redis.call('ZADD', index, unpack(ends))
   end
 end
 

@@ -41,3 +41,6 @@ def no_rate_use(reader: Any, lock_keys: list[str]) -> list[tuple[int, Optional[f
 def no_queued_names(reader: Any, count: int = 500) -> Iterator[str]:
     """None: no queued marker is ever written."""
     return iter(())
+
+
+no_marker_keys = no_queued_names

@@ -66,6 +66,8 @@ class LockReader(Protocol):
 
     def queued_names(self, count: int = 500) -> Iterator[str]: ...
 
+    def marker_keys(self, count: int = 500) -> Iterator[str]: ...
+
 
 class ParkingQueue(Protocol):
     """Calls parked behind a lock's slots and the hand-off of each freed slot (policy

@@ -23,6 +23,9 @@ Layout, for prefix ``P`` and lock name ``N``::
     P:held           (one per prefix, no hash tag: one server only, never on a Cluster) the held
                      index: every held lock (and slot) key, scored by when its lease ends
                      (lua/includes/held_index.lua), for reading the held locks without a SCAN
+    P:queued         (one per prefix, no hash tag: one server only) the marker index: every queued
+                     marker key, scored by when it expires (as the held index, written by
+                     lua/enqueue.lua, acquire.lua and clear_queued.lua)
     P:handoff-due    (one per prefix, no hash tag) lock names a hand-off sweeper should look
                      at, scored by when (see lua/includes/handoff.lua)
     P:cap:F          (one per family F, a task's or group's name; no hash tag: not on a
@@ -67,6 +70,13 @@ def held_index(prefix: str) -> str:
     may write it on a Redis Cluster (another slot): it is kept on one server or a Sentinel
     group's primary only, and a Cluster is read by SCAN (reading.py)."""
     return f"{prefix}:held"
+
+
+def marker_index(prefix: str) -> str:
+    """Key of the marker index of ``prefix``: the queued marker keys (``LockKeys.queued``),
+    scored by when they expire (server ms), kept by the scripts that write and delete them
+    (lua/includes/held_index.lua's functions). One server only, as :func:`held_index`."""
+    return f"{prefix}:queued"
 
 
 def handoff_index(prefix: str) -> str:

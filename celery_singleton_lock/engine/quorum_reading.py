@@ -132,6 +132,7 @@ class QuorumInspector:
     shared_counts = absent_reads.no_shared_counts
     rate_use = absent_reads.no_rate_use
     queued_names = absent_reads.no_queued_names
+    marker_keys = absent_reads.no_marker_keys
 
     def scan(self, count: int = 500) -> Iterator[LockHolder]:
         """Every lock held on a majority (SCAN on each server)."""

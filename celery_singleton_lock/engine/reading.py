@@ -23,6 +23,7 @@ from celery_singleton_lock.engine.keys import (
     LockKeys,
     handoff_index,
     held_index,
+    marker_index,
     validate_prefix,
 )
 from celery_singleton_lock.engine.latest import debounce_key
@@ -46,6 +47,10 @@ class LockInspector:
         #: has no hash tag, so no lock's script may write it, see keys.held_index)
         self.held: Optional[str] = (
             None if isinstance(client, RedisCluster) else held_index(self.prefix)
+        )
+        #: the marker index read by :meth:`marker_keys` (None on a Redis Cluster: SCAN there)
+        self.markers: Optional[str] = (
+            None if isinstance(client, RedisCluster) else marker_index(self.prefix)
         )
         self._trim: Optional[Script] = None
 
@@ -233,14 +238,39 @@ class LockInspector:
 
     def queued_names(self, count: int = 500) -> Iterator[str]:
         """The names of the locks under this prefix that have a queued marker (enqueue
-        deduplication, see ``LockKeys.queued``), via ``SCAN``."""
-        pattern = f"{self.prefix}:{{*}}:queued"
+        deduplication, see ``LockKeys.queued``): :meth:`marker_keys`."""
         start, end = len(self.prefix) + 2, -len("}:queued")
+        for key in self.marker_keys(count):
+            yield key[start:end]
+
+    def marker_keys(self, count: int = 500) -> Iterator[str]:
+        """The queued marker keys under this prefix, ``count`` at a time: from the marker
+        index on one server (O(markers); the entries of markers found gone are dropped), by
+        ``SCAN`` of the keyspace on a Redis Cluster."""
+        index = self.markers
         try:
-            for raw in self.client.scan_iter(match=pattern, count=count, _type="string"):
-                yield as_text(raw)[start:end]
+            if index is None:
+                pattern = f"{self.prefix}:{{*}}:queued"
+                for raw in self.client.scan_iter(match=pattern, count=count, _type="string"):
+                    yield as_text(raw)
+                return
+            cursor: Any = 0
+            while True:
+                cursor, entries = self.client.zscan(index, cursor, count=count)
+                keys = [as_text(key) for key, _ in entries]
+                if keys:
+                    pipe = self.client.pipeline(transaction=False)
+                    for key in keys:
+                        pipe.exists(key)
+                    there = pipe.execute()
+                    gone = [key for key, found in zip(keys, there) if not found]
+                    if gone:
+                        self._drop_gone(index, gone)
+                    yield from (key for key, found in zip(keys, there) if found)
+                if not cursor:
+                    return
         except server_errors.BACKEND_ERRORS as exc:
-            raise LockBackendUnavailable(f"lock server unavailable during SCAN: {exc}") from exc
+            raise LockBackendUnavailable(f"lock server unavailable reading markers: {exc}") from exc
 
     def _read_batch(self, lock_keys: list[str]) -> tuple[list[LockHolder], list[str]]:
         """The holders of ``lock_keys`` (those that are not lock values skipped), and the

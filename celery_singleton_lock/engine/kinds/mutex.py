@@ -166,7 +166,7 @@ class Mutex:
         if not (fencing or unless_finished or take_queued):
             return [keys.lock, *held], [_ms(request.ttl), value]
         counter, finished = self.issuer.shared.of(keys.lock, owner.task_id)
-        script_keys = [keys.lock, counter, finished, keys.queued, *held]
+        script_keys = [keys.lock, counter, finished, keys.queued, *held, *self.issuer.marker_keys]
         args: list[Any] = [
             _ms(request.ttl),
             value,

@@ -9,6 +9,7 @@
 -- KEYS[4]  the lock's queued marker (see enqueue.lua)
 -- KEYS[2] of the short form, KEYS[5] of the long: the held index (includes/held_index.lua),
 --          on one server only (left out on a Redis Cluster)
+-- KEYS[6]  with KEYS[5]: the marker index (see enqueue.lua): a deleted marker's entry goes too
 -- ARGV[1]  ttl in ms
 -- ARGV[2]  the lock value with an empty fence: '<token>||<acquired_at>|<pid>|<host>|<task_id>'
 -- ARGV[3]  '1' to hand out a fence, '0' not
@@ -51,6 +52,7 @@ else
   end
   if take and redis.call('GET', KEYS[4]) == ARGV[4] then
     redis.call('DEL', KEYS[4])
+    unindex_held(KEYS[6], KEYS[4])  -- marker index
   end
   if finished then
     return -1

@@ -6,6 +6,8 @@
 -- Sentinel group's primary, never on a Redis Cluster (its key is in another slot than the
 -- lock's); there the client passes no index key, every function below is then a no-op, and the
 -- readers SCAN each primary instead (engine/reading.py).
+-- The same functions keep the marker index (P:queued, engine/keys.py's marker_index: the queued
+-- markers of enqueue.lua, scored by their expiry), passed in their `index` argument.
 -- An entry may outlive its lock (a holder that died, a key that expired): readers drop it when
 -- they find the key gone (trim_held.lua). A lock that is held is always in the index, once
 -- the script that took it indexes (or, for a script that does not, from the first renewal).

@@ -166,22 +166,21 @@ def list_command(settings: Settings, limit: int, as_json: bool, by_scan: bool) -
 
 def _print_pages(listing: LockStream, prefix: str, as_json: bool) -> None:
     """Print ``listing``'s pages as they are read: a row per holder, or one JSON list (the
-    same text as ``json.dumps`` of all rows, written a row at a time)."""
+    same text as ``json.dumps`` of all rows, written a row at a time; nothing before the first
+    read succeeds)."""
     first = True
-    if as_json:
-        click.echo("[", nl=False)
     for page in listing.pages():
         now = time.time()
         for holder, parked, (starts, _) in zip(page.holders, page.parked, page.rates):
             if as_json:
                 row = {**holder_json(holder, prefix), "parked": parked, "rate_starts": starts}
-                click.echo(("" if first else ", ") + json.dumps(row), nl=False)
+                click.echo(("[" if first else ", ") + json.dumps(row), nl=False)
             else:
                 text = holder_row(holder, now) + (f"  parked={parked}" if parked else "")
                 click.echo(text + (f"  rate_starts={starts}" if starts else ""))
             first = False
     if as_json:
-        click.echo("]")
+        click.echo("[]" if first else "]")
 
 
 NEEDS_APP = (

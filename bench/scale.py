@@ -14,8 +14,9 @@ log for the longest single call; ``INFO memory``, ``MEMORY USAGE``; see
    behind one held lock with Q = 10 .. 10,000 calls parked;
 3. leases: one renewal tick of L = 10 .. 50,000 leases of one process (``renew_batch``):
    round trips, server time, and the longest single call;
-4. inspection: ``SCAN`` calls and wall time of ``inspect.scan()`` for 100 held locks among
-   0 .. 200,000 unrelated keys;
+4. inspection: ``SCAN`` calls and wall time of ``inspect.scan()`` (what ``locks list`` and
+   the doctor's orphan check read) and of the parked gauge of a metrics scrape, for 100 held
+   locks among 0 .. 200,000 unrelated keys;
 5. finished: R finish records of ``acks_late`` tasks: the largest key's elements, bytes per
    record (``used_memory`` growth / R), and the ``DEL`` of the largest key (what its expiry
    blocks);
@@ -39,6 +40,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Ty
 
 import redis
 
+from celery_singleton_lock.celery.observe.metrics import parked_by_task
 from celery_singleton_lock.engine import Lease, Owner, Parked, RedisLocker, Renewer
 from celery_singleton_lock.testing import RedisServer
 
@@ -310,12 +312,14 @@ def fill_unrelated(client: redis.Redis, start: int, end: int) -> None:
 def inspection_curve(env: Env, sizes: Sequence[int]) -> Curve:
     curve = Curve(
         "inspection",
-        f"listing the locks (inspect.scan()) with {HELD_LOCKS} held among unrelated keys",
+        f"listing the locks (inspect.scan()) with {HELD_LOCKS} held among unrelated keys, and "
+        "a scrape's parked gauge",
         "unrelated keys",
-        ("SCAN calls", "wall ms"),
-        ("SCAN calls",),
+        ("SCAN calls", "wall ms", "scrape SCAN calls", "scrape ms"),
+        ("SCAN calls", "scrape SCAN calls"),
         "SCAN calls per listing",
-        "SCAN calls: INFO commandstats; wall: the listing end to end in this process",
+        "SCAN calls: INFO commandstats; wall: the listing end to end in this process; scrape: "
+        "the parked gauge\n(celery_lock_parked) of a metrics scrape, end to end",
         target=MAX_SCANS,
     )
     for i in range(HELD_LOCKS):
@@ -331,7 +335,22 @@ def inspection_curve(env: Env, sizes: Sequence[int]) -> Curve:
         if len(found) != HELD_LOCKS:
             raise BenchError(f"inspect.scan() found {len(found)} of {HELD_LOCKS} locks")
         scans = env.counters.of("scan").calls
-        curve.rows.append((size, {"SCAN calls": scans, "wall ms": wall * 1000.0}))
+        env.counters.reset()
+        start = time.perf_counter()
+        parked_by_task(env.locker)
+        scrape = time.perf_counter() - start
+        scrape_scans = env.counters.of("scan").calls
+        curve.rows.append(
+            (
+                size,
+                {
+                    "SCAN calls": scans,
+                    "wall ms": wall * 1000.0,
+                    "scrape SCAN calls": scrape_scans,
+                    "scrape ms": scrape * 1000.0,
+                },
+            )
+        )
     return curve
 
 

@@ -23,6 +23,16 @@ def no_parked_counts(reader: Any, lock_keys: list[str]) -> list[int]:
     return [0] * len(lock_keys)
 
 
+def no_parked_locks(reader: Any, limit: int = 10_000) -> list[tuple[str, int, bool]]:
+    """None: nothing is parked."""
+    return []
+
+
+def no_shared_counts(reader: Any) -> Optional[tuple[int, int]]:
+    """None: not counted here."""
+    return None
+
+
 def no_rate_use(reader: Any, lock_keys: list[str]) -> list[tuple[int, Optional[float]]]:
     """No starts: ``lock_rate`` is refused."""
     return [(0, None)] * len(lock_keys)
@@ -31,3 +41,6 @@ def no_rate_use(reader: Any, lock_keys: list[str]) -> list[tuple[int, Optional[f
 def no_queued_names(reader: Any, count: int = 500) -> Iterator[str]:
     """None: no queued marker is ever written."""
     return iter(())
+
+
+no_marker_keys = no_queued_names

@@ -20,6 +20,12 @@ Layout, for prefix ``P`` and lock name ``N``::
     P:{N}:parked-rounds
                      calls parked fairly: each fairness value's last round (see
                      lua/includes/handoff.lua), while any is parked
+    P:held           (one per prefix, no hash tag: one server only, never on a Cluster) the held
+                     index: every held lock (and slot) key, scored by when its lease ends
+                     (lua/includes/held_index.lua), for reading the held locks without a SCAN
+    P:queued         (one per prefix, no hash tag: one server only) the marker index: every queued
+                     marker key, scored by when it expires (as the held index, written by
+                     lua/enqueue.lua, acquire.lua and clear_queued.lua)
     P:handoff-due    (one per prefix, no hash tag) lock names a hand-off sweeper should look
                      at, scored by when (see lua/includes/handoff.lua)
     P:cap:F          (one per family F, a task's or group's name; no hash tag: not on a
@@ -56,6 +62,21 @@ def validate_prefix(prefix: str) -> str:
             "letters, digits and _ . : - / | @ # = + (no braces, spaces or control characters)"
         )
     return prefix
+
+
+def held_index(prefix: str) -> str:
+    """Key of the held index of ``prefix`` (lua/includes/held_index.lua): the lock and slot keys
+    held, scored by when their lease ends (server ms). It has no hash tag, so no lock's script
+    may write it on a Redis Cluster (another slot): it is kept on one server or a Sentinel
+    group's primary only, and a Cluster is read by SCAN (reading.py)."""
+    return f"{prefix}:held"
+
+
+def marker_index(prefix: str) -> str:
+    """Key of the marker index of ``prefix``: the queued marker keys (``LockKeys.queued``),
+    scored by when they expire (server ms), kept by the scripts that write and delete them
+    (lua/includes/held_index.lua's functions). One server only, as :func:`held_index`."""
+    return f"{prefix}:queued"
 
 
 def handoff_index(prefix: str) -> str:

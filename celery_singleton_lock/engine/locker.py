@@ -27,7 +27,12 @@ from celery_singleton_lock.engine import checks, waiting
 from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
 from celery_singleton_lock.engine.backend import ReleaseSubscription
 from celery_singleton_lock.engine.capabilities import Capabilities
-from celery_singleton_lock.engine.keys import LockKeys, validate_prefix
+from celery_singleton_lock.engine.keys import (
+    LockKeys,
+    held_index,
+    marker_index,
+    validate_prefix,
+)
 from celery_singleton_lock.engine.kinds.cancels import Cancels
 from celery_singleton_lock.engine.kinds.caps import Caps
 from celery_singleton_lock.engine.kinds.cooldown import Cooldown
@@ -120,7 +125,12 @@ class RedisLocker:
         self.shared = SharedKeys(self.prefix, cluster=server.cluster)
         #: Acquire/release connections kept out of the pool (None on a cluster: pool per node).
         self.connections = server.connections
-        self.issuer = issuer = Issuer(self, self.prefix, self.shared, self.renewer, wall_clock)
+        # the held index is one key per prefix: not on a cluster (see keys.held_index)
+        held = None if server.cluster else held_index(self.prefix)
+        markers = None if server.cluster else marker_index(self.prefix)
+        self.issuer = issuer = Issuer(
+            self, self.prefix, self.shared, self.renewer, wall_clock, held, markers
+        )
         self.releases = releases = Releases(server, issuer)
         self.renewal = ServerRenewal(server, issuer)
         self.mutex = Mutex(server, issuer)

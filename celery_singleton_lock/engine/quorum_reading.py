@@ -128,8 +128,11 @@ class QuorumInspector:
     waiting_newest = absent_reads.no_waiting_newest
     parked = absent_reads.nothing_parked
     parked_counts = absent_reads.no_parked_counts
+    parked_locks = absent_reads.no_parked_locks
+    shared_counts = absent_reads.no_shared_counts
     rate_use = absent_reads.no_rate_use
     queued_names = absent_reads.no_queued_names
+    marker_keys = absent_reads.no_marker_keys
 
     def scan(self, count: int = 500) -> Iterator[LockHolder]:
         """Every lock held on a majority (SCAN on each server)."""

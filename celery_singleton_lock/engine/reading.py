@@ -1,7 +1,13 @@
 """Reading locks: who holds one, every lock under a prefix, fences.
 
-For the CLI, the dead-child reclaim and tests; it never writes. Each read is one (pipelined)
-round trip through the client.
+For the CLI, the dead-child reclaim and tests; it writes nothing but the held index's entries
+of keys it found gone. Each read is one (pipelined) round trip through the client.
+
+Every lock under a prefix (:meth:`LockInspector.scan`) is read from the held index on one
+server or a Sentinel group's primary (``P:held``, lua/includes/held_index.lua: the scripts that
+take, renew and release a lock keep it), so reading costs O(held locks) whatever else the
+database holds; on a Redis Cluster, where no lock's script may write that one key, by SCAN of
+every primary (O(keys in the database)).
 """
 
 from __future__ import annotations
@@ -10,11 +16,19 @@ from typing import Any, Iterator, Optional, Union
 
 import redis
 from redis.cluster import RedisCluster
+from redis.commands.core import Script
 
 from celery_singleton_lock.engine import server_errors, slots
-from celery_singleton_lock.engine.keys import LockKeys, validate_prefix
+from celery_singleton_lock.engine.keys import (
+    LockKeys,
+    handoff_index,
+    held_index,
+    marker_index,
+    validate_prefix,
+)
 from celery_singleton_lock.engine.latest import debounce_key
 from celery_singleton_lock.engine.lease import LockHolder, as_int, as_text
+from celery_singleton_lock.engine.lua_scripts import source
 from celery_singleton_lock.engine.shared_keys import SharedKeys
 from celery_singleton_lock.errors import LockBackendUnavailable
 
@@ -29,6 +43,16 @@ class LockInspector:
     def __init__(self, client: Client, *, prefix: str = "singleton-lock") -> None:
         self.client = client
         self.prefix = validate_prefix(prefix)
+        #: the held index read by :meth:`scan`; None on a Redis Cluster (SCAN there: the index
+        #: has no hash tag, so no lock's script may write it, see keys.held_index)
+        self.held: Optional[str] = (
+            None if isinstance(client, RedisCluster) else held_index(self.prefix)
+        )
+        #: the marker index read by :meth:`marker_keys` (None on a Redis Cluster: SCAN there)
+        self.markers: Optional[str] = (
+            None if isinstance(client, RedisCluster) else marker_index(self.prefix)
+        )
+        self._trim: Optional[Script] = None
 
     def read(self, name: str) -> Optional[LockHolder]:
         """The holder of lock ``name``, or None when it is free.
@@ -88,6 +112,43 @@ class LockInspector:
             return None
         return as_text(newest), None if due is None else int(due) / 1000.0
 
+    def parked_locks(self, limit: int = 10_000) -> list[tuple[str, int, bool]]:
+        """``(lock name, calls parked, lock key held)`` of at most ``limit`` locks with calls
+        parked (policies ``queue`` and ``replace``), from the hand-off index (every lock with a
+        parked call is in it, see lua/includes/handoff.lua), in two round trips: no SCAN.
+        Empty on a Redis Cluster, where nothing is parked (parking is refused there)."""
+        if isinstance(self.client, RedisCluster):
+            return []
+        index = handoff_index(self.prefix)
+        names = [
+            as_text(name)
+            for name in server_errors.call(lambda: self.client.zrange(index, 0, limit - 1), index)
+        ]
+        lock_keys = [LockKeys.build(self.prefix, name).lock for name in names]
+        replies = self._each_lock(lock_keys, ("zcard", ":parked"), ("exists", ""))
+        return [
+            (name, int(count), bool(held)) for name, (count, held) in zip(names, replies) if count
+        ]
+
+    def shared_counts(self) -> Optional[tuple[int, int]]:
+        """``(fence counters, finish records)`` on one server, read from the shared keys by
+        name (:mod:`.shared_keys`: one counter, ``SHARDS`` finish-record sets) in one
+        pipelined round trip: no SCAN. None on a Redis Cluster (their names depend on the
+        slots in use: SCAN them there)."""
+        if isinstance(self.client, RedisCluster):
+            return None
+        shared = SharedKeys(self.prefix, cluster=False)
+
+        def fetch() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.exists(shared.counter)
+            for shard in range(shared.shards):
+                pipe.zcard(f"{shared.finished}:{shard}")
+            return pipe.execute()
+
+        replies = server_errors.call(fetch, shared.counter)
+        return int(replies[0]), sum(int(count) for count in replies[1:])
+
     def parked_counts(self, lock_keys: list[str]) -> list[int]:
         """How many task ids are parked behind each of ``lock_keys`` (full lock keys), in one
         pipelined round trip."""
@@ -120,7 +181,43 @@ class LockInspector:
         return [tuple(replies[i : i + width]) for i in range(0, len(replies), width)]
 
     def scan(self, count: int = 500) -> Iterator[LockHolder]:
-        """Every lock under this prefix, via ``SCAN`` (never ``KEYS``) plus pipelined reads.
+        """Every lock (and slot) held under this prefix, ``count`` at a time, as they are read
+        (a generator: nothing is collected). From the held index on one server (see the module
+        docstring), else by ``SCAN`` (:meth:`scan_keys`). A key may be yielded twice when the
+        server rehashes the index (or the keyspace) meanwhile, as SCAN may."""
+        if self.held is None:
+            return self.scan_keys(count)
+        return self._from_index(self.held, count)
+
+    def _from_index(self, index: str, count: int) -> Iterator[LockHolder]:
+        """The holders of the keys in the held ``index``, by ``ZSCAN`` (its cursor walks the
+        set's hash table, so an entry whose score a renewal moves is still read once, where
+        paging by score would read it again), ``count`` keys per pipelined read. The entries
+        of keys found gone (a holder that died, a key that expired) are dropped."""
+        cursor: Any = 0
+        try:
+            while True:
+                cursor, entries = self.client.zscan(index, cursor, count=count)
+                keys = [as_text(key) for key, _ in entries]
+                if keys:
+                    holders, gone = self._read_batch(keys)
+                    if gone:
+                        self._drop_gone(index, gone)
+                    yield from holders
+                if not cursor:
+                    return
+        except server_errors.BACKEND_ERRORS as exc:
+            raise LockBackendUnavailable(f"lock server unavailable reading {index}: {exc}") from exc
+
+    def _drop_gone(self, index: str, gone: list[str]) -> None:
+        """Take ``gone`` keys out of the held index, each only if still gone (lua/trim_held.lua)."""
+        if self._trim is None:
+            self._trim = self.client.register_script(source("trim_held"))
+        self._trim(keys=[index, *gone], client=self.client)
+
+    def scan_keys(self, count: int = 500) -> Iterator[LockHolder]:
+        """Every lock under this prefix, via ``SCAN`` (never ``KEYS``) plus pipelined reads:
+        O(keys in the database), what :meth:`scan` does on a Redis Cluster.
 
         The pattern ``prefix:{*}`` only matches lock keys (a fence counter key ends in
         ``}:fence``), then ``prefix:{*}:slot:*`` the further slots of locks taken by several
@@ -141,14 +238,61 @@ class LockInspector:
 
     def queued_names(self, count: int = 500) -> Iterator[str]:
         """The names of the locks under this prefix that have a queued marker (enqueue
-        deduplication, see ``LockKeys.queued``), via ``SCAN``."""
-        pattern = f"{self.prefix}:{{*}}:queued"
+        deduplication, see ``LockKeys.queued``): :meth:`marker_keys`."""
         start, end = len(self.prefix) + 2, -len("}:queued")
+        for key in self.marker_keys(count):
+            yield key[start:end]
+
+    def marker_keys(self, count: int = 500) -> Iterator[str]:
+        """The queued marker keys under this prefix, ``count`` at a time: from the marker
+        index on one server (O(markers); the entries of markers found gone are dropped), by
+        ``SCAN`` of the keyspace on a Redis Cluster."""
+        index = self.markers
         try:
-            for raw in self.client.scan_iter(match=pattern, count=count, _type="string"):
-                yield as_text(raw)[start:end]
+            if index is None:
+                pattern = f"{self.prefix}:{{*}}:queued"
+                for raw in self.client.scan_iter(match=pattern, count=count, _type="string"):
+                    yield as_text(raw)
+                return
+            cursor: Any = 0
+            while True:
+                cursor, entries = self.client.zscan(index, cursor, count=count)
+                keys = [as_text(key) for key, _ in entries]
+                if keys:
+                    pipe = self.client.pipeline(transaction=False)
+                    for key in keys:
+                        pipe.exists(key)
+                    there = pipe.execute()
+                    gone = [key for key, found in zip(keys, there) if not found]
+                    if gone:
+                        self._drop_gone(index, gone)
+                    yield from (key for key, found in zip(keys, there) if found)
+                if not cursor:
+                    return
         except server_errors.BACKEND_ERRORS as exc:
-            raise LockBackendUnavailable(f"lock server unavailable during SCAN: {exc}") from exc
+            raise LockBackendUnavailable(f"lock server unavailable reading markers: {exc}") from exc
+
+    def _read_batch(self, lock_keys: list[str]) -> tuple[list[LockHolder], list[str]]:
+        """The holders of ``lock_keys`` (those that are not lock values skipped), and the
+        keys that are gone, in one pipelined round trip."""
+
+        def fetch() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            for key in lock_keys:
+                pipe.get(key)
+                pipe.pttl(key)
+            return pipe.execute()
+
+        replies = server_errors.call(fetch, lock_keys[0])
+        holders, gone = [], []
+        for key, value, pttl in zip(lock_keys, replies[0::2], replies[1::2]):
+            if value is None:
+                gone.append(key)
+                continue
+            holder = LockHolder.from_value(key, value, pttl)
+            if holder is not None:
+                holders.append(holder)
+        return holders, gone
 
     def _read_many(self, lock_keys: list[str], *, strict: bool) -> list[LockHolder]:
         def fetch() -> list[Any]:

@@ -80,7 +80,10 @@ class Releases:
     ) -> tuple[list[str], list[Any]]:
         """KEYS and ARGV of the release script (see its contract in lua/release.lua)."""
         return self._with_finish_record(
-            lease, remember_for, [lease.key], [lease.token, lease.keys.channel]
+            lease,
+            remember_for,
+            [lease.key, *self.issuer.held_keys],
+            [lease.token, lease.keys.channel],
         )
 
     def release_with(
@@ -129,7 +132,8 @@ class Releases:
         key = slots.slot_key(keys, slot)
         owner = Owner(task_id=task_id, host=host, pid=pid)
         args = [owner.fields, keys.channel]
-        return bool(self.server.run(self._release_abandoned, key, [key], args))
+        script_keys = [key, *self.issuer.held_keys]
+        return bool(self.server.run(self._release_abandoned, key, script_keys, args))
 
     # -- deferred ---------------------------------------------------------------------------
 
@@ -175,16 +179,20 @@ class Releases:
         # EVAL, not EVALSHA: a server that lost its scripts (restart, failover) must still
         # release now; a NOSCRIPT read later would leave the lock held until then.
         start = connections.start("EVAL", script_calls.compact(self._release.script))
-        if remember_for is None or not lease.owner.task_id:
-            # EVAL script 1 key token channel: the script's start is packed once
+        held = self.issuer.held
+        if (remember_for is None or not lease.owner.task_id) and held is not None:
+            # EVAL script 2 key held token channel: the script's start is packed once
             encoding, errors = connections.encoding
             key = lease.key.encode(encoding, errors)
+            index = held.encode(encoding, errors)
             token = lease.token.encode(encoding, errors)
             channel = lease.keys.channel.encode(encoding, errors)
-            command = b"*6\r\n%b$1\r\n1\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n" % (
+            command = b"*7\r\n%b$1\r\n2\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n$%d\r\n%b\r\n" % (
                 start[1],
                 len(key),
                 key,
+                len(index),
+                index,
                 len(token),
                 token,
                 len(channel),

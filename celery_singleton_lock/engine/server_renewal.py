@@ -21,9 +21,11 @@ from celery_singleton_lock.engine.lua_scripts import source
 from celery_singleton_lock.engine.redis_server import RedisServer
 from celery_singleton_lock.engine.script_calls import EachKey, _ms
 
-#: leases per script call: 2-4 us each (more as the keyspace grows), so a call blocks Redis
-#: ~2 ms (at 50,000 leases, one call blocked it 224 ms; chunks of 1,000 still up to 6 ms)
-CHUNK = 500
+#: leases per script call: 2-4 us each (more as the keyspace grows), plus ~2-4 us each for its
+#: entry in the held index (a sorted set of every held lock: O(log n) per update), so a call
+#: blocks Redis ~1.5 ms at 50,000 leases (one call over all of them blocked it 224 ms; chunks
+#: of 500 with the index ~3 ms)
+CHUNK = 250
 
 Calls = list[tuple[list[str], list[Any]]]  # (KEYS, ARGV) of each script call
 
@@ -68,7 +70,7 @@ class ServerRenewal:
             for index, ttl_ms in enumerate(ttls[start : start + CHUNK]):
                 if ttl_ms != default_ms:
                     args += (index + 1, ttl_ms)
-            calls.append(([lease.key for lease in chunk], args))
+            calls.append(([*(lease.key for lease in chunk), *self.issuer.held_keys], args))
         return self._run_chunks(self._renew, calls)
 
     def renew_by_owner(

@@ -26,7 +26,7 @@ it is the mutex of :mod:`.locker`, same script, same keys. The script: lua/acqui
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from celery_singleton_lock.engine.keys import LockKeys
 
@@ -61,6 +61,7 @@ def acquire_call(
     task_id: str,
     unless_finished: bool,
     cap_key: str = "",
+    held: Sequence[str] = (),
 ) -> tuple[list[str], list[Any]]:
     """KEYS and ARGV of lua/acquire_slot.lua (``rate``: at most that many starts per that many
     seconds, or None; ``shared``: the fence counter and the finish-record set of ``task_id``
@@ -73,5 +74,6 @@ def acquire_call(
         script_keys.append(cap_key)
     args: list[Any] = [ttl_ms, value, "1" if fencing else "0", limit]
     args += ("", "") if rate is None else (rate[0], max(1, int(rate[1] * 1000)))
-    args += (task_id, "1" if unless_finished else "")
+    args += (task_id, "1" if unless_finished else "", "1" if held else "")
+    script_keys += held  # the held index, last (ARGV[9])
     return script_keys, args

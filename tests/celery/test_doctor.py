@@ -67,13 +67,19 @@ def test_doctor_json_lists_the_eviction_finding_with_its_severity(
 
 
 def test_doctor_reports_calls_parked_behind_a_free_lock(redis_server: RedisServer) -> None:
-    redis_server.client().zadd("singleton-lock:{proj.job:abc}:parked", {"t-1": 1, "t-2": 2})
+    client = redis_server.client()
+    client.zadd("singleton-lock:{proj.job:abc}:parked", {"t-1": 1, "t-2": 2})
+    # as a parking script leaves it: the lock named in the hand-off index, whose sweeper is gone
+    client.zadd("singleton-lock:handoff-due", {"proj.job:abc": 1})
     (line,) = problems(doctor(redis_server).stdout)
     assert line.startswith("WARNING parked: 2 call(s) parked behind free lock proj.job:abc")
 
 
 def test_doctor_reports_an_enqueue_marker_without_ttl_as_stray(redis_server: RedisServer) -> None:
-    redis_server.client().set("singleton-lock:{proj.job:abc}:queued", "t-1")
+    client = redis_server.client()
+    client.set("singleton-lock:{proj.job:abc}:queued", "t-1")
+    # as enqueue.lua indexes a marker (whose TTL was then taken away)
+    client.zadd("singleton-lock:queued", {"singleton-lock:{proj.job:abc}:queued": 1})
     (line,) = problems(doctor(redis_server).stdout)
     # the command that clears it, as this one was run
     assert f"fix: celery locks --url {redis_server.url} clear-queued proj.job:abc" in line
@@ -136,7 +142,10 @@ def test_doctor_names_an_enqueue_marker_whose_task_never_started(
 
     name = deduped.lock_options.keyer.name(("a",), {})
     left = deduped.lock_options.queued_ttl - 2 * STALE_MARKER  # written that long ago
-    redis_server.client().set(f"singleton-lock:{{{name}}}:queued", "lost-one", ex=int(left))
+    client = redis_server.client()
+    key = f"singleton-lock:{{{name}}}:queued"
+    client.set(key, "lost-one", ex=int(left))
+    client.zadd("singleton-lock:queued", {key: 1})  # as enqueue.lua indexes it
     target = open_target(app=own_app)
     try:
         findings = run_doctor(target, own_app, ping_timeout=0.5)

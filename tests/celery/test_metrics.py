@@ -165,8 +165,10 @@ def run_scenario(server: RedisServer, worker: Any, client: Any, port: int) -> Ou
     lost = client.send_task(runtime.watches_its_lock.name, args=[unique("lost")])
     assert lost.get(timeout=30)["lost"]
     # two calls parked behind a lock of hold_skip that no worker hands on (no queue policy)
-    parked = f"singleton-lock:{{{policies.hold_skip.name}:{unique('parked')}}}:parked"
-    server.client().zadd(parked, {"t-1": 1, "t-2": 2})
+    name = f"{policies.hold_skip.name}:{unique('parked')}"
+    lock_server = server.client()
+    lock_server.zadd(f"singleton-lock:{{{name}}}:parked", {"t-1": 1, "t-2": 2})
+    lock_server.zadd("singleton-lock:handoff-due", {name: 1})  # as a parking script indexes it
     before = scrape_once_released(port)
     killed = children_of(worker.pid)
     for pid in killed:

@@ -278,3 +278,11 @@ def test_an_acquire_asking_for_what_a_cluster_lacks_is_refused_naming_it(
 ) -> None:
     with pytest.raises(LockConfigurationError, match=f"{said}.*Redis Cluster"):
         locker.try_acquire(fresh("refused"), TTL, owner=Owner(task_id="t-1"), **{option: value})  # type: ignore[arg-type]
+
+
+def test_a_cluster_keeps_no_held_index_and_scan_still_lists_its_locks(
+    locker: RedisLocker, client: RedisCluster
+) -> None:
+    lease = take(locker, fresh("held"), renew=False)
+    listed = [holder.key for holder in locker.inspect.scan() if holder.key == lease.key]
+    assert (listed, client.exists("t:held")) == ([lease.key], 0)

@@ -72,6 +72,18 @@ def test_an_acquire_writes_the_same_token_on_every_server(
     assert holders_on(servers, lease.key) == [lease.token.encode()] * 3
 
 
+def test_an_acquire_indexes_the_lock_in_the_held_index_of_every_server(
+    quorum: QuorumLocker, servers: list[RedisServer]
+) -> None:
+    lease = settled(quorum.try_acquire("job", 5, renew=False))
+    indexed = []
+    for server in servers:
+        client = server.client()
+        indexed.append(client.zscore("q:held", lease.key) is not None)
+        client.close()
+    assert indexed == [True] * 3
+
+
 def test_a_release_deletes_the_lock_on_every_server(
     quorum: QuorumLocker, servers: list[RedisServer]
 ) -> None:

@@ -276,7 +276,9 @@ def test_a_lease_past_its_maximum_lifetime_is_marked_lost(
 
 def chunked_leases(locker: RedisLocker) -> list[Lease]:
     """More leases than two renewal chunks hold (three script calls per tick)."""
-    leases = [locker.try_acquire(f"job-{i}", ttl=30, renew=False) for i in range(2 * CHUNK + 500)]
+    leases = [
+        locker.try_acquire(f"job-{i}", ttl=30, renew=False) for i in range(2 * CHUNK + CHUNK // 2)
+    ]
     assert all(isinstance(lease, Lease) for lease in leases)
     return leases  # type: ignore[return-value]
 

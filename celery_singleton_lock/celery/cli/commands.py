@@ -27,10 +27,10 @@ from celery_singleton_lock.celery.cli.app_target import (
     open_target,
 )
 from celery_singleton_lock.celery.cli.lock_listing import (
+    LockStream,
     describe_holder,
     holder_json,
     holder_row,
-    list_locks,
     lock_name_from_key,
     lock_name_of_call,
     queued_line,
@@ -128,34 +128,31 @@ def _one_line_errors() -> Iterator[None]:
     help="Print one JSON document: the list of holders (key, name, task_id, host, pid, "
     "acquired_at, ttl, fence, slot, cooldown, cooldown_left, parked, rate_starts).",
 )
+@click.option(
+    "--scan",
+    "by_scan",
+    is_flag=True,
+    help="Read the keys by SCAN (O(keys in the database)) rather than the held index: for locks "
+    "taken by workers of an older version, which write no index, during a rolling upgrade.",
+)
 @click.pass_obj
-def list_command(settings: Settings, limit: int, as_json: bool) -> None:
-    """List the locks held now (SCAN, never KEYS).
+def list_command(settings: Settings, limit: int, as_json: bool, by_scan: bool) -> None:
+    """List the locks held now, printed as they are read (a page at a time).
 
-    When none are held under the prefix in use, also names the other prefixes that hold
-    locks (a bounded SCAN).
+    On one server (or Sentinel) they are read from the held index the lock scripts keep
+    (O(held locks)); on a Redis Cluster by SCAN of every primary (never KEYS). When none are
+    held under the prefix in use, also names the other prefixes that hold locks (a bounded
+    SCAN).
     """
     with _one_line_errors():
         target = settings.target()
         try:
-            listing = list_locks(target, limit)
+            listing = LockStream(target, limit, by_scan=by_scan)
+            _print_pages(listing, target.inspector.prefix, as_json)
         finally:
             target.close()
-    if as_json:
-        prefix = target.inspector.prefix
-        rows = [
-            {**holder_json(holder, prefix), "parked": parked, "rate_starts": starts}
-            for holder, parked, (starts, _) in zip(listing.holders, listing.parked, listing.rates)
-        ]
-        click.echo(json.dumps(rows))
-    else:
-        now = time.time()
-        for holder, parked, (starts, _) in zip(listing.holders, listing.parked, listing.rates):
-            row = holder_row(holder, now) + (f"  parked={parked}" if parked else "")
-            click.echo(row + (f"  rate_starts={starts}" if starts else ""))
     summary = (
-        f"{len(listing.holders)} lock(s) held under prefix {target.inspector.prefix!r} "
-        f"on {target.server}"
+        f"{listing.count} lock(s) held under prefix {target.inspector.prefix!r} on {target.server}"
     )
     if listing.truncated:
         summary += f"; stopped after {limit} (--limit), there may be more"
@@ -165,6 +162,25 @@ def list_command(settings: Settings, limit: int, as_json: bool) -> None:
             f"{', '.join(map(repr, listing.other_prefixes))} (use --prefix)"
         )
     click.echo(summary, err=True)
+
+
+def _print_pages(listing: LockStream, prefix: str, as_json: bool) -> None:
+    """Print ``listing``'s pages as they are read: a row per holder, or one JSON list (the
+    same text as ``json.dumps`` of all rows, written a row at a time; nothing before the first
+    read succeeds)."""
+    first = True
+    for page in listing.pages():
+        now = time.time()
+        for holder, parked, (starts, _) in zip(page.holders, page.parked, page.rates):
+            if as_json:
+                row = {**holder_json(holder, prefix), "parked": parked, "rate_starts": starts}
+                click.echo(("[" if first else ", ") + json.dumps(row), nl=False)
+            else:
+                text = holder_row(holder, now) + (f"  parked={parked}" if parked else "")
+                click.echo(text + (f"  rate_starts={starts}" if starts else ""))
+            first = False
+    if as_json:
+        click.echo("[]" if first else "]")
 
 
 NEEDS_APP = (

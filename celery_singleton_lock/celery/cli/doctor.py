@@ -11,6 +11,7 @@ number of fence counters and finish records. Every SCAN is bounded (:data:`SCAN_
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import shlex
@@ -221,11 +222,16 @@ def _sentinel_health(pool: SentinelConnectionPool) -> list[Finding]:
     return found
 
 
+#: COUNT of the doctor's SCAN calls (the shared keys on a Cluster, where there is no index):
+#: short calls (well under a ms each), many of them in a large database.
+SCAN_COUNT = 1000
+
+
 def _scan(client: Client, match: str, type_: str) -> tuple[list[str], bool]:
     """Keys matching ``match`` of type ``type_``, at most :data:`SCAN_LIMIT` (and whether it
     stopped there)."""
     keys: list[str] = []
-    for raw in client.scan_iter(match=match, count=1000, _type=type_):
+    for raw in client.scan_iter(match=match, count=SCAN_COUNT, _type=type_):
         keys.append(_text(raw))
         if len(keys) >= SCAN_LIMIT:
             return keys, True
@@ -292,7 +298,8 @@ def check_markers(target: Target, app: Any, invocation: str = INVOCATION) -> lis
     if target.quorum:
         return []
     client, prefix = target.client, target.inspector.prefix
-    keys, _ = _scan(client, f"{prefix}:{{*}}:queued", "string")
+    # from the marker index on one server (no SCAN), by SCAN on a Cluster
+    keys = list(itertools.islice(target.inspector.marker_keys(), SCAN_LIMIT))
     if not keys:
         return []
     pipe = client.pipeline(transaction=False)
@@ -338,20 +345,9 @@ def check_markers(target: Target, app: Any, invocation: str = INVOCATION) -> lis
 
 
 def _parked_behind_free(target: Target) -> dict[str, int]:
-    client, prefix = target.client, target.inspector.prefix
-    keys, _ = _scan(client, f"{prefix}:{{*}}:parked", "zset")
-    if not keys:
-        return {}
-    pipe = client.pipeline(transaction=False)
-    for key in keys:
-        pipe.exists(key[: -len(":parked")])
-        pipe.zcard(key)
-    replies = pipe.execute()
-    return {
-        _lock_name(prefix, key): int(count)
-        for key, held, count in zip(keys, replies[0::2], replies[1::2])
-        if not held and count
-    }
+    # from the hand-off index (no SCAN): every lock with a parked call is in it
+    parked = target.inspector.parked_locks(SCAN_LIMIT)
+    return {name: count for name, count, held in parked if not held}
 
 
 def check_parked(
@@ -385,6 +381,13 @@ def check_counts(target: Target) -> list[Finding]:
     if target.quorum:
         return []
     client, prefix = target.client, target.inspector.prefix
+    counted_by_name = target.inspector.shared_counts()  # one server: by name, no SCAN
+    if counted_by_name is not None:
+        counters, records = counted_by_name
+        return [
+            Finding("info", "keys", f"{counters} fence counters under prefix {prefix!r}"),
+            Finding("info", "keys", f"{records} finish records under prefix {prefix!r}"),
+        ]
     found = []
     # the shared keys (engine/shared_keys.py): one counter per server or Cluster slot, finish
     # records as task ids in sorted sets (sharded by task id)

@@ -4,6 +4,7 @@ row or as JSON, and the lock name of a call."""
 from __future__ import annotations
 
 import difflib
+import itertools
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ import redis
 from celery_singleton_lock.celery.cli.app_target import Target, asking
 from celery_singleton_lock.celery.duplicates.actions import reserved_for
 from celery_singleton_lock.celery.task.locked_task import LockedTask
-from celery_singleton_lock.engine import Client, LockHolder, LockKeys, slot_of
+from celery_singleton_lock.engine import Client, LockHolder, LockInspector, LockKeys, slot_of
 from celery_singleton_lock.errors import LockConfigurationError, LockError
 
 #: The name of every lock a task takes: ``<task name>:<SHA-256 of its arguments, in hex>``, or
@@ -45,31 +46,99 @@ class Listing:
     rates: list[tuple[int, Optional[float]]] = field(default_factory=list)
 
 
-def list_locks(target: Target, limit: int) -> Listing:
-    """The locks held now under the target's prefix (SCAN, never KEYS), up to ``limit``; when
-    there are none, the other prefixes that hold lock-shaped keys."""
+#: ``list`` reads and prints the locks this many at a time (one pipelined read each).
+LIST_PAGE = 500
 
-    def collect() -> Listing:
-        holders: list[LockHolder] = []
-        for holder in target.inspector.scan():
-            if len(holders) >= limit:
-                return counted(holders, True, [])
-            holders.append(holder)
+
+@dataclass
+class ListedPage:
+    """One page of what ``list`` reads: holders, and the parked calls and lock_rate window
+    of each one's lock (as :class:`Listing`'s)."""
+
+    holders: list[LockHolder]
+    parked: list[int]
+    rates: list[tuple[int, Optional[float]]]
+
+
+class LockStream:
+    """The locks held now under the target's prefix, up to ``limit``, read a page at a time
+    (:meth:`pages`, a generator): printed as they come, never all held in memory. From the
+    held index on one server (O(held locks)), by SCAN on a Redis Cluster (see
+    ``engine/reading.py``). Once the pages are read: how many, whether it stopped at
+    ``limit``, and, when none was held, the other prefixes that hold lock-shaped keys.
+
+    ``by_scan``: read one Redis server by SCAN rather than its held index (locks taken by
+    workers of a version before the index, during a rolling upgrade).
+
+    Raises:
+        LockConfigurationError: ``by_scan`` on a quorum or PostgreSQL.
+    """
+
+    def __init__(
+        self, target: Target, limit: int, page: int = LIST_PAGE, *, by_scan: bool = False
+    ) -> None:
+        inspector = target.inspector
+        if by_scan and not isinstance(inspector, LockInspector):
+            raise LockConfigurationError(
+                "--scan reads the keys of one Redis server (or Sentinel, or Cluster); a quorum "
+                "or PostgreSQL is read as it is: leave --scan out"
+            )
+        self.target = target
+        self.limit = limit
+        self.page = page
+        self._read = (
+            inspector.scan_keys
+            if isinstance(inspector, LockInspector) and by_scan
+            else inspector.scan
+        )
+        self.count = 0
+        self.truncated = False
+        self.other_prefixes: list[str] = []
+
+    def pages(self) -> Iterator[ListedPage]:
+        target, inspector = self.target, self.target.inspector
+        holders = asking(target, lambda: self._read(self.page))
+        while True:
+            batch = asking(target, lambda: list(itertools.islice(holders, self.page)))
+            room = self.limit - self.count
+            if len(batch) > room:
+                batch, self.truncated = batch[:room], True
+            if batch:
+                self.count += len(batch)
+                yield self._page(batch)
+            if self.truncated or len(batch) < self.page:
+                break
+            if self.count >= self.limit:  # stopped here only if there is one more
+                self.truncated = asking(target, lambda: next(holders, None)) is not None
+                break
         # other prefixes are looked for on one Redis server only (not a quorum nor PostgreSQL)
-        one_redis = len(target.clients) == 1
-        prefix = target.inspector.prefix
-        others = [] if holders or not one_redis else lock_shaped_prefixes(target.client, prefix)
-        return counted(holders, False, others)
+        if not self.count and len(target.clients) == 1:
+            prefix = inspector.prefix
+            self.other_prefixes = asking(
+                target, lambda: lock_shaped_prefixes(target.client, prefix)
+            )
 
-    def counted(holders: list[LockHolder], truncated: bool, others: list[str]) -> Listing:
+    def _page(self, holders: list[LockHolder]) -> ListedPage:
         # a slot's key (``...}:slot:k``): its lock's parked calls and rate window
         keys = [holder.key[: holder.key.rindex("}") + 1] for holder in holders]
-        inspector = target.inspector
-        return Listing(
-            holders, truncated, others, inspector.parked_counts(keys), inspector.rate_use(keys)
-        )
+        inspector = self.target.inspector
+        parked = asking(self.target, lambda: inspector.parked_counts(keys))
+        rates = asking(self.target, lambda: inspector.rate_use(keys))
+        return ListedPage(holders, parked, rates)
 
-    return asking(target, collect)
+
+def list_locks(target: Target, limit: int) -> Listing:
+    """The locks held now under the target's prefix, up to ``limit``, collected (for pages
+    that show a bounded list; ``list`` prints :class:`LockStream`'s pages as they come);
+    when there are none, the other prefixes that hold lock-shaped keys."""
+    stream = LockStream(target, limit)
+    listing = Listing([], False, [])
+    for page in stream.pages():
+        listing.holders += page.holders
+        listing.parked += page.parked
+        listing.rates += page.rates
+    listing.truncated, listing.other_prefixes = stream.truncated, stream.other_prefixes
+    return listing
 
 
 def _scan_strings(client: redis.Redis, match: str) -> Iterator[list[Any]]:

@@ -327,22 +327,11 @@ def parked_by_task(locker: Any) -> dict[str, int]:
     """Calls parked behind locks now, by task name (the lock name before its digest)."""
     if locker.queue is None:  # a quorum or PostgreSQL parks nothing ('queue' is refused)
         return {}
-    client, prefix = locker.client, locker.prefix
-    keys: list[str] = []
-    for raw in client.scan_iter(match=f"{prefix}:{{*}}:parked", count=500, _type="zset"):
-        keys.append(raw.decode() if isinstance(raw, bytes) else str(raw))
-        if len(keys) >= PARKED_SCAN_LIMIT:
-            break
-    if not keys:
-        return {}
-    pipe = client.pipeline(transaction=False)
-    for key in keys:
-        pipe.zcard(key)
+    # from the hand-off index (two round trips, no SCAN: O(locks with parked calls))
     counts: dict[str, int] = {}
-    for key, count in zip(keys, pipe.execute()):
-        lock_name = key[len(prefix) + 2 : key.rindex("}")]
+    for lock_name, count, _ in locker.inspect.parked_locks(PARKED_SCAN_LIMIT):
         task = lock_name.rsplit(":", 1)[0]
-        counts[task] = counts.get(task, 0) + int(count)
+        counts[task] = counts.get(task, 0) + count
     return counts
 
 

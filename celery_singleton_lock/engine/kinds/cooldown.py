@@ -34,8 +34,9 @@ class Cooldown:
         for ``cooldown`` seconds: True if it was still ours (its cooldown then began), False
         if not (nothing changed)."""
         args: list[Any] = [lease.token, max(1, int(cooldown * 1000)), lease.keys.channel]
+        script_keys = [lease.key, *self.releases.issuer.held_keys]
         return bool(
             self.releases.release_with(
-                lease, self._release_cooling, [lease.key], args, remember_for
+                lease, self._release_cooling, script_keys, args, remember_for
             )
         )

@@ -22,8 +22,17 @@ class Issuer:
         shared: SharedKeys,
         renewer: Renewer,
         wall_clock: Callable[[], float],
+        held: Optional[str] = None,
+        markers: Optional[str] = None,
     ) -> None:
         self.keeper = keeper
+        #: the held index key (keys.held_index) every script that takes, renews or releases a
+        #: lock writes; None on a Redis Cluster, where no lock's script may write it
+        self.held = held
+        #: ``[held]``, or ``[]`` without it: the KEYS scripts append (see their contracts)
+        self.held_keys: list[str] = [] if held is None else [held]
+        #: ``[marker index]`` (keys.marker_index), or ``[]`` on a Redis Cluster
+        self.marker_keys: list[str] = [] if markers is None else [markers]
         self.prefix = prefix
         self.shared = shared
         self.renewer = renewer

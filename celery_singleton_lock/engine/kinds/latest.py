@@ -81,6 +81,7 @@ class LatestWins:
             _ms(SUPERSEDED_GRACE),
             latest.sent,
         ]
+        script_keys += self.issuer.held_keys  # KEYS[10]: latest wins runs on one server only
         if request.unless_finished:
             script_keys.append(finished)
         return script_keys, args
@@ -115,6 +116,7 @@ class LatestWins:
             keys.parked_messages,
             keys.handoff_due,
             debounce_key(keys),
+            *self.issuer.held_keys,  # KEYS[6]: latest wins runs on one server only
         ]
         args: list[Any] = [lease.token, keys.channel, keys.name, _ms(reservation_ttl)]
         reply = self.releases.release_with(

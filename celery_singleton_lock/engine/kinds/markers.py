@@ -47,7 +47,7 @@ class Markers:
         reply = self.server.run(
             self._enqueue,
             keys.lock,
-            [keys.lock, keys.queued],
+            [keys.lock, keys.queued, *self.issuer.marker_keys],
             [task_id, _ms(ttl), "1" if resend else ("0" if running else "2")],
         )
         return None if reply is None else _lease.as_text(reply)
@@ -61,7 +61,8 @@ class Markers:
         """
         keys = self.issuer.keys(name)
         args = [task_id] if task_id else []
-        return bool(self.server.run(self._clear_queued, keys.queued, [keys.queued], args))
+        script_keys = [keys.queued, *self.issuer.marker_keys]
+        return bool(self.server.run(self._clear_queued, keys.queued, script_keys, args))
 
     def queued_for(self, name: str) -> Optional[float]:
         """Seconds the queued marker of the lock ``name`` still lives; None without one."""

@@ -162,10 +162,11 @@ class Mutex:
             request.unless_finished,
             request.take_queued,
         )
+        held = self.issuer.held_keys
         if not (fencing or unless_finished or take_queued):
-            return [keys.lock], [_ms(request.ttl), value]
+            return [keys.lock, *held], [_ms(request.ttl), value]
         counter, finished = self.issuer.shared.of(keys.lock, owner.task_id)
-        script_keys = [keys.lock, counter, finished, keys.queued]
+        script_keys = [keys.lock, counter, finished, keys.queued, *held, *self.issuer.marker_keys]
         args: list[Any] = [
             _ms(request.ttl),
             value,

@@ -46,6 +46,7 @@ class Slots:
             owner.task_id,
             request.unless_finished,
             "" if self.server.cluster else request.cap_key,  # keys.cap_key: not a cluster's
+            issuer.held_keys,
         )
         reply = self.server.run(self._acquire_slot, keys.lock, script_keys, args, pinned=True)
         if type(reply) is list:

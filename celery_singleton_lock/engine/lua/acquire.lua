@@ -1,11 +1,15 @@
 -- Take a lock (the mutex): a SET NX PX, with a fence, a finish-record check and the queued
 -- marker's deletion when asked.
 -- KEYS[1]  lock key (string; its value: includes/lock_value.lua)
--- With one key the script is a SET NX PX and reads no other key. Otherwise all four:
+-- With one key (or two: KEYS[2] the held index) the script is a SET NX PX and reads no other
+-- key. Otherwise all four (and KEYS[5] the held index):
 -- KEYS[2]  the shared fence counter (see includes/take_lock.lua)
 -- KEYS[3]  the finish-record set of the owner's task id (includes/finish_records.lua; its
 --          name: shared_keys.py)
 -- KEYS[4]  the lock's queued marker (see enqueue.lua)
+-- KEYS[2] of the short form, KEYS[5] of the long: the held index (includes/held_index.lua),
+--          on one server only (left out on a Redis Cluster)
+-- KEYS[6]  with KEYS[5]: the marker index (see enqueue.lua): a deleted marker's entry goes too
 -- ARGV[1]  ttl in ms
 -- ARGV[2]  the lock value with an empty fence: '<token>||<acquired_at>|<pid>|<host>|<task_id>'
 -- ARGV[3]  '1' to hand out a fence, '0' not
@@ -30,10 +34,12 @@
 --- @include "lock_value"
 --- @include "finish_records"
 --- @include "take_lock"
+--- @include "held_index"
 
 local v
-if #KEYS == 1 then
+if #KEYS <= 2 then
   if redis.call('SET', KEYS[1], ARGV[2], 'NX', 'PX', ARGV[1]) then
+    index_held(KEYS[2], KEYS[1], ARGV[1])
     return 0
   end
   v = redis.call('GET', KEYS[1])
@@ -46,12 +52,14 @@ else
   end
   if take and redis.call('GET', KEYS[4]) == ARGV[4] then
     redis.call('DEL', KEYS[4])
+    unindex_held(KEYS[6], KEYS[4])  -- marker index
   end
   if finished then
     return -1
   end
   v = redis.call('GET', KEYS[1])
   if not v then
+    index_held(KEYS[5], KEYS[1], ARGV[1])
     return take_lock(KEYS[1], ARGV[2], ARGV[1], ARGV[3], KEYS[2])
   end
 end

@@ -7,7 +7,8 @@
 -- KEYS[7]  the lock's superseded task ids (sorted set)
 -- KEYS[8]  the lock's superseded calls left to mark (hash)
 -- KEYS[9]  the prefix's index of calls left to mark (sorted set)
--- KEYS[10] optional: the finish-record set to look in (as acquire.lua's KEYS[3])
+-- KEYS[10] the held index (includes/held_index.lua: latest wins runs on one server only)
+-- KEYS[11] optional: the finish-record set to look in (as acquire.lua's KEYS[3])
 -- ARGV[1]  ttl in ms              ARGV[2]  the lock value with an empty fence (as acquire.lua)
 -- ARGV[3]  '1' to hand out a fence, '0' not
 -- ARGV[4]  the owner's task id (not empty)
@@ -41,12 +42,13 @@
 --- @include "finish_records"
 --- @include "take_lock"
 --- @include "displace"
+--- @include "held_index"
 
 local lock, parked, messages, index, burst = KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local id, name, sent = ARGV[4], ARGV[6], ARGV[12]
 local keep_ms = tonumber(ARGV[10])
 local debounce, debounce_max = tonumber(ARGV[8]), tonumber(ARGV[9])
-if KEYS[10] and is_finished(KEYS[10], id) then
+if KEYS[11] and is_finished(KEYS[11], id) then
   return -1
 end
 if redis.call('ZSCORE', KEYS[7], id) then
@@ -96,6 +98,7 @@ if take then
   else  -- a newer call waits: a sweeper looks when this lease could run out, not before due
     redis.call('ZADD', index, 'GT', now_ms() + tonumber(ARGV[1]), name)
   end
+  index_held(KEYS[10], lock, ARGV[1])  -- held index
   return take_lock(lock, ARGV[2], ARGV[1], ARGV[3], KEYS[2])
 end
 local position = redis.call('ZRANK', parked, id)

@@ -14,6 +14,7 @@
 -- ARGV[5]     at most this many starts (acquisitions) in any window of ARGV[6] ms; '' none
 -- ARGV[7]     the owner's task id
 -- ARGV[8]     '1' to look for the finish record (as acquire.lua's ARGV[5]); '' not to look
+-- ARGV[9]     '1': KEYS[#KEYS] is the held index (includes/held_index.lua; one server only)
 -- Returns     {slot, fence}: acquired the 1-based slot, with its fence (0 without fencing).
 --               Also returned when a slot already holds this token: a resend after a lost
 --               reply takes no second slot.
@@ -29,8 +30,11 @@
 --- @include "finish_records"
 --- @include "take_lock"
 --- @include "rate"
+--- @include "held_index"
 
 local n, rate = tonumber(ARGV[4]), tonumber(ARGV[5])
+local held = ARGV[9] == '1' and KEYS[#KEYS] or nil  -- held index
+local cap_key = #KEYS > n + 3 + (held and 1 or 0) and KEYS[n + 4] or nil
 if ARGV[8] ~= '' and is_finished(KEYS[n + 3], ARGV[7]) then
   return -1
 end
@@ -52,8 +56,8 @@ for i = 1, n do
     taken, held_at = taken + 1, i
   end
 end
-if free and KEYS[n + 4] then
-  local cap = tonumber(redis.call('GET', KEYS[n + 4]))
+if free and cap_key then
+  local cap = tonumber(redis.call('GET', cap_key))
   if cap and taken >= cap then
     free = nil
   end
@@ -69,6 +73,7 @@ if free and rate then
 end
 if free then
   redis.call('GET', KEYS[free])  -- MGET reads a key of another type as nil: GET refuses it
+  index_held(held, KEYS[free], ARGV[1])  -- held index
   return {free, take_lock(KEYS[free], ARGV[2], ARGV[1], ARGV[3], KEYS[n + 1])}
 end
 local first, first_pttl

@@ -3,6 +3,8 @@
 -- KEYS[1]  lock key
 -- KEYS[2]  the lock's queued marker: a string holding the task id of the message queued
 --          under this name, with its own TTL. acquire.lua given its ARGV[6] deletes it.
+-- KEYS[3]  optional: the marker index (engine/keys.py's marker_index; one server only): the
+--          marker's entry, scored by its expiry (includes/held_index.lua's functions)
 -- ARGV[1]  task id of the message about to be published (not empty)
 -- ARGV[2]  marker TTL in ms
 -- ARGV[3]  '0': a queued message or a running execution is a duplicate;
@@ -18,10 +20,12 @@
 --               do not publish; nothing changed. A lock value without the lock shape is
 --               ignored here (the worker's acquire reports it).
 --- @include "lock_value"
+--- @include "held_index"
 
 local q = redis.call('GET', KEYS[2])
 if q == ARGV[1] then
   redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  index_held(KEYS[3], KEYS[2], ARGV[2])  -- marker index
   return false
 end
 if q then
@@ -40,4 +44,5 @@ if ARGV[3] == '0' then
   end
 end
 redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2])
+index_held(KEYS[3], KEYS[2], ARGV[2])  -- marker index
 return false

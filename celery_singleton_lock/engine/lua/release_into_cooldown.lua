@@ -3,7 +3,9 @@
 -- publish the release: a waiter (policy wait) re-reads the key and sleeps for the cooldown
 -- left, instead of until the TTL it read of the running holder.
 -- KEYS[1]  lock (or slot) key
--- KEYS[2]  optional: the finish-record set (as release.lua's KEYS[2])
+-- KEYS[2]  optional: the held index (as release.lua's KEYS[2]): the key's entry ends with the
+--          cooldown
+-- KEYS[#KEYS] with ARGV[4..5]: the finish-record set (as release.lua's)
 -- ARGV[1]  token of the releasing owner (32 characters)
 -- ARGV[2]  the cooldown in ms
 -- ARGV[3]  channel to publish the release on (as release.lua's ARGV[2])
@@ -15,14 +17,18 @@
 --- @include "finish_records"
 --- @include "cooldown"
 --- @include "announce"
+--- @include "held_index"
 
+local records = ARGV[5] and KEYS[#KEYS]
+local held = #KEYS == (records and 3 or 2) and KEYS[2]  -- held index: false without it
 local v = redis.call('GET', KEYS[1])
 if not v or string.sub(v, 1, 32) ~= ARGV[1] then
   return 0
 end
-if KEYS[2] then
-  record_finished(KEYS[2], ARGV[4], ARGV[5])
+if records then
+  record_finished(records, ARGV[4], ARGV[5])
 end
 cool_down(KEYS[1], v, ARGV[2])
+index_held(held, KEYS[1], ARGV[2])  -- held index
 announce(ARGV[3], KEYS[1])
 return 1

@@ -4,7 +4,8 @@
 -- KEYS[1]  lock key               KEYS[2]  parked task ids (sorted set)
 -- KEYS[3]  parked messages (hash) KEYS[4]  hand-off index
 -- KEYS[5]  the lock's debounce hash
--- KEYS[6]  optional: the finish-record set (as release.lua's KEYS[2])
+-- KEYS[6]  the held index (includes/held_index.lua: latest wins runs on one server only)
+-- KEYS[7]  optional: the finish-record set (as release.lua's)
 -- ARGV[1]  token of the releasing owner
 -- ARGV[2]  channel to publish the release on
 -- ARGV[3]  the lock name (member of the index)
@@ -16,15 +17,22 @@
 --          string: released and reserved for the waiting call; its message, to publish.
 --- @include "handoff"
 --- @include "release_lock"
+--- @include "held_index"
 
 local lock, parked, messages, index, burst = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local name, reserve_ms = ARGV[3], ARGV[4]
-if not release_lock(lock, ARGV[1], ARGV[2], KEYS[6], ARGV[5], ARGV[6]) then
+if not release_lock(lock, ARGV[1], ARGV[2], KEYS[7], ARGV[5], ARGV[6]) then
   return 0
 end
+unindex_held(KEYS[6], lock)  -- held index
 local due = tonumber(redis.call('HGET', burst, 'due') or '0')
 if due > now_ms() and redis.call('ZCARD', parked) > 0 then
   redis.call('ZADD', index, due, name)
   return 1
 end
-return hand_off(lock, parked, messages, index, name, reserve_ms) or 1
+local handed = hand_off(lock, parked, messages, index, name, reserve_ms)
+if not handed then
+  return 1
+end
+index_held(KEYS[6], lock, reserve_ms)  -- held index: the reservation
+return handed

@@ -134,6 +134,9 @@ class PostgresInspector:
     waiting_newest = absent_reads.no_waiting_newest
     parked = absent_reads.nothing_parked
     parked_counts = absent_reads.no_parked_counts
+    parked_locks = absent_reads.no_parked_locks
+    shared_counts = absent_reads.no_shared_counts
+    marker_keys = absent_reads.no_marker_keys
 
     def scan(self, count: int = 500) -> Iterator[LockHolder]:
         """Every live lease under the prefix, by name, ``count`` rows per SELECT."""

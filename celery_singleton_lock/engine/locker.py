@@ -96,6 +96,7 @@ class RedisLocker:
         queue: calls parked behind a lock (:class:`~.kinds.slot_queue.SlotQueue`); None on
             a cluster (see :data:`CLUSTER`).
         latest: the newest call wins (:class:`~.kinds.latest.LatestWins`); None on a cluster.
+        cancels: the running call asked to stop (:class:`~.kinds.cancels.Cancels`).
         markers: queued markers (:class:`~.kinds.markers.Markers`).
         cooldown: the release into a cooldown (:class:`~.kinds.cooldown.Cooldown`).
     """
@@ -130,11 +131,12 @@ class RedisLocker:
         # not on a cluster, where that key would sit in one slot apart from the locks
         self.queue: Optional[SlotQueue] = None
         self.latest: Optional[LatestWins] = None
-        self.cancels: Optional[Cancels] = None  # restart: beside latest wins, where it is
         if not server.cluster:
             self.queue = SlotQueue(server, issuer, releases)
             self.latest = LatestWins(server, issuer, releases)
-            self.cancels = Cancels(server, issuer)
+        # the cancel flag and its channel share the lock's hash tag: on a Cluster too (policy
+        # restart is still refused there, for want of latest wins)
+        self.cancels = Cancels(server, issuer)
         # A task's release is the hot path: the releases' own methods, bound here, cost no
         # call more than before; the methods below (the same) are what is documented and typed.
         self.release = releases.release  # type: ignore[method-assign]

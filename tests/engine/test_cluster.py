@@ -19,7 +19,8 @@ from redis.crc import key_slot
 from celery_singleton_lock.celery.config.lockers import forget_locker, locker_for
 from celery_singleton_lock.celery.config.servers import close_client, make_client
 from celery_singleton_lock.engine import Lease, LockHolder, RedisLocker, Renewer
-from celery_singleton_lock.engine.lease import Owner
+from celery_singleton_lock.engine.kinds.cancels import cancel_channel
+from celery_singleton_lock.engine.lease import Owner, as_text
 from celery_singleton_lock.engine.waiting import subscribe_releases, wait_for_release
 from celery_singleton_lock.errors import (
     AlreadyFinished,
@@ -30,7 +31,7 @@ from celery_singleton_lock.testing import RedisServer, free_port
 from tests.celery.test_cli import run_cli
 from tests.cluster_topology import ClusterGroup
 from tests.engine.conftest import FakeClock
-from tests.support import CountingConnection
+from tests.support import CountingConnection, wait_until
 
 TTL = 60.0
 _names = itertools.count()
@@ -278,3 +279,27 @@ def test_an_acquire_asking_for_what_a_cluster_lacks_is_refused_naming_it(
 ) -> None:
     with pytest.raises(LockConfigurationError, match=f"{said}.*Redis Cluster"):
         locker.try_acquire(fresh("refused"), TTL, owner=Owner(task_id="t-1"), **{option: value})  # type: ignore[arg-type]
+
+
+def test_a_stop_asked_on_a_cluster_reaches_the_running_call_on_its_shard_channel(
+    locker: RedisLocker, cluster: ClusterGroup
+) -> None:
+    name = fresh("restart")
+    take(locker, name, owner=Owner(task_id="v1"))
+    cancels = locker.cancels
+    assert cancels is not None  # the flag and its channel share the lock's slot
+    signal = cancels.watch(name, "v1")
+    channel = cancel_channel(locker.keys(name))
+    node = cluster.node(holding_node(cluster, locker.keys(name).lock))
+
+    def shard_subscribed() -> bool:
+        counts = {as_text(name): count for name, count in node.pubsub_shardnumsub(channel)}
+        return bool(counts.get(channel))
+
+    wait_until(shard_subscribed)  # SSUBSCRIBE, on the node of the lock's slot
+    assert cancels.cancel_holder(name, by="v2") == "v1"
+    wait_until(lambda: signal.asked)
+    watch = cancels.watching
+    assert watch is not None and (watch.pushed, watch.read) == (1, 0)
+    cancels.unwatch(signal)
+    wait_until(lambda: not shard_subscribed())

@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import math
 import threading
 import time
 from typing import Any, Callable, Optional, TypeVar
@@ -136,7 +137,7 @@ class LockScope(LockHandle):
         self._body_started = False
         self._closed = False
         self._cancelled = False
-        self._cancel_read_at = 0.0
+        self._cancel_read_at = -math.inf  # the first look reads, however young the clock
         self._cancel_signal: Optional[CancelSignal] = None
         _open.by_name[name] = self
 

@@ -10,6 +10,7 @@ import os
 import time
 
 from celery_singleton_lock import LockedTask
+from celery_singleton_lock.celery.task import execution
 from celery_singleton_lock.celery.worker.reclaim import pid_is_gone
 from tests.celery.tasks.core import app, store
 
@@ -23,6 +24,10 @@ _RESTART = {
     "on_duplicate": "retry" if _ON_CLUSTER else "restart",
 }
 _GRACE: dict[str, float] = {} if _ON_CLUSTER else {"lock_cancel_grace": 1}
+# a worker whose bodies read their cancel flag only this often (the fallback): the stop must
+# reach them pushed (tests/celery/test_restart_workers.py)
+if os.environ.get("CSL_CANCEL_POLL"):
+    execution.CANCEL_POLL = float(os.environ["CSL_CANCEL_POLL"])
 
 
 def started(key: str, task_id: str) -> None:

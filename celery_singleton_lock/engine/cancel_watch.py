@@ -79,7 +79,10 @@ class CancelWatch:
         self._by_channel: dict[str, list[CancelSignal]] = {}
         self._pubsub: Any = None
         self._thread: Optional[threading.Thread] = None
-        #: messages that set a signal, and flags found set by a read instead (tests, bench)
+        self._closed = False
+        #: subscriptions confirmed, messages that set a signal, and flags found set by the
+        #: read after a confirmation instead (tests, bench)
+        self.confirmed = 0
         self.pushed = 0
         self.read = 0
 
@@ -96,6 +99,8 @@ class CancelWatch:
         confirmation (read by the thread) is followed by a read of the flag."""
         signal = CancelSignal(name, channel, task_id)
         with self._lock:
+            if self._closed:
+                return signal  # never told: the bodies' own reads still see the flag
             signals = self._by_channel.setdefault(channel, [])
             signals.append(signal)
             if self._thread is None:
@@ -127,6 +132,15 @@ class CancelWatch:
                 except RedisError:  # the thread makes a new connection, without this channel
                     pass
 
+    def close(self) -> None:
+        """Stop listening (the locker is closed): the thread closes its connection and ends
+        within :data:`LISTEN_TIMEOUT` (closed from here, it would be closed under the
+        thread's read)."""
+        with self._lock:
+            self._closed = True
+            self._by_channel.clear()
+            self._wake.notify()
+
     def watched(self) -> int:
         """How many channels are listened to now."""
         with self._lock:
@@ -150,10 +164,14 @@ class CancelWatch:
         return pubsub
 
     def _listen(self) -> None:
-        while True:  # a daemon thread: it ends with its process
+        while True:  # a daemon thread: it ends with its process, or when closed
             with self._lock:
-                while not self._by_channel:
+                while not self._by_channel and not self._closed:
                     self._wake.wait()
+                if self._closed:
+                    _close(self._pubsub)
+                    self._pubsub = None
+                    return
                 pubsub = self._pubsub
                 if pubsub is None:
                     try:
@@ -169,17 +187,15 @@ class CancelWatch:
                     message = pubsub.get_sharded_message(timeout=LISTEN_TIMEOUT)
                 else:
                     message = pubsub.get_message(timeout=LISTEN_TIMEOUT)
-            except (RedisError, OSError, ValueError) as exc:
-                # messages sent meanwhile are lost: the new connection's confirmations read
+            except (RedisError, OSError, ValueError, AttributeError) as exc:
+                # (a pub/sub closed under the call says AttributeError) messages sent
+                # meanwhile are lost: the new connection's confirmations read
                 # the flags again
                 log.debug("cancel channels' connection lost (%s); subscribing again", exc)
                 with self._lock:
                     if self._pubsub is pubsub:
                         self._pubsub = None
-                try:
-                    pubsub.close()
-                except (RedisError, OSError):
-                    pass
+                _close(pubsub)
                 time.sleep(RECONNECT_PAUSE)
                 continue
             if message is not None:
@@ -188,6 +204,8 @@ class CancelWatch:
     def _take(self, message: dict[str, Any]) -> None:
         kind = _text(message.get("type"))
         channel = _text(message.get("channel"))
+        if kind in ("subscribe", "ssubscribe"):
+            self.confirmed += 1
         with self._lock:
             signals = [s for s in self._by_channel.get(channel, ()) if not s.asked]
         if not signals:
@@ -202,13 +220,23 @@ class CancelWatch:
             # a message published before this confirmation was not heard: read the flags
             try:
                 flags = self._read_flags([(s.name, s.task_id) for s in signals])
-            except LockError as exc:  # the bodies' own reads are the fallback
+            except (LockError, RedisError, OSError, ValueError) as exc:
+                # the bodies' own reads are the fallback (a client closed under it says
+                # OSError or ValueError)
                 log.debug("cannot read cancel flags after subscribing: %s", exc)
                 return
             for signal, asked in zip(signals, flags):
                 if asked:
                     signal.asked = True
                     self.read += 1
+
+
+def _close(pubsub: Any) -> None:
+    if pubsub is not None:
+        try:
+            pubsub.close()
+        except (RedisError, OSError, AttributeError):  # half closed already
+            pass
 
 
 def _text(value: Any) -> str:

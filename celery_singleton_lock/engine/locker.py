@@ -231,5 +231,7 @@ class RedisLocker:
         return waiting.subscribe_releases(self.client, self.keys(name).channel)  # type: ignore[arg-type]
 
     def close(self) -> None:
-        """See :meth:`.redis_server.RedisServer.close`."""
+        """See :meth:`.redis_server.RedisServer.close`; this process's watch of cancel
+        channels stops too."""
+        self.cancels.close()
         self.server.close()

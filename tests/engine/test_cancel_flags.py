@@ -3,6 +3,8 @@ and the reads say which calls were asked to stop."""
 
 from __future__ import annotations
 
+from typing import Iterator
+
 import pytest
 import redis
 
@@ -12,9 +14,10 @@ from tests.support import wait_until
 
 
 @pytest.fixture
-def flags(locker: RedisLocker) -> Cancels:
+def flags(locker: RedisLocker) -> Iterator[Cancels]:
     assert locker.cancels is not None  # one server: latest wins, and restart beside it
-    return locker.cancels
+    yield locker.cancels
+    locker.cancels.close()  # this process's listener ends
 
 
 def hold(locker: RedisLocker, name: str, task_id: str) -> Lease:
@@ -73,12 +76,13 @@ def test_a_watched_call_is_told_by_the_message_not_by_a_read(
 ) -> None:
     hold(locker, "job", "v1")
     signal = flags.watch("job", "v1")
-    wait_until(lambda: subscribed(redis_client, locker, "job"))
+    watch = flags.watching
+    assert watch is not None
+    wait_until(lambda: watch.confirmed == 1)  # the read after it found nothing
     assert not signal.asked
     flags.cancel_holder("job", by="v2")
     wait_until(lambda: signal.asked)
-    watch = flags.watching
-    assert watch is not None and (watch.pushed, watch.read) == (1, 0)
+    assert (watch.pushed, watch.read) == (1, 0)
 
 
 def test_a_stop_asked_before_the_subscription_is_found_by_the_read_after_it(
@@ -98,7 +102,9 @@ def test_only_the_call_asked_is_told(
     hold(locker, "job", "v1")
     other = flags.watch("job", "v0")  # an older call of the same lock, in this process
     signal = flags.watch("job", "v1")
-    wait_until(lambda: subscribed(redis_client, locker, "job"))
+    watch = flags.watching
+    assert watch is not None
+    wait_until(lambda: watch.confirmed == 1)
     flags.cancel_holder("job", by="v2")
     wait_until(lambda: signal.asked)
     assert not other.asked

@@ -62,8 +62,10 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-def locker(client: RedisCluster, clock: FakeClock) -> RedisLocker:
-    return RedisLocker(client, prefix="t", renewer=Renewer(clock=clock, autostart=False))
+def locker(client: RedisCluster, clock: FakeClock) -> Iterator[RedisLocker]:
+    made = RedisLocker(client, prefix="t", renewer=Renewer(clock=clock, autostart=False))
+    yield made
+    made.cancels.close()  # a listener of cancel channels ends (the client is closed apart)
 
 
 def take(locker: RedisLocker, name: str, **kwargs: object) -> Lease:
@@ -296,10 +298,12 @@ def test_a_stop_asked_on_a_cluster_reaches_the_running_call_on_its_shard_channel
         counts = {as_text(name): count for name, count in node.pubsub_shardnumsub(channel)}
         return bool(counts.get(channel))
 
-    wait_until(shard_subscribed)  # SSUBSCRIBE, on the node of the lock's slot
+    watch = cancels.watching
+    assert watch is not None
+    wait_until(lambda: watch.confirmed == 1)
+    assert shard_subscribed()  # SSUBSCRIBE, on the node of the lock's slot
     assert cancels.cancel_holder(name, by="v2") == "v1"
     wait_until(lambda: signal.asked)
-    watch = cancels.watching
-    assert watch is not None and (watch.pushed, watch.read) == (1, 0)
+    assert (watch.pushed, watch.read) == (1, 0)
     cancels.unwatch(signal)
     wait_until(lambda: not shard_subscribed())

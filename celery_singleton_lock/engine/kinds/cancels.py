@@ -82,6 +82,11 @@ class Cancels:
         if self._watch is not None:
             self._watch.unwatch(signal)
 
+    def close(self) -> None:
+        """Stop this process's watch (the locker is closed)."""
+        if self._watch is not None:
+            self._watch.close()
+
     @property
     def watching(self) -> Optional[CancelWatch]:
         """This process's watch of the cancel channels (None until a call is watched)."""

@@ -142,8 +142,6 @@ class RedisLocker:
         self.slots = Slots(server, issuer)
         self.cooldown = Cooldown(server, releases)
         self.markers = Markers(server, issuer)
-        # the queue and latest wins find their parked calls through one index key per prefix:
-        # not on a cluster, where that key would sit in one slot apart from the locks
         # every key of a lock's parked calls, latest wins and cancel flag shares the lock's
         # hash tag, and the indexes of due locks are one per slot on a Cluster: all of them
         # run there (the queue policy itself is refused there by CLUSTER, its hand-off

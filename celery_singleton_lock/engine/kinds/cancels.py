@@ -49,7 +49,9 @@ class Cancels:
         self._cancel_holder: Script = server.register(source("cancel_holder"))
         # sharded pub/sub on a Cluster: the message stays in the lock's shard (Redis >= 7)
         self._publish = "SPUBLISH" if server.cluster else "PUBLISH"
-        self._watch: Optional[CancelWatch] = None
+        # made now (no connection or thread until a call is watched): the bodies of a threads
+        # pool share it
+        self._watch = CancelWatch(self.server.client, self.cancel_requested, sharded=server.cluster)
 
     def cancel_holder(self, name: str, by: str) -> Optional[str]:
         """Ask the running holder of the lock ``name`` to stop, for the call ``by`` (a task
@@ -70,26 +72,19 @@ class Cancels:
         asked to stop: the signal's ``asked`` turns True when it is (see
         :mod:`..cancel_watch`). No round trip: the subscription is sent, not waited for.
         :meth:`unwatch` it when the lock is released."""
-        watch = self._watch
-        if watch is None:
-            watch = self._watch = CancelWatch(
-                self.server.client, self.cancel_requested, sharded=self.server.cluster
-            )
-        return watch.watch(name, cancel_channel(self.issuer.keys(name)), task_id)
+        return self._watch.watch(name, cancel_channel(self.issuer.keys(name)), task_id)
 
     def unwatch(self, signal: CancelSignal) -> None:
         """Stop listening for ``signal``'s call."""
-        if self._watch is not None:
-            self._watch.unwatch(signal)
+        self._watch.unwatch(signal)
 
     def close(self) -> None:
         """Stop this process's watch (the locker is closed)."""
-        if self._watch is not None:
-            self._watch.close()
+        self._watch.close()
 
     @property
-    def watching(self) -> Optional[CancelWatch]:
-        """This process's watch of the cancel channels (None until a call is watched)."""
+    def watching(self) -> CancelWatch:
+        """This process's watch of the cancel channels."""
         return self._watch
 
     def cancel_requested(self, held: Sequence[tuple[str, str]]) -> list[bool]:

@@ -1,7 +1,8 @@
 """The newest call wins on a Redis Cluster, from a real prefork ``celery worker``: ``replace``
 keeps only the newest waiting call, ``restart`` stops the running call for it (cooperatively,
 and past ``lock_cancel_grace`` by terminating its pool child), never two bodies of a key at
-once.
+once; nor when a ``kill -9`` comes while a restart is under way (of the old call's pool child,
+of the whole worker that received the new call): the newest call still runs exactly once.
 
 A real cluster of 3 primaries on loopback (tests/cluster_topology.py) holds the locks; broker,
 results and the bodies' records are on a plain Redis server (as in tests/celery/test_cluster.py).
@@ -12,6 +13,8 @@ reaches a cooperative body on the lock's shard channel (``SSUBSCRIBE``), or not 
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
 import time
 from typing import Any, Iterator
 
@@ -34,6 +37,7 @@ class Cluster:
     client: Any  # the Celery app that sends and reads results
     records: redis.Redis
     locks: Any  # a RedisCluster client of the locks' cluster
+    servers: ClusterServers
 
     def send(self, task: Any, *args: Any) -> AsyncResult:
         return self.client.send_task(task.name, args=args, queue=self.worker.queue)
@@ -60,7 +64,7 @@ def cluster(celery_app: Any) -> Iterator[Cluster]:
         try:
             with worker_group(hourly) as workers:
                 (worker,) = workers.start(1, pool="prefork", concurrency=2)
-                yield Cluster(worker, client, records, locks)
+                yield Cluster(worker, client, records, locks, hourly)
         finally:
             locks.close()
             records.close()
@@ -137,3 +141,51 @@ def test_a_call_that_ignores_the_stop_on_a_cluster_has_its_child_terminated_afte
     v1, v2, took = restart_after_a_second(cluster, restart.stubborn, key, 0.5)
     assert took < 20  # v1's 30 s body ended otherwise
     assert_superseded_then_alone(cluster, key, v1, v2)
+
+
+@pytest.fixture
+def pair(cluster: Cluster) -> Iterator[list[CeleryWorkerProcess]]:
+    """Two prefork workers on one queue of their own; a killed worker's reserved messages come
+    back within 2 s (a short visibility timeout)."""
+    servers = dataclasses.replace(cluster.servers, visibility_timeout=2)
+    with worker_group(servers) as group:
+        yield group.start(2, queue=unique("q"), pool="prefork", concurrency=2)
+
+
+def new_call_waits(cluster: Cluster, task: Any, key: str, queue: str) -> tuple[Any, Any]:
+    """v1 running, then v2 sent, parked behind it, and v1 asked to stop (the restart under
+    way)."""
+    lock = lock_of(task, key)
+    v1 = cluster.client.send_task(task.name, args=(key,), queue=queue)
+    wait_until(lambda: cluster.listed("started", key) == [v1.id], timeout=60)
+    v2 = cluster.client.send_task(task.name, args=(key, 0.5), queue=queue)
+    wait_until(lambda: cluster.waiting(lock) == [v2.id], timeout=30)
+    wait_until(lambda: cluster.locks.get(f"{lock}:cancel") == v1.id.encode(), timeout=30)
+    return v1, v2
+
+
+def test_the_old_calls_child_killed_on_a_cluster_during_the_grace_lets_the_new_call_run_once(
+    cluster: Cluster, pair: list[CeleryWorkerProcess]
+) -> None:
+    key = unique("k")
+    v1, v2 = new_call_waits(cluster, restart.stubborn, key, pair[0].queue)
+    v1_pid = int(cluster.records.lindex(f"started:{key}", 0).decode().rsplit("|", 1)[1])
+    os.kill(v1_pid, signal.SIGKILL)  # before its 1 s grace ends
+    assert v2.get(timeout=60) == v2.id
+    assert cluster.listed("started", key) == [v1.id, v2.id]
+    assert cluster.listed("ended", key) == [v2.id]
+    assert cluster.overlaps(key) == 0
+
+
+def test_the_new_calls_worker_killed_on_a_cluster_after_it_parked_the_call_lets_it_run_once(
+    cluster: Cluster, pair: list[CeleryWorkerProcess]
+) -> None:
+    key = unique("k")
+    v1, v2 = new_call_waits(cluster, restart.short_ttl, key, pair[0].queue)
+    (receiver,) = [worker for worker in pair if v2.id in worker.log()]
+    receiver.crash()  # kill -9 of its whole process group (v1 too, if it ran there)
+    # v1's lock, if it died with it, expires (3 s) and a sweeper finds it within a pass of
+    # the slots (16 ticks of 1 s)
+    assert v2.get(timeout=90) == v2.id
+    assert cluster.listed("started", key) == [v1.id, v2.id]  # v2 ran once
+    assert cluster.overlaps(key) == 0

@@ -109,7 +109,12 @@ class CancelWatch:
                 )
                 self._thread.start()
             if len(signals) == 1 and self._pubsub is not None:
-                self._subscribe(self._pubsub, [channel])
+                try:
+                    self._subscribe(self._pubsub, [channel])
+                except (RedisError, OSError, ValueError, AttributeError):
+                    # the connection is down: the thread finds it so too, and subscribes
+                    # every watched channel again on a new one (this one included)
+                    pass
             self._wake.notify()
         return signal
 
@@ -129,8 +134,8 @@ class CancelWatch:
                         self._pubsub.sunsubscribe(signal.channel)
                     else:
                         self._pubsub.unsubscribe(signal.channel)
-                except RedisError:  # the thread makes a new connection, without this channel
-                    pass
+                except (RedisError, OSError, ValueError, AttributeError):
+                    pass  # the thread makes a new connection, without this channel
 
     def close(self) -> None:
         """Stop listening (the locker is closed): the thread closes its connection and ends

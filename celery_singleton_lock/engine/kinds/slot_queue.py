@@ -254,8 +254,8 @@ class SlotQueue:
     def hand_off_soon(self, name: str) -> int:
         """After the lock ``name`` was released without a hand-off (by hand, or at shutdown):
         how many task ids are parked behind it; if any, the name is made due in the hand-off
-        index now, so a sweeper hands the lock on at its next tick instead of at the old
-        holder's TTL."""
+        index now, so a sweeper hands the lock on at its next tick (within a pass of the
+        slots on a Cluster, see slot_sweep.py) instead of at the old holder's TTL."""
         keys = self.issuer.keys(name)
         parked = int(server_errors.call(lambda: self.server.client.zcard(keys.parked), keys.parked))
         if parked:

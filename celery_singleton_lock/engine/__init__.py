@@ -14,6 +14,7 @@ from .backend import (
     QueuedMarkers,
     ReleaseSubscription,
 )
+from .cancel_watch import CancelSignal
 from .capabilities import Capabilities
 from .checks import required
 from .fork_safety import ForkSafeLock, current_pid, no_fork, reset_in_forked_children
@@ -41,6 +42,7 @@ __all__ = [
     "AcquireOutcome",
     "AcquireRequest",
     "AcquireResult",
+    "CancelSignal",
     "Capabilities",
     "Client",
     "CooldownRelease",

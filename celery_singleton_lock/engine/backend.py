@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any, Optional, Protocol, Sequence, Union
 
 from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
+from celery_singleton_lock.engine.cancel_watch import CancelSignal
 from celery_singleton_lock.engine.capabilities import Capabilities
 from celery_singleton_lock.engine.keys import LockKeys
 from celery_singleton_lock.engine.kinds.slot_queue import Due
@@ -145,6 +146,13 @@ class CancelFlags(Protocol):
     def cancel_holder(self, name: str, by: str) -> Optional[str]: ...
 
     def cancel_requested(self, held: Sequence[tuple[str, str]]) -> list[bool]: ...
+
+    def watch(self, name: str, task_id: str) -> CancelSignal:
+        """The running call ``task_id`` of the lock ``name`` told, in this process, when it is
+        asked to stop (pushed; see :mod:`.cancel_watch`)."""
+        ...
+
+    def unwatch(self, signal: CancelSignal) -> None: ...
 
 
 class LiveCaps(Protocol):

@@ -36,6 +36,12 @@ class Capabilities:
     cooldown: bool = True
     #: at most N acquisitions per sliding window (``lock_rate``, :mod:`.slots`)
     rate: bool = True
+    #: every duplicate parked in order over the lock's slots, a rate or a cooldown
+    #: (``on_duplicate='queue'``; beside ``parking``, which the newest-call-wins policies
+    #: ``replace`` and ``restart`` need alone)
+    ordered_queue: bool = True
+    #: a waiting call handed the lock by a sweeper at its due time (``lock_debounce``)
+    debounce: bool = True
 
     def why_not(self, feature: str) -> str:
         """Why ``feature`` (a field name above) is not supported here ("" if it is)."""

@@ -26,8 +26,11 @@ Layout, for prefix ``P`` and lock name ``N``::
     P:queued         (one per prefix, no hash tag: one server only) the marker index: every queued
                      marker key, scored by when it expires (as the held index, written by
                      lua/enqueue.lua, acquire.lua and clear_queued.lua)
-    P:handoff-due    (one per prefix, no hash tag) lock names a hand-off sweeper should look
-                     at, scored by when (see lua/includes/handoff.lua)
+    P:{N}:cancel     policy restart: the task id of the running call asked to stop, and
+    P:{N}:cancel-asked  the channel that task id is published on (see kinds/cancels.py)
+    P:handoff-due    (one per prefix; one per slot on a Cluster, see shared_keys.py) lock
+                     names a hand-off sweeper should look at, scored by when (see
+                     lua/includes/handoff.lua)
     P:cap:F          (one per family F, a task's or group's name; no hash tag: not on a
                      Cluster) the live cap of its locks (``celery locks limit``), an integer
 
@@ -137,7 +140,9 @@ class LockKeys(NamedTuple):
 
     @property
     def handoff_due(self) -> str:
-        """Key of the prefix's hand-off index (no hash tag: one per prefix)."""
+        """Key of the prefix's hand-off index (no hash tag: one per prefix; a locker's
+        ``shared.handoff_index`` names the one that holds this lock, its slot's on a
+        Cluster)."""
         return handoff_index(self.lock[: self.lock.index(":{")])
 
     @property

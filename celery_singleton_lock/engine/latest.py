@@ -39,13 +39,8 @@ def debounce_key(keys: LockKeys) -> str:
     return f"{keys.lock}:latest"
 
 
-def superseded_index(prefix: str) -> str:
-    """Key of the prefix's index of displaced calls left to mark (see lua/includes/displace.lua)."""
-    return f"{prefix}:superseded-due"
-
-
-def superseded_keys(keys: LockKeys) -> list[str]:
-    """Keys of the lock's superseded ids, of its calls left to mark, and of the prefix's index
-    of those (see lua/includes/displace.lua)."""
-    prefix = keys.lock[: keys.lock.index(":{")]
-    return [f"{keys.lock}:superseded", f"{keys.lock}:superseded-left", superseded_index(prefix)]
+def superseded_keys(keys: LockKeys, index: str) -> list[str]:
+    """Keys of the lock's superseded ids, of its calls left to mark, and ``index``, the index
+    of those that holds the lock (the prefix's, or its slot's on a Cluster: see
+    shared_keys.py; lua/includes/displace.lua)."""
+    return [f"{keys.lock}:superseded", f"{keys.lock}:superseded-left", index]

@@ -66,18 +66,33 @@ SINGLE_SERVER = Capabilities(
     cluster=False,
     kind="one Redis server",
 )
-#: A Redis Cluster: a lock's keys share one slot, but the hand-off index is one key per
-#: prefix, and WAIT must follow the acquire on one connection.
+#: A Redis Cluster: a lock's keys share one slot, and so do the keys many locks share there
+#: (the fence counter, the finish records, the indexes of due locks: one of each per slot,
+#: see shared_keys.py); but WAIT must follow the acquire on one connection, the live cap of
+#: ``celery locks limit`` is one key per task, and a sweeper reads the due locks of a window
+#: of slots per tick, not all of them (see slot_sweep.py).
 CLUSTER = Capabilities(
     fencing=True,
     replica_acks=False,
-    parking=False,
+    parking=True,
     enqueue_markers=True,
     cluster=True,
     kind="a Redis Cluster",
+    ordered_queue=False,
+    debounce=False,
     reasons=(
-        ("parking", "its parked messages are found through one index key per prefix"),
         ("replica_acks", "WAIT must follow the acquire on one connection"),
+        (
+            "ordered_queue",
+            "the queue's live cap (celery locks limit) is one key per task, outside the "
+            "slots of its locks",
+        ),
+        (
+            "debounce",
+            "a debounced call is handed the lock by a sweeper at its due time, and on a "
+            "Cluster a sweep reads the due locks of 1,024 slots per tick (all of them every "
+            "16 ticks): a debounce would end seconds late",
+        ),
     ),
     instead="use one Redis server or Sentinel",
 )
@@ -99,9 +114,10 @@ class RedisLocker:
     Attributes:
         inspect: reads the locks under the same prefix (:class:`~.reading.LockInspector`).
         capabilities: :data:`SINGLE_SERVER`, or :data:`CLUSTER` for a cluster client.
-        queue: calls parked behind a lock (:class:`~.kinds.slot_queue.SlotQueue`); None on
-            a cluster (see :data:`CLUSTER`).
-        latest: the newest call wins (:class:`~.kinds.latest.LatestWins`); None on a cluster.
+        queue: calls parked behind a lock (:class:`~.kinds.slot_queue.SlotQueue`; on a
+            cluster it hands on latest wins' calls, policy ``queue`` is refused there).
+        latest: the newest call wins (:class:`~.kinds.latest.LatestWins`).
+        cancels: the running call asked to stop (:class:`~.kinds.cancels.Cancels`).
         markers: queued markers (:class:`~.kinds.markers.Markers`).
         cooldown: the release into a cooldown (:class:`~.kinds.cooldown.Cooldown`).
     """
@@ -137,17 +153,16 @@ class RedisLocker:
         self.slots = Slots(server, issuer)
         self.cooldown = Cooldown(server, releases)
         self.markers = Markers(server, issuer)
-        # the queue and latest wins find their parked calls through one index key per prefix:
-        # not on a cluster, where that key would sit in one slot apart from the locks
-        self.queue: Optional[SlotQueue] = None
-        self.latest: Optional[LatestWins] = None
-        self.cancels: Optional[Cancels] = None  # restart: beside latest wins, where it is
+        # every key of a lock's parked calls, latest wins and cancel flag shares the lock's
+        # hash tag, and the indexes of due locks are one per slot on a Cluster: all of them
+        # run there (the queue policy itself is refused there by CLUSTER, its hand-off
+        # machinery serving latest wins)
+        self.queue: Optional[SlotQueue] = SlotQueue(server, issuer, releases)
+        self.latest: Optional[LatestWins] = LatestWins(server, issuer, releases)
+        self.cancels = Cancels(server, issuer)
         self.caps: Optional[Caps] = None  # a cap key has no hash tag: not on a cluster
         if not server.cluster:
             self.caps = Caps(server)
-            self.queue = SlotQueue(server, issuer, releases)
-            self.latest = LatestWins(server, issuer, releases)
-            self.cancels = Cancels(server, issuer)
         # A task's release is the hot path: the releases' own methods, bound here, cost no
         # call more than before; the methods below (the same) are what is documented and typed.
         self.release = releases.release  # type: ignore[method-assign]
@@ -166,7 +181,7 @@ class RedisLocker:
         checks.check(request, self.capabilities, self.prefix)
         owner = request.owner or Owner()
         check_call(request, owner, request.max_lifetime)
-        if request.park is not None:  # refused on a cluster by its capabilities
+        if request.park is not None:
             assert self.queue is not None and self.latest is not None
             if request.latest is not None:
                 return self.mutex.acquire(request, owner, self.latest)
@@ -242,5 +257,7 @@ class RedisLocker:
         return waiting.subscribe_releases(self.client, self.keys(name).channel)  # type: ignore[arg-type]
 
     def close(self) -> None:
-        """See :meth:`.redis_server.RedisServer.close`."""
+        """See :meth:`.redis_server.RedisServer.close`; this process's watch of cancel
+        channels stops too."""
+        self.cancels.close()
         self.server.close()

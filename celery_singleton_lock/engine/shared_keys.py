@@ -14,13 +14,20 @@ keys is bounded whatever the number of distinct lock names:
                                    default): ~50 bytes a record, and what expires at once
                                    is one small set.
 
-On a Redis Cluster a script may only touch keys of one hash slot, so there is one counter
-and one set of finish-record sets per slot: the same names with ``:{T}`` inserted after
-``fence`` / ``finished``, where ``T`` is a short tag hashing to the lock's slot
-(:func:`slot_tag`), and ``CLUSTER_SHARDS`` sets per slot (fewer: the records spread over the
-slots; all of them in one slot, e.g. a single lock name, still leave ~3,500 per set). At most
-16,384 counters, however many lock names. The scripts that use them:
-``lua/includes/take_lock.lua`` and ``lua/includes/finish_records.lua``.
+    P:handoff-due                  the lock names a hand-off sweeper should look at, by when
+                                   (lua/includes/handoff.lua)
+    P:superseded-due               the lock names with displaced calls left to mark, by when
+                                   (lua/includes/displace.lua)
+
+On a Redis Cluster a script may only touch keys of one hash slot, so there is one counter,
+one set of finish-record sets and one of each index per slot: the same names with ``:{T}``
+inserted after ``fence`` / ``finished`` (appended to the indexes), where ``T`` is a short tag
+hashing to the lock's slot (:func:`slot_tag`), and ``CLUSTER_SHARDS`` sets per slot (fewer:
+the records spread over the slots; all of them in one slot, e.g. a single lock name, still
+leave ~3,500 per set). At most 16,384 counters, however many lock names. The scripts that use
+them: ``lua/includes/take_lock.lua``, ``lua/includes/finish_records.lua``, and those of the
+queue and latest wins; a sweeper reads the indexes of a window of slots per tick
+(:mod:`.slot_sweep`).
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ from typing import Optional
 from zlib import crc32
 
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
+
+from celery_singleton_lock.engine.keys import handoff_index
 
 #: finish-record sets of one server (see the module docstring)
 SHARDS = 32_768
@@ -70,13 +79,25 @@ class SharedKeys:
     """The fence counter and finish-record sets shared by the locks of a prefix (on a cluster:
     by the locks of one slot)."""
 
-    __slots__ = ("_per_slot", "cluster", "counter", "finished", "prefix", "shards")
+    __slots__ = (
+        "_per_slot",
+        "cluster",
+        "counter",
+        "finished",
+        "handoff",
+        "prefix",
+        "shards",
+        "superseded",
+    )
 
     def __init__(self, prefix: str, *, cluster: bool) -> None:
         self.prefix = prefix
         self.cluster = cluster
         self.counter = f"{prefix}:fence"
         self.finished = f"{prefix}:finished"
+        #: the indexes of due locks: one each per prefix (per slot on a cluster: ``:{T}``)
+        self.handoff = handoff_index(prefix)
+        self.superseded = f"{prefix}:superseded-due"
         #: how many sets the finish records are spread over (per slot on a cluster)
         self.shards = CLUSTER_SHARDS if cluster else SHARDS
         self._per_slot: dict[int, tuple[str, str]] = {}
@@ -93,3 +114,20 @@ class SharedKeys:
                 self._per_slot[slot] = pair
             counter, finished = pair
         return counter, f"{finished}:{crc32(task_id.encode()) % self.shards}"
+
+    def handoff_index(self, lock_key: str) -> str:
+        """The hand-off index that holds the lock at ``lock_key`` (its slot's on a cluster)."""
+        if not self.cluster:
+            return self.handoff
+        return f"{self.handoff}:{{{slot_tag(key_slot(lock_key.encode()))}}}"
+
+    def superseded_index(self, lock_key: str) -> str:
+        """The index of displaced calls left to mark that holds the lock at ``lock_key``."""
+        if not self.cluster:
+            return self.superseded
+        return f"{self.superseded}:{{{slot_tag(key_slot(lock_key.encode()))}}}"
+
+    @staticmethod
+    def of_slot(index: str, slot: int) -> str:
+        """The cluster slot ``slot``'s copy of the prefix-wide key ``index``."""
+        return f"{index}:{{{slot_tag(slot)}}}"

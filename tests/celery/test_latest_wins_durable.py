@@ -41,7 +41,7 @@ def park_newest(locker: RedisLocker, key: str, task_id: str, value: str) -> Park
 def sweep_after_the_grace(celery_app: Any, locker: RedisLocker, key: str) -> None:
     """One tick of a hand-off sweeper once the displacing worker's grace has passed."""
     name = latestapp.newest.lock_options.keyer.name((key, 0), {})
-    locker.client.zadd(superseded_keys(locker.keys(name))[2], {name: 0})
+    locker.client.zadd(superseded_keys(locker.keys(name), locker.shared.superseded)[2], {name: 0})
     interval, reservation_ttl = handoff_settings(celery_app.conf)
     HandOffSweeper(celery_app, interval, reservation_ttl).tick()
 
@@ -94,7 +94,7 @@ def test_the_displacing_worker_clears_the_calls_it_marked(
 ) -> None:
     first, _, _ = displaced_by_the_worker(locker, unique_key, 0.5)
     name = latestapp.newest.lock_options.keyer.name((unique_key, 0), {})
-    assert locker.client.hlen(superseded_keys(locker.keys(name))[1]) == 0
+    assert locker.client.hlen(superseded_keys(locker.keys(name), locker.shared.superseded)[1]) == 0
     first.get(timeout=10)
 
 

@@ -6,6 +6,7 @@ pool child."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
 import pytest
@@ -28,6 +29,22 @@ def workers(servers: Servers, celery_app: Any) -> Iterator[dict[str, CeleryWorke
 
 
 POOLS = ("prefork", "threads")
+
+
+@dataclass
+class HourlyReads(Servers):
+    """Workers whose restartable bodies read their cancel flag once an hour (the fallback):
+    a stop reaches them pushed, or not before their end."""
+
+    def env(self, queue: str, **extra: str) -> dict[str, str]:
+        return super().env(queue, CSL_CANCEL_POLL="3600", **extra)
+
+
+@pytest.fixture(scope="module")
+def hourly_reads(servers: Servers, celery_app: Any) -> Iterator[CeleryWorkerProcess]:
+    hourly = HourlyReads(servers.broker_url, servers.lock, servers.backend_url)
+    with worker_group(hourly) as group:
+        yield group.start(1, pool="threads", concurrency=2)[0]
 
 
 @pytest.fixture
@@ -83,6 +100,16 @@ def test_a_newer_call_stops_the_running_one_which_ends_superseded_before_it_star
     v1, v2, took = restart_after_a_second(restart.cooperative, key, workers[pool].queue, 1.0)
     assert_superseded_then_alone(key, v1, v2)
     assert listed("stopped", key) == [v1.id]  # it saw lock.cancelled
+    assert took < 15  # v1 ran on to its 20 s end otherwise
+
+
+def test_a_body_whose_own_reads_are_an_hour_apart_is_told_to_stop_by_the_push(
+    hourly_reads: CeleryWorkerProcess,
+) -> None:
+    key = unique("k")
+    v1, v2, took = restart_after_a_second(restart.cooperative, key, hourly_reads.queue, 0.5)
+    assert_superseded_then_alone(key, v1, v2)
+    assert listed("stopped", key) == [v1.id]  # it saw lock.cancelled, pushed: no read since
     assert took < 15  # v1 ran on to its 20 s end otherwise
 
 

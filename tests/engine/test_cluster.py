@@ -8,18 +8,20 @@ class that counts round trips (one per packed send: a pipeline to one node count
 from __future__ import annotations
 
 import itertools
-from typing import Iterator
+from typing import Iterator, Union
 
 import pytest
 import redis
 from celery import Celery
 from redis.cluster import RedisCluster
-from redis.crc import key_slot
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
 from celery_singleton_lock.celery.config.lockers import forget_locker, locker_for
 from celery_singleton_lock.celery.config.servers import close_client, make_client
-from celery_singleton_lock.engine import Lease, LockHolder, RedisLocker, Renewer
-from celery_singleton_lock.engine.lease import Owner
+from celery_singleton_lock.engine import Latest, Lease, LockHolder, Parked, RedisLocker, Renewer
+from celery_singleton_lock.engine.kinds.cancels import cancel_channel
+from celery_singleton_lock.engine.lease import Owner, as_text
+from celery_singleton_lock.engine.slot_sweep import WINDOW
 from celery_singleton_lock.engine.waiting import subscribe_releases, wait_for_release
 from celery_singleton_lock.errors import (
     AlreadyFinished,
@@ -30,7 +32,7 @@ from celery_singleton_lock.testing import RedisServer, free_port
 from tests.celery.test_cli import run_cli
 from tests.cluster_topology import ClusterGroup
 from tests.engine.conftest import FakeClock
-from tests.support import CountingConnection
+from tests.support import CountingConnection, wait_until
 
 TTL = 60.0
 _names = itertools.count()
@@ -61,8 +63,10 @@ def clock() -> FakeClock:
 
 
 @pytest.fixture
-def locker(client: RedisCluster, clock: FakeClock) -> RedisLocker:
-    return RedisLocker(client, prefix="t", renewer=Renewer(clock=clock, autostart=False))
+def locker(client: RedisCluster, clock: FakeClock) -> Iterator[RedisLocker]:
+    made = RedisLocker(client, prefix="t", renewer=Renewer(clock=clock, autostart=False))
+    yield made
+    made.cancels.close()  # a listener of cancel channels ends (the client is closed apart)
 
 
 def take(locker: RedisLocker, name: str, **kwargs: object) -> Lease:
@@ -286,3 +290,91 @@ def test_a_cluster_keeps_no_held_index_and_scan_still_lists_its_locks(
     lease = take(locker, fresh("held"), renew=False)
     listed = [holder.key for holder in locker.inspect.scan() if holder.key == lease.key]
     assert (listed, client.exists("t:held")) == ([lease.key], 0)
+
+
+def test_a_stop_asked_on_a_cluster_reaches_the_running_call_on_its_shard_channel(
+    locker: RedisLocker, cluster: ClusterGroup
+) -> None:
+    name = fresh("restart")
+    take(locker, name, owner=Owner(task_id="v1"))
+    cancels = locker.cancels
+    assert cancels is not None  # the flag and its channel share the lock's slot
+    signal = cancels.watch(name, "v1")
+    channel = cancel_channel(locker.keys(name))
+    node = cluster.node(holding_node(cluster, locker.keys(name).lock))
+
+    def shard_subscribed() -> bool:
+        counts = {as_text(name): count for name, count in node.pubsub_shardnumsub(channel)}
+        return bool(counts.get(channel))
+
+    watch = cancels.watching
+    assert watch is not None
+    wait_until(lambda: watch.confirmed == 1)
+    assert shard_subscribed()  # SSUBSCRIBE, on the node of the lock's slot
+    assert cancels.cancel_holder(name, by="v2") == "v1"
+    wait_until(lambda: signal.asked)
+    assert (watch.pushed, watch.read) == (1, 0)
+    cancels.unwatch(signal)
+    wait_until(lambda: not shard_subscribed())
+
+
+def newest(locker: RedisLocker, name: str, task_id: str) -> Union[Lease, LockHolder, Parked]:
+    """An acquire of ``name`` by ``task_id`` whose newest call wins (``replace``)."""
+    return locker.try_acquire(
+        name,
+        TTL,
+        owner=Owner(task_id=task_id),
+        park=f"{task_id}\nmsg".encode(),
+        reservation_ttl=30,
+        latest=Latest(),
+    )
+
+
+def test_the_newest_call_waits_alone_on_a_cluster_and_is_handed_the_lock(
+    locker: RedisLocker,
+) -> None:
+    name = fresh("latest")
+    v1 = newest(locker, name, "v1")
+    assert isinstance(v1, Lease)
+    assert isinstance(newest(locker, name, "v2"), Parked)
+    v3 = newest(locker, name, "v3")
+    assert isinstance(v3, Parked) and v3.displaced == (b"v2\nmsg",)
+    assert locker.latest is not None
+    assert locker.latest.release_latest(v1, reservation_ttl=30) == (True, b"v3\nmsg")
+
+
+def test_a_sweeper_finds_the_lock_of_a_dead_holder_on_a_cluster_within_a_pass_of_the_slots(
+    locker: RedisLocker, client: RedisCluster
+) -> None:
+    name = fresh("latest")
+    assert isinstance(newest(locker, name, "v1"), Lease)
+    assert isinstance(newest(locker, name, "v2"), Parked)
+    lock = locker.keys(name).lock
+    client.delete(lock)  # its holder died, and its TTL ran out: due in its slot's index now
+    client.zadd(locker.shared.handoff_index(lock), {name: 0})
+    queue = locker.queue
+    assert queue is not None
+    seen: list[str] = []
+    for _ in range(REDIS_CLUSTER_HASH_SLOTS // WINDOW + 1):  # one pass over the slots
+        seen += queue.hand_off_due().names
+    assert seen.count(name) == 1
+    assert queue.hand_on(name, reservation_ttl=30) == [b"v2\nmsg"]
+
+
+def test_a_sweeper_finds_the_displaced_calls_left_to_mark_on_a_cluster(
+    locker: RedisLocker, client: RedisCluster
+) -> None:
+    name = fresh("latest")
+    assert isinstance(newest(locker, name, "v1"), Lease)
+    newest(locker, name, "v2")
+    newest(locker, name, "v3")  # displaces v2, left to mark by its worker
+    index = locker.shared.superseded_index(locker.keys(name).lock)
+    client.zadd(index, {name: 0})  # as if that worker died: the grace is over
+    latest = locker.latest
+    assert latest is not None
+    left: list[tuple[str, list[bytes]]] = []
+    for _ in range(REDIS_CLUSTER_HASH_SLOTS // WINDOW + 1):
+        left += latest.superseded_left()
+    assert left == [(name, [b"v2\nmsg"])]
+    assert latest.clear_superseded(name, ["v2"]) == 0
+    assert client.zscore(index, name) is None

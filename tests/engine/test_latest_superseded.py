@@ -13,16 +13,22 @@ from tests.engine.test_latest_wins import attempt, waiting_ids
 
 
 def ids_of(locker: RedisLocker) -> set[bytes]:
-    return set(locker.client.zrange(superseded_keys(locker.keys("job"))[0], 0, -1))
+    return set(
+        locker.client.zrange(
+            superseded_keys(locker.keys("job"), locker.shared.superseded)[0], 0, -1
+        )
+    )
 
 
 def left_of(locker: RedisLocker) -> dict[bytes, bytes]:
-    return dict(locker.client.hgetall(superseded_keys(locker.keys("job"))[1]))
+    return dict(
+        locker.client.hgetall(superseded_keys(locker.keys("job"), locker.shared.superseded)[1])
+    )
 
 
 def make_due(locker: RedisLocker) -> None:
     """As if the grace given to the displacing worker had passed (it died)."""
-    locker.client.zadd(superseded_keys(locker.keys("job"))[2], {"job": 0})
+    locker.client.zadd(superseded_keys(locker.keys("job"), locker.shared.superseded)[2], {"job": 0})
 
 
 def displace_b(locker: RedisLocker) -> None:

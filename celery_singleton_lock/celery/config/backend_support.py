@@ -14,20 +14,27 @@ from typing import Any, Callable, Mapping, Optional
 
 from celery_singleton_lock.celery.config.quorum_settings import quorum_urls
 from celery_singleton_lock.celery.config.urls import is_postgres
-from celery_singleton_lock.celery.duplicates.policies import PARKING
+from celery_singleton_lock.celery.duplicates.policies import POLICIES
 from celery_singleton_lock.engine import POSTGRES, QUORUM, Capabilities
 from celery_singleton_lock.errors import LockConfigurationError
 
-#: option -> (the capability it needs, whether a resolved value asks for it, its attribute
-#: of the resolved ``LockOptions``)
-NEEDS: dict[str, tuple[str, Callable[[Any], bool], str]] = {
-    "lock_fencing": ("fencing", bool, "fencing"),
-    "dedupe_on_enqueue": ("enqueue_markers", bool, "dedupe_on_enqueue"),
-    "lock_min_replicas": ("replica_acks", bool, "min_replicas"),
-    "on_duplicate": ("parking", lambda policy: policy in PARKING, "on_duplicate"),
-    "lock_limit": ("slots", lambda limit: limit != 1, "limit"),
-    "lock_cooldown": ("cooldown", bool, "cooldown"),
-    "lock_rate": ("rate", lambda rate: rate is not None, "rate"),
+
+def _policy_needs(policy: Any) -> tuple[str, ...]:
+    chosen = POLICIES.get(policy)
+    return () if chosen is None else chosen.needs
+
+
+#: option -> (the capabilities a value needs, whether a resolved value asks for any, its
+#: attribute of the resolved ``LockOptions``)
+NEEDS: dict[str, tuple[Callable[[Any], tuple[str, ...]], Callable[[Any], bool], str]] = {
+    "lock_fencing": (lambda _: ("fencing",), bool, "fencing"),
+    "dedupe_on_enqueue": (lambda _: ("enqueue_markers",), bool, "dedupe_on_enqueue"),
+    "lock_min_replicas": (lambda _: ("replica_acks",), bool, "min_replicas"),
+    "on_duplicate": (_policy_needs, lambda policy: bool(_policy_needs(policy)), "on_duplicate"),
+    "lock_limit": (lambda _: ("slots",), lambda limit: limit != 1, "limit"),
+    "lock_cooldown": (lambda _: ("cooldown",), bool, "cooldown"),
+    "lock_rate": (lambda _: ("rate",), lambda rate: rate is not None, "rate"),
+    "lock_debounce": (lambda _: ("debounce",), bool, "debounce"),
 }
 
 #: what names the backend in the settings, said after its kind in a refusal
@@ -57,11 +64,13 @@ def refuse_unsupported(
     """
     if capabilities is None:
         return
-    for option, (feature, asks, _) in NEEDS.items():
+    for option, (features, asks, _) in NEEDS.items():
         if option not in values:  # not asked (``requested`` leaves out what is not)
             continue
         value = values[option]
-        if asks(value) and not supports(capabilities, option):
+        missing = [f for f in features(value) if not getattr(capabilities, f)]
+        if asks(value) and missing:
+            feature = missing[0]
             raise LockConfigurationError(
                 f"task {task_name}: {option}={value!r} is not supported on "
                 f"{capabilities.kind}{_NAMED_BY.get(capabilities, '')}: "
@@ -76,6 +85,7 @@ def requested(options: Any) -> dict[str, Any]:
     return {option: value for option, value in values.items() if NEEDS[option][1](value)}
 
 
-def supports(capabilities: Capabilities, option: str) -> bool:
-    """Whether a backend of ``capabilities`` honours ``option`` (a key of :data:`NEEDS`)."""
-    return bool(getattr(capabilities, NEEDS[option][0]))
+def supports(capabilities: Capabilities, option: str, value: Any) -> bool:
+    """Whether a backend of ``capabilities`` honours ``option`` (a key of :data:`NEEDS`) set
+    to ``value``."""
+    return all(getattr(capabilities, feature) for feature in NEEDS[option][0](value))

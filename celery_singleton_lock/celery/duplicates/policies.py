@@ -47,6 +47,8 @@ class DuplicatePolicy:
     #: the holder's release hands the lock on to it: :meth:`park`, :meth:`parked`,
     #: :meth:`release` (and a finish record keeps a hand-off sent twice from running twice)
     parks: ClassVar[bool] = False
+    #: what a lock backend must support for it (fields of ``Capabilities``)
+    needs: ClassVar[tuple[str, ...]] = ()
     #: a held lock sends the message again later: with ``dedupe_on_enqueue`` the acquire keeps
     #: the call's queued marker meanwhile
     resends: ClassVar[bool] = False
@@ -185,6 +187,7 @@ class Queue(DuplicatePolicy):
 
     name = "queue"
     parks = True
+    needs: ClassVar[tuple[str, ...]] = ("parking", "ordered_queue")
     waits_when_eager = True
     stores_state = True
     orders_parked = True
@@ -278,6 +281,7 @@ class Replace(Queue):
     :mod:`.latest`); ``lock_debounce`` holds each call back first."""
 
     name = "replace"
+    needs = ("parking",)  # one call waits: no order to keep
     orders_parked = False
     not_in_a_group = (
         "latest wins drops the waiting call for a newer one, and in a group the newer call "
@@ -360,7 +364,7 @@ class Restart(Replace):
 POLICIES: dict[str, type[DuplicatePolicy]] = {
     policy.name: policy for policy in (Skip, Retry, Wait, Fail, Join, Queue, Replace, Restart)
 }
-#: the names of the policies that park (what a backend needs ``parking`` for)
+#: the names of the policies that park
 PARKING = tuple(name for name, policy in POLICIES.items() if policy.parks)
 _WAIT, _SKIP = Wait(), Skip()
 

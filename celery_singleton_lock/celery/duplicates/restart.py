@@ -5,8 +5,10 @@ Redis, holding no worker slot, displacing an older waiting call (which ends supe
 in a second round trip, it asks the running holder to stop: the engine flags the holder's task
 id beside the lock (``cancel_holder``). The holder learns it two ways:
 
-- **its body** reads ``self.request.lock.cancelled`` (one read of the flag, at most every
-  :data:`~..task.execution.CANCEL_POLL` seconds) and may return early, or call
+- **its body** looks at ``self.request.lock.cancelled``: its first look reads the flag and has
+  its process listen on the lock's cancel channel, where the stop is pushed (no round trip per
+  look; a read every :data:`~..task.execution.CANCEL_POLL` seconds is the fallback), and may
+  return early, or call
   ``self.request.lock.raise_if_cancelled()``, which ends it REVOKED with the reason
   ``"superseded"`` (:func:`end_cancelled`), as ``replace``'s displaced calls end;
 - **its worker's main process** (prefork only) reads the flags of the locks its children hold

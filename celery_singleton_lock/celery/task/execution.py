@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import math
 import threading
 import time
 from typing import Any, Callable, Optional, TypeVar
@@ -35,16 +36,18 @@ from celery_singleton_lock.celery import celery_api
 from celery_singleton_lock.celery.observe import events
 from celery_singleton_lock.celery.signals import lock_released
 from celery_singleton_lock.celery.task.lock_view import LockHandle
-from celery_singleton_lock.engine import Lease, required
+from celery_singleton_lock.engine import CancelSignal, Lease, required
 from celery_singleton_lock.errors import LockError
 
 log = logging.getLogger("celery_singleton_lock.release")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: Seconds between two reads of a restartable call's cancel flag (``lock.cancelled``): a body
-#: that asks in a tight loop costs the server at most this rate of reads.
-CANCEL_POLL = 0.05
+#: Seconds between two reads of a restartable call's cancel flag (``lock.cancelled``) by the
+#: body itself: the fallback. The news is pushed (the process listens on the lock's cancel
+#: channel from the body's first look, see engine/cancel_watch.py); a read now and then covers
+#: a message lost while that connection was down, or a process that could not subscribe.
+CANCEL_POLL = 2.0
 
 
 class _OpenScopes(threading.local):
@@ -98,6 +101,7 @@ class LockScope(LockHandle):
     __slots__ = (
         "_body_started",
         "_cancel_read_at",
+        "_cancel_signal",
         "_cancelled",
         "_closed",
         "_sent_at",
@@ -133,7 +137,8 @@ class LockScope(LockHandle):
         self._body_started = False
         self._closed = False
         self._cancelled = False
-        self._cancel_read_at = 0.0
+        self._cancel_read_at = -math.inf  # the first look reads, however young the clock
+        self._cancel_signal: Optional[CancelSignal] = None
         _open.by_name[name] = self
 
     @property
@@ -145,28 +150,38 @@ class LockScope(LockHandle):
 
     @property
     def cancelled(self) -> bool:
-        """True once a newer call asked this one to stop (policy ``restart``): read from the
-        lock server at most every :data:`CANCEL_POLL` seconds, and True for good once seen."""
+        """True once a newer call asked this one to stop (policy ``restart``), and True for
+        good once seen. The first look reads the flag and has this process listen on the
+        lock's cancel channel: from then on the news is pushed (a look costs no round trip),
+        and the flag is read again only every :data:`CANCEL_POLL` seconds, as a fallback."""
         if self._cancelled:
             return True
-        task = self.task
-        if not (task._lock_options or task.resolve_lock_options()).policy.restarts:
-            return False
+        signal = self._cancel_signal
+        if signal is not None and signal.asked:
+            self._cancelled = True
+            return True
         now = time.monotonic()
         if now - self._cancel_read_at < CANCEL_POLL:
+            return False
+        task = self.task
+        if not (task._lock_options or task.resolve_lock_options()).policy.restarts:
             return False
         self._cancel_read_at = now
         cancels = task.lock_locker.cancels
         if cancels is None:  # no latest wins on this backend: registration refused restart
             return False
         try:
+            if signal is None and not self._closed:
+                # listened to from now; a stop asked before the subscription took effect is
+                # found by the read below, or by the read that follows its confirmation
+                signal = self._cancel_signal = cancels.watch(self.name, self.task_id)
             asked = cancels.cancel_requested([(self.name, self.task_id)])
         except LockError as exc:  # not told: the worker's grace still ends it (prefork)
             log.warning(
                 "task %s[%s]: cannot read its cancel flag (%s)", task.name, self.task_id, exc
             )
             return False
-        self._cancelled = bool(asked and asked[0])
+        self._cancelled = bool(asked and asked[0]) or (signal is not None and signal.asked)
         return self._cancelled
 
     def raise_if_cancelled(self) -> None:
@@ -198,6 +213,8 @@ class LockScope(LockHandle):
         self._closed = True
         if _open.by_name.get(self.name) is self:
             del _open.by_name[self.name]
+        if self._cancel_signal is not None:  # a restartable body that looked: listened to
+            self._stop_listening(self._cancel_signal)
         task = self.task
         options = task._lock_options or task.resolve_lock_options()
         policy = options.policy
@@ -231,6 +248,12 @@ class LockScope(LockHandle):
             self._not_released(exc)
             return
         self._released(owned)
+
+    def _stop_listening(self, signal: CancelSignal) -> None:
+        self._cancel_signal = None
+        cancels = self.task.lock_locker.cancels
+        if cancels is not None:
+            cancels.unwatch(signal)
 
     def _settled(self, owned: Optional[bool], error: Optional[LockError]) -> None:
         """The reply of a release sent without waiting, read later: reported as if waited."""

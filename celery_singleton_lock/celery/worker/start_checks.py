@@ -102,9 +102,10 @@ def check_configuration(app: Any) -> None:
 
 def check_backend_support(app: Any) -> None:
     """Refuse a task option the app's lock backend cannot honour, from its capabilities: on a
-    Redis Cluster (``singleton_lock_cluster``, else asked of the server) policy ``queue`` and
-    ``lock_min_replicas``; a quorum's refusals come from the settings, at registration too. A
-    server that cannot be asked is left to the first acquire, which refuses the same way."""
+    Redis Cluster (``singleton_lock_cluster``, else asked of the server) policy ``queue``,
+    ``lock_debounce`` and ``lock_min_replicas``; a quorum's refusals come from the settings,
+    at registration too. A server that cannot be asked is left to the first acquire, which
+    refuses the same way."""
     asking = [(task.name, requested(task.lock_options)) for task in locked_tasks(app)]
     asking = [(name, values) for name, values in asking if values]
     if not asking:
@@ -113,7 +114,9 @@ def check_backend_support(app: Any) -> None:
     if capabilities is None:
         cluster = cluster_setting(app.conf)
         if cluster is None and not any(
-            not supports(CLUSTER, option) for _, values in asking for option in values
+            not supports(CLUSTER, option, value)
+            for _, values in asking
+            for option, value in values.items()
         ):
             return  # a server of any kind supports them: not worth a round trip now
         if cluster is None:

@@ -16,12 +16,7 @@ from celery_singleton_lock.engine import script_calls, server_errors
 from celery_singleton_lock.engine.acquire_request import AcquireRequest
 from celery_singleton_lock.engine.keys import LockKeys
 from celery_singleton_lock.engine.kinds.issuer import Issuer
-from celery_singleton_lock.engine.latest import (
-    SUPERSEDED_GRACE,
-    debounce_key,
-    superseded_index,
-    superseded_keys,
-)
+from celery_singleton_lock.engine.latest import SUPERSEDED_GRACE, debounce_key, superseded_keys
 from celery_singleton_lock.engine.lease import (
     Lease,
     LockHolder,
@@ -33,6 +28,7 @@ from celery_singleton_lock.engine.lease import (
 from celery_singleton_lock.engine.lua_scripts import source
 from celery_singleton_lock.engine.redis_server import RedisServer
 from celery_singleton_lock.engine.releases import Releases
+from celery_singleton_lock.engine.slot_sweep import SlotSweep
 
 
 def _ms(seconds: Optional[float]) -> int:
@@ -50,6 +46,9 @@ class LatestWins:
         self._release_latest: Script = server.register(source("release_latest"))
         self._clear_superseded: Script = server.register(source("clear_superseded"))
         self._handoff_due: Script = server.register(source("handoff_due"))
+        shared = issuer.shared
+        #: the windows of slots a sweeper reads on a Cluster (see :mod:`..slot_sweep`)
+        self._window = SlotSweep(server, shared.superseded) if server.cluster else None
 
     def acquire_call(
         self, request: AcquireRequest, keys: LockKeys, value: str, owner: Owner
@@ -57,15 +56,16 @@ class LatestWins:
         """KEYS and ARGV of ACQUIRE_OR_REPLACE (its contract in lua/acquire_or_replace.lua)."""
         latest = request.latest
         assert latest is not None  # the backend sends only such a request here
-        counter, finished = self.issuer.shared.of(keys.lock, owner.task_id)
+        shared = self.issuer.shared
+        counter, finished = shared.of(keys.lock, owner.task_id)
         script_keys = [
             keys.lock,
             counter,
             keys.parked,
             keys.parked_messages,
-            keys.handoff_due,
+            shared.handoff_index(keys.lock),
             debounce_key(keys),
-            *superseded_keys(keys),
+            *superseded_keys(keys, shared.superseded_index(keys.lock)),
         ]
         args = [
             _ms(request.ttl),
@@ -114,7 +114,7 @@ class LatestWins:
             lease.key,
             keys.parked,
             keys.parked_messages,
-            keys.handoff_due,
+            self.issuer.shared.handoff_index(keys.lock),
             debounce_key(keys),
             *self.issuer.held_keys,  # KEYS[6]: latest wins runs on one server only
         ]
@@ -131,12 +131,15 @@ class LatestWins:
         """The calls displaced by a newer one that their worker has not marked superseded
         within :data:`SUPERSEDED_GRACE` (it died in between): (lock name, their messages) of
         at most ``limit`` locks. Mark each, then :meth:`clear_superseded` it."""
-        index = superseded_index(self.issuer.prefix)
-        due = script_calls.run(self._handoff_due, index, [index], [limit], self.server.client)
-        names = [as_text(name) for name in due[1:]]  # due[0]: when the next falls due
+        if self._window is not None:  # a Cluster: one index per slot, a window per tick
+            names = self._window.due(limit)
+        else:
+            index = self.issuer.shared.superseded
+            due = script_calls.run(self._handoff_due, index, [index], [limit], self.server.client)
+            names = [as_text(name) for name in due[1:]]  # due[0]: when the next falls due
         left = []
         for name in names:
-            key = superseded_keys(self.issuer.keys(name))[1]
+            key = f"{self.issuer.keys(name).lock}:superseded-left"
             messages = server_errors.call(functools.partial(self.server.client.hvals, key), key)
             left.append((name, [as_bytes(message) for message in messages]))
         return left
@@ -148,7 +151,8 @@ class LatestWins:
         longer left to mark (their ids stay recorded, so a stale copy is refused). With
         ``look_again_in``, a sweeper looks at the calls still left that many seconds from now.
         Returns how many are still left."""
-        _, left, index = superseded_keys(self.issuer.keys(name))
+        keys = self.issuer.keys(name)
+        _, left, index = superseded_keys(keys, self.issuer.shared.superseded_index(keys.lock))
         args = [name, _ms(look_again_in), *task_ids]
         reply = script_calls.run(
             self._clear_superseded, left, [left, index], args, self.server.client

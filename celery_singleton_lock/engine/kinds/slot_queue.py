@@ -36,6 +36,7 @@ from celery_singleton_lock.engine.lua_scripts import source
 from celery_singleton_lock.engine.redis_server import RedisServer
 from celery_singleton_lock.engine.releases import Releases
 from celery_singleton_lock.engine.script_calls import _ms
+from celery_singleton_lock.engine.slot_sweep import SlotSweep
 
 log_acquire = logging.getLogger("celery_singleton_lock.acquire")
 
@@ -90,6 +91,8 @@ class SlotQueue:
         self._slot_or_park: Script = server.register(source("acquire_slot_or_park"))
         self._hand_on_slots: Script = server.register(source("hand_on_slots"))
         self._handoff_due: Script = server.register(source("handoff_due"))
+        #: the windows of slots a sweeper reads on a Cluster (see :mod:`..slot_sweep`)
+        self._window = SlotSweep(server, issuer.shared.handoff) if server.cluster else None
 
     def acquire(self, request: AcquireRequest, owner: Owner) -> AcquireOutcome:
         """One round trip of ACQUIRE_SLOT_OR_PARK: a slot taken, or the call parked."""
@@ -102,7 +105,8 @@ class SlotQueue:
         counter, finished = issuer.shared.of(keys.lock, owner.task_id)
         script_keys = [slots.slot_key(keys, slot) for slot in range(1, limit + 1)]
         script_keys += (counter, keys.starts, keys.parked, keys.parked_messages)
-        script_keys += (keys.handoff_due, keys.parked_rule, keys.parked_rounds)
+        script_keys += (issuer.shared.handoff_index(keys.lock), keys.parked_rule)
+        script_keys.append(keys.parked_rounds)
         args: list[Any] = [_ms(request.ttl), value, "1" if request.fencing else "0", limit]
         args += _rate_args(request.rate)
         args += (owner.task_id, request.park, keys.name, _ms(request.reservation_ttl))
@@ -184,7 +188,8 @@ class SlotQueue:
         limit, rate, cap_key = rule
         keys = self.issuer.keys(name)
         script_keys = [slots.slot_key(keys, slot) for slot in range(1, limit + 1)]
-        script_keys += (keys.starts, keys.parked, keys.parked_messages, keys.handoff_due)
+        script_keys += (keys.starts, keys.parked, keys.parked_messages)
+        script_keys.append(self.issuer.shared.handoff_index(keys.lock))
         script_keys += (keys.parked_rule, keys.parked_rounds)
         args: list[Any] = [limit, *_rate_args(rate), mode, subject, keys.channel, keys.name]
         args += (_ms(reservation_ttl), cooldown_ms, "1" if cap_key else "")
@@ -205,6 +210,8 @@ class SlotQueue:
         """Names of the locks with parked task ids whose holder's TTL or reservation has run
         out by the server's clock (at most ``limit``): a sweeper looks at each with
         :meth:`hand_on`, then sleeps until the next is due (or its interval ends)."""
+        if self._window is not None:  # a Cluster: one index per slot, a window per tick
+            return Due(self._window.due(limit), None)
         key = handoff_index(self.issuer.prefix)
         wait, *names = self.server.run(self._handoff_due, key, [key], [limit])
         wait = int(wait)
@@ -247,11 +254,11 @@ class SlotQueue:
     def hand_off_soon(self, name: str) -> int:
         """After the lock ``name`` was released without a hand-off (by hand, or at shutdown):
         how many task ids are parked behind it; if any, the name is made due in the hand-off
-        index now, so a sweeper hands the lock on at its next tick instead of at the old
-        holder's TTL."""
+        index now, so a sweeper hands the lock on at its next tick (within a pass of the
+        slots on a Cluster, see slot_sweep.py) instead of at the old holder's TTL."""
         keys = self.issuer.keys(name)
         parked = int(server_errors.call(lambda: self.server.client.zcard(keys.parked), keys.parked))
         if parked:
-            index = keys.handoff_due
+            index = self.issuer.shared.handoff_index(keys.lock)
             server_errors.call(lambda: self.server.client.zadd(index, {keys.name: 0}), index)
         return parked

@@ -1,4 +1,5 @@
-"""Tasks of ``on_duplicate="restart"`` (tests/celery/test_restart_workers.py). Each body
+"""Tasks of ``on_duplicate="restart"`` (tests/celery/test_restart_workers.py), and one of
+``"replace"`` (tests/celery/test_cluster_latest.py runs both on a Redis Cluster). Each body
 records ``<task id>|<pid>`` in ``started:<key>`` as it starts, counts in ``overlaps:<key>`` a
 start while an earlier body of the key is not over (not unwound, and its process alive), and
 records how it ended in ``ended:<key>`` (ran to its end) or ``stopped:<key>`` (stopped when
@@ -10,19 +11,16 @@ import os
 import time
 
 from celery_singleton_lock import LockedTask
+from celery_singleton_lock.celery.task import execution
 from celery_singleton_lock.celery.worker.reclaim import pid_is_gone
 from tests.celery.tasks.core import app, store
 
-#: a Redis Cluster's workers (tests/celery/test_cluster.py sets CSL_QUEUE_POLICY) refuse to
-#: start with a restart task, as with a queue task: they serve these with "retry", no grace
-_ON_CLUSTER = bool(os.environ.get("CSL_QUEUE_POLICY"))
-_RESTART = {
-    "bind": True,
-    "base": LockedTask,
-    "lock_on": ("key",),
-    "on_duplicate": "retry" if _ON_CLUSTER else "restart",
-}
-_GRACE: dict[str, float] = {} if _ON_CLUSTER else {"lock_cancel_grace": 1}
+_RESTART = {"bind": True, "base": LockedTask, "lock_on": ("key",), "on_duplicate": "restart"}
+_GRACE = {"lock_cancel_grace": 1}
+# a worker whose bodies read their cancel flag only this often (the fallback): the stop must
+# reach them pushed (tests/celery/test_restart_workers.py)
+if os.environ.get("CSL_CANCEL_POLL"):
+    execution.CANCEL_POLL = float(os.environ["CSL_CANCEL_POLL"])
 
 
 def started(key: str, task_id: str) -> None:
@@ -77,4 +75,10 @@ def stubborn(self: LockedTask, key: str, seconds: float = 30.0) -> str:
 @app.task(**_RESTART, **_GRACE, lock_ttl=3)
 def short_ttl(self: LockedTask, key: str, seconds: float = 30.0) -> str:
     """:func:`stubborn` with a 3 s lock: a killed worker's lock expires soon."""
+    return ignoring_the_stop(key, str(self.request.id), seconds)
+
+
+@app.task(bind=True, base=LockedTask, lock_on=("key",), on_duplicate="replace")
+def newest_waits(self: LockedTask, key: str, seconds: float = 0.0) -> str:
+    """``replace``: runs to its end (``seconds``); only the newest call waits behind it."""
     return ignoring_the_stop(key, str(self.request.id), seconds)

@@ -14,6 +14,7 @@ reference to each for good and starts with none of its own.
 from __future__ import annotations
 
 import contextlib
+import select
 import threading
 from typing import Any, Iterator, Optional, Sequence
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -67,6 +68,18 @@ def unavailable(exc: BaseException, conninfo: str, key: Optional[str]) -> LockEr
     return LockError(said, key)
 
 
+def _closed_by_server(connection: Connection) -> bool:
+    """True if the idle ``connection`` is closed, or its socket has something to read (the
+    server's goodbye, or the end of the stream: see the module), without waiting."""
+    if connection.closed:
+        return True
+    try:
+        readable, _, _ = select.select([connection.fileno()], [], [], 0)
+    except (OSError, ValueError, psycopg.Error):
+        return True
+    return bool(readable)
+
+
 class Connections:
     """Kept connections to ``conninfo`` for this process (see the module)."""
 
@@ -100,8 +113,7 @@ class Connections:
     @contextlib.contextmanager
     def connection(self, key: Optional[str] = None) -> Iterator[Connection]:
         """A kept connection for the ``with`` block, psycopg's errors said as ours."""
-        with self._lock:
-            connection = self._idle.pop() if self._idle else None
+        connection = self._take_idle()
         try:
             if connection is None:
                 connection = self.connect()
@@ -136,6 +148,15 @@ class Connections:
             for sql, params in statements:
                 self.statements += 1
                 connection.execute(sql, params)
+
+    def _take_idle(self) -> Optional[Connection]:
+        """A kept connection still open (the closed ones dropped on the way), or None."""
+        while True:
+            with self._lock:
+                connection = self._idle.pop() if self._idle else None
+            if connection is None or not _closed_by_server(connection):
+                return connection
+            self._drop(connection)
 
     def _drop(self, connection: Connection) -> None:
         with self._lock:

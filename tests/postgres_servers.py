@@ -166,9 +166,9 @@ def private_postgres() -> Iterator[PrivatePostgres]:
 
 
 class PrivatePgBouncer:
-    """``pgbouncer`` in ``pool_mode`` in front of the database of ``target`` (a libpq
-    ``host=... port=... dbname=...``), listening on a free loopback port; the database
-    is reached as ``postgresql://postgres@127.0.0.1:<port>/<name>``."""
+    """``pgbouncer`` in ``pool_mode`` in front of every database of the server ``target`` (a
+    libpq ``host=... port=...``: the wildcard database ``*``), listening on a free loopback
+    port; :attr:`url` names the database ``name`` through it."""
 
     def __init__(
         self, binary: str, directory: Path, run_as: RunAs, target: str, name: str, pool_mode: str
@@ -180,7 +180,7 @@ class PrivatePgBouncer:
         (directory / "users.txt").write_text('"postgres" ""\n')
         ini = directory / "pgbouncer.ini"
         ini.write_text(
-            f"[databases]\n{name} = {target}\n\n[pgbouncer]\n"
+            f"[databases]\n* = {target}\n\n[pgbouncer]\n"
             f"listen_addr = 127.0.0.1\nlisten_port = {self.port}\nunix_socket_dir =\n"
             f"auth_type = trust\nauth_file = {directory / 'users.txt'}\n"
             f"pool_mode = {pool_mode}\nmax_client_conn = 500\ndefault_pool_size = 10\n"
@@ -212,7 +212,7 @@ class PrivatePgBouncer:
 
 @contextlib.contextmanager
 def private_pgbouncer(
-    target: str, name: str, pool_mode: str = "transaction"
+    target: str = "host=127.0.0.1 port=5432", name: str = "test", pool_mode: str = "transaction"
 ) -> Iterator[PrivatePgBouncer]:
     """A running :class:`PrivatePgBouncer`, stopped and removed at the end; skips without
     ``pgbouncer`` (Debian's package: ``apt-get install pgbouncer``)."""

@@ -102,14 +102,26 @@ class PrivatePostgres:
     """A PostgreSQL of the test's own in ``directory``; :meth:`stop` and :meth:`start` may be
     called any number of times (a restart), :meth:`destroy` removes it all."""
 
-    def __init__(self, bindir: Path, directory: Path, run_as: RunAs) -> None:
+    def __init__(
+        self,
+        bindir: Path,
+        directory: Path,
+        run_as: RunAs,
+        standby_of: Optional[PrivatePostgres] = None,
+    ) -> None:
         self.bindir, self.directory, self.run_as = bindir, directory, run_as
         self.data = directory / "data"
         self.log = directory / "postgres.log"
         self.port = free_port()
         self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
-        run_as.run([str(bindir / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres",
-                    "--no-sync", "-E", "UTF8"])  # fmt: skip
+        if standby_of is None:
+            run_as.run([str(bindir / "initdb"), "-D", str(self.data), "-A", "trust",
+                        "-U", "postgres", "--no-sync", "-E", "UTF8"])  # fmt: skip
+        else:
+            # a streaming replica: a base backup with standby.signal and primary_conninfo (-R)
+            run_as.run([str(bindir / "pg_basebackup"), "-h", "127.0.0.1", "-p",
+                        str(standby_of.port), "-U", "postgres", "-D", str(self.data), "-R",
+                        "-X", "stream", "--no-sync"])  # fmt: skip
         with open(self.data / "postgresql.conf", "a", encoding="utf-8") as conf:
             conf.write(
                 f"\nport = {self.port}\nlisten_addresses = '127.0.0.1'\n"
@@ -135,6 +147,10 @@ class PrivatePostgres:
         (a crash: no checkpoint, WAL replayed at the next start)."""
         self.pg_ctl("-m", mode, "-w", "-t", "90", "stop")
 
+    def promote(self) -> None:
+        """Promote this standby to a primary (``pg_ctl promote``, waited for)."""
+        self.pg_ctl("-w", "-t", "90", "promote")
+
     def running(self) -> bool:
         return (self.data / "postmaster.pid").exists()
 
@@ -157,6 +173,23 @@ def private_postgres() -> Iterator[PrivatePostgres]:
     server: Optional[PrivatePostgres] = None
     try:
         server = PrivatePostgres(bindir, directory, run_as)
+        server.start()
+        yield server
+    finally:
+        if server is not None:
+            server.destroy()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def private_standby(primary: PrivatePostgres) -> Iterator[PrivatePostgres]:
+    """A running streaming standby of ``primary`` (asynchronous), stopped and removed at the
+    end."""
+    directory = Path(tempfile.mkdtemp(prefix="csl-pg-standby-"))
+    primary.run_as.own(directory)
+    server: Optional[PrivatePostgres] = None
+    try:
+        server = PrivatePostgres(primary.bindir, directory, primary.run_as, standby_of=primary)
         server.start()
         yield server
     finally:

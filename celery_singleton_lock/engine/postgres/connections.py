@@ -55,8 +55,12 @@ def split_url(url: str) -> tuple[str, str]:
 
 
 def where(conninfo: str) -> str:
-    """``host:port/db`` of ``conninfo``, password left out, for messages."""
+    """``host:port/db`` of ``conninfo``, password left out, for messages (a multi-host URL,
+    ``host1:port1,host2:port2``, as written)."""
     parts = urlsplit(conninfo)
+    hosts = parts.netloc.rpartition("@")[2]
+    if "," in hosts:
+        return f"{hosts}{parts.path}"
     return f"{parts.hostname or 'localhost'}:{parts.port or 5432}{parts.path}"
 
 

@@ -6,6 +6,13 @@ autocommit, so one statement is one transaction and nothing holds a session stat
 statements; server-side prepared statements are off (``prepare_threshold=None``). Both make it
 work through PgBouncer in transaction mode. A connection that fails is dropped, never put back.
 
+A kept connection the server closed while it sat idle (PostgreSQL restarted, or PgBouncer's
+``client_idle_timeout``) has its socket readable: the server's goodbye and the end of the
+stream, where an idle connection that LISTENs to nothing has nothing to read. It is dropped
+before use (a ``poll`` of the socket, no round trip) and the statement goes on a new
+connection, so the first acquire and the first renewal after a restart do not fail on a dead
+socket.
+
 Fork safety: a forked child (a prefork pool child) never uses, closes nor frees its parent's
 connections (freeing one would send the server a terminate on the parent's socket): it keeps a
 reference to each for good and starts with none of its own.
@@ -74,13 +81,26 @@ def unavailable(exc: BaseException, conninfo: str, key: Optional[str]) -> LockEr
 
 def _closed_by_server(connection: Connection) -> bool:
     """True if the idle ``connection`` is closed, or its socket has something to read (the
-    server's goodbye, or the end of the stream: see the module), without waiting."""
+    server's goodbye, or the end of the stream: see the module), without waiting. Reading
+    it instead (libpq's ``consume_input``) misses the goodbye that comes before the end of the
+    stream; and PostgreSQL sends nothing else unasked to an idle connection (no TLS session
+    tickets: it turns them off)."""
     if connection.closed:
         return True
     try:
-        readable, _, _ = select.select([connection.fileno()], [], [], 0)
+        return _readable(connection.fileno())
     except (OSError, ValueError, psycopg.Error):
         return True
+
+
+def _readable(fd: int) -> bool:
+    """Whether ``fd`` has something to read or was hung up, now. ``poll`` where there is one:
+    ``select`` refuses a descriptor above 1023, which a busy worker may reach."""
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))
+    readable, _, _ = select.select([fd], [], [], 0)
     return bool(readable)
 
 

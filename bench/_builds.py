@@ -418,22 +418,35 @@ def postgres_url() -> str:
     return os.environ.get("CSL_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
 
+def pgbouncer_url() -> str:
+    """The same database through PgBouncer: ``$CSL_PGBOUNCER_URL`` (``bench/postgres.py
+    --pgbouncer`` points it at the run's own database)."""
+    url = os.environ.get("CSL_PGBOUNCER_URL")
+    if not url:
+        raise BenchError("no PgBouncer: run python -m bench postgres --pgbouncer URL")
+    return url
+
+
 def postgres_schema(prefix: str) -> str:
     """The schema of a run's lock tables: its bench prefix, as an identifier."""
     return prefix.replace("-", "_")
 
 
-def postgres_locker(prefix: str, closers: List[Callable[[], None]]) -> Any:
+def postgres_locker(
+    prefix: str, closers: List[Callable[[], None]], url: Optional[str] = None
+) -> Any:
     """A ``PostgresLocker`` on the run's schema (created on first use, dropped at the end)
-    with a renewer that runs no thread, as ``locked`` has."""
+    with a renewer that runs no thread, as ``locked`` has; through ``url`` if given (PgBouncer
+    in front of the same database), else to the database directly."""
     import psycopg
 
     from celery_singleton_lock.engine.postgres.locker import PostgresLocker
 
     schema = postgres_schema(prefix)
-    separator = "&" if "?" in postgres_url() else "?"
+    url = url or postgres_url()
+    separator = "&" if "?" in url else "?"
     locker = PostgresLocker(
-        f"{postgres_url()}{separator}schema={schema}",
+        f"{url}{separator}schema={schema}",
         prefix=f"{prefix}-pg",
         renewer=Renewer(autostart=False),
     )
@@ -450,6 +463,12 @@ def postgres_locker(prefix: str, closers: List[Callable[[], None]]) -> Any:
 def postgres_cycle(setup: EngineSetup, name: str) -> Call:
     """``PostgresLocker.try_acquire`` then ``release`` (renew=False): 2 statements."""
     locker = postgres_locker(setup.prefix, setup.closers)
+    return lease_cycle(locker, name, setup.ttl, renew=False)
+
+
+def pgbouncer_cycle(setup: EngineSetup, name: str) -> Call:
+    """``postgres_cycle`` through PgBouncer in transaction mode (its own schema)."""
+    locker = postgres_locker(f"{setup.prefix}-pgb", setup.closers, pgbouncer_url())
     return lease_cycle(locker, name, setup.ttl, renew=False)
 
 
@@ -497,3 +516,14 @@ def postgres_task(setup: WorkerSetup, name: str) -> Any:
 
     OnPostgres.__name__ = OnPostgres.__qualname__ = "BenchPostgresTask"
     return setup.app.task(name=name, base=OnPostgres)(noop)
+
+
+def pgbouncer_task(setup: WorkerSetup, name: str) -> Any:
+    """``postgres_task`` with its locks through PgBouncer in transaction mode."""
+    locker = postgres_locker(f"{setup.prefix}-pgb", setup.closers, pgbouncer_url())
+
+    class ThroughPgBouncer(LockedTask):
+        lock_locker = locker
+
+    ThroughPgBouncer.__name__ = ThroughPgBouncer.__qualname__ = "BenchPgBouncerTask"
+    return setup.app.task(name=name, base=ThroughPgBouncer)(noop)

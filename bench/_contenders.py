@@ -33,6 +33,8 @@ from ._builds import (
     metrics_task,
     once_cycle,
     once_task,
+    pgbouncer_cycle,
+    pgbouncer_task,
     plain_task,
     postgres_cycle,
     postgres_floor_cycle,
@@ -174,6 +176,15 @@ CONTENDERS = [
         engine=postgres_cycle,
         # its locks are rows, not Redis keys: nothing of it may match on the Redis
         lock_keys=lambda prefix, name: f"{prefix}-pg:*",
+        needs="psycopg",
+    ),
+    Contender(
+        "pgbouncer",
+        "LockedTask, locks in PostgreSQL through PgBouncer",
+        pgbouncer_task,
+        engine_label="PostgresLocker through PgBouncer (transaction mode)",
+        engine=pgbouncer_cycle,
+        lock_keys=lambda prefix, name: f"{prefix}-pgb-pg:*",
         needs="psycopg",
     ),
     Contender(

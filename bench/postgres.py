@@ -11,6 +11,11 @@
 2. Worker level (``--worker``): no-op tasks through one in-process solo worker, alternated task
    by task: ``plain``, ``floor``, ``locked`` (LockedTask, locks in the Redis that is also the
    broker) and ``postgres`` (LockedTask, locks in PostgreSQL).
+
+``--pgbouncer URL`` adds ``pgbouncer`` at both levels: ``PostgresLocker`` on the same database
+through the PgBouncer at ``URL`` (``postgresql://user@host:port``, in transaction mode, with a
+wildcard ``* = host=... port=...`` database entry so the run's own database is reached through
+it), alternated with the direct one.
 """
 
 from __future__ import annotations
@@ -35,10 +40,16 @@ ENGINE_KEYS = ("floor", "locked-no-renew", "pg-floor", "postgres")
 WORKER_KEYS = ("plain", "floor", "locked", "postgres")
 
 
+def with_pgbouncer(keys: Sequence[str], args: argparse.Namespace) -> tuple[str, ...]:
+    """``keys``, and ``pgbouncer`` after ``postgres`` with ``--pgbouncer``."""
+    return (*keys, "pgbouncer") if args.pgbouncer else tuple(keys)
+
+
 @contextlib.contextmanager
-def own_database() -> Iterator[str]:
+def own_database(pgbouncer: Optional[str] = None) -> Iterator[str]:
     """A database of the run's own on the server of ``$CSL_POSTGRES_URL`` (else the local
-    one), set as ``$CSL_POSTGRES_URL`` while it lasts, dropped at the end."""
+    one), set as ``$CSL_POSTGRES_URL`` while it lasts (and through the PgBouncer at
+    ``pgbouncer``, as ``$CSL_PGBOUNCER_URL``), dropped at the end."""
     import psycopg
 
     base = os.environ.get("CSL_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/test")
@@ -48,9 +59,12 @@ def own_database() -> Iterator[str]:
         url = base.rsplit("/", 1)[0] + f"/{name}"
         before = os.environ.get("CSL_POSTGRES_URL")
         os.environ["CSL_POSTGRES_URL"] = url
+        if pgbouncer:
+            os.environ["CSL_PGBOUNCER_URL"] = f"{pgbouncer.rstrip('/')}/{name}"
         try:
             yield url
         finally:
+            os.environ.pop("CSL_PGBOUNCER_URL", None)
             if before is None:
                 os.environ.pop("CSL_POSTGRES_URL", None)
             else:
@@ -77,13 +91,14 @@ def statements_per_cycle(client: redis.Redis, prefix: str) -> float:
 
 def engine_level(args: argparse.Namespace) -> None:
     prefix = new_prefix()
-    with own_database() as url, redis_target() as target:
+    keys = with_pgbouncer(ENGINE_KEYS, args)
+    with own_database(args.pgbouncer) as url, redis_target() as target:
         client = redis.Redis.from_url(target.url)
         setup = EngineSetup(client, prefix)
-        contenders = pick(ENGINE_KEYS, "engine")
+        contenders = pick(keys, "engine")
         calls = [c.engine(setup, f"{prefix}:{c.key}") for c in contenders if c.engine]
         try:
-            paired = paired_calls(ENGINE_KEYS, calls, rounds=args.rounds, cycles=args.cycles)
+            paired = paired_calls(keys, calls, rounds=args.rounds, cycles=args.cycles)
         finally:
             for close in setup.closers:
                 close()
@@ -100,6 +115,7 @@ def engine_level(args: argparse.Namespace) -> None:
             "locked-no-renew": "2",
             "pg-floor": "2",
             "postgres": f"{statements:g}",
+            "pgbouncer": f"{statements:g}",
         }
         for c in contenders:
             us = median(paired.values("wall", c.key))
@@ -116,13 +132,20 @@ def engine_level(args: argparse.Namespace) -> None:
             f"engine: {med_iqr(paired.ratios('wall', 'postgres', 'locked-no-renew'), '.2f')}x",
             flush=True,
         )
+        if args.pgbouncer:
+            print(
+                "   PostgresLocker through PgBouncer vs directly: "
+                f"{med_iqr(paired.ratios('wall', 'pgbouncer', 'postgres'), '.2f')}x",
+                flush=True,
+            )
 
 
 def worker_level(args: argparse.Namespace) -> None:
     from ._worker import run_worker_bench
 
-    with own_database():
-        lane, paired, _ = run_worker_bench("postgres", WORKER_KEYS, args, args.tasks)
+    with own_database(args.pgbouncer):
+        keys = with_pgbouncer(WORKER_KEYS, args)
+        lane, paired, _ = run_worker_bench("postgres", keys, args, args.tasks)
     print_side_by_side(paired, lane)
     print_requests(paired, lane)
     print(
@@ -138,6 +161,11 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--cycles", type=int, help="engine cycles per round (300; --quick 100)")
     parser.add_argument("--worker", action="store_true", help="also the worker-level run")
     parser.add_argument("--tasks", type=int, help="worker tasks per contender and round (500)")
+    parser.add_argument(
+        "--pgbouncer",
+        metavar="URL",
+        help="also through the PgBouncer at URL (transaction mode, a '*' database entry)",
+    )
     parser.add_argument("--warmup", type=int, default=30)
     parser.add_argument("--budget", type=float, default=120.0)
     parser.add_argument("--seed", type=int, default=9)

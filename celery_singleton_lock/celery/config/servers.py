@@ -207,10 +207,17 @@ def check_url(
 
 
 def check_postgres_url(url: str) -> str:
-    """``url`` if it names a PostgreSQL database with a port that is a number, else
-    ``LockConfigurationError`` (the rest is libpq's to judge when it connects)."""
+    """``url`` if it names a PostgreSQL database with ports that are numbers, else
+    ``LockConfigurationError`` (the rest is libpq's to judge when it connects). libpq's
+    multi-host form, ``host1:port1,host2:port2`` (with ``target_session_attrs=read-write``
+    it connects to whichever is the primary, and so follows a failover), is checked host by
+    host."""
     try:
-        _ = urlsplit(url).port  # raises ValueError when it is not a number
+        parts = urlsplit(url)
+        userinfo, _, hosts = parts.netloc.rpartition("@")
+        for host in hosts.split(","):
+            # raises ValueError when a port is not a number
+            _ = parts._replace(netloc=f"{userinfo}@{host}" if userinfo else host).port
     except ValueError as exc:
         raise LockConfigurationError(
             f"lock server URL {redact_loosely(url)!r} is invalid: {exc}"

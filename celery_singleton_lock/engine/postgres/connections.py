@@ -6,6 +6,13 @@ autocommit, so one statement is one transaction and nothing holds a session stat
 statements; server-side prepared statements are off (``prepare_threshold=None``). Both make it
 work through PgBouncer in transaction mode. A connection that fails is dropped, never put back.
 
+A kept connection the server closed while it sat idle (PostgreSQL restarted, or PgBouncer's
+``client_idle_timeout``) has its socket readable: the server's goodbye and the end of the
+stream, where an idle connection that LISTENs to nothing has nothing to read. It is dropped
+before use (a ``poll`` of the socket, no round trip) and the statement goes on a new
+connection, so the first acquire and the first renewal after a restart do not fail on a dead
+socket.
+
 Fork safety: a forked child (a prefork pool child) never uses, closes nor frees its parent's
 connections (freeing one would send the server a terminate on the parent's socket): it keeps a
 reference to each for good and starts with none of its own.
@@ -14,6 +21,7 @@ reference to each for good and starts with none of its own.
 from __future__ import annotations
 
 import contextlib
+import select
 import threading
 from typing import Any, Iterator, Optional, Sequence
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -54,8 +62,12 @@ def split_url(url: str) -> tuple[str, str]:
 
 
 def where(conninfo: str) -> str:
-    """``host:port/db`` of ``conninfo``, password left out, for messages."""
+    """``host:port/db`` of ``conninfo``, password left out, for messages (a multi-host URL,
+    ``host1:port1,host2:port2``, as written)."""
     parts = urlsplit(conninfo)
+    hosts = parts.netloc.rpartition("@")[2]
+    if "," in hosts:
+        return f"{hosts}{parts.path}"
     return f"{parts.hostname or 'localhost'}:{parts.port or 5432}{parts.path}"
 
 
@@ -65,6 +77,31 @@ def unavailable(exc: BaseException, conninfo: str, key: Optional[str]) -> LockEr
     if isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError)):
         return LockBackendUnavailable(said, key)
     return LockError(said, key)
+
+
+def _closed_by_server(connection: Connection) -> bool:
+    """True if the idle ``connection`` is closed, or its socket has something to read (the
+    server's goodbye, or the end of the stream: see the module), without waiting. Reading
+    it instead (libpq's ``consume_input``) misses the goodbye that comes before the end of the
+    stream; and PostgreSQL sends nothing else unasked to an idle connection (no TLS session
+    tickets: it turns them off)."""
+    if connection.closed:
+        return True
+    try:
+        return _readable(connection.fileno())
+    except (OSError, ValueError, psycopg.Error):
+        return True
+
+
+def _readable(fd: int) -> bool:
+    """Whether ``fd`` has something to read or was hung up, now. ``poll`` where there is one:
+    ``select`` refuses a descriptor above 1023, which a busy worker may reach."""
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))
+    readable, _, _ = select.select([fd], [], [], 0)
+    return bool(readable)
 
 
 class Connections:
@@ -100,8 +137,7 @@ class Connections:
     @contextlib.contextmanager
     def connection(self, key: Optional[str] = None) -> Iterator[Connection]:
         """A kept connection for the ``with`` block, psycopg's errors said as ours."""
-        with self._lock:
-            connection = self._idle.pop() if self._idle else None
+        connection = self._take_idle()
         try:
             if connection is None:
                 connection = self.connect()
@@ -136,6 +172,15 @@ class Connections:
             for sql, params in statements:
                 self.statements += 1
                 connection.execute(sql, params)
+
+    def _take_idle(self) -> Optional[Connection]:
+        """A kept connection still open (the closed ones dropped on the way), or None."""
+        while True:
+            with self._lock:
+                connection = self._idle.pop() if self._idle else None
+            if connection is None or not _closed_by_server(connection):
+                return connection
+            self._drop(connection)
 
     def _drop(self, connection: Connection) -> None:
         with self._lock:

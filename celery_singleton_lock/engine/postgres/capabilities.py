@@ -6,11 +6,12 @@ from __future__ import annotations
 from celery_singleton_lock.engine.capabilities import Capabilities
 
 #: What row leases in PostgreSQL support (see :mod:`.locker`). Each refusal says why: the
-#: parts beside the leases are not written for this backend yet (issue 34's later steps).
+#: parts not written for this backend yet (issue 34's later steps). A queue is written for the
+#: mutex: with ``lock_limit`` > 1, a rate or a cooldown it is refused by those features.
 POSTGRES = Capabilities(
     fencing=True,
     replica_acks=False,
-    parking=False,
+    parking=True,  # queue (one holder), replace, restart: parking.py, latest.py, cancels.py
     enqueue_markers=False,
     cluster=False,
     kind="PostgreSQL row leases",
@@ -18,13 +19,18 @@ POSTGRES = Capabilities(
     slots=False,
     cooldown=False,
     rate=False,
+    debounce=False,
     reasons=(
         (
             "replica_acks",
             "waiting for replicas is Redis' WAIT; on PostgreSQL it is the server's own "
             "synchronous_commit and synchronous_standby_names",
         ),
-        ("parking", "parked calls and their hand-off are not written for PostgreSQL yet"),
+        (
+            "debounce",
+            "a debounce (a waiting call held until its due time) is not written for "
+            "PostgreSQL yet",
+        ),
         ("enqueue_markers", "queued markers are not written for PostgreSQL yet"),
         ("slots", "a lock with several holders is not written for PostgreSQL yet"),
         ("cooldown", "a release that leaves the lock taken is not written for PostgreSQL yet"),

@@ -20,8 +20,9 @@ Not session advisory locks: they are tied to a connection, which PgBouncer's tra
 pooling hands to someone else between transactions. Nothing here keeps state in a session,
 but the LISTEN of a waiter (:mod:`.releases`).
 
-What it does not do is said, each with its reason, by its capabilities (:data:`POSTGRES`): the
-parts beside the leases (queue, latest wins, queued markers, cooldown) are None.
+Policies ``queue``, ``replace`` and ``restart`` park calls in rows beside the leases
+(:mod:`.parking`, :mod:`.latest`, :mod:`.cancels`). What it does not do is said, each with its
+reason, by its capabilities (:data:`POSTGRES`): those parts (queued markers, cooldown) are None.
 """
 
 from __future__ import annotations
@@ -40,8 +41,13 @@ from celery_singleton_lock.engine.lease import (
     already_finished,
     new_token,
 )
+from celery_singleton_lock.engine.postgres.cancels import PostgresCancels
 from celery_singleton_lock.engine.postgres.capabilities import POSTGRES
 from celery_singleton_lock.engine.postgres.connections import Connections, split_url
+from celery_singleton_lock.engine.postgres.latest import PostgresLatest
+from celery_singleton_lock.engine.postgres.parked_reading import ParkedReads
+from celery_singleton_lock.engine.postgres.parking import PostgresParking
+from celery_singleton_lock.engine.postgres.queue_statements import QueueStatements
 from celery_singleton_lock.engine.postgres.reading import PostgresInspector, holder_of
 from celery_singleton_lock.engine.postgres.releases import PostgresSubscription
 from celery_singleton_lock.engine.postgres.schema import Schema
@@ -77,13 +83,10 @@ class PostgresLocker:
     """
 
     capabilities = POSTGRES
-    #: none of the parts beside the leases yet (see :data:`POSTGRES` for why): not declared,
-    #: so an option that needs one is refused at registration
-    queue: None = None
-    latest: None = None
+    #: the parts beside the leases not written yet (see :data:`POSTGRES` for why): not
+    #: declared, so an option that needs one is refused at registration
     markers: None = None
     cooldown: None = None
-    cancels: None = None
     try_acquire = checks.try_acquire
 
     def __init__(
@@ -100,8 +103,23 @@ class PostgresLocker:
         self.schema = Schema(schema_name)
         self.statements = Statements(self.schema)
         self.connections = Connections(conninfo)
-        self.inspect = PostgresInspector(self.connections, self.statements, self.prefix)
+        # -- the queue parts (policies queue, replace, restart): parking.py, latest.py
+        queue_statements = QueueStatements(self.schema)
+        parked_reads = ParkedReads(self.connections, queue_statements, self.prefix)
+        self.inspect = PostgresInspector(
+            self.connections, self.statements, self.prefix, parked_reads
+        )
         self._ready = not create_schema
+        self.queue = PostgresParking(
+            self.connections,
+            queue_statements,
+            self.prefix,
+            self.schema.channel,
+            self._lease,
+            self.renewer.clock,
+        )
+        self.latest = PostgresLatest(self.queue)
+        self.cancels = PostgresCancels(self.connections, queue_statements, self.prefix)
 
     def keys(self, name: str) -> LockKeys:
         """The lock key (``prefix:{name}``, as lock holders name it) of ``name``."""
@@ -139,6 +157,10 @@ class PostgresLocker:
         name = request.name
         keys = self.keys(name)
         token = request.token or new_token()
+        if request.park is not None:  # policies queue, replace, restart: parking.py, latest.py
+            if request.latest is not None:
+                return self.latest.acquire(request, owner, token)
+            return self.queue.acquire(request, owner, token)
         params = {
             "prefix": self.prefix,
             "name": name,
@@ -163,15 +185,27 @@ class PostgresLocker:
             raise already_finished(keys, owner)
         if state == "held":
             return holder_of(keys.lock, tuple(fields))
+        return self._lease(request, keys, token, owner, fields[0], sent_at)
+
+    def _lease(
+        self,
+        request: AcquireRequest,
+        keys: LockKeys,
+        token: str,
+        owner: Owner,
+        fence: Optional[int],
+        sent_at: float,
+    ) -> Lease:
+        """The lease ``owner`` took with ``token`` (its statement sent at ``sent_at``)."""
         max_lifetime = request.max_lifetime
-        log.debug("acquired %s (fence=%s)", keys.lock, fields[0])
+        log.debug("acquired %s (fence=%s)", keys.lock, fence)
         return Lease(
             locker=self,
             keys=keys,
             token=token,
             ttl=request.ttl,
             owner=owner,
-            fence=fields[0],
+            fence=fence,
             confirmed_at=sent_at,
             deadline=None if max_lifetime is None else sent_at + max_lifetime,
             on_lost=request.on_lost,

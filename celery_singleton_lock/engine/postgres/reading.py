@@ -1,7 +1,7 @@
 """Reading the locks of the PostgreSQL backend (its :class:`~..backend.LockReader`): who holds
-one, every live lease under the prefix (a SELECT, a page at a time), the fence sequence. The
-parts this backend does not have (parked calls, queued markers, rates) read as none, which
-is true: none can be made here."""
+one, every live lease under the prefix (a SELECT, a page at a time), the fence sequence, the
+calls parked behind a lock (:mod:`.parked_reading`). The parts this backend does not have
+(queued markers, rates) read as none, which is true: none can be made here."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from celery_singleton_lock.engine import absent_reads
 from celery_singleton_lock.engine.keys import LockKeys
 from celery_singleton_lock.engine.lease import LockHolder
 from celery_singleton_lock.engine.postgres.connections import Connections, Row, where
+from celery_singleton_lock.engine.postgres.parked_reading import ParkedReads
 from celery_singleton_lock.engine.postgres.statements import Statements
 from celery_singleton_lock.errors import LockBackendUnavailable
 
@@ -33,10 +34,20 @@ def holder_of(key: str, row: Row) -> LockHolder:
 class PostgresInspector:
     """Reads the locks under ``prefix`` in the tables of ``statements``."""
 
-    def __init__(self, connections: Connections, statements: Statements, prefix: str) -> None:
+    def __init__(
+        self,
+        connections: Connections,
+        statements: Statements,
+        prefix: str,
+        parked_reads: ParkedReads,
+    ) -> None:
         self.prefix = prefix
         self._connections = connections
         self._statements = statements
+        # the calls parked behind the locks (policies queue, replace): parked_reading.py
+        self.parked = parked_reads.parked
+        self.waiting_newest = parked_reads.waiting_newest
+        self.parked_counts = parked_reads.parked_counts
 
     def _key(self, name: str) -> str:
         return LockKeys.build(self.prefix, name).lock
@@ -69,9 +80,6 @@ class PostgresInspector:
         return int(rows[0][0]) if rows else 0
 
     # the parts this backend does not have read as none (see engine/absent_reads.py)
-    waiting_newest = absent_reads.no_waiting_newest
-    parked = absent_reads.nothing_parked
-    parked_counts = absent_reads.no_parked_counts
     rate_use = absent_reads.no_rate_use
     queued_names = absent_reads.no_queued_names
 

@@ -52,18 +52,26 @@ def app(url: str) -> Iterator[Celery]:
 def test_a_postgresql_url_selects_the_postgres_backend(app: Celery) -> None:
     locker = locker_for(app)
     assert locker.capabilities is POSTGRES
-    assert locker.queue is None and locker.markers is None
+    assert locker.queue is not None and locker.markers is None
 
 
-def test_registration_refuses_queue_naming_postgres_and_the_option(app: Celery) -> None:
+@pytest.mark.parametrize("policy", ["queue", "replace", "restart"])
+def test_registration_accepts_the_parking_policies_on_postgres(app: Celery, policy: str) -> None:
+    @app.task(base=LockedTask, on_duplicate=policy, shared=False)
+    def parked(x: int) -> None: ...
+
+    assert parked.lock_options.on_duplicate == policy
+
+
+def test_registration_refuses_a_debounce_naming_postgres_and_the_option(app: Celery) -> None:
     with pytest.raises(LockConfigurationError) as refused:
 
-        @app.task(base=LockedTask, on_duplicate="queue", shared=False)
-        def parked(x: int) -> None: ...
+        @app.task(base=LockedTask, on_duplicate="replace", lock_debounce=1.0, shared=False)
+        def debounced(x: int) -> None: ...
 
-        _ = parked.lock_options
+        _ = debounced.lock_options
     message = refused.value.message
-    assert "on_duplicate" in message and "PostgreSQL" in message
+    assert "lock_debounce" in message and "PostgreSQL" in message
 
 
 def test_registration_accepts_fencing_on_postgres(app: Celery) -> None:

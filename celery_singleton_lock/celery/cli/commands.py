@@ -242,7 +242,7 @@ def show(
             parked = asking(target, lambda: inspector.parked(name))
             newest = asking(target, lambda: inspector.waiting_newest(name)) if parked else None
             live_cap = None
-            if not target.quorum and target.backend.queue is not None:  # one server: it may
+            if len(target.clients) == 1 and target.backend.queue is not None:  # one Redis: it may
                 family = cap_key(inspector.prefix, name.rpartition(":")[0])
                 live_cap = asking(target, lambda: target.client.get(family))
             markers = target.backend.markers

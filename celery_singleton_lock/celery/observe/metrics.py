@@ -325,9 +325,10 @@ def parking_task_names(app: Any) -> list[str]:
 
 def parked_by_task(locker: Any) -> dict[str, int]:
     """Calls parked behind locks now, by task name (the lock name before its digest)."""
-    if locker.queue is None:  # a quorum or PostgreSQL parks nothing ('queue' is refused)
-        return {}
-    client, prefix = locker.client, locker.prefix
+    client = getattr(locker, "client", None)
+    if locker.queue is None or client is None:  # a quorum parks nothing; PostgreSQL's parked
+        return {}  # rows are not counted here yet (its reader counts one lock's)
+    prefix = locker.prefix
     keys: list[str] = []
     for raw in client.scan_iter(match=f"{prefix}:{{*}}:parked", count=500, _type="zset"):
         keys.append(raw.decode() if isinstance(raw, bytes) else str(raw))

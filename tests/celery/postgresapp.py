@@ -2,9 +2,9 @@
 the broker, PostgreSQL for the locks and for the bodies' records, no Redis URL anywhere.
 
 Configured by the environment: ``CSL_BROKER_URL`` (AMQP), ``CSL_PG_URL`` (the lock URL, with
-the test's ``?schema=``), ``CSL_QUEUE``, and ``CSL_RESULT_BACKEND`` where a test reads states. Each body writes a row of ``<schema>.records``: its
-key, pid, fence, and its start and end by the database's clock (one clock for every worker),
-from inside the lock."""
+the test's ``?schema=``), ``CSL_QUEUE``, and ``CSL_RESULT_BACKEND`` where a test reads
+states. Each body writes a row of ``<schema>.records``: its key, pid, fence, and its start and
+end by the database's clock (one clock for every worker), from inside the lock."""
 
 from __future__ import annotations
 

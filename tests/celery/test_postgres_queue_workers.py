@@ -22,6 +22,7 @@ from tests.celery.test_postgres_workers import (  # noqa: F401 - setup is a fixt
     BROKER_URL,
     PostgresServers,
     Setup,
+    _rabbitmq_answers,
     drained,
     never_two_at_once,
     setup,
@@ -29,51 +30,57 @@ from tests.celery.test_postgres_workers import (  # noqa: F401 - setup is a fixt
 from tests.celery.workers import unique, worker_group
 from tests.support import wait_until
 
-pytestmark = pytest.mark.usefixtures("setup")  # skipped with it when no RabbitMQ answers
+pytestmark = pytest.mark.skipif(not _rabbitmq_answers(), reason="no RabbitMQ at 127.0.0.1:5672")
+
+
+@pytest.fixture
+def pg(setup: Setup) -> Setup:  # noqa: F811 - the fixture of tests/celery/test_postgres_workers.py
+    return setup
+
 
 #: the gated holder's body waits for its gate (postgresapp.run_recorded)
 GATED = -1.0
 
 
-def parked_ids(setup: Setup) -> list[str]:
+def parked_ids(pg: Setup) -> list[str]:
     return [
         row[0]
-        for row in setup.admin.execute(
-            f"SELECT task_id FROM {setup.schema}.singleton_lock_parked ORDER BY round, arrival"
+        for row in pg.admin.execute(
+            f"SELECT task_id FROM {pg.schema}.singleton_lock_parked ORDER BY round, arrival"
         ).fetchall()
     ]
 
 
-def open_gate(setup: Setup, key: str) -> None:
-    setup.admin.execute(f"INSERT INTO {setup.schema}.gates (key) VALUES (%s)", (key,))
+def open_gate(pg: Setup, key: str) -> None:
+    pg.admin.execute(f"INSERT INTO {pg.schema}.gates (key) VALUES (%s)", (key,))
 
 
-def started(setup: Setup, key: str, n: int) -> bool:
-    return any(row[0] == n for row in setup.rows(key))
+def started(pg: Setup, key: str, n: int) -> bool:
+    return any(row[0] == n for row in pg.rows(key))
 
 
-def park_in_order(setup: Setup, task: str, queue: str, key: str, first: int, count: int) -> Any:
+def park_in_order(pg: Setup, task: str, queue: str, key: str, first: int, count: int) -> Any:
     """Send calls ``first``... one by one, each once the one before is parked: their arrival
     order is their number order. Returns their task ids."""
     ids = []
     for n in range(first, first + count):
-        sent = setup.client.send_task(f"{APP}.{task}", args=[key, n, 0.1], queue=queue)
+        sent = pg.client.send_task(f"{APP}.{task}", args=[key, n, 0.1], queue=queue)
         ids.append(sent.id)
-        wait_until(lambda sent=sent: sent.id in parked_ids(setup), timeout=60, interval=0.05)
+        wait_until(lambda sent=sent: sent.id in parked_ids(pg), timeout=60, interval=0.05)
     return ids
 
 
 def test_20_queued_calls_of_one_key_on_prefork_run_once_each_one_at_a_time_in_order(
-    setup: Setup,
+    pg: Setup,
 ) -> None:
-    queue, key = setup.queue(), unique("queue")
-    with worker_group(setup.servers) as group:
+    queue, key = pg.queue(), unique("queue")
+    with worker_group(pg.servers) as group:
         (worker,) = group.start(1, queue=queue, concurrency=4, app=APP)
-        setup.client.send_task(f"{APP}.pg_queue", args=[key, 0, GATED], queue=queue)
-        wait_until(lambda: started(setup, key, 0), timeout=60)
-        park_in_order(setup, "pg_queue", queue, key, 1, 19)
-        open_gate(setup, key)
-        rows = drained(setup, queue, key)
+        pg.client.send_task(f"{APP}.pg_queue", args=[key, 0, GATED], queue=queue)
+        wait_until(lambda: started(pg, key, 0), timeout=60)
+        park_in_order(pg, "pg_queue", queue, key, 1, 19)
+        open_gate(pg, key)
+        rows = drained(pg, queue, key)
         retries = worker.log().count("lock retry")
     assert [row[0] for row in rows] == list(range(20))  # each once, in arrival order
     never_two_at_once(rows)
@@ -85,28 +92,28 @@ def test_20_queued_calls_of_one_key_on_prefork_run_once_each_one_at_a_time_in_or
     )
 
 
-def test_parked_calls_run_once_each_after_a_kill_9_of_the_holders_worker(setup: Setup) -> None:
-    queue, key = setup.queue(), unique("killed")
-    with worker_group(setup.servers) as group:
+def test_parked_calls_run_once_each_after_a_kill_9_of_the_holders_worker(pg: Setup) -> None:
+    queue, key = pg.queue(), unique("killed")
+    with worker_group(pg.servers) as group:
         (doomed,) = group.start(1, queue=queue, concurrency=2, app=APP)
-        setup.client.send_task(f"{APP}.pg_queue", args=[key, 0, GATED], queue=queue)
-        wait_until(lambda: started(setup, key, 0), timeout=60)
-        park_in_order(setup, "pg_queue", queue, key, 1, 4)
+        pg.client.send_task(f"{APP}.pg_queue", args=[key, 0, GATED], queue=queue)
+        wait_until(lambda: started(pg, key, 0), timeout=60)
+        park_in_order(pg, "pg_queue", queue, key, 1, 4)
         doomed.crash()  # the lock is left to its TTL (5 s): the holder never releases it
         group.start(1, queue=queue, concurrency=2, app=APP)  # its sweeper hands the lock on
-        wait_until(lambda: setup.queue_empty(queue), timeout=90, interval=0.5)
-        rows = wait_until(lambda: settled(setup, key, 5), timeout=90, interval=0.5)
+        wait_until(lambda: pg.queue_empty(queue), timeout=90, interval=0.5)
+        rows = wait_until(lambda: settled(pg, key, 5), timeout=90, interval=0.5)
         time.sleep(3)  # a call run twice would show now
-        rows = setup.rows(key)
+        rows = pg.rows(key)
     assert [row[0] for row in rows] == [0, 1, 2, 3, 4]
     assert rows[0][4] is None  # the holder's own run was cut short by the kill
     never_two_at_once(rows[1:])
-    assert parked_ids(setup) == []
+    assert parked_ids(pg) == []
 
 
-def settled(setup: Setup, key: str, count: int) -> Any:
+def settled(pg: Setup, key: str, count: int) -> Any:
     """The runs under ``key`` once ``count`` started and all but the first ended."""
-    rows = setup.rows(key)
+    rows = pg.rows(key)
     return rows if len(rows) >= count and all(row[4] for row in rows[1:]) else None
 
 
@@ -121,13 +128,13 @@ class ResultServers(PostgresServers):
 
 
 @pytest.fixture
-def results(setup: Setup, redis_server: RedisServer) -> Iterator[tuple[ResultServers, Celery]]:
+def results(pg: Setup, redis_server: RedisServer) -> Iterator[tuple[ResultServers, Celery]]:
     servers = ResultServers(
         broker_url=BROKER_URL,
         lock=None,
         backend_url="-",
         app=APP,
-        lock_url=setup.servers.lock_url,
+        lock_url=pg.servers.lock_url,
         result_url=redis_server.url,
     )
     client = Celery(unique("pg-results"), set_as_current=False)
@@ -141,24 +148,24 @@ def results(setup: Setup, redis_server: RedisServer) -> Iterator[tuple[ResultSer
 
 
 def test_replace_runs_the_running_call_and_the_newest_and_supersedes_the_8_between(
-    setup: Setup, results: tuple[ResultServers, Celery]
+    pg: Setup, results: tuple[ResultServers, Celery]
 ) -> None:
     servers, client = results
-    queue, key = setup.queue(), unique("replace")
+    queue, key = pg.queue(), unique("replace")
     with worker_group(servers) as group:
         group.start(1, queue=queue, concurrency=4, app=APP)
         running = client.send_task(f"{APP}.pg_replace", args=[key, 0, GATED], queue=queue)
-        wait_until(lambda: started(setup, key, 0), timeout=60)
+        wait_until(lambda: started(pg, key, 0), timeout=60)
         calls = []
         for n in range(1, 10):  # each sent once the one before waits behind the lock
             call = client.send_task(f"{APP}.pg_replace", args=[key, n, 0.1], queue=queue)
             calls.append(call)
-            wait_until(lambda call=call: parked_ids(setup) == [call.id], timeout=60)
-        open_gate(setup, key)
+            wait_until(lambda call=call: parked_ids(pg) == [call.id], timeout=60)
+        open_gate(pg, key)
         running.get(timeout=60)
         calls[-1].get(timeout=60)
         wait_until(lambda: all(call.state == "REVOKED" for call in calls[:-1]), timeout=60)
-        rows = drained(setup, queue, key)
+        rows = drained(pg, queue, key)
     assert [row[0] for row in rows] == [0, 9]
     never_two_at_once(rows)
     for call in calls[:-1]:

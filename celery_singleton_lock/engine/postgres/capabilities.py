@@ -28,8 +28,7 @@ POSTGRES = Capabilities(
         ),
         (
             "debounce",
-            "a debounce (a waiting call held until its due time) is not written for "
-            "PostgreSQL yet",
+            "a debounce (a waiting call held until its due time) is not written for PostgreSQL yet",
         ),
         ("enqueue_markers", "queued markers are not written for PostgreSQL yet"),
         ("slots", "a lock with several holders is not written for PostgreSQL yet"),

@@ -1,4 +1,4 @@
-""""Latest wins" on PostgreSQL (policy ``replace``, and ``restart`` beside it): at most one
+""" "Latest wins" on PostgreSQL (policy ``replace``, and ``restart`` beside it): at most one
 call waits behind a lock, the newest, as a row of ``singleton_lock_parked``; a newer call takes
 its place in the same statement as its acquire, and the calls it displaced are recorded in
 ``singleton_lock_superseded`` (refused if a copy comes back; left to mark REVOKED until the
@@ -18,8 +18,8 @@ from celery_singleton_lock.engine.latest import SUPERSEDED_GRACE
 from celery_singleton_lock.engine.lease import Lease, Owner, Parked, already_finished
 from celery_singleton_lock.engine.postgres.parking import (
     PostgresParking,
-    ms,
     held_by,
+    ms,
     owner_params,
 )
 from celery_singleton_lock.engine.postgres.reading import holder_of

@@ -41,9 +41,7 @@ def held_by(key: str, row: Row) -> Optional[LockHolder]:
     return None if row[3] is None else holder_of(key, row)
 
 
-def owner_params(
-    prefix: str, request: AcquireRequest, owner: Owner, token: str
-) -> dict[str, Any]:
+def owner_params(prefix: str, request: AcquireRequest, owner: Owner, token: str) -> dict[str, Any]:
     """The parameters an acquire function of ``sql/`` takes for ``request`` by ``owner``."""
     return {
         "prefix": prefix,

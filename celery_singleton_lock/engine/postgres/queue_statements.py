@@ -23,9 +23,7 @@ class QueueStatements:
         parked, superseded = f"{s}.singleton_lock_parked", f"{s}.singleton_lock_superseded"
         cancels = f"{s}.singleton_lock_cancels"
         #: sql/park.sql
-        self.park = (
-            f"SELECT * FROM {s}.singleton_lock_park({_OWNER}, %(reserve_ms)s, %(fair)s)"
-        )
+        self.park = f"SELECT * FROM {s}.singleton_lock_park({_OWNER}, %(reserve_ms)s, %(fair)s)"
         #: sql/latest.sql
         self.latest = (
             f"SELECT * FROM {s}.singleton_lock_latest({_OWNER}, %(keep_ms)s, %(grace_ms)s, "

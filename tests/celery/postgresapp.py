@@ -122,3 +122,21 @@ def pg_queue(self: Any, key: str, n: int, seconds: float) -> None:
 @app.task(base=LockedTask, bind=True, on_duplicate="replace", lock_ttl=5, lock_on=["key"])
 def pg_replace(self: Any, key: str, n: int, seconds: float) -> None:
     run_recorded(key, n, None, seconds)
+
+
+@app.task(base=LockedTask, bind=True, on_duplicate="restart", lock_ttl=5, lock_on=["key"])
+def pg_restart(self: Any, key: str, n: int, seconds: float) -> None:
+    """Looks at its lock's ``cancelled`` every 0.1 s: recorded as ended, then stops."""
+    connection = records()
+    (row_id,) = connection.execute(
+        f"INSERT INTO {SCHEMA}.records (key, n, pid, started) "
+        "VALUES (%s, %s, %s, clock_timestamp()) RETURNING id",
+        (key, n, os.getpid()),
+    ).fetchone() or (0,)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not self.request.lock.cancelled:
+        time.sleep(0.1)
+    connection.execute(
+        f"UPDATE {SCHEMA}.records SET ended = clock_timestamp() WHERE id = %s", (row_id,)
+    )
+    self.request.lock.raise_if_cancelled()

@@ -171,3 +171,21 @@ def test_replace_runs_the_running_call_and_the_newest_and_supersedes_the_8_betwe
     for call in calls[:-1]:
         assert call.state == "REVOKED"
         assert "superseded" in str(call.result)
+
+
+def test_restart_stops_the_running_call_which_ends_superseded_before_the_newest_starts(
+    pg: Setup, results: tuple[ResultServers, Celery]
+) -> None:
+    servers, client = results
+    queue, key = pg.queue(), unique("restart")
+    with worker_group(servers) as group:
+        group.start(1, queue=queue, concurrency=2, app=APP)
+        first = client.send_task(f"{APP}.pg_restart", args=[key, 0, 60.0], queue=queue)
+        wait_until(lambda: started(pg, key, 0), timeout=60)
+        newest = client.send_task(f"{APP}.pg_restart", args=[key, 1, 0.1], queue=queue)
+        newest.get(timeout=60)
+        wait_until(lambda: first.state == "REVOKED", timeout=30)
+        rows = drained(pg, queue, key)
+    assert "superseded" in str(first.result)
+    assert [row[0] for row in rows] == [0, 1]
+    never_two_at_once(rows)

@@ -140,3 +140,10 @@ def pg_restart(self: Any, key: str, n: int, seconds: float) -> None:
         f"UPDATE {SCHEMA}.records SET ended = clock_timestamp() WHERE id = %s", (row_id,)
     )
     self.request.lock.raise_if_cancelled()
+
+
+@app.task(
+    base=LockedTask, bind=True, on_duplicate="queue", lock_ttl=3, lock_on=["key"], acks_late=True
+)
+def pg_queue_late(self: Any, key: str, n: int, seconds: float) -> None:
+    run_recorded(key, n, None, seconds)

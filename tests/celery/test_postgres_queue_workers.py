@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import pytest
 from celery import Celery
@@ -27,7 +27,7 @@ from tests.celery.test_postgres_workers import (  # noqa: F401 - setup is a fixt
     never_two_at_once,
     setup,
 )
-from tests.celery.workers import unique, worker_group
+from tests.celery.workers import CeleryWorkerProcess, unique, worker_group
 from tests.support import wait_until
 
 pytestmark = pytest.mark.skipif(not _rabbitmq_answers(), reason="no RabbitMQ at 127.0.0.1:5672")
@@ -189,3 +189,59 @@ def test_restart_stops_the_running_call_which_ends_superseded_before_the_newest_
     assert "superseded" in str(first.result)
     assert [row[0] for row in rows] == [0, 1]
     never_two_at_once(rows)
+
+
+def test_kill_9_of_holders_workers_again_and_again_runs_each_parked_call_to_its_end_once(
+    pg: Setup,
+) -> None:
+    """Chaos: 16 acks_late calls of one key on two workers; three times the worker whose
+    child runs the lock's body is killed with ``kill -9`` (its unacknowledged messages go
+    back to the broker, its lease runs out) and a fresh worker joins. Every call runs to its
+    end exactly once, never beside another, but a holder cut short by a kill (its copy,
+    redelivered while its dead lease still holds the lock, is skipped, as on Redis)."""
+    queue, key, calls = pg.queue(), unique("chaos"), 16
+    killed_pids: set[int] = set()
+    with worker_group(pg.servers) as group:
+        workers = group.start(2, queue=queue, concurrency=2, app=APP)
+        for n in range(calls):
+            pg.client.send_task(f"{APP}.pg_queue_late", args=[key, n, 0.3], queue=queue)
+        for kill in range(3):
+            wait_until(lambda kill=kill: len(ended_runs(pg, key)) >= 3 * (kill + 1), 120)
+            holder = wait_until(lambda w=workers: running_in(pg, key, w, killed_pids), 60, 0.05)
+            killed_pids.update(holder.children())
+            holder.crash()
+            workers.remove(holder)
+            workers += group.start(1, queue=queue, concurrency=2, app=APP)
+        wait_until(lambda: all_seen(pg, key, calls), timeout=180, interval=0.5)
+        time.sleep(5)  # a call run twice would show now
+        rows = pg.rows(key)
+    done = [row for row in rows if row[4] is not None]
+    cut_short = {row[0] for row in rows if row[4] is None}
+    assert all(row[1] in killed_pids for row in rows if row[4] is None)
+    assert len(cut_short) <= 3  # at most the holder of each kill
+    ended = sorted(row[0] for row in done)
+    assert len(ended) == len(set(ended))  # none ran to its end twice
+    assert set(ended) | cut_short == set(range(calls))  # every call ran
+    never_two_at_once(done)
+    assert parked_ids(pg) == []
+    print(f"\nchaos: 3 kills cut {len(cut_short)} run(s) short; {len(ended)} ran to their end")
+
+
+def running_in(
+    pg: Setup, key: str, workers: list[CeleryWorkerProcess], killed_pids: set[int]
+) -> Optional[CeleryWorkerProcess]:
+    """The worker whose pool child runs a body of ``key`` now, if one does."""
+    running = [row[1] for row in pg.rows(key) if row[4] is None and row[1] not in killed_pids]
+    return next((w for w in workers for pid in running if pid in w.children()), None)
+
+
+def all_seen(pg: Setup, key: str, calls: int) -> bool:
+    """Every call of ``key`` started, and every run ended but those cut short by a kill."""
+    rows = pg.rows(key)
+    return {row[0] for row in rows} == set(range(calls)) and all(
+        row[4] is not None for row in rows if row[0] not in {r[0] for r in rows if r[4] is None}
+    )
+
+
+def ended_runs(pg: Setup, key: str) -> list[Any]:
+    return [row for row in pg.rows(key) if row[4] is not None]

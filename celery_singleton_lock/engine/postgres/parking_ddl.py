@@ -6,7 +6,7 @@ The functions are PL/pgSQL so that a park, a hand-off or a displacement is ONE s
 round trip, one transaction) with its branches on the server, as a Lua script is on Redis.
 Each first locks the lock's lease row (``singleton_lock_row``), so the operations on one lock's
 parked calls run one at a time. Created (``CREATE OR REPLACE``) with the rest of the schema
-(:meth:`.schema.Schema.ddl`): on first use and by ``celery locks migrate``.
+(:meth:`.schema.Schema.ddl`): on first use, and by the worker's start probe.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A restart of PostgreSQL under the PostgreSQL backend (a private server of the test's own:
-tests/private_postgres.py): a lease outlives a short restart (its rows are committed; the renewer reconnects), a lease whose
-TTL runs out while the server is down is reported lost, a new call takes the lock after the
-restart, and parked calls are handed on after it."""
+tests/private_postgres.py): a lease outlives a short restart (its rows are committed; the
+renewer reconnects), a lease whose TTL runs out while the server is down is reported lost, a
+new call takes the lock after the restart, and parked calls are handed on after it."""
 
 from __future__ import annotations
 

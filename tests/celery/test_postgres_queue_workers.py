@@ -8,6 +8,8 @@ The bodies record their start and end by the database's clock, from inside the l
 
 from __future__ import annotations
 
+import os
+import signal
 import statistics
 import time
 from dataclasses import dataclass
@@ -115,6 +117,22 @@ def settled(pg: Setup, key: str, count: int) -> Any:
     """The runs under ``key`` once ``count`` started and all but the first ended."""
     rows = pg.rows(key)
     return rows if len(rows) >= count and all(row[4] for row in rows[1:]) else None
+
+
+def test_parked_calls_run_once_each_after_a_kill_9_of_the_holders_pool_child(pg: Setup) -> None:
+    queue, key = pg.queue(), unique("child")
+    with worker_group(pg.servers) as group:
+        group.start(1, queue=queue, concurrency=2, app=APP)
+        pg.client.send_task(f"{APP}.pg_queue", args=[key, 0, GATED], queue=queue)
+        holder_pid = wait_until(lambda: pg.rows(key), timeout=60)[0][1]
+        park_in_order(pg, "pg_queue", queue, key, 1, 3)
+        os.kill(holder_pid, signal.SIGKILL)  # its worker's main process reclaims the lock
+        wait_until(lambda: pg.queue_empty(queue), timeout=90, interval=0.5)
+        wait_until(lambda: settled(pg, key, 4), timeout=90, interval=0.5)
+        time.sleep(3)  # a call run twice would show now
+        rows = pg.rows(key)
+    assert [row[0] for row in rows] == [0, 1, 2, 3]
+    never_two_at_once(rows[1:])
 
 
 @dataclass

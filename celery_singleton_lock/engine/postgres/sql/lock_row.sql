@@ -9,6 +9,14 @@ LANGUAGE plpgsql AS $$
 DECLARE
     l __schema__.singleton_lock_leases;
 BEGIN
+    SELECT * INTO l FROM __schema__.singleton_lock_leases x
+    WHERE x.prefix = p_prefix AND x.name = p_name
+    FOR UPDATE;
+    IF FOUND THEN
+        RETURN l;
+    END IF;
+    -- the lock's first use: no row to lock yet (an insert racing this one wins, and this
+    -- one waits for it and locks its row)
     INSERT INTO __schema__.singleton_lock_leases AS x (prefix, name, token, lease_until)
     VALUES (p_prefix, p_name, '', '-infinity')
     ON CONFLICT (prefix, name) DO NOTHING;

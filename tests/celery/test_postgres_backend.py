@@ -135,3 +135,14 @@ def test_the_worker_start_refuses_nothing_a_task_did_not_ask_for() -> None:
 def test_the_worker_start_refuses_an_option_asked_that_postgres_lacks() -> None:
     with pytest.raises(LockConfigurationError, match="lock_limit=2 is not supported on PostgreSQL"):
         refuse_unsupported("t", {"lock_limit": 2}, POSTGRES)
+
+
+def test_locks_show_lists_the_calls_parked_behind_a_lock(app: Celery, url: str) -> None:
+    locker = locker_for(app)
+    for task_id in ("t-holder", "t-first", "t-second"):
+        request = AcquireRequest("report:4", 60, Owner(task_id=task_id), renew=False)
+        locker.acquire(request._replace(park=f"{task_id}\n{{}}".encode()))
+    result = run_cli("--url", url, "--prefix", "pgt", "show", "report:4")
+    assert result.returncode == 0, result.stderr
+    assert "t-holder" in result.stdout
+    assert "parked: 2 call(s), oldest first: t-first t-second" in result.stdout

@@ -36,8 +36,6 @@ class Capabilities:
     cooldown: bool = True
     #: at most N acquisitions per sliding window (``lock_rate``, :mod:`.slots`)
     rate: bool = True
-    #: a waiting call held until its due time (``lock_debounce``, :mod:`.kinds.latest`)
-    debounce: bool = True
 
     def why_not(self, feature: str) -> str:
         """Why ``feature`` (a field name above) is not supported here ("" if it is)."""

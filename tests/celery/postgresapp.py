@@ -147,3 +147,15 @@ def pg_restart(self: Any, key: str, n: int, seconds: float) -> None:
 )
 def pg_queue_late(self: Any, key: str, n: int, seconds: float) -> None:
     run_recorded(key, n, None, seconds)
+
+
+@app.task(
+    base=LockedTask,
+    bind=True,
+    on_duplicate="replace",
+    lock_debounce=1.0,
+    lock_ttl=5,
+    lock_on=["key"],
+)
+def pg_debounced(self: Any, key: str, n: int, seconds: float) -> None:
+    run_recorded(key, n, None, seconds)

@@ -63,15 +63,15 @@ def test_registration_accepts_the_parking_policies_on_postgres(app: Celery, poli
     assert parked.lock_options.on_duplicate == policy
 
 
-def test_registration_refuses_a_debounce_naming_postgres_and_the_option(app: Celery) -> None:
+def test_registration_refuses_a_queue_of_several_holders_naming_postgres(app: Celery) -> None:
     with pytest.raises(LockConfigurationError) as refused:
 
-        @app.task(base=LockedTask, on_duplicate="replace", lock_debounce=1.0, shared=False)
-        def debounced(x: int) -> None: ...
+        @app.task(base=LockedTask, on_duplicate="queue", lock_limit=2, shared=False)
+        def limited(x: int) -> None: ...
 
-        _ = debounced.lock_options
+        _ = limited.lock_options
     message = refused.value.message
-    assert "lock_debounce" in message and "PostgreSQL" in message
+    assert "lock_limit" in message and "PostgreSQL" in message
 
 
 def test_registration_accepts_fencing_on_postgres(app: Celery) -> None:

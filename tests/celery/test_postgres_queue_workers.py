@@ -263,3 +263,25 @@ def all_seen(pg: Setup, key: str, calls: int) -> bool:
 
 def ended_runs(pg: Setup, key: str) -> list[Any]:
     return [row for row in pg.rows(key) if row[4] is not None]
+
+
+def test_debounce_runs_only_the_last_call_of_a_burst_once_it_is_quiet(
+    pg: Setup, results: tuple[ResultServers, Celery]
+) -> None:
+    servers, client = results
+    queue, key = pg.queue(), unique("debounce")
+    with worker_group(servers) as group:
+        group.start(1, queue=queue, concurrency=2, app=APP)
+        calls = []
+        for n in range(5):  # each sent once the one before waits (held back by the debounce)
+            call = client.send_task(f"{APP}.pg_debounced", args=[key, n, 0.1], queue=queue)
+            calls.append(call)
+            wait_until(lambda call=call: parked_ids(pg) == [call.id], timeout=60)
+        last_sent = pg.now()
+        calls[-1].get(timeout=60)
+        wait_until(lambda: all(call.state == "REVOKED" for call in calls[:-1]), timeout=60)
+        rows = drained(pg, queue, key)
+    assert [row[0] for row in rows] == [4]
+    delay = (rows[0][3] - last_sent).total_seconds()
+    print(f"\ndebounce 1 s: the last call started {delay:.2f}s after it was seen waiting")
+    assert delay > 0  # held back until the burst was quiet, never run on arrival

@@ -12,7 +12,6 @@ from typing import Any, Iterator
 import pytest
 
 from celery_singleton_lock.engine import Lease, LockHolder, Owner, Renewer
-from celery_singleton_lock.engine.latest import Latest
 from celery_singleton_lock.errors import AlreadyFinished, LockConfigurationError
 from tests.engine.conftest import stop_renewing
 from tests.postgres_support import postgres_schema
@@ -212,7 +211,6 @@ def test_a_finish_record_refuses_the_same_task_id(locker: PostgresLocker) -> Non
 @pytest.mark.parametrize(
     ("options", "option"),
     [
-        ({"park": b"message", "latest": Latest(debounce=1.0)}, "lock_debounce"),
         ({"limit": 2}, "lock_limit"),
         ({"rate": (1, 1.0)}, "lock_rate"),
         ({"take_queued": True}, "dedupe_on_enqueue"),

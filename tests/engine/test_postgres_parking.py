@@ -49,14 +49,16 @@ def queue_call(locker: PostgresLocker, task_id: str, ttl: float = 30.0, **option
     )
 
 
-def latest_call(locker: PostgresLocker, task_id: str, sent: str = "") -> Any:
+def latest_call(
+    locker: PostgresLocker, task_id: str, sent: str = "", debounce: float = 0.0, **latest: Any
+) -> Any:
     return locker.try_acquire(
         "job",
         30.0,
         owner=Owner(task_id=task_id),
         renew=False,
         park=message(task_id),
-        latest=Latest(sent=sent),
+        latest=Latest(debounce=debounce, sent=sent, **latest),
     )
 
 
@@ -247,6 +249,51 @@ def test_displaced_calls_are_left_to_mark_until_cleared(locker: PostgresLocker) 
     assert latest.superseded_left() == [("job", [message("b")])]
     assert latest.clear_superseded("job", ["b"]) == 0
     assert latest.superseded_left() == []
+
+
+def test_a_debounced_call_waits_on_a_free_lock_until_it_is_due(locker: PostgresLocker) -> None:
+    queue = locker.queue
+    assert queue is not None
+    waiting = latest_call(locker, "a", "1", debounce=1.0)
+    assert isinstance(waiting, Parked) and waiting.holder is None
+    newest = locker.inspect.waiting_newest("job")
+    assert newest is not None and newest[0] == "a" and newest[1] is not None
+    due = queue.hand_off_due()
+    assert due.names == [] and due.next_in is not None and 0 < due.next_in <= 1.0
+    assert queue.hand_on("job", reservation_ttl=RESERVE) == []  # not before its due time
+    time.sleep(1.2)
+    assert queue.hand_off_due().names == ["job"]
+    assert queue.hand_on("job", reservation_ttl=RESERVE) == [message("a")]
+    assert isinstance(latest_call(locker, "a", "1", debounce=1.0), Lease)
+
+
+def test_a_newer_call_within_the_debounce_takes_the_place_and_the_time_starts_again(
+    locker: PostgresLocker,
+) -> None:
+    latest_call(locker, "a", "1", debounce=1.0)
+    time.sleep(0.6)
+    newer = latest_call(locker, "b", "2", debounce=1.0)
+    assert isinstance(newer, Parked) and newer.displaced == (message("a"),)
+    time.sleep(0.6)  # 1.2 s after a, 0.6 s after b: not due yet
+    assert locker.queue is not None and locker.queue.hand_off_due().names == []
+
+
+def test_debounce_max_bounds_how_long_a_burst_holds_the_newest_back(
+    locker: PostgresLocker,
+) -> None:
+    latest_call(locker, "a", "1", debounce=5.0, debounce_max=1.0)
+    latest_call(locker, "b", "2", debounce=5.0, debounce_max=1.0)
+    newest = locker.inspect.waiting_newest("job")
+    assert newest is not None and newest[1] is not None
+    assert newest[1] - time.time() <= 1.2  # due by the burst's bound, not 5 s from now
+
+
+def test_a_release_leaves_a_debounced_call_to_its_due_time(locker: PostgresLocker) -> None:
+    latest = locker.latest
+    assert latest is not None
+    lease = latest_call(locker, "a", "1")
+    latest_call(locker, "b", "2", debounce=5.0)
+    assert latest.release_latest(lease, reservation_ttl=RESERVE) == (True, None)
 
 
 # -- restart ------------------------------------------------------------------------------------

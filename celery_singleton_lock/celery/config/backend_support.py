@@ -28,7 +28,6 @@ NEEDS: dict[str, tuple[str, Callable[[Any], bool], str]] = {
     "lock_limit": ("slots", lambda limit: limit != 1, "limit"),
     "lock_cooldown": ("cooldown", bool, "cooldown"),
     "lock_rate": ("rate", lambda rate: rate is not None, "rate"),
-    "lock_debounce": ("debounce", lambda debounce: debounce is not None, "debounce"),
 }
 
 #: what names the backend in the settings, said after its kind in a refusal

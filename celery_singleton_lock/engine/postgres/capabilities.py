@@ -11,7 +11,7 @@ from celery_singleton_lock.engine.capabilities import Capabilities
 POSTGRES = Capabilities(
     fencing=True,
     replica_acks=False,
-    parking=True,  # queue (one holder), replace, restart: parking.py, latest.py, cancels.py
+    parking=True,  # queue (one holder), replace, restart, debounce: parking.py, latest.py
     enqueue_markers=False,
     cluster=False,
     kind="PostgreSQL row leases",
@@ -19,16 +19,11 @@ POSTGRES = Capabilities(
     slots=False,
     cooldown=False,
     rate=False,
-    debounce=False,
     reasons=(
         (
             "replica_acks",
             "waiting for replicas is Redis' WAIT; on PostgreSQL it is the server's own "
             "synchronous_commit and synchronous_standby_names",
-        ),
-        (
-            "debounce",
-            "a debounce (a waiting call held until its due time) is not written for PostgreSQL yet",
         ),
         ("enqueue_markers", "queued markers are not written for PostgreSQL yet"),
         ("slots", "a lock with several holders is not written for PostgreSQL yet"),

@@ -5,8 +5,9 @@ its place in the same statement as its acquire, and the calls it displaced are r
 worker, or a sweeper after :data:`~..latest.SUPERSEDED_GRACE`, marked them). As
 :class:`~..kinds.latest.LatestWins` does on Redis; the function: ``sql/latest.sql``.
 
-The release and the sweeper's hand-off are policy ``queue``'s (:mod:`.parking`): the one
-waiting call is the oldest parked. Not here: ``lock_debounce`` (the capabilities refuse it).
+With ``lock_debounce`` a call waits even on a free lock until its due time (kept in
+``singleton_lock_latest``); the release and the sweeper's hand-off are policy ``queue``'s
+(:mod:`.parking`), which hand the lock to the one waiting call once no debounce holds it back.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from celery_singleton_lock.engine.postgres.parking import (
     owner_params,
 )
 from celery_singleton_lock.engine.postgres.reading import holder_of
-from celery_singleton_lock.errors import AlreadySuperseded, LockConfigurationError
+from celery_singleton_lock.errors import AlreadySuperseded
 
 
 class PostgresLatest:
@@ -40,13 +41,13 @@ class PostgresLatest:
         assert latest is not None  # the backend sends only such a request here
         parking = self.parking
         keys = parking._keys(request.name)
-        if latest.debounce:
-            raise LockConfigurationError(
-                "lock_debounce is not written for PostgreSQL yet", keys.lock
-            )
         params = owner_params(parking.prefix, request, owner, token)
         params.update(
-            keep_ms=ms(request.finished_ttl), grace_ms=ms(SUPERSEDED_GRACE), sent=latest.sent
+            keep_ms=ms(request.finished_ttl),
+            grace_ms=ms(SUPERSEDED_GRACE),
+            sent=latest.sent,
+            debounce_ms=ms(latest.debounce),
+            debounce_max_ms=ms(latest.debounce_max),
         )
         sent_at = parking.clock()
         (row,) = parking.connections.run(parking.statements.latest, params, keys.lock)

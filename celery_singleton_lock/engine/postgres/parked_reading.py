@@ -26,12 +26,13 @@ class ParkedReads:
         return [str(task_id) for (task_id,) in rows]
 
     def waiting_newest(self, name: str) -> Optional[tuple[str, Optional[float]]]:
-        """For a lock whose newest call wins: the task id of the call waiting (never a due
-        time: no debounce here); None for any other lock, or when none waits."""
+        """For a lock whose newest call wins: the task id of the call waiting and, with a
+        debounce, when it is due (epoch seconds by the server's clock); None for any other
+        lock, or when none waits."""
         rows = self._connections.run(
             self._statements.waiting_newest, {"prefix": self.prefix, "name": name}, name
         )
-        return (str(rows[0][0]), None) if rows else None
+        return (str(rows[0][0]), rows[0][1]) if rows else None
 
     def parked_counts(self, lock_keys: list[str]) -> list[int]:
         """How many calls are parked behind each of ``lock_keys`` (full lock keys,

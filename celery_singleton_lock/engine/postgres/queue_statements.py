@@ -27,7 +27,7 @@ class QueueStatements:
         #: sql/latest.sql
         self.latest = (
             f"SELECT * FROM {s}.singleton_lock_latest({_OWNER}, %(keep_ms)s, %(grace_ms)s, "
-            "%(sent)s)"
+            "%(sent)s, %(debounce_ms)s, %(debounce_max_ms)s)"
         )
         #: sql/hand_on.sql
         self.hand_on = (
@@ -35,23 +35,26 @@ class QueueStatements:
             "%(subject)s, %(reserve_ms)s, %(remember_ms)s, %(task_id)s, %(channel)s, %(key)s)"
         )
         #: The names (at most ``limit``) of the locks with calls parked behind a lease that is
-        #: not live (its holder ended without handing on, died, or a reservation ran out),
-        #: then one row (NULL name) with the seconds until the next live lease with parked
-        #: calls runs out (NULL: none).
+        #: not live (its holder ended without handing on, died, or a reservation ran out) and
+        #: no debounce holding them back, then one row (NULL name) with the seconds until the
+        #: next live lease with parked calls runs out or debounce ends (NULL: none).
         self.due = f"""
 WITH waiting AS (
-    SELECT DISTINCT p.name FROM {parked} p WHERE p.prefix = %(prefix)s
+    SELECT w.name, l.lease_until, x.due FROM (
+        SELECT DISTINCT p.name FROM {parked} p WHERE p.prefix = %(prefix)s) w
+    LEFT JOIN {leases} l ON l.prefix = %(prefix)s AND l.name = w.name
+    LEFT JOIN {s}.singleton_lock_latest x ON x.prefix = %(prefix)s AND x.name = w.name
 ), due AS (
     SELECT w.name FROM waiting w
-    LEFT JOIN {leases} l ON l.prefix = %(prefix)s AND l.name = w.name
-    WHERE l.lease_until IS NULL OR l.lease_until <= now()
+    WHERE (w.lease_until IS NULL OR w.lease_until <= now())
+        AND (w.due IS NULL OR w.due <= now())
     ORDER BY w.name LIMIT %(limit)s
 )
 SELECT due.name, NULL::float8 FROM due
 UNION ALL
-SELECT NULL, extract(epoch FROM min(l.lease_until) - now())::float8
-FROM waiting w JOIN {leases} l ON l.prefix = %(prefix)s AND l.name = w.name
-WHERE l.lease_until > now()"""
+SELECT NULL, extract(epoch FROM min(greatest(w.lease_until, w.due)) - now())::float8
+FROM waiting w
+WHERE w.lease_until > now() OR w.due > now()"""
         #: How many calls are parked behind the lock.
         self.parked_count = f"""
 SELECT count(*) FROM {parked} p WHERE p.prefix = %(prefix)s AND p.name = %(name)s"""
@@ -59,12 +62,13 @@ SELECT count(*) FROM {parked} p WHERE p.prefix = %(prefix)s AND p.name = %(name)
         self.parked_ids = f"""
 SELECT p.task_id FROM {parked} p WHERE p.prefix = %(prefix)s AND p.name = %(name)s
 ORDER BY p.round, p.arrival"""
-        #: The call waiting behind a lock whose newest call wins (one with a stamp recorded).
+        #: The call waiting behind a lock whose newest call wins, and its due time (epoch
+        #: seconds; NULL without a debounce).
         self.waiting_newest = f"""
-SELECT p.task_id FROM {parked} p
-WHERE p.prefix = %(prefix)s AND p.name = %(name)s AND EXISTS (
-    SELECT 1 FROM {s}.singleton_lock_latest x WHERE x.prefix = p.prefix AND x.name = p.name)
-ORDER BY p.arrival DESC LIMIT 1"""
+SELECT x.newest, extract(epoch FROM x.due)::float8 FROM {s}.singleton_lock_latest x
+WHERE x.prefix = %(prefix)s AND x.name = %(name)s AND EXISTS (
+    SELECT 1 FROM {parked} p WHERE p.prefix = x.prefix AND p.name = x.name
+        AND p.task_id = x.newest)"""
         #: How many calls are parked behind each lock of a batch (names as an array).
         self.parked_counts = f"""
 SELECT (SELECT count(*) FROM {parked} p WHERE p.prefix = %(prefix)s AND p.name = b.name)

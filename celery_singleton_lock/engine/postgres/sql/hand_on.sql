@@ -1,6 +1,7 @@
 -- singleton_lock_hand_on: the release of a lock whose duplicates queue or wait as the newest
 -- ('release'), a sweeper's step ('sweep') or the drop of a parked id that will never run
--- ('drop'), each followed by the hand-off of the lock, if it is free, to the oldest parked id
+-- ('drop'), each followed by the hand-off of the lock, if it is free and no debounce holds
+-- the waiting call back (lock_debounce: not before its due time), to the oldest parked id
 -- (reserved for it for reserve_ms, its message returned); or ('sent') the word that a handed
 -- id's message was published: its reservation, made short so that a death before the
 -- publish stalls nobody for long, now lives reserve_ms from now. As lua/hand_on_slots.lua
@@ -64,7 +65,9 @@ BEGIN
         END IF;
         RETURN;
     END IF;
-    IF live THEN
+    IF live OR EXISTS (SELECT 1 FROM __schema__.singleton_lock_latest x
+                       WHERE x.prefix = p_prefix AND x.name = p_name AND x.due > now()) THEN
+        -- held, or a debounced call waits for its due time (the sweeper hands it on then)
         RETURN QUERY SELECT v_done, NULL::bytea;
         RETURN;
     END IF;

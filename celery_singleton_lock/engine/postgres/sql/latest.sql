@@ -1,12 +1,14 @@
 -- singleton_lock_latest: the acquire of a task whose newest duplicate wins (policy replace,
--- restart), as lua/acquire_or_replace.lua is on Redis (without a debounce): take the lock, or
+-- restart, lock_debounce), as lua/acquire_or_replace.lua is on Redis: take the lock, or
 -- become the one call that waits behind it, displacing the call that waited there, in one
--- statement. Calls are ordered by when they were SENT (their stamps, compared bytewise): one
+-- statement. With a debounce a call waits even on a free lock, until its due time (the
+-- sweeper hands it the lock then: sql/hand_on.sql). Calls are ordered by when they were SENT (their stamps, compared bytewise): one
 -- sent before the newest that waits, holds or held the lock never waits or runs.
 -- Args     prefix, name; token, pid, host, task_id of the owner; ttl_ms; fencing;
 --          unless_finished; message (stored if it waits); keep_ms (how long superseded ids
 --          and the newest stamp are kept); grace_ms (after a displacement, when a sweeper
---          marks the calls still left to mark); sent (this call's stamp, '' for none)
+--          marks the calls still left to mark); sent (this call's stamp, '' for none);
+--          debounce_ms (0: none), debounce_max_ms (from the burst's first call; 0: none)
 -- Returns  one row (state, fence, holder fields, position, displaced):
 --          'acquired': taken (the lock was free with nothing waiting, or reserved for this
 --                      id; or taken already by this token), with its fence.
@@ -22,7 +24,8 @@
 CREATE OR REPLACE FUNCTION __schema__.singleton_lock_latest(
     p_prefix text, p_name text, p_token text, p_pid integer, p_host text, p_task_id text,
     p_ttl_ms bigint, p_fencing boolean, p_unless_finished boolean, p_message bytea,
-    p_keep_ms bigint, p_grace_ms bigint, p_sent text)
+    p_keep_ms bigint, p_grace_ms bigint, p_sent text, p_debounce_ms bigint,
+    p_debounce_max_ms bigint)
 RETURNS TABLE (state text, fence bigint, h_pid integer, h_host text, h_task_id text,
     h_acquired float8, h_left float8, place bigint, displaced bytea[])
 LANGUAGE plpgsql AS $$
@@ -37,6 +40,9 @@ DECLARE
     v_fence bigint;
     v_gone bytea[];
     v_place bigint;
+    v_first timestamptz;
+    v_due timestamptz;
+    v_keep interval := p_keep_ms * interval '1 millisecond';
 BEGIN
     IF p_unless_finished AND EXISTS (
         SELECT 1 FROM __schema__.singleton_lock_finished f
@@ -75,7 +81,7 @@ BEGIN
         ELSE
             held := true;
         END IF;
-    ELSIF NOT EXISTS (SELECT 1 FROM __schema__.singleton_lock_parked p
+    ELSIF p_debounce_ms = 0 AND NOT EXISTS (SELECT 1 FROM __schema__.singleton_lock_parked p
                       WHERE p.prefix = p_prefix AND p.name = p_name) THEN
         take := true;
     END IF;
@@ -96,8 +102,9 @@ BEGIN
         END IF;
     ELSIF p_sent <> '' THEN
         INSERT INTO __schema__.singleton_lock_latest AS x (prefix, name, sent, until)
-        VALUES (p_prefix, p_name, p_sent, now() + p_keep_ms * interval '1 millisecond')
-        ON CONFLICT (prefix, name) DO UPDATE SET sent = excluded.sent, until = excluded.until;
+        VALUES (p_prefix, p_name, p_sent, now() + v_keep)
+        ON CONFLICT (prefix, name) DO UPDATE SET sent = excluded.sent,
+            until = greatest(x.until, excluded.until);
     END IF;
     IF take THEN
         DELETE FROM __schema__.singleton_lock_parked p
@@ -108,6 +115,11 @@ BEGIN
             fence = CASE WHEN p_fencing THEN nextval('__schema__.singleton_lock_fence') END
         WHERE x.prefix = p_prefix AND x.name = p_name
         RETURNING x.fence INTO v_fence;
+        IF NOT EXISTS (SELECT 1 FROM __schema__.singleton_lock_parked p
+                       WHERE p.prefix = p_prefix AND p.name = p_name) THEN
+            UPDATE __schema__.singleton_lock_latest x SET newest = NULL, first = NULL, due = NULL
+            WHERE x.prefix = p_prefix AND x.name = p_name;  -- the burst is over
+        END IF;
         RETURN QUERY SELECT 'acquired', v_fence, NULL::integer, NULL::text, NULL::text,
             NULL::float8, NULL::float8, NULL::bigint, NULL::bytea[];
         RETURN;
@@ -136,6 +148,27 @@ BEGIN
         INSERT INTO __schema__.singleton_lock_parked (prefix, name, task_id, arrival, message)
         VALUES (p_prefix, p_name, p_task_id, nextval('__schema__.singleton_lock_arrival'),
             p_message);
+        IF p_debounce_ms > 0 THEN
+            -- due a debounce from now, or at most debounce_max after the burst's first call
+            v_first := now();
+            IF cardinality(v_gone) > 0 THEN
+                SELECT coalesce(x.first, now()) INTO v_first
+                FROM __schema__.singleton_lock_latest x
+                WHERE x.prefix = p_prefix AND x.name = p_name;
+                v_first := coalesce(v_first, now());
+            END IF;
+            v_due := now() + p_debounce_ms * interval '1 millisecond';
+            IF p_debounce_max_ms > 0 THEN
+                v_due := least(v_due, v_first + p_debounce_max_ms * interval '1 millisecond');
+            END IF;
+        END IF;
+        INSERT INTO __schema__.singleton_lock_latest AS x
+            (prefix, name, until, newest, first, due)
+        VALUES (p_prefix, p_name, greatest(now() + v_keep, v_due + interval '1 hour'),
+            p_task_id, v_first, v_due)
+        ON CONFLICT (prefix, name) DO UPDATE SET newest = excluded.newest,
+            first = excluded.first, due = excluded.due,
+            until = greatest(x.until, excluded.until);
     ELSE
         v_gone := '{}';
     END IF;

@@ -10,8 +10,11 @@
 --                                       kept until `until` (a stale copy is refused); message
 --                                       the call left to mark REVOKED (NULL once marked),
 --                                       which a sweeper marks from mark_after on
--- __schema__.singleton_lock_latest      per lock, the stamp of the newest call sent that
---                                       waits, holds or held it (policy replace)
+-- __schema__.singleton_lock_latest      per lock (policy replace): sent, the stamp of the
+--                                       newest call sent that waits, holds or held it (kept
+--                                       until `until`); newest, the task id of the call
+--                                       waiting; with lock_debounce, first (the burst's first
+--                                       call) and due (when the waiting call may run)
 -- __schema__.singleton_lock_cancels     per lock, the task id its newest call asked to stop
 --                                       (policy restart), until `until`
 CREATE TABLE IF NOT EXISTS __schema__.singleton_lock_parked (
@@ -41,8 +44,11 @@ CREATE INDEX IF NOT EXISTS singleton_lock_superseded_left
 CREATE TABLE IF NOT EXISTS __schema__.singleton_lock_latest (
     prefix text NOT NULL,
     name text NOT NULL,
-    sent text NOT NULL,
+    sent text NOT NULL DEFAULT '',
     until timestamptz NOT NULL,
+    newest text,
+    first timestamptz,
+    due timestamptz,
     PRIMARY KEY (prefix, name)
 );
 CREATE TABLE IF NOT EXISTS __schema__.singleton_lock_cancels (

@@ -40,7 +40,7 @@ class PostgresLatest:
         latest = request.latest
         assert latest is not None  # the backend sends only such a request here
         parking = self.parking
-        keys = parking._keys(request.name)
+        keys = parking.keys(request.name)
         params = owner_params(parking.prefix, request, owner, token)
         params.update(
             keep_ms=ms(request.finished_ttl),
@@ -106,6 +106,6 @@ class PostgresLatest:
             "look_ms": ms(look_again_in),
         }
         rows = parking.connections.run(
-            parking.statements.clear_superseded, params, parking._keys(name).lock
+            parking.statements.clear_superseded, params, parking.keys(name).lock
         )
         return int(rows[0][0]) if rows else 0

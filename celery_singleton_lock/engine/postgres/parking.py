@@ -97,12 +97,12 @@ class PostgresParking:
         self.lease_of = lease_of
         self.clock = clock
 
-    def _keys(self, name: str) -> LockKeys:
+    def keys(self, name: str) -> LockKeys:
         return LockKeys.build(self.prefix, name)
 
     def acquire(self, request: AcquireRequest, owner: Owner, token: str) -> AcquireOutcome:
         """One statement (``singleton_lock_park``): the lock taken, or the call parked."""
-        keys = self._keys(request.name)
+        keys = self.keys(request.name)
         refuse_slots(request.limit, request.rate, keys.lock)
         params = owner_params(self.prefix, request, owner, token)
         params.update(reserve_ms=ms(request.reservation_ttl), fair=request.fair)
@@ -133,7 +133,7 @@ class PostgresParking:
         task_id: str = "",
     ) -> tuple[int, Optional[bytes]]:
         """``singleton_lock_hand_on`` in ``mode`` (see sql/hand_on.sql): (done, handed)."""
-        keys = self._keys(name)
+        keys = self.keys(name)
         params = {
             "prefix": self.prefix,
             "name": name,
@@ -229,6 +229,6 @@ class PostgresParking:
         rows = self.connections.run(
             self.statements.parked_count,
             {"prefix": self.prefix, "name": name},
-            self._keys(name).lock,
+            self.keys(name).lock,
         )
         return int(rows[0][0]) if rows else 0

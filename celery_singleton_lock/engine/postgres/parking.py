@@ -98,6 +98,7 @@ class PostgresParking:
         self.clock = clock
 
     def keys(self, name: str) -> LockKeys:
+        """The keys of lock ``name`` (``prefix:{name}``, as its holders name it)."""
         return LockKeys.build(self.prefix, name)
 
     def acquire(self, request: AcquireRequest, owner: Owner, token: str) -> AcquireOutcome:

@@ -1,7 +1,7 @@
 """Reading the locks of the PostgreSQL backend (its :class:`~..backend.LockReader`): who holds
 one or its slots, every live lease under the prefix (a SELECT, a page at a time), the fence
-sequence, the names with a queued marker. The parts this backend does not have (parked
-calls) read as none, which is true: none can be made here."""
+sequence, the names with a queued marker, the calls parked behind a lock
+(:mod:`.parked_reading`)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from celery_singleton_lock.engine import absent_reads
 from celery_singleton_lock.engine.keys import LockKeys
 from celery_singleton_lock.engine.lease import LockHolder
 from celery_singleton_lock.engine.postgres.connections import Connections, Row, where
+from celery_singleton_lock.engine.postgres.parked_reading import ParkedReads
 from celery_singleton_lock.engine.postgres.rows import key_of_row, slot_row
 from celery_singleton_lock.engine.postgres.statements import Statements
 from celery_singleton_lock.engine.slots import slot_of
@@ -58,6 +59,7 @@ class PostgresInspector:
         connections: Connections,
         statements: Statements,
         prefix: str,
+        parked_reads: ParkedReads,
         ready: Callable[[], None] = lambda: None,
     ) -> None:
         self.prefix = prefix
@@ -66,6 +68,11 @@ class PostgresInspector:
         self._ready = ready
         self._connections = connections
         self._statements = statements
+        # the calls parked behind the locks (policies queue, replace): parked_reading.py
+        self.parked = parked_reads.parked
+        self.waiting_newest = parked_reads.waiting_newest
+        self.parked_counts = parked_reads.parked_counts
+        self.parked_locks = parked_reads.parked_locks
 
     def _key(self, name: str) -> str:
         return LockKeys.build(self.prefix, name).lock
@@ -131,10 +138,6 @@ class PostgresInspector:
         return {str(name): str(value) for name, value in rows}
 
     # the parts this backend does not have read as none (see engine/absent_reads.py)
-    waiting_newest = absent_reads.no_waiting_newest
-    parked = absent_reads.nothing_parked
-    parked_counts = absent_reads.no_parked_counts
-    parked_locks = absent_reads.no_parked_locks
     shared_counts = absent_reads.no_shared_counts
     marker_keys = absent_reads.no_marker_keys
 

@@ -63,15 +63,20 @@ def test_registration_accepts_the_parking_policies_on_postgres(app: Celery, poli
     assert parked.lock_options.on_duplicate == policy
 
 
-def test_registration_refuses_a_queue_of_several_holders_naming_postgres(app: Celery) -> None:
+@pytest.mark.parametrize(
+    ("option", "value"), [("lock_limit", 2), ("lock_rate", "2/m"), ("lock_cooldown", 5)]
+)
+def test_registration_refuses_a_queue_behind_slots_a_rate_or_a_cooldown_on_postgres(
+    app: Celery, option: str, value: Any
+) -> None:
     with pytest.raises(LockConfigurationError) as refused:
 
-        @app.task(base=LockedTask, on_duplicate="queue", lock_limit=2, shared=False)
+        @app.task(base=LockedTask, on_duplicate="queue", shared=False, **{option: value})
         def limited(x: int) -> None: ...
 
         _ = limited.lock_options
     message = refused.value.message
-    assert "lock_limit" in message and "PostgreSQL" in message
+    assert f"on_duplicate='queue' with {option}=" in message and "PostgreSQL" in message
 
 
 def test_registration_accepts_fencing_on_postgres(app: Celery) -> None:

@@ -269,14 +269,6 @@ def test_the_parked_gauge_of_a_postgres_app_counts_its_parked_rows(app: Celery) 
     assert parked_by_task(locker) == {"report": 2}
 
 
-def test_the_reader_names_each_postgres_lock_with_parked_calls(app: Celery) -> None:
-    locker = locker_for(app)
-    for task_id in ("t-9", "t-10"):
-        request = AcquireRequest("report:9", 60, Owner(task_id=task_id), renew=False)
-        locker.acquire(request._replace(park=f"{task_id}\n{{}}".encode()))
-    assert locker.inspect.parked_locks() == [("report:9", 1, True)]
-
-
 def test_the_worker_start_refuses_a_queue_with_a_rate_on_postgres() -> None:
     asked = {"on_duplicate": "queue", "lock_rate": (2, 60.0)}
     with pytest.raises(LockConfigurationError, match=r"lock_rate=\(2, 60.0\) is not supported"):

@@ -311,3 +311,20 @@ def test_the_newest_call_flags_the_running_holder(locker: PostgresLocker) -> Non
         False,
         False,
     ]
+
+
+def test_a_schema_no_process_has_used_reads_nothing_parked(locker: PostgresLocker) -> None:
+    inspect = locker.inspect  # no statement sent yet: the tables do not exist
+    assert (inspect.parked("job"), inspect.parked_locks(), inspect.waiting_newest("job")) == (
+        [],
+        [],
+        None,
+    )
+
+
+def test_the_reader_names_each_lock_with_parked_calls_and_their_count(
+    locker: PostgresLocker,
+) -> None:
+    for task_id in ("holder", "first", "second"):
+        queue_call(locker, task_id)
+    assert locker.inspect.parked_locks() == [("job", 2, True)]

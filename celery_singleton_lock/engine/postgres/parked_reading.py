@@ -1,6 +1,7 @@
 """Reading the calls parked on PostgreSQL (policies ``queue`` and ``replace``), for the
 backend's :class:`~.reading.PostgresInspector`: who is parked behind a lock, how many, the
-call waiting as the newest, and the locks with parked calls."""
+call waiting as the newest, and the locks with parked calls. A schema no process of this
+version has used has no parked tables: nothing was parked there, and that is what they read."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ class ParkedReads:
 
     def parked(self, name: str) -> list[str]:
         """The task ids parked behind lock ``name``, in the order they are handed it."""
-        rows = self._connections.run(
+        rows = self._connections.read(
             self._statements.parked_ids, {"prefix": self.prefix, "name": name}, name
         )
         return [str(task_id) for (task_id,) in rows]
@@ -29,7 +30,7 @@ class ParkedReads:
         """For a lock whose newest call wins: the task id of the call waiting and, with a
         debounce, when it is due (epoch seconds by the server's clock); None for any other
         lock, or when none waits."""
-        rows = self._connections.run(
+        rows = self._connections.read(
             self._statements.waiting_newest, {"prefix": self.prefix, "name": name}, name
         )
         return (str(rows[0][0]), rows[0][1]) if rows else None
@@ -41,7 +42,7 @@ class ParkedReads:
             return []
         start = len(self.prefix) + 2
         names = [key[start:-1] for key in lock_keys]
-        rows = self._connections.run(
+        rows = self._connections.read(
             self._statements.parked_counts, {"prefix": self.prefix, "names": names}, self.prefix
         )
         return [int(count) for (count,) in rows]
@@ -50,7 +51,7 @@ class ParkedReads:
         """``(lock name, calls parked, lock held)`` of at most ``limit`` locks with calls
         parked (by name), from the parked rows in one statement: no index to keep, as the
         hand-off index is on Redis. A lock reserved for a handed call counts as held."""
-        rows = self._connections.run(
+        rows = self._connections.read(
             self._statements.parked_locks, {"prefix": self.prefix, "limit": limit}, self.prefix
         )
         return [(str(name), int(count), bool(held)) for name, count, held in rows]

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Optional
 
-import psycopg
-
 from celery_singleton_lock.engine import absent_reads
 from celery_singleton_lock.engine.keys import LockKeys
 from celery_singleton_lock.engine.lease import LockHolder
@@ -17,7 +15,7 @@ from celery_singleton_lock.engine.postgres.parked_reading import ParkedReads
 from celery_singleton_lock.engine.postgres.rows import key_of_row, slot_row
 from celery_singleton_lock.engine.postgres.statements import Statements
 from celery_singleton_lock.engine.slots import slot_of
-from celery_singleton_lock.errors import LockBackendUnavailable, LockError
+from celery_singleton_lock.errors import LockBackendUnavailable
 
 #: the pid of a row in its cooldown (no process has it; see :mod:`.cooldown`)
 COOLDOWN_PID = -1
@@ -38,17 +36,6 @@ def holder_of(key: str, row: Row) -> LockHolder:
         ttl=None if left is None else max(0.0, float(left)),
         cooling=pid == COOLDOWN_PID,
     )
-
-
-def _rows(connections: Connections, sql: str, params: Any, key: str) -> list[Row]:
-    """The rows of a read; none when the lock tables do not exist yet (no worker has used
-    the schema, nor ``celery locks migrate``): nothing was ever locked there."""
-    try:
-        return connections.run(sql, params, key)
-    except LockError as exc:
-        if isinstance(exc.__cause__, psycopg.errors.UndefinedTable):
-            return []
-        raise
 
 
 class PostgresInspector:
@@ -80,8 +67,8 @@ class PostgresInspector:
     def read(self, name: str) -> Optional[LockHolder]:
         """The live holder of lock ``name``, or None when it is free."""
         key = self._key(name)
-        rows = _rows(
-            self._connections, self._statements.read, {"prefix": self.prefix, "name": name}, key
+        rows = self._connections.read(
+            self._statements.read, {"prefix": self.prefix, "name": name}, key
         )
         return holder_of(key, rows[0][1:]) if rows else None
 
@@ -145,8 +132,7 @@ class PostgresInspector:
         """Every live lease under the prefix, by name, ``count`` rows per SELECT."""
         after = ""
         while True:
-            rows = _rows(
-                self._connections,
+            rows = self._connections.read(
                 self._statements.scan,
                 {"prefix": self.prefix, "after": after, "count": count},
                 self.prefix,

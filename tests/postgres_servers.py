@@ -147,6 +147,11 @@ class PrivatePostgres:
         (a crash: no checkpoint, WAL replayed at the next start)."""
         self.pg_ctl("-m", mode, "-w", "-t", "90", "stop")
 
+    def restart(self) -> None:
+        """A clean stop (``fast``), then a start, waited for until it answers."""
+        self.stop("fast")
+        self.start()
+
     def promote(self) -> None:
         """Promote this standby to a primary (``pg_ctl promote``, waited for)."""
         self.pg_ctl("-w", "-t", "90", "promote")

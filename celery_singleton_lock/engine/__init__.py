@@ -11,6 +11,7 @@ from .backend import (
     LockBackend,
     LockReader,
     ParkingQueue,
+    PushedCancelFlags,
     QueuedMarkers,
     ReleaseSubscription,
 )
@@ -59,6 +60,7 @@ __all__ = [
     "Parked",
     "ParkingQueue",
     "PreparedAcquire",
+    "PushedCancelFlags",
     "QueuedMarkers",
     "QuorumLocker",
     "RedisLocker",

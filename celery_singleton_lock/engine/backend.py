@@ -15,7 +15,7 @@ backends make in :mod:`.checks`.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, Optional, Protocol, Sequence, Union
+from typing import Any, Optional, Protocol, Sequence, Union, runtime_checkable
 
 from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
 from celery_singleton_lock.engine.cancel_watch import CancelSignal
@@ -141,11 +141,19 @@ class CooldownRelease(Protocol):
 
 class CancelFlags(Protocol):
     """A running call asked to stop by the newest (policy ``restart``, beside latest wins:
-    :class:`~.kinds.cancels.Cancels`)."""
+    :class:`~.kinds.cancels.Cancels`, :class:`~.postgres.cancels.PostgresCancels`). The body
+    reads its flag; a backend that can also push the news says so with
+    :class:`PushedCancelFlags`."""
 
     def cancel_holder(self, name: str, by: str) -> Optional[str]: ...
 
     def cancel_requested(self, held: Sequence[tuple[str, str]]) -> list[bool]: ...
+
+
+@runtime_checkable
+class PushedCancelFlags(CancelFlags, Protocol):
+    """Cancel flags whose stop is also pushed to the process of the running call (Redis:
+    pub/sub on the lock's cancel channel, :mod:`.cancel_watch`), so its body need not read."""
 
     def watch(self, name: str, task_id: str) -> CancelSignal:
         """The running call ``task_id`` of the lock ``name`` told, in this process, when it is

@@ -42,6 +42,9 @@ class Capabilities:
     ordered_queue: bool = True
     #: a waiting call handed the lock by a sweeper at its due time (``lock_debounce``)
     debounce: bool = True
+    #: parking behind several slots, a rate or a cooldown (``on_duplicate='queue'`` with
+    #: ``lock_limit`` > 1, ``lock_rate`` or ``lock_cooldown``, :mod:`.kinds.slot_queue`)
+    parking_slots: bool = True
 
     def why_not(self, feature: str) -> str:
         """Why ``feature`` (a field name above) is not supported here ("" if it is)."""

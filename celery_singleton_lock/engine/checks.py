@@ -199,6 +199,13 @@ def _check_limit(request: AcquireRequest, capabilities: Capabilities, prefix: st
         raise unsupported(capabilities, "lock_limit > 1", "slots", _named(request, prefix))
     if request.rate is not None and not capabilities.rate:
         raise unsupported(capabilities, "lock_rate", "rate", _named(request, prefix))
+    if request.park is not None and not capabilities.parking_slots:
+        raise unsupported(
+            capabilities,
+            "on_duplicate='queue' with lock_limit > 1 or lock_rate",
+            "parking_slots",
+            _named(request, prefix),
+        )
     if request.latest is not None or request.take_queued or request.min_replicas:
         raise LockConfigurationError(
             "a limit above 1 or a rate does not combine with latest wins, queued markers "

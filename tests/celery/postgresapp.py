@@ -2,9 +2,9 @@
 the broker, PostgreSQL for the locks and for the bodies' records, no Redis URL anywhere.
 
 Configured by the environment: ``CSL_BROKER_URL`` (AMQP), ``CSL_PG_URL`` (the lock URL, with
-the test's ``?schema=``), ``CSL_QUEUE``. Each body writes a row of ``<schema>.records``: its
-key, pid, fence, and its start and end by the database's clock (one clock for every worker),
-from inside the lock."""
+the test's ``?schema=``), ``CSL_QUEUE``, and ``CSL_RESULT_BACKEND`` where a test reads
+states. Each body writes a row of ``<schema>.records``: its key, pid, fence, and its start and
+end by the database's clock (one clock for every worker), from inside the lock."""
 
 from __future__ import annotations
 
@@ -26,7 +26,9 @@ app.conf.update(
     broker_url=os.environ.get("CSL_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//"),
     broker_connection_retry_on_startup=True,
     task_default_queue=os.environ.get("CSL_QUEUE", "celery"),
-    task_ignore_result=True,
+    # a result backend only where a test reads states (policy replace: REVOKED superseded)
+    result_backend=os.environ.get("CSL_RESULT_BACKEND") or None,
+    task_ignore_result=not os.environ.get("CSL_RESULT_BACKEND"),
     worker_prefetch_multiplier=1,
     singleton_lock_url=LOCK_URL,
 )
@@ -50,17 +52,32 @@ def record_table(connection: psycopg.Connection[Any], schema: str) -> None:
         f"CREATE TABLE IF NOT EXISTS {schema}.records (id bigserial PRIMARY KEY, key text, "
         "n integer, pid integer, fence bigint, started timestamptz, ended timestamptz)"
     )
+    connection.execute(f"CREATE TABLE IF NOT EXISTS {schema}.gates (key text PRIMARY KEY)")
+
+
+def wait_for_gate(connection: psycopg.Connection[Any], key: str) -> None:
+    """Until the test opens the gate of ``key`` (a row of ``<schema>.gates``), at most 120 s."""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        query = f"SELECT 1 FROM {SCHEMA}.gates WHERE key = %s"
+        if connection.execute(query, (key,)).fetchone():
+            return
+        time.sleep(0.05)
 
 
 def run_recorded(key: str, n: int, fence: Optional[int], seconds: float) -> None:
-    """Record the body's start, sleep ``seconds``, record its end."""
+    """Record the body's start, sleep ``seconds`` (a negative number: until the gate of
+    ``key`` opens), record its end."""
     connection = records()
     (row_id,) = connection.execute(
         f"INSERT INTO {SCHEMA}.records (key, n, pid, fence, started) "
         "VALUES (%s, %s, %s, %s, clock_timestamp()) RETURNING id",
         (key, n, os.getpid(), fence),
     ).fetchone() or (0,)
-    time.sleep(seconds)
+    if seconds < 0:
+        wait_for_gate(connection, key)
+    else:
+        time.sleep(seconds)
     connection.execute(
         f"UPDATE {SCHEMA}.records SET ended = clock_timestamp() WHERE id = %s", (row_id,)
     )
@@ -180,3 +197,50 @@ def pg_cooled(self: Any, key: str, n: int) -> None:
 @app.task(base=LockedTask, bind=True, dedupe_on_enqueue=True, lock_ttl=10, lock_on=["key"])
 def pg_deduped(self: Any, key: str, n: int) -> None:
     run_recorded(key, n, None, 0.01)
+
+
+@app.task(base=LockedTask, bind=True, on_duplicate="queue", lock_ttl=5, lock_on=["key"])
+def pg_queue(self: Any, key: str, n: int, seconds: float) -> None:
+    run_recorded(key, n, None, seconds)
+
+
+@app.task(base=LockedTask, bind=True, on_duplicate="replace", lock_ttl=5, lock_on=["key"])
+def pg_replace(self: Any, key: str, n: int, seconds: float) -> None:
+    run_recorded(key, n, None, seconds)
+
+
+@app.task(base=LockedTask, bind=True, on_duplicate="restart", lock_ttl=5, lock_on=["key"])
+def pg_restart(self: Any, key: str, n: int, seconds: float) -> None:
+    """Looks at its lock's ``cancelled`` every 0.1 s: recorded as ended, then stops."""
+    connection = records()
+    (row_id,) = connection.execute(
+        f"INSERT INTO {SCHEMA}.records (key, n, pid, started) "
+        "VALUES (%s, %s, %s, clock_timestamp()) RETURNING id",
+        (key, n, os.getpid()),
+    ).fetchone() or (0,)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not self.request.lock.cancelled:
+        time.sleep(0.1)
+    connection.execute(
+        f"UPDATE {SCHEMA}.records SET ended = clock_timestamp() WHERE id = %s", (row_id,)
+    )
+    self.request.lock.raise_if_cancelled()
+
+
+@app.task(
+    base=LockedTask, bind=True, on_duplicate="queue", lock_ttl=3, lock_on=["key"], acks_late=True
+)
+def pg_queue_late(self: Any, key: str, n: int, seconds: float) -> None:
+    run_recorded(key, n, None, seconds)
+
+
+@app.task(
+    base=LockedTask,
+    bind=True,
+    on_duplicate="replace",
+    lock_debounce=1.0,
+    lock_ttl=5,
+    lock_on=["key"],
+)
+def pg_debounced(self: Any, key: str, n: int, seconds: float) -> None:
+    run_recorded(key, n, None, seconds)

@@ -52,18 +52,31 @@ def app(url: str) -> Iterator[Celery]:
 def test_a_postgresql_url_selects_the_postgres_backend(app: Celery) -> None:
     locker = locker_for(app)
     assert locker.capabilities is POSTGRES
-    assert locker.queue is None and locker.markers is not None
+    assert locker.queue is not None and locker.markers is not None
 
 
-def test_registration_refuses_queue_naming_postgres_and_the_option(app: Celery) -> None:
+@pytest.mark.parametrize("policy", ["queue", "replace", "restart"])
+def test_registration_accepts_the_parking_policies_on_postgres(app: Celery, policy: str) -> None:
+    @app.task(base=LockedTask, on_duplicate=policy, shared=False)
+    def parked(x: int) -> None: ...
+
+    assert parked.lock_options.on_duplicate == policy
+
+
+@pytest.mark.parametrize(
+    ("option", "value"), [("lock_limit", 2), ("lock_rate", "2/m"), ("lock_cooldown", 5)]
+)
+def test_registration_refuses_a_queue_behind_slots_a_rate_or_a_cooldown_on_postgres(
+    app: Celery, option: str, value: Any
+) -> None:
     with pytest.raises(LockConfigurationError) as refused:
 
-        @app.task(base=LockedTask, on_duplicate="queue", shared=False)
-        def parked(x: int) -> None: ...
+        @app.task(base=LockedTask, on_duplicate="queue", shared=False, **{option: value})
+        def limited(x: int) -> None: ...
 
-        _ = parked.lock_options
+        _ = limited.lock_options
     message = refused.value.message
-    assert "on_duplicate" in message and "PostgreSQL" in message
+    assert f"on_duplicate='queue' with {option}=" in message and "PostgreSQL" in message
 
 
 def test_registration_accepts_fencing_on_postgres(app: Celery) -> None:
@@ -246,8 +259,28 @@ def test_the_lock_console_lists_a_lock_held_in_postgres(app: Celery) -> None:
     ]
 
 
-def test_the_parked_gauge_of_a_postgres_app_reads_nothing_parked(app: Celery) -> None:
+def test_the_parked_gauge_of_a_postgres_app_counts_its_parked_rows(app: Celery) -> None:
     from celery_singleton_lock.celery.observe.metrics import parked_by_task
 
-    held(app, "report:6", Owner(task_id="t-6", host="w@h", pid=4242))
-    assert parked_by_task(locker_for(app)) == {}
+    locker = locker_for(app)
+    for task_id in ("t-6", "t-7", "t-8"):
+        request = AcquireRequest("report:6", 60, Owner(task_id=task_id), renew=False)
+        locker.acquire(request._replace(park=f"{task_id}\n{{}}".encode()))
+    assert parked_by_task(locker) == {"report": 2}
+
+
+def test_the_worker_start_refuses_a_queue_with_a_rate_on_postgres() -> None:
+    asked = {"on_duplicate": "queue", "lock_rate": (2, 60.0)}
+    with pytest.raises(LockConfigurationError, match=r"lock_rate=\(2, 60.0\) is not supported"):
+        refuse_unsupported("t", asked, POSTGRES)
+
+
+def test_locks_show_lists_the_calls_parked_behind_a_lock(app: Celery, url: str) -> None:
+    locker = locker_for(app)
+    for task_id in ("t-holder", "t-first", "t-second"):
+        request = AcquireRequest("report:4", 60, Owner(task_id=task_id), renew=False)
+        locker.acquire(request._replace(park=f"{task_id}\n{{}}".encode()))
+    result = run_cli("--url", url, "--prefix", "pgt", "show", "report:4")
+    assert result.returncode == 0, result.stderr
+    assert "t-holder" in result.stdout
+    assert "parked: 2 call(s), oldest first: t-first t-second" in result.stdout

@@ -211,7 +211,7 @@ def test_a_finish_record_refuses_the_same_task_id(locker: PostgresLocker) -> Non
 @pytest.mark.parametrize(
     ("options", "option"),
     [
-        ({"park": b"message"}, "on_duplicate='queue'"),
+        ({"park": b"message", "limit": 2}, "on_duplicate='queue' with lock_limit > 1"),
         ({"min_replicas": 1}, "lock_min_replicas"),
     ],
 )

@@ -37,6 +37,10 @@ NEEDS: dict[str, tuple[Callable[[Any], tuple[str, ...]], Callable[[Any], bool], 
     "lock_debounce": (lambda _: ("debounce",), bool, "debounce"),
 }
 
+#: options that, beside a parking policy, need ``parking_slots`` (calls parked behind several
+#: slots, a rate or a cooldown)
+PARKED_BEHIND = ("lock_limit", "lock_rate", "lock_cooldown")
+
 #: what names the backend in the settings, said after its kind in a refusal
 _NAMED_BY = {
     QUORUM: " (singleton_lock_url lists several servers)",
@@ -70,13 +74,29 @@ def refuse_unsupported(
         value = values[option]
         missing = [f for f in features(value) if not getattr(capabilities, f)]
         if asks(value) and missing:
-            feature = missing[0]
-            raise LockConfigurationError(
-                f"task {task_name}: {option}={value!r} is not supported on "
-                f"{capabilities.kind}{_NAMED_BY.get(capabilities, '')}: "
-                f"{capabilities.why_not(feature)}; turn it off, or "
-                f"{capabilities.instead} for this app's locks"
-            )
+            raise _refusal(task_name, f"{option}={value!r}", capabilities, missing[0])
+    if capabilities.parking_slots or not _asked(values, "on_duplicate"):
+        return
+    for option in PARKED_BEHIND:
+        if _asked(values, option):
+            what = f"on_duplicate={values['on_duplicate']!r} with {option}={values[option]!r}"
+            raise _refusal(task_name, what, capabilities, "parking_slots")
+
+
+def _asked(values: Mapping[str, Any], option: str) -> bool:
+    """Whether ``values`` ask for ``option`` (a key of :data:`NEEDS`)."""
+    return option in values and NEEDS[option][1](values[option])
+
+
+def _refusal(
+    task_name: str, what: str, capabilities: Capabilities, feature: str
+) -> LockConfigurationError:
+    return LockConfigurationError(
+        f"task {task_name}: {what} is not supported on "
+        f"{capabilities.kind}{_NAMED_BY.get(capabilities, '')}: "
+        f"{capabilities.why_not(feature)}; turn it off, or "
+        f"{capabilities.instead} for this app's locks"
+    )
 
 
 def requested(options: Any) -> dict[str, Any]:

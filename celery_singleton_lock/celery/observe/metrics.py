@@ -325,9 +325,10 @@ def parking_task_names(app: Any) -> list[str]:
 
 def parked_by_task(locker: Any) -> dict[str, int]:
     """Calls parked behind locks now, by task name (the lock name before its digest)."""
-    if locker.queue is None:  # a quorum or PostgreSQL parks nothing ('queue' is refused)
+    if locker.queue is None:  # a quorum parks nothing ('queue' is refused)
         return {}
-    # from the hand-off index (two round trips, no SCAN: O(locks with parked calls))
+    # the reader's parked locks: on Redis the hand-off index (two round trips, no SCAN), on
+    # PostgreSQL one SELECT of its parked rows (O(locks with parked calls) either way)
     counts: dict[str, int] = {}
     for lock_name, count, _ in locker.inspect.parked_locks(PARKED_SCAN_LIMIT):
         task = lock_name.rsplit(":", 1)[0]

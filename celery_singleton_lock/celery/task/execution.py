@@ -36,7 +36,7 @@ from celery_singleton_lock.celery import celery_api
 from celery_singleton_lock.celery.observe import events
 from celery_singleton_lock.celery.signals import lock_released
 from celery_singleton_lock.celery.task.lock_view import LockHandle
-from celery_singleton_lock.engine import CancelSignal, Lease, required
+from celery_singleton_lock.engine import CancelSignal, Lease, PushedCancelFlags, required
 from celery_singleton_lock.errors import LockError
 
 log = logging.getLogger("celery_singleton_lock.release")
@@ -48,6 +48,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 #: channel from the body's first look, see engine/cancel_watch.py); a read now and then covers
 #: a message lost while that connection was down, or a process that could not subscribe.
 CANCEL_POLL = 2.0
+#: Seconds between two reads of the flag where the backend cannot push the news (PostgreSQL):
+#: the read is then the only way the body learns it.
+CANCEL_READ_UNPUSHED = 0.05
 
 
 class _OpenScopes(threading.local):
@@ -100,6 +103,7 @@ class LockScope(LockHandle):
 
     __slots__ = (
         "_body_started",
+        "_cancel_poll",
         "_cancel_read_at",
         "_cancel_signal",
         "_cancelled",
@@ -138,6 +142,7 @@ class LockScope(LockHandle):
         self._closed = False
         self._cancelled = False
         self._cancel_read_at = -math.inf  # the first look reads, however young the clock
+        self._cancel_poll = CANCEL_READ_UNPUSHED  # CANCEL_POLL once the news is pushed
         self._cancel_signal: Optional[CancelSignal] = None
         _open.by_name[name] = self
 
@@ -161,7 +166,7 @@ class LockScope(LockHandle):
             self._cancelled = True
             return True
         now = time.monotonic()
-        if now - self._cancel_read_at < CANCEL_POLL:
+        if now - self._cancel_read_at < self._cancel_poll:
             return False
         task = self.task
         if not (task._lock_options or task.resolve_lock_options()).policy.restarts:
@@ -171,10 +176,11 @@ class LockScope(LockHandle):
         if cancels is None:  # no latest wins on this backend: registration refused restart
             return False
         try:
-            if signal is None and not self._closed:
+            if signal is None and not self._closed and isinstance(cancels, PushedCancelFlags):
                 # listened to from now; a stop asked before the subscription took effect is
                 # found by the read below, or by the read that follows its confirmation
                 signal = self._cancel_signal = cancels.watch(self.name, self.task_id)
+                self._cancel_poll = CANCEL_POLL
             asked = cancels.cancel_requested([(self.name, self.task_id)])
         except LockError as exc:  # not told: the worker's grace still ends it (prefork)
             log.warning(
@@ -252,7 +258,7 @@ class LockScope(LockHandle):
     def _stop_listening(self, signal: CancelSignal) -> None:
         self._cancel_signal = None
         cancels = self.task.lock_locker.cancels
-        if cancels is not None:
+        if isinstance(cancels, PushedCancelFlags):
             cancels.unwatch(signal)
 
     def _settled(self, owned: Optional[bool], error: Optional[LockError]) -> None:

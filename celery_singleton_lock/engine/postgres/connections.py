@@ -166,6 +166,17 @@ class Connections:
             cursor = connection.execute(sql, params)
             return cursor.fetchall() if cursor.description is not None else []
 
+    def read(self, sql: str, params: Any, key: Optional[str] = None) -> list[Row]:
+        """The rows of a read; none when a table it reads does not exist yet (no worker of
+        this version has used the schema, nor ``celery locks migrate``): nothing was ever
+        written there."""
+        try:
+            return self.run(sql, params, key)
+        except LockError as exc:
+            if isinstance(exc.__cause__, psycopg.errors.UndefinedTable):
+                return []
+            raise
+
     def transaction(self, statements: Sequence[tuple[str, Any]], key: Optional[str] = None) -> None:
         """``statements`` in one transaction."""
         with self.connection(key) as connection, connection.transaction():

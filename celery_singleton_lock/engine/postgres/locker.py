@@ -22,8 +22,10 @@ but the LISTEN of a waiter (:mod:`.releases`).
 
 Admission beside the mutex has a module each: one of N slots within a rate and a live cap
 (:mod:`.slots`, whose rows :mod:`.rows` names), the cooldown release (:mod:`.cooldown`), the
-queued markers (:mod:`.markers`). What it does not do is said, each with its reason, by its
-capabilities (:data:`POSTGRES`): those parts (queue, latest wins) are None.
+queued markers (:mod:`.markers`). Policies ``queue``, ``replace`` and ``restart`` park calls
+in rows beside the leases (:mod:`.parking`, :mod:`.latest`, :mod:`.cancels`), for the mutex:
+a queue behind several slots, a rate or a cooldown is not written here, and the capabilities
+say so (:data:`POSTGRES`, ``parking_slots``).
 """
 
 from __future__ import annotations
@@ -42,11 +44,16 @@ from celery_singleton_lock.engine.lease import (
     already_finished,
     new_token,
 )
+from celery_singleton_lock.engine.postgres.cancels import PostgresCancels
 from celery_singleton_lock.engine.postgres.capabilities import POSTGRES
 from celery_singleton_lock.engine.postgres.caps import PostgresCaps
 from celery_singleton_lock.engine.postgres.connections import Connections, split_url
 from celery_singleton_lock.engine.postgres.cooldown import PostgresCooldown
+from celery_singleton_lock.engine.postgres.latest import PostgresLatest
 from celery_singleton_lock.engine.postgres.markers import PostgresMarkers
+from celery_singleton_lock.engine.postgres.parked_reading import ParkedReads
+from celery_singleton_lock.engine.postgres.parking import PostgresParking
+from celery_singleton_lock.engine.postgres.queue_statements import QueueStatements
 from celery_singleton_lock.engine.postgres.reading import PostgresInspector, holder_of
 from celery_singleton_lock.engine.postgres.releases import PostgresSubscription
 from celery_singleton_lock.engine.postgres.rows import announced, row_name, slot_row
@@ -84,11 +91,6 @@ class PostgresLocker:
     """
 
     capabilities = POSTGRES
-    #: none of the parts beside the leases yet (see :data:`POSTGRES` for why): not declared,
-    #: so an option that needs one is refused at registration
-    queue: None = None
-    latest: None = None
-    cancels: None = None
     try_acquire = checks.try_acquire
 
     def __init__(
@@ -105,10 +107,23 @@ class PostgresLocker:
         self.schema = Schema(schema_name)
         self.statements = Statements(self.schema)
         self.connections = Connections(conninfo)
+        # -- the queue parts (policies queue, replace, restart): parking.py, latest.py
+        queue_statements = QueueStatements(self.schema)
+        parked_reads = ParkedReads(self.connections, queue_statements, self.prefix)
         self.inspect = PostgresInspector(
-            self.connections, self.statements, self.prefix, ready=self.ready
+            self.connections, self.statements, self.prefix, parked_reads, ready=self.ready
         )
         self._ready = not create_schema
+        self.queue = PostgresParking(
+            self.connections,
+            queue_statements,
+            self.prefix,
+            self.schema.channel,
+            self._lease,
+            self.renewer.clock,
+        )
+        self.latest = PostgresLatest(self.queue)
+        self.cancels = PostgresCancels(self.connections, queue_statements, self.prefix)
         # -- admission: slots (lock_limit, lock_rate, a live cap), cooldown, queued markers
         self.slots = PostgresSlots(self.connections, self.schema, self, self.prefix, self.renewer)
         self.cooldown = PostgresCooldown(self.connections, self.schema, self.prefix)
@@ -159,9 +174,13 @@ class PostgresLocker:
             self.ensure_schema()
         name = request.name
         keys = self.keys(name)
+        token = request.token or new_token()
+        if request.park is not None:  # policies queue, replace, restart: parking.py, latest.py
+            if request.latest is not None:
+                return self.latest.acquire(request, owner, token)
+            return self.queue.acquire(request, owner, token)
         if request.limit != 1 or request.rate is not None:  # admission: one of N slots
             return self.slots.acquire(request, owner, keys)
-        token = request.token or new_token()
         params = {
             "prefix": self.prefix,
             "name": name,
@@ -190,15 +209,27 @@ class PostgresLocker:
             raise already_finished(keys, owner)
         if state == "held":
             return holder_of(keys.lock, tuple(fields))
+        return self._lease(request, keys, token, owner, fields[0], sent_at)
+
+    def _lease(
+        self,
+        request: AcquireRequest,
+        keys: LockKeys,
+        token: str,
+        owner: Owner,
+        fence: Optional[int],
+        sent_at: float,
+    ) -> Lease:
+        """The lease ``owner`` took with ``token`` (its statement sent at ``sent_at``)."""
         max_lifetime = request.max_lifetime
-        log.debug("acquired %s (fence=%s)", keys.lock, fields[0])
+        log.debug("acquired %s (fence=%s)", keys.lock, fence)
         return Lease(
             locker=self,
             keys=keys,
             token=token,
             ttl=request.ttl,
             owner=owner,
-            fence=fields[0],
+            fence=fence,
             confirmed_at=sent_at,
             deadline=None if max_lifetime is None else sent_at + max_lifetime,
             on_lost=request.on_lost,

@@ -1,22 +1,21 @@
 """Reading the locks of the PostgreSQL backend (its :class:`~..backend.LockReader`): who holds
 one or its slots, every live lease under the prefix (a SELECT, a page at a time), the fence
-sequence, the names with a queued marker. The parts this backend does not have (parked
-calls) read as none, which is true: none can be made here."""
+sequence, the names with a queued marker, the calls parked behind a lock
+(:mod:`.parked_reading`)."""
 
 from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Optional
 
-import psycopg
-
 from celery_singleton_lock.engine import absent_reads
 from celery_singleton_lock.engine.keys import LockKeys
 from celery_singleton_lock.engine.lease import LockHolder
 from celery_singleton_lock.engine.postgres.connections import Connections, Row, where
+from celery_singleton_lock.engine.postgres.parked_reading import ParkedReads
 from celery_singleton_lock.engine.postgres.rows import key_of_row, slot_row
 from celery_singleton_lock.engine.postgres.statements import Statements
 from celery_singleton_lock.engine.slots import slot_of
-from celery_singleton_lock.errors import LockBackendUnavailable, LockError
+from celery_singleton_lock.errors import LockBackendUnavailable
 
 #: the pid of a row in its cooldown (no process has it; see :mod:`.cooldown`)
 COOLDOWN_PID = -1
@@ -39,17 +38,6 @@ def holder_of(key: str, row: Row) -> LockHolder:
     )
 
 
-def _rows(connections: Connections, sql: str, params: Any, key: str) -> list[Row]:
-    """The rows of a read; none when the lock tables do not exist yet (no worker has used
-    the schema, nor ``celery locks migrate``): nothing was ever locked there."""
-    try:
-        return connections.run(sql, params, key)
-    except LockError as exc:
-        if isinstance(exc.__cause__, psycopg.errors.UndefinedTable):
-            return []
-        raise
-
-
 class PostgresInspector:
     """Reads the locks under ``prefix`` in the tables of ``statements``."""
 
@@ -58,6 +46,7 @@ class PostgresInspector:
         connections: Connections,
         statements: Statements,
         prefix: str,
+        parked_reads: ParkedReads,
         ready: Callable[[], None] = lambda: None,
     ) -> None:
         self.prefix = prefix
@@ -66,6 +55,11 @@ class PostgresInspector:
         self._ready = ready
         self._connections = connections
         self._statements = statements
+        # the calls parked behind the locks (policies queue, replace): parked_reading.py
+        self.parked = parked_reads.parked
+        self.waiting_newest = parked_reads.waiting_newest
+        self.parked_counts = parked_reads.parked_counts
+        self.parked_locks = parked_reads.parked_locks
 
     def _key(self, name: str) -> str:
         return LockKeys.build(self.prefix, name).lock
@@ -73,8 +67,8 @@ class PostgresInspector:
     def read(self, name: str) -> Optional[LockHolder]:
         """The live holder of lock ``name``, or None when it is free."""
         key = self._key(name)
-        rows = _rows(
-            self._connections, self._statements.read, {"prefix": self.prefix, "name": name}, key
+        rows = self._connections.read(
+            self._statements.read, {"prefix": self.prefix, "name": name}, key
         )
         return holder_of(key, rows[0][1:]) if rows else None
 
@@ -131,10 +125,6 @@ class PostgresInspector:
         return {str(name): str(value) for name, value in rows}
 
     # the parts this backend does not have read as none (see engine/absent_reads.py)
-    waiting_newest = absent_reads.no_waiting_newest
-    parked = absent_reads.nothing_parked
-    parked_counts = absent_reads.no_parked_counts
-    parked_locks = absent_reads.no_parked_locks
     shared_counts = absent_reads.no_shared_counts
     marker_keys = absent_reads.no_marker_keys
 
@@ -142,8 +132,7 @@ class PostgresInspector:
         """Every live lease under the prefix, by name, ``count`` rows per SELECT."""
         after = ""
         while True:
-            rows = _rows(
-                self._connections,
+            rows = self._connections.read(
                 self._statements.scan,
                 {"prefix": self.prefix, "after": after, "count": count},
                 self.prefix,

@@ -25,6 +25,9 @@ In schema ``S`` (``public`` unless the URL says ``?schema=S``)::
     singleton_lock_released_S  the NOTIFY channel a release is announced on (payload: the lock
                                key), in the releasing statement's own transaction
 
+The tables and functions of the parked calls (policies ``queue``, ``replace``, ``restart``)
+are :mod:`.parking_ddl`'s.
+
 Created with ``CREATE ... IF NOT EXISTS`` under a transaction-scoped advisory lock (which,
 unlike a session one, works through PgBouncer's transaction pooling), so processes starting
 together do not race on the catalog.
@@ -35,6 +38,7 @@ from __future__ import annotations
 import re
 import zlib
 
+from celery_singleton_lock.engine.postgres import parking_ddl
 from celery_singleton_lock.errors import LockConfigurationError
 
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,39}$")
@@ -96,6 +100,8 @@ class Schema:
                 PRIMARY KEY (prefix, name, task_id)
             )""",
             *self.admission_ddl(),
+            # -- the queue parts (parked calls, latest wins, cancel flags): parking_ddl.py
+            *parking_ddl.ddl(self.name),
         ]
 
     # -- admission (lock_limit, lock_rate, lock_cooldown, dedupe_on_enqueue) --------------------

@@ -1,0 +1,123 @@
+-- singleton_lock_park: the acquire of a task whose duplicates queue (a mutex: one holder), as
+-- lua/acquire_slot_or_park.lua is on Redis: take the lock, or park this task id's message
+-- behind it in arrival order, in one statement. A free lock goes to the oldest parked id (it
+-- is reserved for that id here, and its message returned for the caller to publish), not to
+-- a newer caller; a lock reserved for this id is taken over.
+-- A RESERVATION is a lease row whose token is 'handoff-reserved-for-next-parked' (not hex: no
+-- owner has it), pid 0 and the reserved task id, live until its lease_until.
+-- Args     prefix, name; token, pid, host, task_id of the owner; ttl_ms; fencing (draw a
+--          fence); unless_finished (look for the task id's finish record first); message
+--          (stored if parked); reserve_ms (a reservation's life); fair (the fairness value,
+--          '' for arrival order)
+-- Returns  one row (state, fence, holder fields, position, handed):
+--          'acquired': taken (or taken already by this token), with its fence.
+--          'finished': the finish record exists; nothing changed.
+--          'copy': an execution of this very task id holds the lock: the holder's fields;
+--                  nothing changed.
+--          'parked': parked (or already parked: kept where it was): the holder's fields
+--                  (NULL when the lock was free and just reserved for an older parked id),
+--                  this id's 1-based position, and the message of the id just handed the
+--                  lock (NULL if none).
+CREATE OR REPLACE FUNCTION __schema__.singleton_lock_park(
+    p_prefix text, p_name text, p_token text, p_pid integer, p_host text, p_task_id text,
+    p_ttl_ms bigint, p_fencing boolean, p_unless_finished boolean, p_message bytea,
+    p_reserve_ms bigint, p_fair text)
+RETURNS TABLE (state text, fence bigint, h_pid integer, h_host text, h_task_id text,
+    h_acquired float8, h_left float8, place bigint, handed bytea)
+LANGUAGE plpgsql AS $$
+DECLARE
+    handoff CONSTANT text := 'handoff-reserved-for-next-parked';
+    l __schema__.singleton_lock_leases;
+    live boolean;
+    take boolean := false;
+    held boolean := false;
+    head record;
+    v_handed bytea;
+    v_fence bigint;
+    v_round bigint := 0;
+    v_current bigint;
+    v_last bigint;
+    v_place bigint;
+BEGIN
+    IF p_unless_finished AND EXISTS (
+        SELECT 1 FROM __schema__.singleton_lock_finished f
+        WHERE f.prefix = p_prefix AND f.name = p_name AND f.task_id = p_task_id
+            AND f.until > now()) THEN
+        RETURN QUERY SELECT 'finished', NULL::bigint, NULL::integer, NULL::text, NULL::text,
+            NULL::float8, NULL::float8, NULL::bigint, NULL::bytea;
+        RETURN;
+    END IF;
+    l := __schema__.singleton_lock_row(p_prefix, p_name);
+    live := l.lease_until > now();
+    IF live AND l.token = p_token THEN
+        RETURN QUERY SELECT 'acquired', l.fence, NULL::integer, NULL::text, NULL::text,
+            NULL::float8, NULL::float8, NULL::bigint, NULL::bytea;
+        RETURN;
+    ELSIF live AND l.token = handoff AND l.task_id = p_task_id THEN
+        take := true;
+    ELSIF live AND l.task_id = p_task_id THEN
+        RETURN QUERY SELECT 'copy', l.fence, l.pid, l.host, l.task_id,
+            extract(epoch FROM l.acquired_at)::float8,
+            extract(epoch FROM l.lease_until - now())::float8, NULL::bigint, NULL::bytea;
+        RETURN;
+    ELSIF live THEN
+        held := true;
+    ELSE
+        SELECT p.task_id, p.message INTO head FROM __schema__.singleton_lock_parked p
+        WHERE p.prefix = p_prefix AND p.name = p_name
+        ORDER BY p.round, p.arrival LIMIT 1;
+        IF NOT FOUND OR head.task_id = p_task_id THEN
+            take := true;
+        ELSE
+            UPDATE __schema__.singleton_lock_leases x SET token = handoff, pid = 0, host = '',
+                task_id = head.task_id, acquired_at = now(), fence = NULL,
+                lease_until = now() + p_reserve_ms * interval '1 millisecond'
+            WHERE x.prefix = p_prefix AND x.name = p_name;
+            v_handed := head.message;
+        END IF;
+    END IF;
+    IF take THEN
+        DELETE FROM __schema__.singleton_lock_parked p
+        WHERE p.prefix = p_prefix AND p.name = p_name AND p.task_id = p_task_id;
+        UPDATE __schema__.singleton_lock_leases x SET token = p_token, pid = p_pid,
+            host = p_host, task_id = p_task_id, acquired_at = now(),
+            lease_until = now() + p_ttl_ms * interval '1 millisecond',
+            fence = CASE WHEN p_fencing THEN nextval('__schema__.singleton_lock_fence') END
+        WHERE x.prefix = p_prefix AND x.name = p_name
+        RETURNING x.fence INTO v_fence;
+        RETURN QUERY SELECT 'acquired', v_fence, NULL::integer, NULL::text, NULL::text,
+            NULL::float8, NULL::float8, NULL::bigint, NULL::bytea;
+        RETURN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM __schema__.singleton_lock_parked p
+                   WHERE p.prefix = p_prefix AND p.name = p_name AND p.task_id = p_task_id) THEN
+        IF p_fair <> '' THEN
+            -- a round after its value's newest parked call, never before the oldest's round
+            -- (a value that was idle joins the current round, not the first)
+            SELECT p.round INTO v_current FROM __schema__.singleton_lock_parked p
+            WHERE p.prefix = p_prefix AND p.name = p_name
+            ORDER BY p.round, p.arrival LIMIT 1;
+            SELECT max(p.round) INTO v_last FROM __schema__.singleton_lock_parked p
+            WHERE p.prefix = p_prefix AND p.name = p_name AND p.fair = p_fair;
+            v_round := greatest(coalesce(v_last, 0) + 1, coalesce(v_current, 0));
+        END IF;
+        INSERT INTO __schema__.singleton_lock_parked
+            (prefix, name, task_id, round, arrival, fair, message)
+        VALUES (p_prefix, p_name, p_task_id, v_round,
+            nextval('__schema__.singleton_lock_arrival'), p_fair, p_message);
+    END IF;
+    SELECT count(*) INTO v_place FROM __schema__.singleton_lock_parked p,
+        __schema__.singleton_lock_parked me
+    WHERE me.prefix = p_prefix AND me.name = p_name AND me.task_id = p_task_id
+        AND p.prefix = p_prefix AND p.name = p_name
+        AND (p.round, p.arrival) <= (me.round, me.arrival);
+    IF held THEN
+        RETURN QUERY SELECT 'parked', l.fence, l.pid, l.host, l.task_id,
+            extract(epoch FROM l.acquired_at)::float8,
+            extract(epoch FROM l.lease_until - now())::float8, v_place, v_handed;
+    ELSE
+        RETURN QUERY SELECT 'parked', NULL::bigint, NULL::integer, NULL::text, NULL::text,
+            NULL::float8, NULL::float8, v_place, v_handed;
+    END IF;
+END
+$$;

@@ -20,6 +20,7 @@ from .fork_safety import ForkSafeLock, current_pid, no_fork, reset_in_forked_chi
 from .keys import LockKeys, cap_key, validate_prefix
 from .latest import Latest
 from .lease import Lease, LockHolder, Owner, Parked, new_token
+from .live_rules import LiveRule, LiveRules
 from .locker import CLUSTER, SINGLE_SERVER, RedisLocker
 from .postgres import POSTGRES, postgres_locker
 from .postgres import SCHEMES as POSTGRES_SCHEMES
@@ -48,6 +49,8 @@ __all__ = [
     "Latest",
     "LatestQueue",
     "Lease",
+    "LiveRule",
+    "LiveRules",
     "LockBackend",
     "LockHolder",
     "LockInspector",

@@ -37,6 +37,7 @@ from celery_singleton_lock.engine.kinds.mutex import Mutex
 from celery_singleton_lock.engine.kinds.slot_queue import SlotQueue
 from celery_singleton_lock.engine.kinds.slots import Slots
 from celery_singleton_lock.engine.lease import Lease, Owner
+from celery_singleton_lock.engine.live_rules import LiveRules
 from celery_singleton_lock.engine.prepared_acquire import (
     GeneralAcquire,
     PackedMutex,
@@ -131,7 +132,10 @@ class RedisLocker:
         self.queue: Optional[SlotQueue] = None
         self.latest: Optional[LatestWins] = None
         self.cancels: Optional[Cancels] = None  # restart: beside latest wins, where it is
+        #: the families' live caps and pauses (one key per family: not on a cluster either)
+        self.live_rules: Optional[LiveRules] = None
         if not server.cluster:
+            self.live_rules = LiveRules(server, self.prefix)
             self.queue = SlotQueue(server, issuer, releases)
             self.latest = LatestWins(server, issuer, releases)
             self.cancels = Cancels(server, issuer)

@@ -96,8 +96,14 @@ class PackedMutex:
         self._encoding = connections.encoding
         #: the start of the short form's command for the script's SHA (see acquire)
         self._sha, self._head = "", b""
-        #: the short form's numkeys and TTL (ARGV[1], in ms as _ms makes it), packed once
-        self._numkeys, self._ttl = connections.parts(1), connections.parts(_ms(request.ttl))
+        #: the task's live rule (a pause), read in the same call: KEYS[2] of the short form,
+        #: packed once with its numkeys (see lua/acquire.lua)
+        rule = [request.cap_key] if request.cap_key else []
+        self._count = 6 + len(rule)
+        self._numkeys = connections.parts(1 + len(rule))
+        self._rule = connections.parts(*rule)
+        #: the short form's TTL (ARGV[1], in ms as _ms makes it), packed once
+        self._ttl = connections.parts(_ms(request.ttl))
 
     def acquire(
         self, name: str, owner: Owner, max_lifetime: Optional[float] = None
@@ -113,14 +119,15 @@ class PackedMutex:
         value = f"{token}||{int(issuer.wall_clock() * 1000)}|{owner.fields}"
         lock = keys.lock
         if self._plain:
-            # EVALSHA sha 1 lock ttl value: EVALSHA, sha, 1 and ttl packed once
+            # EVALSHA sha numkeys lock [rule] ttl value: all but lock and value packed once
             encoding, errors = self._encoding
             key_bytes = lock.encode(encoding, errors)
             value_bytes = value.encode(encoding, errors)
-            body = b"%b$%d\r\n%b\r\n%b$%d\r\n%b\r\n" % (
+            body = b"%b$%d\r\n%b\r\n%b%b$%d\r\n%b\r\n" % (
                 self._numkeys,
                 len(key_bytes),
                 key_bytes,
+                self._rule,
                 self._ttl,
                 len(value_bytes),
                 value_bytes,
@@ -128,11 +135,12 @@ class PackedMutex:
             script = self._mutex._acquire_script
             if script.sha != self._sha:  # first call, or the script was loaded again
                 self._sha = script.sha
-                self._head = b"*6\r\n" + self._connections.start("EVALSHA", script.sha)[1]
+                start = self._connections.start("EVALSHA", script.sha)[1]
+                self._head = b"*%d\r\n%b" % (self._count, start)
             try:
                 reply = self._connections.call_packed(self._head + body)
             except NoScriptError:  # the server lost it: loaded and sent again
-                reply = self._server.evalsha_packed(script, lock, 4, body)
+                reply = self._server.evalsha_packed(script, lock, self._count - 2, body)
             except server_errors.REDIS_ERRORS as exc:
                 server_errors.raise_translated(exc, lock)
         else:

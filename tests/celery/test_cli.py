@@ -380,7 +380,7 @@ def test_limit_sets_shows_and_resets_a_tasks_live_cap(redis_server: RedisServer)
     set_cap = run_cli("--url", redis_server.url, "limit", "proj.export", "2")
     assert set_cap.returncode == 0, set_cap.stderr
     assert "live cap of proj.export: 2" in set_cap.stdout
-    assert redis_server.client().get("singleton-lock:cap:proj.export") == b"2"
+    assert redis_server.client().hget("singleton-lock:cap:proj.export", "cap") == b"2"
     assert (
         "live cap of proj.export: 2"
         in run_cli("--url", redis_server.url, "limit", "proj.export").stdout
@@ -391,7 +391,7 @@ def test_limit_sets_shows_and_resets_a_tasks_live_cap(redis_server: RedisServer)
 
 
 def test_show_names_the_live_cap_of_a_locks_task(redis_server: RedisServer) -> None:
-    redis_server.client().set("singleton-lock:cap:proj.export", 1)
+    redis_server.client().hset("singleton-lock:cap:proj.export", "cap", 1)
     result = run_cli("--url", redis_server.url, "show", "proj.export:ab")
     assert "live cap: 1 slot(s) taken at most" in result.stdout
 

@@ -278,3 +278,11 @@ def test_an_acquire_asking_for_what_a_cluster_lacks_is_refused_naming_it(
 ) -> None:
     with pytest.raises(LockConfigurationError, match=f"{said}.*Redis Cluster"):
         locker.try_acquire(fresh("refused"), TTL, owner=Owner(task_id="t-1"), **{option: value})  # type: ignore[arg-type]
+
+
+def test_a_cluster_keeps_no_live_rule_and_its_acquire_reads_none(locker: RedisLocker) -> None:
+    """The family's rule key sits in one hash slot, each lock in its own: not read here."""
+    assert locker.live_rules is None
+    name = fresh("rule")
+    held = locker.try_acquire(name, ttl=TTL, renew=False, cap_key="singleton-lock:cap:proj.job")
+    assert isinstance(held, Lease)

@@ -277,14 +277,14 @@ def test_a_live_cap_lowered_while_calls_are_parked_hands_on_no_slot_above_it(
     lease(attempt(locker, "b", limit=3, cap_key=cap_key))
     assert isinstance(attempt(locker, "c", limit=3, cap_key=cap_key), Lease)
     assert isinstance(attempt(locker, "d", limit=3, cap_key=cap_key), Parked)
-    locker.client.set(cap_key, 2)  # 3 run: a release leaves 2 taken, the cap
+    locker.client.hset(cap_key, "cap", 2)  # 3 run: a release leaves 2 taken, the cap
     assert release(locker, first, limit=3, cap_key=cap_key) == []
     assert parked_ids(locker) == [b"d"]
 
 
 def test_a_live_cap_is_read_by_the_sweeper_from_the_lock_rule(locker: RedisLocker) -> None:
     cap_key = "singleton-lock:cap:proj.job"
-    locker.client.set(cap_key, 1)
+    locker.client.hset(cap_key, "cap", 1)
     lease(attempt(locker, "a", limit=3, cap_key=cap_key, ttl=0.2))
     assert isinstance(attempt(locker, "b", limit=3, cap_key=cap_key), Parked)
     assert isinstance(attempt(locker, "c", limit=3, cap_key=cap_key), Parked)

@@ -102,8 +102,9 @@ class LockOptions:
     cooldown_after: str = "success"
     #: at most ``rate[0]`` body starts per key in any ``rate[1]`` seconds, or None
     rate: Optional[tuple[int, float]] = None
-    #: the key of the live cap of the task's (or group's) locks, read by every acquire of a
-    #: ``lock_limit`` above 1 or callable (``celery locks limit``); "" for any other task
+    #: the key of the live rule of the task's (or group's) locks, read by every acquire on one
+    #: server or Sentinel: its cap (``celery locks limit``, for a ``lock_limit`` above 1 or
+    #: callable) and its pause (``celery locks pause``, ``self.request.lock.pause_for``)
     cap_key: str = ""
     #: a worker's call takes the key alone, without parking (``lock_limit`` 1, a policy other
     #: than ``queue`` and ``replace``): the task's prepared acquire (see acquire_plan)
@@ -131,11 +132,10 @@ class LockOptions:
         return self.policy.name
 
 
-def _cap_key(prefix: str, keyer: ArgumentKeyer, limit: Any) -> str:
-    """The live cap's key of a task whose ``lock_limit`` is above 1 or callable, else ""
-    (a live cap lowers a declared limit of several slots; it has nothing to lower on one)."""
-    if type(limit) is int and limit <= 1:
-        return ""
+def _cap_key(prefix: str, keyer: ArgumentKeyer) -> str:
+    """The key of the live rule of the task's (or group's) locks: a cap, which lowers a
+    declared limit of several slots, and a pause, which stops every start (engine
+    live_rules.py)."""
     return cap_key(prefix, f"{keyer.namespace}{keyer.head}")
 
 
@@ -393,5 +393,5 @@ def resolve(
         cooldown=cooldown,
         cooldown_after=cooldown_after,
         rate=rate,
-        cap_key=_cap_key(prefix, keyer, limit),
+        cap_key=_cap_key(prefix, keyer),
     )

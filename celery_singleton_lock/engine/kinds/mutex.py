@@ -109,8 +109,7 @@ class Mutex:
             script = queue.acquire_script
             script_keys, args = queue.acquire_call(request, keys, value, owner)
         reply, acknowledged = send(self.server, script, keys, script_keys, args, request)
-        if type(reply) is list:
-            assert queue is not None  # only a queue's script answers a list
+        if type(reply) is list and queue is not None:  # ACQUIRE's list: paused (outcome)
             return queue.parked(keys, reply)
         outcome = self.outcome(keys, token, owner, reply, sent_at, request)
         if type(outcome) is not Lease:
@@ -145,6 +144,8 @@ class Mutex:
                     keys.lock,
                     {"task_id": owner.task_id},
                 )
+        if type(reply) is list:  # {-3, ms}: the live rule pauses the name
+            return LockHolder.paused_for(keys.lock, reply[1])
         text = reply.decode("utf-8", "replace") if isinstance(reply, bytes) else str(reply)
         pttl, _, fields = text.partition("|")
         holder = LockHolder.parse(keys.lock, fields, pttl)
@@ -162,10 +163,12 @@ class Mutex:
             request.unless_finished,
             request.take_queued,
         )
+        # the live rule (a pause) is read in the same call; not on a cluster (live_rules.py)
+        rule = [request.cap_key] if request.cap_key and not self.server.cluster else []
         if not (fencing or unless_finished or take_queued):
-            return [keys.lock], [_ms(request.ttl), value]
+            return [keys.lock, *rule], [_ms(request.ttl), value]
         counter, finished = self.issuer.shared.of(keys.lock, owner.task_id)
-        script_keys = [keys.lock, counter, finished, keys.queued]
+        script_keys = [keys.lock, counter, finished, keys.queued, *rule]
         args: list[Any] = [
             _ms(request.ttl),
             value,

@@ -1,11 +1,14 @@
 -- Take a lock (the mutex): a SET NX PX, with a fence, a finish-record check and the queued
 -- marker's deletion when asked.
 -- KEYS[1]  lock key (string; its value: includes/lock_value.lua)
--- With one key the script is a SET NX PX and reads no other key. Otherwise all four:
+-- With one key the script is a SET NX PX and reads no other key; with two, KEYS[2] is the
+-- live rule (below). Otherwise four, or five with the live rule:
 -- KEYS[2]  the shared fence counter (see includes/take_lock.lua)
 -- KEYS[3]  the finish-record set of the owner's task id (includes/finish_records.lua; its
 --          name: shared_keys.py)
 -- KEYS[4]  the lock's queued marker (see enqueue.lua)
+-- KEYS[2] of two, KEYS[5] of five: the task's (or group's) live rule (includes/live_rule.lua):
+--          while it pauses the lock's name, nothing is taken
 -- ARGV[1]  ttl in ms
 -- ARGV[2]  the lock value with an empty fence: '<token>||<acquired_at>|<pid>|<host>|<task_id>'
 -- ARGV[3]  '1' to hand out a fence, '0' not
@@ -23,6 +26,8 @@
 --                   when the lock already holds this token: a resend after a lost reply is
 --                   not a duplicate.
 --          integer -1 (only with ARGV[5]): the finish record exists; nothing changed.
+--          {-3, ms}: the live rule pauses the name for ms more (-1: until resumed); nothing
+--                   taken (the queued marker as when held by someone else).
 --          string 'pttl|fence|acquired_at|pid|host|task_id': held by someone else (pttl is the
 --                   remaining TTL in ms, -1 without one; the holder's token is not returned).
 --          error NOTLOCK: the key holds a string that is not a lock value (WRONGTYPE if it is
@@ -30,17 +35,23 @@
 --- @include "lock_value"
 --- @include "finish_records"
 --- @include "take_lock"
+--- @include "live_rule"
 
 local v
-if #KEYS == 1 then
+if #KEYS <= 2 then
+  local _, paused = live_rule(KEYS[2])
+  if paused then
+    return {-3, paused}
+  end
   if redis.call('SET', KEYS[1], ARGV[2], 'NX', 'PX', ARGV[1]) then
     return 0
   end
   v = redis.call('GET', KEYS[1])
 else
   local finished = ARGV[5] ~= '' and is_finished(KEYS[3], ARGV[4])
+  local _, paused = live_rule(KEYS[5])
   local take = ARGV[6] == '1' or (ARGV[6] == '2' and finished)
-  if ARGV[6] == '2' and not take then
+  if ARGV[6] == '2' and not take and not paused then
     local held = redis.call('GET', KEYS[1])
     take = not held or string.sub(held, 1, 32) == string.sub(ARGV[2], 1, 32)
   end
@@ -49,6 +60,9 @@ else
   end
   if finished then
     return -1
+  end
+  if paused then
+    return {-3, paused}
   end
   v = redis.call('GET', KEYS[1])
   if not v then

@@ -55,7 +55,13 @@ def starts(store: redis.Redis, key: str) -> list[float]:
 @pytest.fixture
 def resumed(servers: Servers) -> Iterator[None]:
     yield
-    for task in ("paused_skip", "paused_queue", "paused_queue_for", "rate_limited_api"):
+    for task in (
+        "paused_skip",
+        "paused_queue",
+        "paused_queue_for",
+        "rate_limited_api",
+        "paused_by_priority",
+    ):
         locks(servers, "resume", f"tests.celery.tasks.pausing.{task}")
 
 
@@ -119,3 +125,21 @@ def test_show_names_the_live_cap_and_the_pause(servers: Servers, resumed: None) 
         assert "paused: no start for" in result.stdout
     finally:
         locks(servers, "limit", name, "--reset")
+
+
+def test_parked_calls_run_by_their_messages_priority_the_brokers_way(
+    servers: Servers, two: list[CeleryWorkerProcess], store: redis.Redis, resumed: None
+) -> None:
+    """The tests' broker is Redis: 0 is its highest priority, so lower numbers run first."""
+    key, task = unique("k"), pausing.paused_by_priority
+    locks(servers, "pause", task.name)
+    parked = lock_key(task, key) + ":parked"
+    sent = {}
+    for priority in (9, 0, 5):  # each parked before the next is sent: arrival order 9, 0, 5
+        sent[priority] = task.apply_async((key,), queue=two[0].queue, priority=priority)
+        wait_until(lambda: store.zcard(parked) == len(sent), timeout=30)
+    locks(servers, "resume", task.name)
+    for result in sent.values():
+        result.get(timeout=30)
+    order = [run.split(b"|")[0].decode() for run in store.lrange(f"runs:{key}", 0, -1)]
+    assert order == [sent[0].id, sent[5].id, sent[9].id]

@@ -106,6 +106,10 @@ class LockOptions:
     #: server or Sentinel: its cap (``celery locks limit``, for a ``lock_limit`` above 1 or
     #: callable) and its pause (``celery locks pause``, ``self.request.lock.pause_for``)
     cap_key: str = ""
+    #: which way a message's ``priority`` reads on the app's broker, for the calls parked in
+    #: arrival order (policy ``queue`` without ``lock_fair_by``): 1, higher first (RabbitMQ and
+    #: the other AMQP brokers); -1, lower first (kombu's Redis transport: 0 is the highest)
+    priority_sign: int = 1
     #: a worker's call takes the key alone, without parking (``lock_limit`` 1, a policy other
     #: than ``queue`` and ``replace``): the task's prepared acquire (see acquire_plan)
     mutex: bool = field(init=False)
@@ -113,6 +117,11 @@ class LockOptions:
     def __post_init__(self) -> None:
         mutex = self.limit == 1 and not self.policy.parks
         object.__setattr__(self, "mutex", mutex)  # frozen: set once, here
+
+    def priority_rank(self, priority: Optional[int]) -> int:
+        """The rank of a call whose message has ``priority`` among the calls parked in
+        arrival order: read the broker's way (higher: handed a slot sooner); 0 without one."""
+        return 0 if priority is None else priority * self.priority_sign
 
     def fair_value(self, args: Any, kwargs: Any) -> str:
         """The fairness value of a call with ``args`` and ``kwargs`` ("" without
@@ -137,6 +146,19 @@ def _cap_key(prefix: str, keyer: ArgumentKeyer) -> str:
     declared limit of several slots, and a pause, which stops every start (engine
     live_rules.py)."""
     return cap_key(prefix, f"{keyer.namespace}{keyer.head}")
+
+
+#: kombu transports that read a message's priority lower first (0 is the highest): Redis's
+REDIS_TRANSPORTS = ("redis", "rediss", "sentinel", "redis+socket")
+
+
+def _priority_sign(conf: Mapping[str, Any]) -> int:
+    """Which way the app's broker reads a message's priority (see ``priority_sign``)."""
+    url = conf.get("broker_url") or ""
+    if isinstance(url, (list, tuple)):
+        url = url[0] if url else ""
+    scheme = str(url).split("://", 1)[0].split(";", 1)[0].lower() if "://" in str(url) else ""
+    return -1 if scheme in REDIS_TRANSPORTS else 1
 
 
 def _fair_keyer(
@@ -394,4 +416,5 @@ def resolve(
         cooldown_after=cooldown_after,
         rate=rate,
         cap_key=_cap_key(prefix, keyer),
+        priority_sign=_priority_sign(conf),
     )

@@ -8,7 +8,8 @@
 -- KEYS[N+2]   the lock's starts (sorted set, as acquire_slot.lua), used with ARGV[5] only
 -- KEYS[N+3]   parked task ids (sorted set)   KEYS[N+4]  parked messages (hash)
 -- KEYS[N+5]   hand-off index           KEYS[N+6]  the lock's rule (see includes/slot_queue.lua)
--- KEYS[N+7]   the lock's parked rounds (hash, see includes/handoff.lua), used with ARGV[11]
+-- KEYS[N+7]   the lock's parked rounds (hash, see includes/handoff.lua): the rounds with ARGV[11],
+--             the arrival counter of every parked call
 -- KEYS[N+8]   with ARGV[12] '1': the task's live rule (includes/live_rule.lua: a cap, see
 --             includes/slot_queue.lua's capped, and a pause: the call parks, taking no slot,
 --             not even one reserved for it)
@@ -22,6 +23,8 @@
 -- ARGV[11]    the call's fairness value (lock_fair_by): parked by rounds across values
 --             (includes/handoff.lua's park_fair); '' parked in arrival order
 -- ARGV[12]    '1' when KEYS[N+8] is the live cap; '' none
+-- ARGV[13]    without ARGV[11]: the call's rank (its message's priority, higher: handed a
+--             slot sooner; includes/park_priority.lua); '' or 0: arrival order
 -- Returns     {slot, fence}: acquired the 1-based slot (also for a resend of the same token).
 --             integer -1: the finish record exists; nothing changed.
 --             string 'pttl|fence|acquired_at|pid|host|task_id': a slot is held by an
@@ -35,6 +38,7 @@
 --- @include "finish_records"
 --- @include "take_lock"
 --- @include "live_rule"
+--- @include "park_priority"
 
 local n = tonumber(ARGV[4])
 local c = ARGV[12] == '1' and 1 or 0
@@ -87,7 +91,7 @@ local position
 if ARGV[11] ~= '' then
   position = park_fair(q.parked, q.messages, q.rounds, id, ARGV[8], ARGV[11])
 else
-  position = park(q.parked, q.messages, id, ARGV[8])
+  position = park_ranked(q.parked, q.messages, q.rounds, id, ARGV[8], tonumber(ARGV[13]) or 0)
 end
 redis.call('SET', q.rule, n .. '|' .. ARGV[5] .. '|' .. ARGV[6] .. '|'
            .. (c == 1 and KEYS[n + 8] or ''))

@@ -20,9 +20,7 @@ paused_skip = limited_task("paused_skip", on_duplicate="skip", lock_ttl=10)
 #: parked behind two slots: a pause parks every call, resume hands their slots on
 paused_queue = limited_task("paused_queue", lock_limit=2, on_duplicate="queue", lock_ttl=10)
 #: the same, paused ``--for`` some seconds: the pause ends by itself
-paused_queue_for = limited_task(
-    "paused_queue_for", lock_limit=2, on_duplicate="queue", lock_ttl=10
-)
+paused_queue_for = limited_task("paused_queue_for", lock_limit=2, on_duplicate="queue", lock_ttl=10)
 #: retried while paused, from after the pause's end
 paused_retry = limited_task(
     "paused_retry", on_duplicate="retry", lock_ttl=10, lock_retry_backoff=0.2
@@ -44,3 +42,7 @@ def rate_limited_api(self: LockedTask, key: str, pause: float = 0.0) -> dict[str
     if pause:
         self.request.lock.pause_for(pause)
     return limited_body(self, key, 0.0)
+
+
+#: one slot, calls parked by their message's priority (tests pause it to park them all first)
+paused_by_priority = limited_task("paused_by_priority", on_duplicate="queue", lock_ttl=10)

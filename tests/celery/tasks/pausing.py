@@ -14,13 +14,14 @@ from typing import Any
 from celery_singleton_lock import LockedTask
 from tests.celery.tasks.core import app
 from tests.celery.tasks.limits import limited_body, limited_task
+from tests.celery.tasks.queueing import QUEUE
 
 #: a mutex whose duplicates are skipped (a beat job): the plain SET NX PX path
 paused_skip = limited_task("paused_skip", on_duplicate="skip", lock_ttl=10)
 #: parked behind two slots: a pause parks every call, resume hands their slots on
-paused_queue = limited_task("paused_queue", lock_limit=2, on_duplicate="queue", lock_ttl=10)
+paused_queue = limited_task("paused_queue", lock_limit=2, on_duplicate=QUEUE, lock_ttl=10)
 #: the same, paused ``--for`` some seconds: the pause ends by itself
-paused_queue_for = limited_task("paused_queue_for", lock_limit=2, on_duplicate="queue", lock_ttl=10)
+paused_queue_for = limited_task("paused_queue_for", lock_limit=2, on_duplicate=QUEUE, lock_ttl=10)
 #: retried while paused, from after the pause's end
 paused_retry = limited_task(
     "paused_retry", on_duplicate="retry", lock_ttl=10, lock_retry_backoff=0.2
@@ -33,7 +34,7 @@ paused_retry = limited_task(
     name=f"{__name__}.rate_limited_api",
     lock_on=("key",),
     lock_limit=4,
-    on_duplicate="queue",
+    on_duplicate=QUEUE,
     lock_ttl=10,
 )
 def rate_limited_api(self: LockedTask, key: str, pause: float = 0.0) -> dict[str, Any]:
@@ -45,4 +46,4 @@ def rate_limited_api(self: LockedTask, key: str, pause: float = 0.0) -> dict[str
 
 
 #: one slot, calls parked by their message's priority (tests pause it to park them all first)
-paused_by_priority = limited_task("paused_by_priority", on_duplicate="queue", lock_ttl=10)
+paused_by_priority = limited_task("paused_by_priority", on_duplicate=QUEUE, lock_ttl=10)

@@ -95,3 +95,16 @@ class LiveRules:
             elif end > seconds * 1000 + micros // 1000:
                 paused_for = (end - seconds * 1000 - micros // 1000) / 1000.0
         return LiveRule(None if cap is None else int(cap), paused_for)
+
+    def every(self, limit: int = 1000) -> dict[str, LiveRule]:
+        """The families with a live rule now (a cap, a pause, or a pause that ended and
+        lingers), by family: a bounded SCAN of the rule keys, then one read each."""
+        client, start = self.server.client, self.key("")
+        families: list[str] = []
+        for key in server_errors.call(
+            lambda: client.scan_iter(match=f"{start}*", count=500), start
+        ):
+            families.append((key.decode() if isinstance(key, bytes) else key)[len(start) :])
+            if len(families) >= limit:
+                break
+        return {family: self.read(family) for family in sorted(families)}

@@ -396,6 +396,22 @@ def test_show_names_the_live_cap_of_a_locks_task(redis_server: RedisServer) -> N
     assert "live cap: 1 slot(s) taken at most" in result.stdout
 
 
+def test_pause_then_resume_say_what_holds_now(redis_server: RedisServer) -> None:
+    paused = run_cli("--url", redis_server.url, "pause", "proj.export", "--for", "60")
+    assert "proj.export: paused for" in paused.stdout, paused.stderr
+    resumed = run_cli("--url", redis_server.url, "resume", "proj.export")
+    assert "proj.export: not paused" in resumed.stdout
+
+
+def test_list_names_a_paused_task(redis_server: RedisServer) -> None:
+    run_cli("--url", redis_server.url, "pause", "proj.report")
+    try:
+        result = run_cli("--url", redis_server.url, "list")
+        assert "proj.report: paused: no start until `celery locks resume`" in result.stdout
+    finally:
+        run_cli("--url", redis_server.url, "resume", "proj.report")
+
+
 def test_limit_refuses_a_cap_below_one(redis_server: RedisServer) -> None:
     result = run_cli("--url", redis_server.url, "limit", "proj.export", "0")
     assert result.returncode == 2 and "0 is not in the range x>=1" in result.stderr

@@ -132,7 +132,8 @@ def _one_line_errors() -> Iterator[None]:
 )
 @click.pass_obj
 def list_command(settings: Settings, limit: int, as_json: bool) -> None:
-    """List the locks held now (SCAN, never KEYS).
+    """List the locks held now (SCAN, never KEYS), then the live caps and pauses of tasks
+    and groups (celery locks limit / pause; not with --json).
 
     When none are held under the prefix in use, also names the other prefixes that hold
     locks (a bounded SCAN).
@@ -141,6 +142,8 @@ def list_command(settings: Settings, limit: int, as_json: bool) -> None:
         target = settings.target()
         try:
             listing = list_locks(target, limit)
+            rules = None if target.quorum else getattr(target.backend, "live_rules", None)
+            live = {} if rules is None or as_json else asking(target, rules.every)
         finally:
             target.close()
     if as_json:
@@ -155,6 +158,11 @@ def list_command(settings: Settings, limit: int, as_json: bool) -> None:
         for holder, parked, (starts, _) in zip(listing.holders, listing.parked, listing.rates):
             row = holder_row(holder, now) + (f"  parked={parked}" if parked else "")
             click.echo(row + (f"  rate_starts={starts}" if starts else ""))
+        for family, rule in live.items():  # the live rules of tasks and groups (limit, pause)
+            if rule.cap is not None:
+                click.echo(f"{family}: live cap {rule.cap} (celery locks limit)")
+            if rule.paused_for is not None:
+                click.echo(f"{family}: {pause_line(rule.paused_for)}")
     summary = (
         f"{len(listing.holders)} lock(s) held under prefix {target.inspector.prefix!r} "
         f"on {target.server}"

@@ -114,3 +114,10 @@ def test_resume_makes_the_familys_parked_locks_due_now(
     due = redis_client.zscore("t:handoff-due", "proj.job:aa")
     assert due is not None and due / 1000.0 < before + 1
     assert locker.queue.hand_on("proj.job:aa", reservation_ttl=30) == [b"msg-a"]
+
+
+def test_a_resend_of_a_lock_taken_before_the_pause_keeps_it(locker: RedisLocker) -> None:
+    first = take(locker, "a", token="0" * 32)
+    locker.live_rules.pause("proj.job", 30)
+    again = take(locker, "a", token="0" * 32)
+    assert isinstance(first, Lease) and isinstance(again, Lease)

@@ -27,7 +27,8 @@
 --                   not a duplicate.
 --          integer -1 (only with ARGV[5]): the finish record exists; nothing changed.
 --          {-3, ms}: the live rule pauses the name for ms more (-1: until resumed); nothing
---                   taken (the queued marker as when held by someone else).
+--                   taken (the queued marker as when held by someone else). Not for a token
+--                   that holds the lock already (a resend): its fence, as above.
 --          string 'pttl|fence|acquired_at|pid|host|task_id': held by someone else (pttl is the
 --                   remaining TTL in ms, -1 without one; the holder's token is not returned).
 --          error NOTLOCK: the key holds a string that is not a lock value (WRONGTYPE if it is
@@ -40,13 +41,13 @@
 local v
 if #KEYS <= 2 then
   local _, paused = live_rule(KEYS[2])
-  if paused then
-    return {-3, paused}
-  end
-  if redis.call('SET', KEYS[1], ARGV[2], 'NX', 'PX', ARGV[1]) then
+  if not paused and redis.call('SET', KEYS[1], ARGV[2], 'NX', 'PX', ARGV[1]) then
     return 0
   end
   v = redis.call('GET', KEYS[1])
+  if paused and not (v and string.sub(v, 1, 32) == string.sub(ARGV[2], 1, 32)) then
+    return {-3, paused}  -- a resend of a call that took it before the pause is not refused
+  end
 else
   local finished = ARGV[5] ~= '' and is_finished(KEYS[3], ARGV[4])
   local _, paused = live_rule(KEYS[5])
@@ -61,10 +62,10 @@ else
   if finished then
     return -1
   end
-  if paused then
+  v = redis.call('GET', KEYS[1])
+  if paused and not (v and string.sub(v, 1, 32) == string.sub(ARGV[2], 1, 32)) then
     return {-3, paused}
   end
-  v = redis.call('GET', KEYS[1])
   if not v then
     return take_lock(KEYS[1], ARGV[2], ARGV[1], ARGV[3], KEYS[2])
   end

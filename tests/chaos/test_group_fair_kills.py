@@ -71,14 +71,13 @@ def victim_of(
 def intervals_of(
     starts: list[list[str]], ends: dict[str, float], killed_at: dict[str, float], last_kill: float
 ) -> list[tuple[float, float]]:
-    """Each body's (start, end): a body that never ended ends when its process was killed."""
-    ended = dict(ends)
+    """Each body's (start, end): a call's end is its last start's; an earlier start of it (a
+    run killed, then delivered again) or a start that never ended ends at its kill."""
+    last = {task_id: index for index, (task_id, _, _, _) in enumerate(starts)}
     spans = []
-    for task_id, _, _, at in starts:
-        end = ended.pop(task_id, None)
-        if end is None or end < float(at):  # killed: a later start of it (delivered again) ended
-            end = killed_at.get(task_id, last_kill)
-        spans.append((float(at), end))
+    for index, (task_id, _, _, at) in enumerate(starts):
+        end = ends.get(task_id) if last[task_id] == index else None
+        spans.append((float(at), end if end is not None else killed_at.get(task_id, last_kill)))
     return spans
 
 

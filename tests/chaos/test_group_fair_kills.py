@@ -7,9 +7,10 @@ Two prefork workers on one queue, one lock for the group (``lock_on=()``, ``lock
 ``acks_late``, ``lock_ttl=3``; tests/celery/tasks/groups.py's ``fair_charge`` and
 ``fair_refund``). Tenant A sends a backlog, tenant B a few calls just after; a pool child
 running one of A's bodies is killed (its worker frees the slot at once, and the call fails
-with ``WorkerLostError``: it is not delivered again), then the whole worker running another
-body (its slot expires with the TTL and the broker delivers the call again after the
-visibility timeout).
+with ``WorkerLostError``), then the whole worker running another body (its slot expires with
+the TTL and the broker delivers the call again after the visibility timeout). B's calls are
+parked before the kills; a message a killed worker had popped but not recorded is the
+broker's loss (kombu's Redis transport), told apart by the workers' "received" lines.
 """
 
 from __future__ import annotations
@@ -172,12 +173,15 @@ def test_kills_under_a_fair_group_queue_lose_no_call_and_strand_no_slot(
     # between loses it (as tests/chaos/test_faults.py allows, a few per kill)
     assert not set(by_broker) & received, "a call a worker received never ended"
     assert len(by_broker) <= 2
-    # the child's call failed with WorkerLostError (acks_late without reject: not delivered
-    # again), or was delivered again and ended; the killed worker's call ended
+    # the killed worker's call was delivered again and ended. The child's call failed with
+    # WorkerLostError (acks_late without reject: Celery acks it), unless the broker had
+    # already delivered its still unacked message again (the visibility timeout, 5 s, counts
+    # from its first delivery): that copy then runs once, its finish not recorded before
     assert outcomes[child_call] in ("lost", "A")
-    finished = [task_id for task_id, outcome in outcomes.items() if outcome in ("A", "B")]
+    finished = {task_id for task_id, outcome in outcomes.items() if outcome in ("A", "B")}
     assert len(finished) >= len(outcomes) - 1 - len(by_broker)
-    assert sorted(ended) == sorted(finished)  # each call that ended, ended exactly once
+    assert len(ended) == len(set(ended)), "a call's body ended twice"
+    assert finished <= set(ended) <= finished | {child_call}
     assert most_at_once(intervals) <= 2
     assert left == []  # no slot, reservation or parked call left behind
     assert order[-2:] == ["A", "A"], order  # in arrival order B's calls would come last

@@ -29,7 +29,9 @@ Layout, for prefix ``P`` and lock name ``N``::
     P:handoff-due    (one per prefix, no hash tag) lock names a hand-off sweeper should look
                      at, scored by when (see lua/includes/handoff.lua)
     P:cap:F          (one per family F, a task's or group's name; no hash tag: not on a
-                     Cluster) the live cap of its locks (``celery locks limit``), an integer
+                     Cluster) the live rule of its locks, a hash: 'cap' (``celery locks
+                     limit``) and 'until' (``celery locks pause``, ``pause_for``), see
+                     live_rules.py
 
 The fence counter and the finish records are shared by many names (see shared_keys.py).
 
@@ -148,8 +150,8 @@ class LockKeys(NamedTuple):
 
 
 def cap_key(prefix: str, family: str) -> str:
-    """Key of the live cap (``celery locks limit``) of the locks whose names start with
-    ``family`` (a task's or group's name) and a colon: at most that many slots of each lock
-    taken at once, whatever its ``lock_limit`` (lua/includes/slot_queue.lua's ``capped``).
+    """Key of the live rule (a hash: ``cap``, ``until``; see live_rules.py) of the locks whose
+    names start with ``family`` (a task's or group's name) and a colon: at most ``cap`` slots
+    of each lock taken at once, whatever its ``lock_limit``, and no start before ``until``.
     Without a hash tag, it is read only on one server or Sentinel, not on a Cluster."""
     return f"{prefix}:cap:{family}"

@@ -34,7 +34,6 @@ from celery_singleton_lock.engine.keys import (
     validate_prefix,
 )
 from celery_singleton_lock.engine.kinds.cancels import Cancels
-from celery_singleton_lock.engine.kinds.caps import Caps
 from celery_singleton_lock.engine.kinds.cooldown import Cooldown
 from celery_singleton_lock.engine.kinds.issuer import Issuer
 from celery_singleton_lock.engine.kinds.latest import LatestWins
@@ -43,6 +42,7 @@ from celery_singleton_lock.engine.kinds.mutex import Mutex
 from celery_singleton_lock.engine.kinds.slot_queue import SlotQueue
 from celery_singleton_lock.engine.kinds.slots import Slots
 from celery_singleton_lock.engine.lease import Lease, Owner
+from celery_singleton_lock.engine.live_rules import RedisLiveRules
 from celery_singleton_lock.engine.prepared_acquire import (
     GeneralAcquire,
     PackedMutex,
@@ -142,9 +142,10 @@ class RedisLocker:
         self.queue: Optional[SlotQueue] = None
         self.latest: Optional[LatestWins] = None
         self.cancels: Optional[Cancels] = None  # restart: beside latest wins, where it is
-        self.caps: Optional[Caps] = None  # a cap key has no hash tag: not on a cluster
+        #: the families' live caps and pauses (one key per family: not on a cluster either)
+        self.live_rules: Optional[RedisLiveRules] = None
         if not server.cluster:
-            self.caps = Caps(server)
+            self.live_rules = RedisLiveRules(server, self.prefix)
             self.queue = SlotQueue(server, issuer, releases)
             self.latest = LatestWins(server, issuer, releases)
             self.cancels = Cancels(server, issuer)

@@ -203,7 +203,7 @@ def test_locks_limit_reset_removes_a_postgres_live_cap(app: Celery, url: str) ->
     run_cli("--url", url, "--prefix", "pgt", "limit", "proj.export", "2")
     reset = run_cli("--url", url, "--prefix", "pgt", "limit", "proj.export", "--reset")
     assert "live cap of proj.export: none" in reset.stdout
-    assert locker_for(app).caps.cap(CAP) is None
+    assert locker_for(app).live_rules.read("proj.export").cap is None
 
 
 def test_locks_doctor_checks_a_postgres_lock_server(app: Celery, url: str) -> None:

@@ -66,7 +66,7 @@ def test_many_racing_acquires_never_take_more_than_the_limit(locker: PostgresLoc
 def test_racing_acquires_never_take_more_than_a_live_cap(locker: PostgresLocker) -> None:
     # each slot's row excludes its own takers; a cap counts the slots held, which only the
     # admission lock of the name keeps from being counted twice by racing calls
-    locker.caps.set_cap("t:cap:job", 2)
+    locker.live_rules.set_cap("job", 2)
     with ThreadPoolExecutor(8) as pool:
         outcomes = list(
             pool.map(lambda i: take(locker, "race", limit=10, cap_key="t:cap:job"), range(40))

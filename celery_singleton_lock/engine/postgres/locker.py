@@ -43,9 +43,9 @@ from celery_singleton_lock.engine.lease import (
     new_token,
 )
 from celery_singleton_lock.engine.postgres.capabilities import POSTGRES
-from celery_singleton_lock.engine.postgres.caps import PostgresCaps
 from celery_singleton_lock.engine.postgres.connections import Connections, split_url
 from celery_singleton_lock.engine.postgres.cooldown import PostgresCooldown
+from celery_singleton_lock.engine.postgres.live_rules import PostgresLiveRules
 from celery_singleton_lock.engine.postgres.markers import PostgresMarkers
 from celery_singleton_lock.engine.postgres.reading import PostgresInspector, holder_of
 from celery_singleton_lock.engine.postgres.releases import PostgresSubscription
@@ -115,7 +115,8 @@ class PostgresLocker:
         self.markers = PostgresMarkers(
             self.connections, self.schema, self.statements, self.prefix, self.ready
         )
-        self.caps = PostgresCaps(self.connections, self.schema, self.ready)
+        #: live caps (no pause: its pause and resume refuse, naming this backend)
+        self.live_rules = PostgresLiveRules(self.connections, self.schema, self.prefix, self.ready)
         # -- end of admission
 
     def keys(self, name: str) -> LockKeys:

@@ -32,6 +32,8 @@ Layout, for prefix ``P`` and lock name ``N``::
                      Cluster) the live rule of its locks, a hash: 'cap' (``celery locks
                      limit``) and 'until' (``celery locks pause``, ``pause_for``), see
                      live_rules.py
+    P:rules          (one per prefix, no hash tag) the families F that have had a live rule
+                     (a set), so that listing them needs no SCAN
 
 The fence counter and the finish records are shared by many names (see shared_keys.py).
 
@@ -79,6 +81,13 @@ def marker_index(prefix: str) -> str:
     scored by when they expire (server ms), kept by the scripts that write and delete them
     (lua/includes/held_index.lua's functions). One server only, as :func:`held_index`."""
     return f"{prefix}:queued"
+
+
+def rule_index(prefix: str) -> str:
+    """Key of the set of families with a live rule under ``prefix`` (:func:`cap_key`), written
+    where a rule is (pause.lua, ``set_cap``), read by ``celery locks list`` instead of a SCAN.
+    One server only, as the rules themselves."""
+    return f"{prefix}:rules"
 
 
 def handoff_index(prefix: str) -> str:

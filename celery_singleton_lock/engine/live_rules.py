@@ -21,7 +21,7 @@ from redis.commands.core import Script
 
 from celery_singleton_lock.engine import server_errors
 from celery_singleton_lock.engine.backend import LiveRule
-from celery_singleton_lock.engine.keys import cap_key, handoff_index
+from celery_singleton_lock.engine.keys import cap_key, handoff_index, rule_index
 from celery_singleton_lock.engine.lua_scripts import source
 from celery_singleton_lock.engine.redis_server import RedisServer
 
@@ -55,18 +55,25 @@ class RedisLiveRules:
 
     def _set(self, family: str, ms: Any, lengthen: bool) -> float:
         key = self.key(family)
-        keys = [key, handoff_index(self.prefix)]
+        keys = [key, handoff_index(self.prefix), rule_index(self.prefix)]
         args = [ms, "1" if lengthen else "", f"{family}:"]
         till = int(self.server.run(self._pause, key, keys, args))
         return float("inf") if till == -1 else till / 1000.0
 
     def set_cap(self, family: str, cap: Optional[int]) -> None:
         """Set ``family``'s live cap (None: remove it)."""
-        key, client = self.key(family), self.server.client
-        if cap is None:
-            server_errors.call(lambda: client.hdel(key, "cap"), key)
-        else:
-            server_errors.call(lambda: client.hset(key, "cap", cap), key)
+        key, client, index = self.key(family), self.server.client, rule_index(self.prefix)
+
+        def write() -> Any:
+            pipe = client.pipeline(transaction=True)
+            if cap is None:
+                pipe.hdel(key, "cap")
+            else:
+                pipe.hset(key, "cap", cap)
+                pipe.sadd(index, family)  # listed by every() without a SCAN
+            return pipe.execute()
+
+        server_errors.call(write, key)
 
     def read(self, family: str) -> LiveRule:
         """``family``'s rule now (one round trip: the hash and the server's clock)."""
@@ -89,14 +96,13 @@ class RedisLiveRules:
         return LiveRule(None if cap is None else int(cap), paused_for)
 
     def every(self, limit: int = 1000) -> dict[str, LiveRule]:
-        """The families with a live rule now (a cap, a pause, or a pause that ended and
-        lingers), by family: a bounded SCAN of the rule keys, then one read each."""
-        client, start = self.server.client, self.key("")
+        """The families with a live cap or pause now, by family: read from the rule index (no
+        SCAN of the database; at most ``limit`` of its families), then one read each."""
+        client, index = self.server.client, rule_index(self.prefix)
         families: list[str] = []
-        for key in server_errors.call(
-            lambda: client.scan_iter(match=f"{start}*", count=500), start
-        ):
-            families.append((key.decode() if isinstance(key, bytes) else key)[len(start) :])
+        for family in server_errors.call(lambda: client.sscan_iter(index, count=500), index):
+            families.append(family.decode() if isinstance(family, bytes) else family)
             if len(families) >= limit:
                 break
-        return {family: self.read(family) for family in sorted(families)}
+        rules = {family: self.read(family) for family in sorted(families)}
+        return {family: rule for family, rule in rules.items() if rule != (None, None)}

@@ -121,3 +121,51 @@ def test_a_resend_of_a_lock_taken_before_the_pause_keeps_it(locker: RedisLocker)
     locker.live_rules.pause("proj.job", 30)
     again = take(locker, "a", token="0" * 32)
     assert isinstance(first, Lease) and isinstance(again, Lease)
+
+
+def test_the_prepared_mutex_packs_lock_held_index_and_rule_as_redis_py_would(
+    locker: RedisLocker, monkeypatch: Any
+) -> None:
+    prepared = locker.prepare(AcquireRequest("", 30, renew=False, cap_key=RULE))
+    sent: list[bytes] = []
+    connections = locker.server.connections
+    assert connections is not None
+    real = connections.call_packed
+    monkeypatch.setattr(connections, "call_packed", lambda b: sent.append(b) or real(b))
+    assert isinstance(prepared.acquire("proj.job:pk", Owner(task_id="x")), Lease)
+    value = sent[0].split(b"\r\n")[-2].decode()  # the lock value, the command's last part
+    sha = locker.mutex._acquire_script.sha
+    lock = locker.keys("proj.job:pk").lock
+    command = ("EVALSHA", sha, 3, lock, "t:held", RULE, 30000, value)
+    assert sent[0] == b"".join(redis.Connection().pack_command(*command))
+
+
+def test_the_prepared_mutex_reading_the_rule_indexes_the_lock_it_takes(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    prepared = locker.prepare(AcquireRequest("", 30, renew=False, cap_key=RULE))
+    assert isinstance(prepared.acquire("proj.job:ix", Owner(task_id="x")), Lease)
+    assert redis_client.zscore("t:held", locker.keys("proj.job:ix").lock) is not None
+
+
+def test_a_slot_acquire_reading_the_rule_indexes_the_slot_it_takes(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    lease = take(locker, "x", limit=2)
+    assert isinstance(lease, Lease)
+    assert redis_client.zscore("t:held", lease.key) is not None
+
+
+def test_the_families_with_a_rule_are_listed_from_the_rule_index(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    locker.live_rules.pause("proj.job", 30)
+    locker.live_rules.set_cap("proj.other", 2)
+    assert redis_client.smembers("t:rules") == {b"proj.job", b"proj.other"}
+    assert sorted(locker.live_rules.every()) == ["proj.job", "proj.other"]
+
+
+def test_a_resumed_family_without_a_cap_is_not_listed(locker: RedisLocker) -> None:
+    locker.live_rules.pause("proj.job", None)
+    locker.live_rules.resume("proj.job")
+    assert locker.live_rules.every() == {}

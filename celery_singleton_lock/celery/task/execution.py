@@ -187,7 +187,10 @@ class LockScope(LockHandle):
                 "pause is one key per task or group, read by every acquire): not a Redis "
                 "Cluster, a Redlock quorum or PostgreSQL"
             )
-        return float(rules.pause(self.name.rpartition(":")[0], seconds, lengthen=True))
+        try:
+            return float(rules.pause(self.name.rpartition(":")[0], seconds, lengthen=True))
+        except LockConfigurationError as exc:  # a backend that keeps caps but no pause
+            raise LockConfigurationError(f"task {self.task.name}: {exc}") from None
 
     def running(self) -> bool:
         """Whether the request this scope was opened for is still on its task's request

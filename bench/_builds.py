@@ -104,6 +104,15 @@ def engine_cycle(**acquire: Any) -> EngineBuild:
     return build
 
 
+def rule_cycle(setup: EngineSetup, name: str) -> Call:
+    """The mutex that reads its task's live rule (a cap and a pause, engine live_rules.py) in
+    the same script call, as every LockedTask's acquire does on one server: none is set, so
+    it takes the lock (the read is all it adds)."""
+    renewer = Renewer(autostart=False)
+    locker = RedisLocker(setup.client, prefix=f"{setup.prefix}-engine", renewer=renewer)
+    return lease_cycle(locker, name, setup.ttl, cap_key=f"{setup.prefix}-engine:cap:bench")
+
+
 def slots_cycle(limit: int, busy: int = 0) -> EngineBuild:
     """``lock_limit``: acquire + release of one of ``limit`` slots, ``busy`` of them held by
     others all along (the acquire reads past them)."""

@@ -42,6 +42,7 @@ from ._builds import (
     python_redis_lock_cycle,
     quorum_cycle,
     redis_py_cycle,
+    rule_cycle,
     singleton_cycle,
     singleton_task,
     skipped_task,
@@ -118,6 +119,7 @@ CONTENDERS = [
     Contender("quorum", "", engine_label="Redlock quorum of 3", engine=quorum_cycle),
     # lock_limit: 1 is the mutex (the same script and keys as "locked"); N > 1 one of N slots
     Contender("limit1", "", engine_label="lock_limit=1", engine=engine_cycle(limit=1)),
+    Contender("limit1-rule", "", engine_label="lock_limit=1 + live rule", engine=rule_cycle),
     Contender("limit3", "", engine_label="lock_limit=3", engine=slots_cycle(3)),
     Contender("limit10", "", engine_label="lock_limit=10", engine=slots_cycle(10)),
     Contender(

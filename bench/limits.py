@@ -5,6 +5,8 @@
 ``limit10-busy`` of ``bench/_contenders.py`` alternate call by call in one process (the paired
 loop, ``bench/_paired.py``) against one Redis and are compared by per-round ratios to
 ``limit1``, which is the mutex (the same script and keys as a task without ``lock_limit``).
+``limit1-rule`` is that mutex reading its task's live rule (``celery locks limit`` / ``pause``)
+in the same call, as a LockedTask's acquire does on one server.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from ._common import (
 from ._contenders import pick
 from ._paired import paired_calls
 
-KEYS = ("limit1", "limit3", "limit10", "limit10-busy")
+KEYS = ("limit1", "limit1-rule", "limit3", "limit10", "limit10-busy")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

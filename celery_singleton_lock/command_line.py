@@ -25,7 +25,9 @@ SUBCOMMANDS = {
     "show": ("celery_singleton_lock.celery.cli.commands", "show"),
     "release": ("celery_singleton_lock.celery.cli.commands", "release"),
     "clear-queued": ("celery_singleton_lock.celery.cli.commands", "clear_queued"),
-    "limit": ("celery_singleton_lock.celery.cli.commands", "limit"),
+    "limit": ("celery_singleton_lock.celery.cli.live_rule_commands", "limit"),
+    "pause": ("celery_singleton_lock.celery.cli.live_rule_commands", "pause"),
+    "resume": ("celery_singleton_lock.celery.cli.live_rule_commands", "resume"),
     "doctor": ("celery_singleton_lock.celery.cli.doctor", "doctor"),
     "serve": ("celery_singleton_lock.celery.cli.console", "serve"),
 }

@@ -153,6 +153,13 @@ def died_without_outcome(state: str, result: Any) -> bool:
     return state == states.FAILURE and type(result).__name__ == "WorkerLostError"
 
 
+def message_priority(request: Any) -> Optional[int]:
+    """The ``priority`` the call's message was sent with (its AMQP property, which the worker's
+    ``Request`` copies into ``delivery_info``; celery/worker/request.py), or None."""
+    priority = (getattr(request, "delivery_info", None) or {}).get("priority")
+    return priority if type(priority) is int else None
+
+
 def dispatch_callbacks_and_chain(task: Any, request: Any, retval: Any) -> None:
     """Send the link callbacks and the next chain step of ``request`` with ``retval``, as the
     tracer does after a body returns (celery/app/trace.py; ``_dispatch_callbacks_and_chain``

@@ -9,7 +9,8 @@ Every signal is sent with ``sender`` = the task and these keyword arguments:
     ``"skip"``, ``"retry"``, ``"wait"`` (about to block), ``"join"``, ``"queue"`` or
     ``"fail"``; ``reason`` is why it could not run: ``"held"`` (another execution holds the
     lock), ``"limit"`` (every one of the key's ``lock_limit`` slots is held), ``"cooldown"``
-    (the key is in its ``lock_cooldown``) or ``"rate"`` (its ``lock_rate`` allows no start).
+    (the key is in its ``lock_cooldown``), ``"rate"`` (its ``lock_rate`` allows no start) or
+    ``"paused"`` (its task or group is paused: ``celery locks pause``, ``pause_for``).
 ``lock_lost``: ``task_id``, ``key``
     Renewal was refused (or Redis unreachable past the TTL) while the body ran. Sent from the
     renewer thread.

@@ -8,6 +8,8 @@ from .acquire_request import AcquireOutcome, AcquireRequest, AcquireResult
 from .backend import (
     CooldownRelease,
     LatestQueue,
+    LiveRule,
+    LiveRules,
     LockBackend,
     LockReader,
     ParkingQueue,
@@ -51,6 +53,8 @@ __all__ = [
     "Latest",
     "LatestQueue",
     "Lease",
+    "LiveRule",
+    "LiveRules",
     "LockBackend",
     "LockHolder",
     "LockInspector",

@@ -58,6 +58,9 @@ class AcquireRequest(NamedTuple):
     #: with ``limit`` (or ``rate``): the key of the task's live cap (``celery locks limit``),
     #: at most that many slots taken at once whatever ``limit`` says ("": none is read)
     cap_key: str = ""
+    #: with ``park`` and no ``fair``: the call's rank, handed a slot before the parked calls
+    #: of a lower rank (arrival order within one rank); within -255..255, 0 by default
+    priority: int = 0
 
     def for_call(
         self, name: str, owner: Optional[Owner], max_lifetime: Optional[float]

@@ -15,7 +15,7 @@ backends make in :mod:`.checks`.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, Optional, Protocol, Sequence, Union, runtime_checkable
+from typing import Any, NamedTuple, Optional, Protocol, Sequence, Union, runtime_checkable
 
 from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
 from celery_singleton_lock.engine.cancel_watch import CancelSignal
@@ -163,14 +163,32 @@ class PushedCancelFlags(CancelFlags, Protocol):
     def unwatch(self, signal: CancelSignal) -> None: ...
 
 
-class LiveCaps(Protocol):
-    """The live caps of lock families (``celery locks limit``): an integer per cap key
-    (:func:`~.keys.cap_key`), read by every acquire of a slot that names that key
-    (:class:`~.kinds.caps.Caps`)."""
+class LiveRule(NamedTuple):
+    """A family's live rule as read now."""
 
-    def cap(self, key: str) -> Optional[int]: ...
+    #: at most this many slots of each lock taken at once, or None
+    cap: Optional[int]
+    #: seconds the pause still lasts (None: not paused; ``float("inf")``: until resumed)
+    paused_for: Optional[float]
 
-    def set_cap(self, key: str, cap: Optional[int]) -> None: ...
+
+class LiveRules(Protocol):
+    """The live rule of lock families (a task's or group's name): a cap on the slots of each
+    of its locks taken at once (``celery locks limit``), read by every acquire that names the
+    family's key (:func:`~.keys.cap_key`), and a pause of every start (``celery locks pause``,
+    ``resume``, a body's ``pause_for``). Redis: :class:`~.live_rules.RedisLiveRules`, a hash
+    per family; PostgreSQL: :class:`~.postgres.live_rules.PostgresLiveRules`, the cap only
+    (its ``pause`` and ``resume`` refuse, naming the backend)."""
+
+    def read(self, family: str) -> LiveRule: ...
+
+    def set_cap(self, family: str, cap: Optional[int]) -> None: ...
+
+    def every(self, limit: int = 1000) -> dict[str, LiveRule]: ...
+
+    def pause(self, family: str, seconds: Optional[float], *, lengthen: bool = False) -> float: ...
+
+    def resume(self, family: str) -> None: ...
 
 
 class LockBackend(LeaseKeeper, Protocol):
@@ -236,6 +254,6 @@ class LockBackend(LeaseKeeper, Protocol):
     def cancels(self) -> Optional[CancelFlags]: ...
 
     @property
-    def caps(self) -> Optional[LiveCaps]: ...
+    def live_rules(self) -> Optional[LiveRules]: ...
 
     def close(self) -> None: ...

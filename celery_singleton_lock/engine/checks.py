@@ -78,6 +78,7 @@ def try_acquire(
     finished_ttl: float = 3600.0,
     fair: str = "",
     cap_key: str = "",
+    priority: int = 0,
 ) -> AcquireOutcome:
     """Take the lock ``name`` for ``ttl`` seconds, without waiting: ``backend.acquire`` of an
     :class:`AcquireRequest` of these arguments (each backend's ``try_acquire``).
@@ -125,8 +126,12 @@ def try_acquire(
         fair: with ``park`` (not ``latest``): the call's fairness value; parked calls are
             handed slots round robin across values, oldest first within one (see
             lua/includes/handoff.lua); "" for arrival order.
-        cap_key: with ``limit`` or ``rate``: the key of a live cap (an integer string):
-            at most that many slots are taken at once, whatever ``limit`` says.
+        cap_key: the key of the live rule of the lock's family (engine live_rules.py): its
+            cap (with ``limit`` or ``rate``: at most that many slots taken at once, whatever
+            ``limit`` says) and its pause (nothing taken: a :class:`LockHolder` with
+            ``paused``; with ``park``: parked). Read in the same script call; not on a cluster.
+        priority: with ``park`` and no ``fair``: the call's rank; parked calls of a higher
+            rank are handed slots first, arrival order within one (-255..255).
 
     Raises:
         AlreadyFinished: with ``unless_finished``, that record exists.
@@ -156,6 +161,7 @@ def try_acquire(
             finished_ttl,
             fair=fair,
             cap_key=cap_key,
+            priority=priority,
         )
     )
 

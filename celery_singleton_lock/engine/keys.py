@@ -32,7 +32,11 @@ Layout, for prefix ``P`` and lock name ``N``::
                      names a hand-off sweeper should look at, scored by when (see
                      lua/includes/handoff.lua)
     P:cap:F          (one per family F, a task's or group's name; no hash tag: not on a
-                     Cluster) the live cap of its locks (``celery locks limit``), an integer
+                     Cluster) the live rule of its locks, a hash: 'cap' (``celery locks
+                     limit``) and 'until' (``celery locks pause``, ``pause_for``), see
+                     live_rules.py
+    P:rules          (one per prefix, no hash tag) the families F that have had a live rule
+                     (a set), so that listing them needs no SCAN
 
 The fence counter and the finish records are shared by many names (see shared_keys.py).
 
@@ -80,6 +84,13 @@ def marker_index(prefix: str) -> str:
     scored by when they expire (server ms), kept by the scripts that write and delete them
     (lua/includes/held_index.lua's functions). One server only, as :func:`held_index`."""
     return f"{prefix}:queued"
+
+
+def rule_index(prefix: str) -> str:
+    """Key of the set of families with a live rule under ``prefix`` (:func:`cap_key`), written
+    where a rule is (pause.lua, ``set_cap``), read by ``celery locks list`` instead of a SCAN.
+    One server only, as the rules themselves."""
+    return f"{prefix}:rules"
 
 
 def handoff_index(prefix: str) -> str:
@@ -153,8 +164,8 @@ class LockKeys(NamedTuple):
 
 
 def cap_key(prefix: str, family: str) -> str:
-    """Key of the live cap (``celery locks limit``) of the locks whose names start with
-    ``family`` (a task's or group's name) and a colon: at most that many slots of each lock
-    taken at once, whatever its ``lock_limit`` (lua/includes/slot_queue.lua's ``capped``).
+    """Key of the live rule (a hash: ``cap``, ``until``; see live_rules.py) of the locks whose
+    names start with ``family`` (a task's or group's name) and a colon: at most ``cap`` slots
+    of each lock taken at once, whatever its ``lock_limit``, and no start before ``until``.
     Without a hash tag, it is read only on one server or Sentinel, not on a Cluster."""
     return f"{prefix}:cap:{family}"

@@ -94,6 +94,9 @@ class LockHolder:
     #: not held: a slot is free but the lock's rate (``lock_rate``) allows no start before
     #: ``ttl`` seconds; the other fields are unknown
     over_rate: bool = False
+    #: not held: the task's or group's live rule pauses every start (``celery locks pause``,
+    #: ``pause_for``) for ``ttl`` seconds more (None: until resumed); the other fields unknown
+    paused: bool = False
 
     @classmethod
     def parse(cls, key: str, fields: Any, pttl: Any) -> Optional[LockHolder]:
@@ -115,6 +118,13 @@ class LockHolder:
             ttl=None if ttl_ms is None or ttl_ms < 0 else ttl_ms / 1000.0,
             cooling=pid == "cooldown",  # cooldown.COOLDOWN_PID
         )
+
+    @classmethod
+    def paused_for(cls, key: str, ms: Any) -> LockHolder:
+        """No holder: the name is paused for ``ms`` more (-1: until resumed)."""
+        left = as_int(ms)
+        ttl = None if left is None or left < 0 else left / 1000.0
+        return cls(key, "", "", None, None, None, ttl, False, False, True)
 
     @classmethod
     def unknown(cls, key: str, task_id: str = "") -> LockHolder:

@@ -34,7 +34,6 @@ from celery_singleton_lock.engine.keys import (
     validate_prefix,
 )
 from celery_singleton_lock.engine.kinds.cancels import Cancels
-from celery_singleton_lock.engine.kinds.caps import Caps
 from celery_singleton_lock.engine.kinds.cooldown import Cooldown
 from celery_singleton_lock.engine.kinds.issuer import Issuer
 from celery_singleton_lock.engine.kinds.latest import LatestWins
@@ -43,6 +42,7 @@ from celery_singleton_lock.engine.kinds.mutex import Mutex
 from celery_singleton_lock.engine.kinds.slot_queue import SlotQueue
 from celery_singleton_lock.engine.kinds.slots import Slots
 from celery_singleton_lock.engine.lease import Lease, Owner
+from celery_singleton_lock.engine.live_rules import RedisLiveRules
 from celery_singleton_lock.engine.prepared_acquire import (
     GeneralAcquire,
     PackedMutex,
@@ -160,9 +160,11 @@ class RedisLocker:
         self.queue: Optional[SlotQueue] = SlotQueue(server, issuer, releases)
         self.latest: Optional[LatestWins] = LatestWins(server, issuer, releases)
         self.cancels = Cancels(server, issuer)
-        self.caps: Optional[Caps] = None  # a cap key has no hash tag: not on a cluster
+        #: the families' live caps and pauses (one key per family, no hash tag: not on a
+        #: cluster)
+        self.live_rules: Optional[RedisLiveRules] = None
         if not server.cluster:
-            self.caps = Caps(server)
+            self.live_rules = RedisLiveRules(server, self.prefix)
         # A task's release is the hot path: the releases' own methods, bound here, cost no
         # call more than before; the methods below (the same) are what is documented and typed.
         self.release = releases.release  # type: ignore[method-assign]

@@ -90,19 +90,22 @@ class PackedMutex:
         self._issuer = mutex.issuer
         self._connections = connections
         self._renewer = mutex.issuer.renewer
-        #: the short form of ACQUIRE (see its contract in lua/acquire.lua): KEYS[1] only, ARGV ttl
-        #: and value; otherwise all six keys and seven arguments
+        #: the short form of ACQUIRE (see its contract in lua/acquire.lua): KEYS lock [held
+        #: rule], ARGV ttl and value; otherwise four to seven keys and seven arguments
         self._plain = not (request.fencing or request.unless_finished or request.take_queued)
         self._encoding = connections.encoding
         #: the start of the short form's command for the script's SHA (see acquire)
         self._sha, self._head = "", b""
         #: the short form's numkeys and TTL (ARGV[1], in ms as _ms makes it), packed once
         held = mutex.issuer.held_keys
-        self._numkeys = connections.parts(1 + len(held))
+        #: the task's live rule (a pause), read in the same call: KEYS[3], only beside the
+        #: held index KEYS[2] (one server; neither on a cluster: see lua/acquire.lua)
+        rule = [request.cap_key] if request.cap_key and held else []
+        self._numkeys = connections.parts(1 + len(held) + len(rule))
         self._ttl = connections.parts(_ms(request.ttl))
-        #: the held index (KEYS[2], packed once; b"" without it) and the command's length
-        self._held = connections.parts(*held) if held else b""
-        self._parts = 4 + len(held)
+        #: the held index and the rule (packed once; b"" without them) and the command's length
+        self._extra = connections.parts(*held, *rule) if held else b""
+        self._parts = 4 + len(held) + len(rule)
 
     def acquire(
         self, name: str, owner: Owner, max_lifetime: Optional[float] = None
@@ -118,7 +121,7 @@ class PackedMutex:
         value = f"{token}||{int(issuer.wall_clock() * 1000)}|{owner.fields}"
         lock = keys.lock
         if self._plain:
-            # EVALSHA sha 2 lock held ttl value: all but lock and value packed once
+            # EVALSHA sha numkeys lock [held rule] ttl value: all but lock and value packed once
             encoding, errors = self._encoding
             key_bytes = lock.encode(encoding, errors)
             value_bytes = value.encode(encoding, errors)
@@ -126,7 +129,7 @@ class PackedMutex:
                 self._numkeys,
                 len(key_bytes),
                 key_bytes,
-                self._held,
+                self._extra,
                 self._ttl,
                 len(value_bytes),
                 value_bytes,

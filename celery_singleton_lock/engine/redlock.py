@@ -118,7 +118,7 @@ class QuorumLocker:
     markers: None = None
     cooldown: None = None
     cancels: None = None
-    caps: None = None  # a live cap read on each master apart would not be one cap
+    live_rules: None = None  # a live rule read on each master apart would not be one rule
     try_acquire = checks.try_acquire
 
     def __init__(

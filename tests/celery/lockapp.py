@@ -22,6 +22,7 @@ from tests.celery.tasks import (  # noqa: F401  (registers their tasks on the ap
     join,
     limits,
     models,
+    pausing,
     policies,
     queueing,
     restart,

@@ -380,7 +380,7 @@ def test_limit_sets_shows_and_resets_a_tasks_live_cap(redis_server: RedisServer)
     set_cap = run_cli("--url", redis_server.url, "limit", "proj.export", "2")
     assert set_cap.returncode == 0, set_cap.stderr
     assert "live cap of proj.export: 2" in set_cap.stdout
-    assert redis_server.client().get("singleton-lock:cap:proj.export") == b"2"
+    assert redis_server.client().hget("singleton-lock:cap:proj.export", "cap") == b"2"
     assert (
         "live cap of proj.export: 2"
         in run_cli("--url", redis_server.url, "limit", "proj.export").stdout
@@ -391,9 +391,25 @@ def test_limit_sets_shows_and_resets_a_tasks_live_cap(redis_server: RedisServer)
 
 
 def test_show_names_the_live_cap_of_a_locks_task(redis_server: RedisServer) -> None:
-    redis_server.client().set("singleton-lock:cap:proj.export", 1)
+    redis_server.client().hset("singleton-lock:cap:proj.export", "cap", 1)
     result = run_cli("--url", redis_server.url, "show", "proj.export:ab")
     assert "live cap: 1 slot(s) taken at most" in result.stdout
+
+
+def test_pause_then_resume_say_what_holds_now(redis_server: RedisServer) -> None:
+    paused = run_cli("--url", redis_server.url, "pause", "proj.export", "--for", "60")
+    assert "proj.export: paused for" in paused.stdout, paused.stderr
+    resumed = run_cli("--url", redis_server.url, "resume", "proj.export")
+    assert "proj.export: not paused" in resumed.stdout
+
+
+def test_list_names_a_paused_task(redis_server: RedisServer) -> None:
+    run_cli("--url", redis_server.url, "pause", "proj.report")
+    try:
+        result = run_cli("--url", redis_server.url, "list")
+        assert "proj.report: paused: no start until `celery locks resume`" in result.stdout
+    finally:
+        run_cli("--url", redis_server.url, "resume", "proj.report")
 
 
 def test_limit_refuses_a_cap_below_one(redis_server: RedisServer) -> None:

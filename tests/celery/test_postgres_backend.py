@@ -216,7 +216,21 @@ def test_locks_limit_reset_removes_a_postgres_live_cap(app: Celery, url: str) ->
     run_cli("--url", url, "--prefix", "pgt", "limit", "proj.export", "2")
     reset = run_cli("--url", url, "--prefix", "pgt", "limit", "proj.export", "--reset")
     assert "live cap of proj.export: none" in reset.stdout
-    assert locker_for(app).caps.cap(CAP) is None
+    assert locker_for(app).live_rules.read("proj.export").cap is None
+
+
+def test_locks_pause_on_postgres_is_refused_naming_the_backend(url: str) -> None:
+    result = run_cli("--url", url, "--prefix", "pgt", "pause", "proj.export")
+    assert result.returncode != 0
+    assert "the PostgreSQL backend keeps live caps (celery locks limit) but no pause" in (
+        result.stderr
+    )
+
+
+def test_locks_list_names_a_postgres_live_cap(url: str) -> None:
+    run_cli("--url", url, "--prefix", "pgt", "limit", "proj.export", "2")
+    listed = run_cli("--url", url, "--prefix", "pgt", "list")
+    assert "proj.export: live cap 2 (celery locks limit)" in listed.stdout
 
 
 def test_locks_doctor_checks_a_postgres_lock_server(app: Celery, url: str) -> None:

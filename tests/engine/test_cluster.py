@@ -378,3 +378,17 @@ def test_a_sweeper_finds_the_displaced_calls_left_to_mark_on_a_cluster(
     assert left == [(name, [b"v2\nmsg"])]
     assert latest.clear_superseded(name, ["v2"]) == 0
     assert client.zscore(index, name) is None
+
+
+def test_a_cluster_keeps_no_live_rule_and_its_acquire_reads_none(locker: RedisLocker) -> None:
+    """The family's rule key sits in one hash slot, each lock in its own: not read here."""
+    assert locker.live_rules is None
+    name = fresh("rule")
+    held = locker.try_acquire(name, ttl=TTL, renew=False, cap_key="singleton-lock:cap:proj.job")
+    assert isinstance(held, Lease)
+
+
+def test_locks_pause_on_a_cluster_is_refused_naming_why(cluster: ClusterGroup) -> None:
+    result = run_cli("--url", cluster.url, "pause", "proj.job")
+    assert result.returncode != 0
+    assert "not a Redis Cluster (a script reads the keys of one hash slot only" in result.stderr

@@ -10,8 +10,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from celery_singleton_lock.engine import AcquireRequest, Lease, LockHolder, Owner, Renewer
-from celery_singleton_lock.errors import AlreadyFinished
+from celery_singleton_lock.engine import AcquireRequest, Lease, LiveRule, LockHolder, Owner, Renewer
+from celery_singleton_lock.errors import AlreadyFinished, LockConfigurationError
 from tests.engine.conftest import stop_renewing
 from tests.postgres_support import postgres_schema
 from tests.support import wait_until
@@ -66,7 +66,7 @@ def test_many_racing_acquires_never_take_more_than_the_limit(locker: PostgresLoc
 def test_racing_acquires_never_take_more_than_a_live_cap(locker: PostgresLocker) -> None:
     # each slot's row excludes its own takers; a cap counts the slots held, which only the
     # admission lock of the name keeps from being counted twice by racing calls
-    locker.caps.set_cap("t:cap:job", 2)
+    locker.live_rules.set_cap("job", 2)
     with ThreadPoolExecutor(8) as pool:
         outcomes = list(
             pool.map(lambda i: take(locker, "race", limit=10, cap_key="t:cap:job"), range(40))
@@ -339,3 +339,16 @@ def test_a_database_without_the_admission_tables_gets_them_at_the_first_read(url
         assert locker.inspect.rate_use(["t:{job}"]) == [(0, None)]
     finally:
         locker.close()
+
+
+def test_a_live_cap_is_read_back_by_family_and_listed(locker: PostgresLocker) -> None:
+    locker.live_rules.set_cap("proj.job", 3)
+    assert (locker.live_rules.read("proj.job").cap, locker.live_rules.every()) == (
+        3,
+        {"proj.job": LiveRule(3, None)},
+    )
+
+
+def test_a_pause_on_postgres_is_refused_naming_the_backend(locker: PostgresLocker) -> None:
+    with pytest.raises(LockConfigurationError, match="PostgreSQL backend keeps live caps"):
+        locker.live_rules.pause("proj.job", 30)

@@ -277,16 +277,36 @@ def test_a_live_cap_lowered_while_calls_are_parked_hands_on_no_slot_above_it(
     lease(attempt(locker, "b", limit=3, cap_key=cap_key))
     assert isinstance(attempt(locker, "c", limit=3, cap_key=cap_key), Lease)
     assert isinstance(attempt(locker, "d", limit=3, cap_key=cap_key), Parked)
-    locker.client.set(cap_key, 2)  # 3 run: a release leaves 2 taken, the cap
+    locker.client.hset(cap_key, "cap", 2)  # 3 run: a release leaves 2 taken, the cap
     assert release(locker, first, limit=3, cap_key=cap_key) == []
     assert parked_ids(locker) == [b"d"]
 
 
 def test_a_live_cap_is_read_by_the_sweeper_from_the_lock_rule(locker: RedisLocker) -> None:
     cap_key = "singleton-lock:cap:proj.job"
-    locker.client.set(cap_key, 1)
+    locker.client.hset(cap_key, "cap", 1)
     lease(attempt(locker, "a", limit=3, cap_key=cap_key, ttl=0.2))
     assert isinstance(attempt(locker, "b", limit=3, cap_key=cap_key), Parked)
     assert isinstance(attempt(locker, "c", limit=3, cap_key=cap_key), Parked)
     time.sleep(0.3)  # a's holder died: its slot expired
     assert locker.queue.hand_on("job", reservation_ttl=30) == [b"msg-b"]  # one, not two
+
+
+# -- priority (the message's, read the broker's way by the Celery layer) ----------------------
+
+
+def test_a_parked_call_of_a_higher_rank_is_handed_a_slot_before_older_ones(
+    locker: RedisLocker,
+) -> None:
+    held = full_with_parked(locker, "c")
+    assert isinstance(attempt(locker, "d", priority=5), Parked)
+    assert parked_ids(locker) == [b"d", b"c"]
+    assert release(locker, held) == [b"msg-d"]
+
+
+def test_parked_calls_of_one_rank_keep_their_arrival_order(locker: RedisLocker) -> None:
+    full_with_parked(locker)
+    for task_id in "cde":
+        attempt(locker, task_id, priority=3)
+    attempt(locker, "f", priority=-3)
+    assert parked_ids(locker) == [b"c", b"d", b"e", b"f"]

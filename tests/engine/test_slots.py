@@ -201,7 +201,7 @@ def test_a_live_cap_below_the_limit_refuses_a_slot_once_that_many_are_taken(
     locker: RedisLocker,
 ) -> None:
     cap_key = "singleton-lock:cap:proj.job"
-    locker.client.set(cap_key, 1)
+    locker.client.hset(cap_key, "cap", 1)
     assert isinstance(capped_acquire(locker, "a", cap_key), Lease)
     held = capped_acquire(locker, "b", cap_key)
     assert isinstance(held, LockHolder) and held.task_id == "a"
@@ -215,6 +215,6 @@ def test_without_a_live_cap_set_the_declared_limit_holds(locker: RedisLocker) ->
 
 def test_a_live_cap_of_zero_refuses_every_slot_and_asks_to_come_back(locker: RedisLocker) -> None:
     cap_key = "singleton-lock:cap:proj.job"
-    locker.client.set(cap_key, 0)
+    locker.client.hset(cap_key, "cap", 0)
     refused = capped_acquire(locker, "a", cap_key)
     assert isinstance(refused, LockHolder) and refused.over_rate and refused.ttl == 1.0

@@ -1,4 +1,5 @@
-"""``celery locks list / show / release / clear-queued``: the locks held now, release one.
+"""``celery locks list / show / release / clear-queued`` (``limit``, ``pause``, ``resume``:
+:mod:`.live_rule_commands`): the locks held now, release one.
 
 The lock server is ``--url``, else the one the Celery app uses (the choice a worker makes).
 The work is done by plain functions taking a :class:`Target` (an inspector and the server it
@@ -33,6 +34,7 @@ from celery_singleton_lock.celery.cli.lock_listing import (
     holder_row,
     lock_name_from_key,
     lock_name_of_call,
+    pause_line,
     queued_line,
     rate_row,
     read_lock,
@@ -51,7 +53,7 @@ from celery_singleton_lock.celery.cli.lock_release import (
     release_lock,
 )
 from celery_singleton_lock.celery.config.urls import redact_loosely
-from celery_singleton_lock.engine import LockKeys, cap_key
+from celery_singleton_lock.engine import LiveRule, LockKeys
 from celery_singleton_lock.errors import LockConfigurationError, LockError
 
 
@@ -137,7 +139,8 @@ def _one_line_errors() -> Iterator[None]:
 )
 @click.pass_obj
 def list_command(settings: Settings, limit: int, as_json: bool, by_scan: bool) -> None:
-    """List the locks held now, printed as they are read (a page at a time).
+    """List the locks held now, printed as they are read (a page at a time), then the live
+    caps and pauses of tasks and groups (celery locks limit / pause; not with --json).
 
     On one server (or Sentinel) they are read from the held index the lock scripts keep
     (O(held locks)); on a Redis Cluster by SCAN of every primary (never KEYS). When none are
@@ -149,8 +152,15 @@ def list_command(settings: Settings, limit: int, as_json: bool, by_scan: bool) -
         try:
             listing = LockStream(target, limit, by_scan=by_scan)
             _print_pages(listing, target.inspector.prefix, as_json)
+            rules = None if target.quorum else target.backend.live_rules
+            live = {} if rules is None or as_json else asking(target, rules.every)
         finally:
             target.close()
+    for family, rule in live.items():  # the live rules of tasks and groups (limit, pause)
+        if rule.cap is not None:
+            click.echo(f"{family}: live cap {rule.cap} (celery locks limit)")
+        if rule.paused_for is not None:
+            click.echo(f"{family}: {pause_line(rule.paused_for)}")
     summary = (
         f"{listing.count} lock(s) held under prefix {target.inspector.prefix!r} on {target.server}"
     )
@@ -257,11 +267,11 @@ def show(
             views = inspector.per_server(name) if target.quorum else None
             parked = asking(target, lambda: inspector.parked(name))
             newest = asking(target, lambda: inspector.waiting_newest(name)) if parked else None
-            live_cap = None
-            caps = target.backend.caps
-            if caps is not None:  # one server: it may have a live cap
-                family = cap_key(inspector.prefix, name.rpartition(":")[0])
-                live_cap = asking(target, lambda: caps.cap(family))
+            rule: Optional[LiveRule] = None
+            rules = None if target.quorum else target.backend.live_rules
+            if rules is not None:  # one server, Sentinel or PostgreSQL: a live cap or pause
+                family = name.rpartition(":")[0]
+                rule = asking(target, lambda: rules.read(family))
             markers = target.backend.markers
             queued: Optional[tuple[str, Optional[float]]] = None
             if markers is not None:
@@ -286,8 +296,10 @@ def show(
         click.echo(holder_row(seen, time.time()))
     if empty_in is not None:
         click.echo(rate_row(starts, empty_in))
-    if live_cap is not None:
-        click.echo(f"live cap: {int(live_cap)} slot(s) taken at most (celery locks limit)")
+    if rule is not None and rule.cap is not None:
+        click.echo(f"live cap: {rule.cap} slot(s) taken at most (celery locks limit)")
+    if rule is not None and rule.paused_for is not None:
+        click.echo(pause_line(rule.paused_for))
     if parked:
         click.echo(waiting_line(parked, newest, time.time()))
     if queued is not None:
@@ -421,62 +433,3 @@ def clear_queued(settings: Settings, name: str) -> None:
         click.echo(f"{name}: no enqueue marker")
         raise SystemExit(EXIT_FREE)
     click.echo(f"{name}: enqueue marker of task {cleared} deleted; the next call is published")
-
-
-def _cap_key_of(settings: Settings, target: Target, family: str) -> tuple[str, Optional[Any]]:
-    """The live cap's key of the task or group ``family``, and its declared ``lock_limit``
-    (None without an app, which cannot be checked then).
-
-    Raises:
-        LockConfigurationError: the backend cannot hold a live cap, or (with an app) no task
-            of that name or group declares a lock_limit above 1.
-    """
-    if target.backend.caps is None:
-        raise LockConfigurationError(
-            "a live cap is read by the slot scripts from one key per task or group: it needs "
-            "one Redis server, Sentinel or PostgreSQL, not a Redis Cluster or a Redlock quorum"
-        )
-    if not settings.app_given:
-        return cap_key(target.inspector.prefix, family), None
-    for task in list(settings.app.tasks.values()):
-        options: Any = getattr(task, "lock_options", None)
-        keyer = getattr(options, "keyer", None)
-        if keyer is not None and f"{keyer.namespace}{keyer.head}" == family and options.cap_key:
-            return str(options.cap_key), options.limit
-    raise LockConfigurationError(
-        f"no task or lock_group named {family!r} declares a lock_limit above 1 (or callable): "
-        "a live cap lowers such a limit; give the task's or the group's name"
-    )
-
-
-@click.command(name="limit")
-@click.argument("name")
-@click.argument("cap", required=False, type=click.IntRange(min=1))
-@click.option("--reset", is_flag=True, help="Remove the live cap: the declared limit holds.")
-@click.pass_obj
-def limit(settings: Settings, name: str, cap: Optional[int], reset: bool) -> None:
-    """Set, show or remove the live cap of a task's (or lock_group's) locks.
-
-    NAME is the task's name, or its lock_group. With CAP, at most CAP slots of each of its
-    locks are taken at once, from every worker's next acquire on, without a restart: a
-    lowered cap lets the bodies running finish, and starts none until fewer than CAP run
-    (parked calls stay parked). It only lowers a declared lock_limit (above 1, or callable);
-    a cap above it changes nothing. --reset removes it; neither: show it. Needs one Redis
-    server, Sentinel or PostgreSQL.
-    """
-    with _one_line_errors():
-        if cap is not None and reset:
-            raise LockConfigurationError("give CAP or --reset, not both")
-        target = settings.target()
-        try:
-            key, declared = _cap_key_of(settings, target, name)
-            caps = target.backend.caps
-            assert caps is not None  # _cap_key_of refused a backend without
-            if reset or cap is not None:
-                asking(target, lambda: caps.set_cap(key, cap))
-            now = asking(target, lambda: caps.cap(key))
-        finally:
-            target.close()
-    shown = "none" if now is None else str(now)
-    limit_text = "" if declared is None else f" (declared lock_limit: {declared})"
-    click.echo(f"live cap of {name}: {shown}{limit_text}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import itertools
+import math
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -385,3 +386,11 @@ def waiting_line(
         at = datetime.fromtimestamp(due, timezone.utc).isoformat(timespec="milliseconds")
         return f"held back until {at} (debounce, in {due - now:.1f}s), newest call: {ids}"
     return f"waiting to replace (the newest call, it runs when the lock is free): {ids}"
+
+
+def pause_line(paused_for: float) -> str:
+    """What ``show`` says of a pause of the lock's task or group (``celery locks pause``, a
+    body's ``pause_for``): seconds left, or until resumed (``inf``)."""
+    if math.isinf(paused_for):
+        return "paused: no start until `celery locks resume` (celery locks pause)"
+    return f"paused: no start for {paused_for:.1f}s more (celery locks pause, pause_for)"

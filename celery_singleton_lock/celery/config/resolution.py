@@ -102,9 +102,14 @@ class LockOptions:
     cooldown_after: str = "success"
     #: at most ``rate[0]`` body starts per key in any ``rate[1]`` seconds, or None
     rate: Optional[tuple[int, float]] = None
-    #: the key of the live cap of the task's (or group's) locks, read by every acquire of a
-    #: ``lock_limit`` above 1 or callable (``celery locks limit``); "" for any other task
+    #: the key of the live rule of the task's (or group's) locks, read by every acquire on one
+    #: server or Sentinel: its cap (``celery locks limit``, for a ``lock_limit`` above 1 or
+    #: callable) and its pause (``celery locks pause``, ``self.request.lock.pause_for``)
     cap_key: str = ""
+    #: which way a message's ``priority`` reads on the app's broker, for the calls parked in
+    #: arrival order (policy ``queue`` without ``lock_fair_by``): 1, higher first (RabbitMQ and
+    #: the other AMQP brokers); -1, lower first (kombu's Redis transport: 0 is the highest)
+    priority_sign: int = 1
     #: a worker's call takes the key alone, without parking (``lock_limit`` 1, a policy other
     #: than ``queue`` and ``replace``): the task's prepared acquire (see acquire_plan)
     mutex: bool = field(init=False)
@@ -112,6 +117,11 @@ class LockOptions:
     def __post_init__(self) -> None:
         mutex = self.limit == 1 and not self.policy.parks
         object.__setattr__(self, "mutex", mutex)  # frozen: set once, here
+
+    def priority_rank(self, priority: Optional[int]) -> int:
+        """The rank of a call whose message has ``priority`` among the calls parked in
+        arrival order: read the broker's way (higher: handed a slot sooner); 0 without one."""
+        return 0 if priority is None else priority * self.priority_sign
 
     def fair_value(self, args: Any, kwargs: Any) -> str:
         """The fairness value of a call with ``args`` and ``kwargs`` ("" without
@@ -131,12 +141,24 @@ class LockOptions:
         return self.policy.name
 
 
-def _cap_key(prefix: str, keyer: ArgumentKeyer, limit: Any) -> str:
-    """The live cap's key of a task whose ``lock_limit`` is above 1 or callable, else ""
-    (a live cap lowers a declared limit of several slots; it has nothing to lower on one)."""
-    if type(limit) is int and limit <= 1:
-        return ""
+def _cap_key(prefix: str, keyer: ArgumentKeyer) -> str:
+    """The key of the live rule of the task's (or group's) locks: a cap, which lowers a
+    declared limit of several slots, and a pause, which stops every start (engine
+    live_rules.py)."""
     return cap_key(prefix, f"{keyer.namespace}{keyer.head}")
+
+
+#: kombu transports that read a message's priority lower first (0 is the highest): Redis's
+REDIS_TRANSPORTS = ("redis", "rediss", "sentinel", "redis+socket")
+
+
+def _priority_sign(conf: Mapping[str, Any]) -> int:
+    """Which way the app's broker reads a message's priority (see ``priority_sign``)."""
+    url = conf.get("broker_url") or ""
+    if isinstance(url, (list, tuple)):
+        url = url[0] if url else ""
+    scheme = str(url).split("://", 1)[0].split(";", 1)[0].lower() if "://" in str(url) else ""
+    return -1 if scheme in REDIS_TRANSPORTS else 1
 
 
 def _fair_keyer(
@@ -393,5 +415,6 @@ def resolve(
         cooldown=cooldown,
         cooldown_after=cooldown_after,
         rate=rate,
-        cap_key=_cap_key(prefix, keyer, limit),
+        cap_key=_cap_key(prefix, keyer),
+        priority_sign=_priority_sign(conf),
     )

@@ -79,7 +79,9 @@ def due_delay(
     share: float  # the period one start has, on average
     if holder.ttl is None:
         return None
-    if holder.over_rate and options.rate is not None:
+    if holder.paused:  # all come back when the pause ends: spread over a second
+        share = SPREAD_MAX
+    elif holder.over_rate and options.rate is not None:
         share = options.rate[1] / options.rate[0]
     elif holder.cooling and options.cooldown:
         share = options.cooldown
@@ -112,6 +114,9 @@ def describe(holder: LockHolder) -> str:
     """Who holds the lock, to follow "held by": a running task, or no one (a rate window, a
     hand-off reservation, or a cooldown, whose holder fields are those of the run that
     ended)."""
+    if holder.paused:
+        until = "until resumed" if holder.ttl is None else f"for {holder.ttl:.1f}s more"
+        return f"no one: its task or group is paused {until} (celery locks pause, pause_for)"
     if holder.over_rate:
         return f"no one: the key's lock_rate allows its next start in {holder.ttl or 0:.1f}s"
     ttl = "no TTL" if holder.ttl is None else f"{holder.ttl:.1f}s left"

@@ -217,7 +217,8 @@ class Queue(DuplicatePolicy):
 
     def park(self, task: Any, request: Any, options: Any, wanted: AcquireRequest) -> AcquireRequest:
         fair = options.fair_value(request.args, request.kwargs)
-        return wanted._replace(park=handoff.parked_message(task, request), fair=fair)
+        rank = 0 if fair else options.priority_rank(celery_api.message_priority(request))
+        return wanted._replace(park=handoff.parked_message(task, request), fair=fair, priority=rank)
 
     def parked(
         self, duplicate: actions.Duplicate, parked: Parked, wanted: AcquireRequest

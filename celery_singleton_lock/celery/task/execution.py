@@ -37,7 +37,7 @@ from celery_singleton_lock.celery.observe import events
 from celery_singleton_lock.celery.signals import lock_released
 from celery_singleton_lock.celery.task.lock_view import LockHandle
 from celery_singleton_lock.engine import CancelSignal, Lease, PushedCancelFlags, required
-from celery_singleton_lock.errors import LockError
+from celery_singleton_lock.errors import LockConfigurationError, LockError
 
 log = logging.getLogger("celery_singleton_lock.release")
 
@@ -197,6 +197,21 @@ class LockScope(LockHandle):
             task = self.task
             policy = (task._lock_options or task.resolve_lock_options()).policy
             policy.stop_cancelled(task, celery_api.current_request(task), self.key)
+
+    def pause_for(self, seconds: float) -> float:
+        """See :meth:`LockHandle.pause_for`: the live rule of the lock's family (the task's or
+        group's name, the lock name before its argument digest), lengthened only."""
+        rules = getattr(self.task.lock_locker, "live_rules", None)
+        if rules is None:
+            raise LockConfigurationError(
+                f"task {self.task.name}: pause_for needs one Redis server or Sentinel (the "
+                "pause is one key per task or group, read by every acquire): not a Redis "
+                "Cluster, a Redlock quorum or PostgreSQL"
+            )
+        try:
+            return float(rules.pause(self.name.rpartition(":")[0], seconds, lengthen=True))
+        except LockConfigurationError as exc:  # a backend that keeps caps but no pause
+            raise LockConfigurationError(f"task {self.task.name}: {exc}") from None
 
     def running(self) -> bool:
         """Whether the request this scope was opened for is still on its task's request

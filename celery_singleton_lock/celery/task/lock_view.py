@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 from celery_singleton_lock.engine import Lease, slot_of
-from celery_singleton_lock.errors import LockLostError
+from celery_singleton_lock.errors import LockError, LockLostError
 
 
 class LockHandle:
@@ -79,6 +79,14 @@ class LockHandle:
         """End this call as superseded (REVOKED, reason ``"superseded"``) if a newer call asked
         it to stop (``on_duplicate="restart"``); its lock goes to that call. Else nothing."""
 
+    def pause_for(self, seconds: float) -> float:
+        """No new start of this lock's task (or ``lock_group``) for ``seconds``, on every
+        worker, whatever the arguments (an API answered 429 with a Retry-After): each call
+        follows its ``on_duplicate`` policy as with a held lock (parked calls wake when the
+        pause ends). Only lengthens a pause already set. Returns the pause's end (lock
+        server's clock, seconds since the epoch). Needs one Redis server or Sentinel."""
+        raise LockError(f"this run holds no lock ({self.key}): there is no lock name to pause")
+
     def nested(self) -> LockHandle:
         """The handle of a reentrant run inside this one: same key and fence, owns nothing."""
         return _NestedHandle(self)
@@ -115,3 +123,6 @@ class _NestedHandle(LockHandle):
 
     def raise_if_cancelled(self) -> None:
         self._outer.raise_if_cancelled()
+
+    def pause_for(self, seconds: float) -> float:
+        return self._outer.pause_for(seconds)

@@ -355,7 +355,9 @@ class LockedTask(Task):  # type: ignore[misc]
                 policy.parked(Duplicate(self, request, options, name, holder), outcome, wanted)
             if not isinstance(outcome, Lease):
                 duplicate = Duplicate(self, request, options, name, outcome)
-                if outcome.over_rate:
+                if outcome.paused:
+                    duplicate.reason = "paused"
+                elif outcome.over_rate:
                     duplicate.reason = "rate"
                 elif outcome.cooling:
                     duplicate.reason = "cooldown"

@@ -109,8 +109,7 @@ class Mutex:
             script = queue.acquire_script
             script_keys, args = queue.acquire_call(request, keys, value, owner)
         reply, acknowledged = send(self.server, script, keys, script_keys, args, request)
-        if type(reply) is list:
-            assert queue is not None  # only a queue's script answers a list
+        if type(reply) is list and queue is not None:  # ACQUIRE's list: paused (outcome)
             return queue.parked(keys, reply)
         outcome = self.outcome(keys, token, owner, reply, sent_at, request)
         if type(outcome) is not Lease:
@@ -145,6 +144,8 @@ class Mutex:
                     keys.lock,
                     {"task_id": owner.task_id},
                 )
+        if type(reply) is list:  # {-3, ms}: the live rule pauses the name
+            return LockHolder.paused_for(keys.lock, reply[1])
         text = reply.decode("utf-8", "replace") if isinstance(reply, bytes) else str(reply)
         pttl, _, fields = text.partition("|")
         holder = LockHolder.parse(keys.lock, fields, pttl)
@@ -163,10 +164,14 @@ class Mutex:
             request.take_queued,
         )
         held = self.issuer.held_keys
+        # the live rule (a pause) is read in the same call, only beside the held index (one
+        # server; neither on a cluster: see lua/acquire.lua's contract)
+        rule = [request.cap_key] if request.cap_key and held else []
         if not (fencing or unless_finished or take_queued):
-            return [keys.lock, *held], [_ms(request.ttl), value]
+            return [keys.lock, *held, *rule], [_ms(request.ttl), value]
         counter, finished = self.issuer.shared.of(keys.lock, owner.task_id)
         script_keys = [keys.lock, counter, finished, keys.queued, *held, *self.issuer.marker_keys]
+        script_keys += rule
         args: list[Any] = [
             _ms(request.ttl),
             value,

@@ -110,7 +110,7 @@ class SlotQueue:
         args: list[Any] = [_ms(request.ttl), value, "1" if request.fencing else "0", limit]
         args += _rate_args(request.rate)
         args += (owner.task_id, request.park, keys.name, _ms(request.reservation_ttl))
-        args += (request.fair, "1" if request.cap_key else "")
+        args += (request.fair, "1" if request.cap_key else "", request.priority)
         if request.cap_key:
             script_keys.append(request.cap_key)
         if request.unless_finished:

@@ -45,12 +45,14 @@ class Slots:
             issuer.shared.of(keys.lock, owner.task_id),
             owner.task_id,
             request.unless_finished,
-            "" if self.server.cluster else request.cap_key,  # keys.cap_key: not a cluster's
+            "" if self.server.cluster else request.cap_key,  # live_rules.py: not a cluster's
             issuer.held_keys,
         )
         reply = self.server.run(self._acquire_slot, keys.lock, script_keys, args, pinned=True)
         if type(reply) is list:
             slot, fence = int(reply[0]), int(reply[1])
+            if slot == 0 and len(reply) > 2:  # paused by the live rule for ``fence`` ms
+                return LockHolder.paused_for(keys.lock, fence)
             if slot == 0:  # over the rate: ``fence`` is the wait in ms
                 return LockHolder(keys.lock, "", "", None, None, None, fence / 1000.0, False, True)
             lease = issuer.lease(

@@ -1,8 +1,9 @@
 -- Take a lock (the mutex): a SET NX PX, with a fence, a finish-record check and the queued
 -- marker's deletion when asked.
 -- KEYS[1]  lock key (string; its value: includes/lock_value.lua)
--- With one key (or two: KEYS[2] the held index) the script is a SET NX PX and reads no other
--- key. Otherwise all four (and KEYS[5] the held index):
+-- With one key (a Redis Cluster), two (KEYS[2] the held index) or three (KEYS[3] the live
+-- rule) the script is a SET NX PX and reads no other key but the rule. Otherwise four, six
+-- with the indexes (one server) and seven with the live rule:
 -- KEYS[2]  the shared fence counter (see includes/take_lock.lua)
 -- KEYS[3]  the finish-record set of the owner's task id (includes/finish_records.lua; its
 --          name: shared_keys.py)
@@ -10,6 +11,9 @@
 -- KEYS[2] of the short form, KEYS[5] of the long: the held index (includes/held_index.lua),
 --          on one server only (left out on a Redis Cluster)
 -- KEYS[6]  with KEYS[5]: the marker index (see enqueue.lua): a deleted marker's entry goes too
+-- KEYS[3] of the short form, KEYS[7] of the long: the task's (or group's) live rule
+--          (includes/live_rule.lua), only with the held index (one server): while it pauses
+--          the lock's name, nothing is taken
 -- ARGV[1]  ttl in ms
 -- ARGV[2]  the lock value with an empty fence: '<token>||<acquired_at>|<pid>|<host>|<task_id>'
 -- ARGV[3]  '1' to hand out a fence, '0' not
@@ -27,6 +31,9 @@
 --                   when the lock already holds this token: a resend after a lost reply is
 --                   not a duplicate.
 --          integer -1 (only with ARGV[5]): the finish record exists; nothing changed.
+--          {-3, ms}: the live rule pauses the name for ms more (-1: until resumed); nothing
+--                   taken (the queued marker as when held by someone else). Not for a token
+--                   that holds the lock already (a resend): its fence, as above.
 --          string 'pttl|fence|acquired_at|pid|host|task_id': held by someone else (pttl is the
 --                   remaining TTL in ms, -1 without one; the holder's token is not returned).
 --          error NOTLOCK: the key holds a string that is not a lock value (WRONGTYPE if it is
@@ -35,18 +42,24 @@
 --- @include "finish_records"
 --- @include "take_lock"
 --- @include "held_index"
+--- @include "live_rule"
 
 local v
-if #KEYS <= 2 then
-  if redis.call('SET', KEYS[1], ARGV[2], 'NX', 'PX', ARGV[1]) then
+if #KEYS <= 3 then
+  local _, paused = live_rule(KEYS[3])
+  if not paused and redis.call('SET', KEYS[1], ARGV[2], 'NX', 'PX', ARGV[1]) then
     index_held(KEYS[2], KEYS[1], ARGV[1])
     return 0
   end
   v = redis.call('GET', KEYS[1])
+  if paused and not (v and string.sub(v, 1, 32) == string.sub(ARGV[2], 1, 32)) then
+    return {-3, paused}  -- a resend of a call that took it before the pause is not refused
+  end
 else
   local finished = ARGV[5] ~= '' and is_finished(KEYS[3], ARGV[4])
+  local _, paused = live_rule(KEYS[7])
   local take = ARGV[6] == '1' or (ARGV[6] == '2' and finished)
-  if ARGV[6] == '2' and not take then
+  if ARGV[6] == '2' and not take and not paused then
     local held = redis.call('GET', KEYS[1])
     take = not held or string.sub(held, 1, 32) == string.sub(ARGV[2], 1, 32)
   end
@@ -58,6 +71,9 @@ else
     return -1
   end
   v = redis.call('GET', KEYS[1])
+  if paused and not (v and string.sub(v, 1, 32) == string.sub(ARGV[2], 1, 32)) then
+    return {-3, paused}
+  end
   if not v then
     index_held(KEYS[5], KEYS[1], ARGV[1])
     return take_lock(KEYS[1], ARGV[2], ARGV[1], ARGV[3], KEYS[2])

@@ -5,8 +5,8 @@
 --             see includes/rate.lua), used with ARGV[5] only
 -- KEYS[N+3]   the finish-record set of the owner's task id (as acquire.lua's KEYS[3]), used
 --             with ARGV[8] only: when the record lives, nothing is taken
--- KEYS[N+4]   optional: the task's live cap (a string: at most that many slots taken at once,
---             whatever N; celery locks limit)
+-- KEYS[N+4]   optional: the task's live rule (includes/live_rule.lua: a cap, at most that
+--             many slots taken at once whatever N, and a pause)
 -- ARGV[1]     ttl in ms
 -- ARGV[2]     the lock value with an empty fence: '<token>||<acquired_at>|<pid>|<host>|<task_id>'
 -- ARGV[3]     '1' to hand out a fence (from KEYS[N+1]), '0' not to
@@ -22,6 +22,7 @@
 --               next start is allowed in wait ms. Nothing changed (old starts are trimmed).
 --             integer -1 (only with a finish record): it exists; nothing changed.
 --             {0, wait} too when the live cap is reached with no slot held (wait: 1000 ms).
+--             {0, ms, 1}: the live rule pauses the name for ms more (-1: until resumed).
 --             string 'pttl|fence|acquired_at|pid|host|task_id': every slot is held (or as
 --               many as the live cap allows); the
 --               holder of the slot that frees first (pttl its remaining TTL in ms).
@@ -31,6 +32,7 @@
 --- @include "take_lock"
 --- @include "rate"
 --- @include "held_index"
+--- @include "live_rule"
 
 local n, rate = tonumber(ARGV[4]), tonumber(ARGV[5])
 local held = ARGV[9] == '1' and KEYS[#KEYS] or nil  -- held index
@@ -56,9 +58,12 @@ for i = 1, n do
     taken, held_at = taken + 1, i
   end
 end
-if free and cap_key then
-  local cap = tonumber(redis.call('GET', cap_key))
-  if cap and taken >= cap then
+local cap, paused = live_rule(cap_key)
+if paused then
+  return {0, paused, 1}
+end
+if free and cap then
+  if taken >= cap then
     free = nil
   end
 end

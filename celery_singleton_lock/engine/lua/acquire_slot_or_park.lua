@@ -8,9 +8,11 @@
 -- KEYS[N+2]   the lock's starts (sorted set, as acquire_slot.lua), used with ARGV[5] only
 -- KEYS[N+3]   parked task ids (sorted set)   KEYS[N+4]  parked messages (hash)
 -- KEYS[N+5]   hand-off index           KEYS[N+6]  the lock's rule (see includes/slot_queue.lua)
--- KEYS[N+7]   the lock's parked rounds (hash, see includes/handoff.lua), used with ARGV[11]
--- KEYS[N+8]   with ARGV[12] '1': the task's live cap (a string: at most that many slots taken,
---             see includes/slot_queue.lua's capped)
+-- KEYS[N+7]   the lock's parked rounds (hash, see includes/handoff.lua): the rounds with ARGV[11],
+--             the arrival counter of every parked call
+-- KEYS[N+8]   with ARGV[12] '1': the task's live rule (includes/live_rule.lua: a cap, see
+--             includes/slot_queue.lua's capped, and a pause: the call parks, taking no slot,
+--             not even one reserved for it)
 -- KEYS[N+8+c] optional: the finish-record set to look in (as acquire_slot.lua's KEYS[N+3]);
 --             c is 1 with the live cap, else 0
 -- ARGV[1]     ttl in ms            ARGV[2]  the lock value with an empty fence
@@ -21,6 +23,8 @@
 -- ARGV[11]    the call's fairness value (lock_fair_by): parked by rounds across values
 --             (includes/handoff.lua's park_fair); '' parked in arrival order
 -- ARGV[12]    '1' when KEYS[N+8] is the live cap; '' none
+-- ARGV[13]    without ARGV[11]: the call's rank (its message's priority, higher: handed a
+--             slot sooner; includes/park_priority.lua); '' or 0: arrival order
 -- Returns     {slot, fence}: acquired the 1-based slot (also for a resend of the same token).
 --             integer -1: the finish record exists; nothing changed.
 --             string 'pttl|fence|acquired_at|pid|host|task_id': a slot is held by an
@@ -33,6 +37,8 @@
 --- @include "slot_queue"
 --- @include "finish_records"
 --- @include "take_lock"
+--- @include "live_rule"
+--- @include "park_priority"
 
 local n = tonumber(ARGV[4])
 local c = ARGV[12] == '1' and 1 or 0
@@ -40,7 +46,8 @@ local id, token = ARGV[7], string.sub(ARGV[2], 1, 32)
 local q = {starts = KEYS[n + 2], parked = KEYS[n + 3], messages = KEYS[n + 4],
            index = KEYS[n + 5], rule = KEYS[n + 6], rounds = KEYS[n + 7], name = ARGV[9],
            reserve = tonumber(ARGV[10]), rate = tonumber(ARGV[5]), window = tonumber(ARGV[6]),
-           cap = c == 1 and tonumber(redis.call('GET', KEYS[n + 8])) or nil}
+           cap = nil, paused = nil}
+q.cap, q.paused = live_rule(c == 1 and KEYS[n + 8] or nil)
 if KEYS[n + 8 + c] and is_finished(KEYS[n + 8 + c], id) then
   return -1
 end
@@ -50,7 +57,7 @@ if mine then
   return {mine, fence_of(redis.call('GET', KEYS[mine]))}
 end
 local now = now_ms()
-local take, handed = reserved[id], {}
+local take, handed = not q.paused and reserved[id], {}
 if not take and copy then
   return redis.call('PTTL', KEYS[copy]) .. '|' .. string.sub(redis.call('GET', KEYS[copy]), 34)
 end
@@ -84,7 +91,7 @@ local position
 if ARGV[11] ~= '' then
   position = park_fair(q.parked, q.messages, q.rounds, id, ARGV[8], ARGV[11])
 else
-  position = park(q.parked, q.messages, id, ARGV[8])
+  position = park_ranked(q.parked, q.messages, q.rounds, id, ARGV[8], tonumber(ARGV[13]) or 0)
 end
 redis.call('SET', q.rule, n .. '|' .. ARGV[5] .. '|' .. ARGV[6] .. '|'
            .. (c == 1 and KEYS[n + 8] or ''))

@@ -8,7 +8,8 @@
 -- KEYS[N+2]   parked task ids       KEYS[N+3]  parked messages      KEYS[N+4]  hand-off index
 -- KEYS[N+5]   the lock's rule       KEYS[N+6]  the lock's parked rounds (deleted with the last
 --             parked call)
--- KEYS[N+7]   with ARGV[10] '1': the task's live cap (see includes/slot_queue.lua's capped)
+-- KEYS[N+7]   with ARGV[10] '1': the task's live rule (includes/live_rule.lua: a cap, see
+--             includes/slot_queue.lua's capped, and a pause: no slot handed on meanwhile)
 -- KEYS[N+7+c] optional ('release' only): the finish-record set (as release.lua's KEYS[2]); c
 --             is 1 with the live cap, else 0
 -- ARGV[1]     N   ARGV[2]  the rate's starts ('' none)   ARGV[3]  its window in ms
@@ -36,13 +37,15 @@
 --- @include "finish_records"
 --- @include "cooldown"
 --- @include "announce"
+--- @include "live_rule"
 
 local n, mode = tonumber(ARGV[1]), ARGV[4]
 local c = ARGV[10] == '1' and 1 or 0
 local q = {starts = KEYS[n + 1], parked = KEYS[n + 2], messages = KEYS[n + 3],
            index = KEYS[n + 4], rule = KEYS[n + 5], rounds = KEYS[n + 6], name = ARGV[7],
            reserve = tonumber(ARGV[8]), rate = tonumber(ARGV[2]), window = tonumber(ARGV[3]),
-           cap = c == 1 and tonumber(redis.call('GET', KEYS[n + 7])) or nil}
+           cap = nil, paused = nil}
+q.cap, q.paused = live_rule(c == 1 and KEYS[n + 7] or nil)
 local done, max = 1, n
 if mode == 'release' then
   local slot

@@ -46,10 +46,10 @@ from celery_singleton_lock.engine.lease import (
 )
 from celery_singleton_lock.engine.postgres.cancels import PostgresCancels
 from celery_singleton_lock.engine.postgres.capabilities import POSTGRES
-from celery_singleton_lock.engine.postgres.caps import PostgresCaps
 from celery_singleton_lock.engine.postgres.connections import Connections, split_url
 from celery_singleton_lock.engine.postgres.cooldown import PostgresCooldown
 from celery_singleton_lock.engine.postgres.latest import PostgresLatest
+from celery_singleton_lock.engine.postgres.live_rules import PostgresLiveRules
 from celery_singleton_lock.engine.postgres.markers import PostgresMarkers
 from celery_singleton_lock.engine.postgres.parked_reading import ParkedReads
 from celery_singleton_lock.engine.postgres.parking import PostgresParking
@@ -130,7 +130,8 @@ class PostgresLocker:
         self.markers = PostgresMarkers(
             self.connections, self.schema, self.statements, self.prefix, self.ready
         )
-        self.caps = PostgresCaps(self.connections, self.schema, self.ready)
+        #: live caps (no pause: its pause and resume refuse, naming this backend)
+        self.live_rules = PostgresLiveRules(self.connections, self.schema, self.prefix, self.ready)
         # -- end of admission
 
     def keys(self, name: str) -> LockKeys:

@@ -10,7 +10,7 @@ module of its tasks; a task's name is its module's (``tests.celery.tasks.policie
   :mod:`.join`: ``on_duplicate="join"``; :mod:`.dedupe`: ``dedupe_on_enqueue``;
   :mod:`.limits`: ``lock_limit``, ``lock_rate``, ``lock_cooldown``;
   :mod:`.models`: pydantic models as arguments (``pydantic=True``); :mod:`.restart`:
-  ``on_duplicate="restart"``;
+  ``on_duplicate="restart"``; :mod:`.pausing`: ``celery locks pause``, ``pause_for``;
 - :mod:`.compat`: the ``QueueOnce`` / ``Singleton`` drop-ins;
 - :mod:`.runtime`: what a body sees of its lock, acquires the server cannot grant;
   :mod:`.scope`: every path after the acquire releases; :mod:`.exits`: every way a task ends;

@@ -51,3 +51,40 @@ def notify_by_mail(self: LockedTask, tenant: str, address: str) -> str:
 @app.task(bind=True, base=LockedTask, lock_ttl=5, **NOTIFY)
 def notify_by_sms(self: LockedTask, tenant: str, number: str) -> str:
     return gated_body(tenant, self.request.id)
+
+
+#: one lock for the whole group (lock_on=()), two slots, parked calls served round robin by
+#: tenant; acks_late, so that a killed worker's running call is delivered again (the chaos
+#: test tests/chaos/test_group_fair_kills.py)
+FAIR = {
+    "lock_group": "fair-api",
+    "lock_on": (),
+    "lock_limit": 2,
+    "on_duplicate": QUEUE,
+    "lock_fair_by": ("tenant",) if QUEUE == "queue" else None,
+    "acks_late": True,
+    "lock_ttl": 3,
+}
+
+
+def _recorded(task: LockedTask, tenant: str, run: str, seconds: float) -> str:
+    """Record the body's start (``starts:<run>``: task id|tenant|pid|time) and, if it ends,
+    its end (``ends:<run>``: task id|time)."""
+    import os
+    import time
+
+    r = store()
+    r.rpush(f"starts:{run}", f"{task.request.id}|{tenant}|{os.getpid()}|{time.time()}")
+    time.sleep(seconds)
+    r.rpush(f"ends:{run}", f"{task.request.id}|{time.time()}")
+    return tenant
+
+
+@app.task(bind=True, base=LockedTask, **FAIR)
+def fair_charge(self: LockedTask, tenant: str, run: str, seconds: float = 1.0) -> str:
+    return _recorded(self, tenant, run, seconds)
+
+
+@app.task(bind=True, base=LockedTask, **FAIR)
+def fair_refund(self: LockedTask, tenant: str, run: str, seconds: float = 1.0) -> str:
+    return _recorded(self, tenant, run, seconds)

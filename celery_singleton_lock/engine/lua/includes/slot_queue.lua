@@ -31,6 +31,7 @@
 --- @include "lock_value"
 --- @include "handoff"
 --- @include "rate"
+--- @include "live_rule"
 
 -- The slots KEYS[1..n] now: free slot indices (in order), parked ids holding a reservation
 -- (id -> slot), the slot holding token (or nil), the slot held by an execution of task id
@@ -66,6 +67,7 @@ end
 -- The live cap (`celery locks limit`): at most q.cap slots taken at once (held, reserved or
 -- cooling), whatever N; the free slots beyond it are not free. `free` is survey's list.
 local function capped(q, n, free)
+  free = paused_free(q, free)
   if q.cap then
     local allowed = math.max(q.cap - (n - #free), 0)
     while #free > allowed do
@@ -135,5 +137,6 @@ local function schedule(n, q, now)
   if first_pttl and (not due or now + first_pttl < due) then
     due = now + first_pttl
   end
+  due = paused_due(q, now, due)
   redis.call('ZADD', q.index, due or (now + q.reserve), q.name)
 end

@@ -185,9 +185,11 @@ class PostgresParking:
         remember_for: Optional[float] = None,
         cap_key: str = "",
     ) -> tuple[bool, list[bytes]]:
-        """As :meth:`release_to_next`, for the mutex (``limit`` 1, no rate, cooldown nor live
-        cap: the capabilities refuse them with a queue on PostgreSQL)."""
-        refuse_slots(limit, rate, lease.key, cooldown or cap_key)
+        """As :meth:`release_to_next`, for the mutex (``limit`` 1, no rate nor cooldown: the
+        capabilities refuse them with a queue on PostgreSQL). ``cap_key`` is not read: every
+        task names its family's live-rule key, and a cap bounds slots a one-holder queue
+        does not have."""
+        refuse_slots(limit, rate, lease.key, cooldown)
         owned, handed = self.release_to_next(
             lease, reservation_ttl=reservation_ttl, remember_for=remember_for
         )

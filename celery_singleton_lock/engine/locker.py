@@ -201,7 +201,7 @@ class RedisLocker:
         self.releases.settle()
 
     def release_abandoned(
-        self, name: str, *, task_id: str, host: str, pid: int, slot: int = 1
+        self, name: str, *, task_id: str, host: str, pid: int, slot: Optional[int] = None
     ) -> bool:
         """See :meth:`.releases.Releases.release_abandoned`."""
         return self.releases.release_abandoned(name, task_id=task_id, host=host, pid=pid, slot=slot)

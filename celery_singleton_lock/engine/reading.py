@@ -31,25 +31,46 @@ class LockInspector:
         self.prefix = validate_prefix(prefix)
 
     def read(self, name: str) -> Optional[LockHolder]:
-        """The holder of lock ``name``, or None when it is free.
+        """The holder of lock ``name``, or None when it is free: its lock key's, else (a lock
+        taken by several holders, :mod:`.slots`) its lowest slot's.
 
         Raises:
             LockNotOwnedError: the lock's key holds data this package did not write.
         """
-        return next(
-            iter(self._read_many([LockKeys.build(self.prefix, name).lock], strict=True)), None
-        )
+        return next(iter(self._holders(LockKeys.build(self.prefix, name), None)), None)
 
     def holders(self, name: str, limit: int) -> list[LockHolder]:
-        """The holders of the ``limit`` slots of lock ``name`` (:mod:`.slots`), in one round
-        trip; a free slot has none.
+        """The holders of the first ``limit`` slots of lock ``name`` (its lock key as slot 1,
+        and its slot table, :mod:`.slots`), slot by slot, in one round trip; a free slot has
+        none.
 
         Raises:
-            LockNotOwnedError: a slot's key holds data this package did not write.
+            LockNotOwnedError: the lock key holds data this package did not write.
         """
-        keys = LockKeys.build(self.prefix, name)
-        slot_keys = [slots.slot_key(keys, slot) for slot in range(1, limit + 1)]
-        return self._read_many(slot_keys, strict=True)
+        return self._holders(LockKeys.build(self.prefix, name), limit)
+
+    def _holders(self, keys: LockKeys, limit: Optional[int]) -> list[LockHolder]:
+        """The holder of the lock key of ``keys`` and those of its slot table up to slot
+        ``limit`` (None: every slot), in one pipelined round trip."""
+        table = keys.slot_table
+
+        def fetch() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.get(keys.lock)
+            pipe.pttl(keys.lock)
+            pipe.pttl(table[0])
+            pipe.zrange(table[0], 0, -1, withscores=True)
+            pipe.hgetall(table[1])
+            return pipe.execute()
+
+        value, pttl, table_pttl, taken, values = server_errors.call(fetch, keys.lock)
+        held = []
+        if value is not None:
+            holder = LockHolder.from_value(keys.lock, value, pttl)
+            if holder is None:
+                raise server_errors.not_a_lock(keys.lock)
+            held.append(holder)
+        return held + _slot_holders(keys, table_pttl, taken, values, limit)
 
     def per_server(self, name: str) -> list[tuple[str, Any]]:
         """``(server, holder or None or the error)`` of lock ``name``: one server's view here
@@ -123,21 +144,50 @@ class LockInspector:
         """Every lock under this prefix, via ``SCAN`` (never ``KEYS``) plus pipelined reads.
 
         The pattern ``prefix:{*}`` only matches lock keys (a fence counter key ends in
-        ``}:fence``), then ``prefix:{*}:slot:*`` the further slots of locks taken by several
-        holders (:mod:`.slots`); string keys there that are not lock values are skipped.
+        ``}:fence``), then ``prefix:{*}:slots`` the slot tables of locks taken by several
+        holders (:mod:`.slots`, each slot a holder of its own); string keys there that are not
+        lock values are skipped.
         """
         batch: list[str] = []
         try:
-            for pattern in (f"{self.prefix}:{{*}}", f"{self.prefix}:{{*}}:slot:*"):
-                for raw in self.client.scan_iter(match=pattern, count=count, _type="string"):
-                    batch.append(as_text(raw))
-                    if len(batch) >= count:
-                        yield from self._read_many(batch, strict=False)
-                        batch = []
+            pattern = f"{self.prefix}:{{*}}"
+            for raw in self.client.scan_iter(match=pattern, count=count, _type="string"):
+                batch.append(as_text(raw))
+                if len(batch) >= count:
+                    yield from self._read_many(batch, strict=False)
+                    batch = []
+            if batch:
+                yield from self._read_many(batch, strict=False)
+                batch = []
+            pattern = f"{self.prefix}:{{*}}:slots"
+            for raw in self.client.scan_iter(match=pattern, count=count, _type="zset"):
+                batch.append(as_text(raw)[: -len(":slots")])
+                if len(batch) >= count:
+                    yield from self._read_tables(batch)
+                    batch = []
         except server_errors.BACKEND_ERRORS as exc:
             raise LockBackendUnavailable(f"lock server unavailable during SCAN: {exc}") from exc
         if batch:
-            yield from self._read_many(batch, strict=False)
+            yield from self._read_tables(batch)
+
+    def _read_tables(self, locks: list[str]) -> list[LockHolder]:
+        """The holders of the slot tables of ``locks`` (full lock keys), in one round trip."""
+
+        def fetch() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            for lock in locks:
+                pipe.pttl(f"{lock}:slots")
+                pipe.zrange(f"{lock}:slots", 0, -1, withscores=True)
+                pipe.hgetall(f"{lock}:slot-values")  # LockKeys.slot_table
+            return pipe.execute()
+
+        replies = server_errors.call(fetch, locks[0])
+        held: list[LockHolder] = []
+        for index, lock in enumerate(locks):
+            table_pttl, taken, values = replies[3 * index : 3 * index + 3]
+            keys = LockKeys(lock, f"{lock}:released")
+            held += _slot_holders(keys, table_pttl, taken, values, None)
+        return held
 
     def queued_names(self, count: int = 500) -> Iterator[str]:
         """The names of the locks under this prefix that have a queued marker (enqueue
@@ -169,6 +219,29 @@ class LockInspector:
             elif strict:
                 raise server_errors.not_a_lock(key)
         return holders
+
+
+def _slot_holders(
+    keys: LockKeys, table_pttl: Any, taken: Any, values: Any, limit: Optional[int]
+) -> list[LockHolder]:
+    """The holders of a slot table read as ``PTTL slots``, ``ZRANGE slots 0 -1 WITHSCORES``
+    and ``HGETALL slot-values`` (:mod:`.slots`): its live slots up to ``limit`` (None: all),
+    in slot order; a slot whose time has come is free. The server's clock is read from the
+    table itself: its keys expire 1 ms after its last slot (lua/includes/slot_table.lua), so
+    now is that slot's score + 1 - the PTTL (no TIME: a cluster pipeline refuses it)."""
+    if not taken or table_pttl is None or int(table_pttl) < 0:
+        return []
+    now_ms = int(max(expiry for _, expiry in taken)) + 1 - int(table_pttl)
+    texts = {as_text(slot): value for slot, value in values.items()}
+    held = []
+    for raw, expiry in taken:
+        slot, left = as_text(raw), int(expiry) - now_ms
+        if left <= 0 or not slot.isdigit() or (limit is not None and int(slot) > limit):
+            continue
+        holder = LockHolder.from_value(slots.slot_key(keys, int(slot)), texts.get(slot), left)
+        if holder is not None:
+            held.append(holder)
+    return sorted(held, key=lambda holder: slots.slot_of(holder.key))
 
 
 def server_address(client: Any) -> str:

@@ -1,5 +1,5 @@
 """Up to N holders of one lock name, and a rate of starts (``lock_limit``, ``lock_rate``): one
-of N slots taken in one round trip (lua/acquire_slot.lua, with the slot keys of
+of N slots taken in one round trip (lua/acquire_slot.lua, on the lock's slot table,
 :mod:`..slots`). Parking behind the slots is :mod:`.slot_queue`'s job."""
 
 from __future__ import annotations
@@ -52,9 +52,7 @@ class Slots:
             slot, fence = int(reply[0]), int(reply[1])
             if slot == 0:  # over the rate: ``fence`` is the wait in ms
                 return LockHolder(keys.lock, "", "", None, None, None, fence / 1000.0, False, True)
-            lease = issuer.lease(
-                request, slots.slot_keys(keys, slot), token, owner, fence or None, sent_at
-            )
+            lease = issuer.lease(request, keys, token, owner, fence or None, sent_at, slot=slot)
             log_acquire.debug("acquired %s (fence=%s)", lease.key, lease.fence)
             return lease
         if reply == -1:

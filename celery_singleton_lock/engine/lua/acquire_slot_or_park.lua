@@ -2,16 +2,15 @@
 -- message behind the lock's N slots in arrival order, in one round trip. A free slot goes
 -- to the oldest parked id without a reservation (reserved here, its message returned for
 -- the caller to publish), not to a newer caller; a slot reserved for this id is taken over.
--- (How the slots are handed on: includes/slot_queue.lua.)
--- KEYS[1..N]  the N slot keys, slot 1 first (as acquire_slot.lua)
--- KEYS[N+1]   shared fence counter
--- KEYS[N+2]   the lock's starts (sorted set, as acquire_slot.lua), used with ARGV[5] only
--- KEYS[N+3]   parked task ids (sorted set)   KEYS[N+4]  parked messages (hash)
--- KEYS[N+5]   hand-off index           KEYS[N+6]  the lock's rule (see includes/slot_queue.lua)
--- KEYS[N+7]   the lock's parked rounds (hash, see includes/handoff.lua), used with ARGV[11]
--- KEYS[N+8]   with ARGV[12] '1': the task's live cap (a string: at most that many slots taken,
---             see includes/slot_queue.lua's capped)
--- KEYS[N+8+c] optional: the finish-record set to look in (as acquire_slot.lua's KEYS[N+3]);
+-- (How the slots are handed on: includes/slot_queue.lua; the slot table: slot_table.lua.)
+-- KEYS[1..4]  the lock's slot table: slots, slot-values, slot-index, slot-free
+-- KEYS[5]     shared fence counter
+-- KEYS[6]     the lock's starts (sorted set, as acquire_slot.lua), used with ARGV[5] only
+-- KEYS[7]     parked task ids (sorted set)   KEYS[8]  parked messages (hash)
+-- KEYS[9]     hand-off index           KEYS[10] the lock's rule (see includes/slot_queue.lua)
+-- KEYS[11]    the lock's parked rounds (hash, see includes/handoff.lua), used with ARGV[11]
+-- KEYS[12]    with ARGV[12] '1': the task's live cap (includes/live_cap.lua)
+-- KEYS[12+c]  optional: the finish-record set to look in (as acquire_slot.lua's KEYS[7]);
 --             c is 1 with the live cap, else 0
 -- ARGV[1]     ttl in ms            ARGV[2]  the lock value with an empty fence
 -- ARGV[3]     '1' to hand out a fence    ARGV[4]  N
@@ -20,7 +19,7 @@
 -- ARGV[9]     the lock name (member of the index)   ARGV[10]  ms a reservation lives
 -- ARGV[11]    the call's fairness value (lock_fair_by): parked by rounds across values
 --             (includes/handoff.lua's park_fair); '' parked in arrival order
--- ARGV[12]    '1' when KEYS[N+8] is the live cap; '' none
+-- ARGV[12]    '1' when KEYS[12] is the live cap; '' none
 -- Returns     {slot, fence}: acquired the 1-based slot (also for a resend of the same token).
 --             integer -1: the finish record exists; nothing changed.
 --             string 'pttl|fence|acquired_at|pid|host|task_id': a slot is held by an
@@ -29,7 +28,6 @@
 --               was); holder as the string above for the slot that frees first ('' if none
 --               is taken), position this id's 1-based place, then the messages of the ids
 --               just handed a free slot (the caller publishes each).
---             error NOTLOCK: a slot key holds a string that is not a lock value.
 --- @include "slot_queue"
 --- @include "finish_records"
 --- @include "take_lock"
@@ -37,22 +35,31 @@
 local n = tonumber(ARGV[4])
 local c = ARGV[12] == '1' and 1 or 0
 local id, token = ARGV[7], string.sub(ARGV[2], 1, 32)
-local q = {starts = KEYS[n + 2], parked = KEYS[n + 3], messages = KEYS[n + 4],
-           index = KEYS[n + 5], rule = KEYS[n + 6], rounds = KEYS[n + 7], name = ARGV[9],
+local q = {S = slot_keys(1), starts = KEYS[6], parked = KEYS[7], messages = KEYS[8],
+           index = KEYS[9], rule = KEYS[10], rounds = KEYS[11], name = ARGV[9],
            reserve = tonumber(ARGV[10]), rate = tonumber(ARGV[5]), window = tonumber(ARGV[6]),
-           cap = c == 1 and tonumber(redis.call('GET', KEYS[n + 8])) or nil}
-if KEYS[n + 8 + c] and is_finished(KEYS[n + 8 + c], id) then
+           cap = c == 1 and live_cap(KEYS[12]) or nil}
+if KEYS[12 + c] and is_finished(KEYS[12 + c], id) then
   return -1
 end
-local free, reserved, mine, copy, first, first_pttl = survey(n, token, id)
-free = capped(q, n, free)
-if mine then
-  return {mine, fence_of(redis.call('GET', KEYS[mine]))}
-end
 local now = now_ms()
-local take, handed = reserved[id], {}
-if not take and copy then
-  return redis.call('PTTL', KEYS[copy]) .. '|' .. string.sub(redis.call('GET', KEYS[copy]), 34)
+slot_trim(q.S, now, 16)
+local mine, v = slot_by(q.S, token, now)
+if mine then
+  return {tonumber(mine), fence_of(v)}
+end
+local take, handed = reserved_for(q, id, now), {}
+if not take then
+  local copy, held = slot_by(q.S, 't:' .. id, now)
+  if copy then
+    local _, pttl = slot_read(q.S, copy, now)
+    return pttl .. '|' .. string.sub(held, 34)
+  end
+end
+local holder = ''  -- the slot that frees first before this call hands any on
+local first, first_pttl = slot_first(q.S, now)
+if first then
+  holder = first_pttl .. '|' .. string.sub(redis.call('HGET', q.S.values, first), 34)
 end
 if take then
   if q.rate then  -- its reservation counted as a start: its real start replaces it
@@ -60,13 +67,13 @@ if take then
     redis.call('ZADD', q.starts, now, token)
   end
 else
-  local reached
-  handed, free, reached = hand_slots(n, q, free, reserved, now, n, id)
-  if reached and #free > 0 then
+  local free, reached = room(q, n, now), nil
+  handed, free, reached = hand_slots(n, q, free, now, n, id)
+  if reached and free > 0 then
     redis.call('ZREM', q.starts, 'r:' .. id)
     if rate_wait(q.starts, q.rate, q.window, now) == 0 then
-      take = free[1]
-      if q.rate then
+      take = slot_number(q.S, n, now)
+      if take and q.rate then
         redis.call('ZADD', q.starts, now, token)
         redis.call('PEXPIRE', q.starts, q.window + q.reserve)
       end
@@ -75,10 +82,10 @@ else
 end
 if take then
   unpark(q.parked, q.messages, id)
-  redis.call('GET', KEYS[take])  -- survey's MGET reads a key of another type as nil
-  local fence = take_lock(KEYS[take], ARGV[2], ARGV[1], ARGV[3], KEYS[n + 1])
+  local value, fence = fenced(ARGV[2], ARGV[3], KEYS[5])
+  slot_put(q.S, take, value, now + tonumber(ARGV[1]))
   schedule(n, q, now)
-  return {take, fence}
+  return {tonumber(take), fence}
 end
 local position
 if ARGV[11] ~= '' then
@@ -87,12 +94,8 @@ else
   position = park(q.parked, q.messages, id, ARGV[8])
 end
 redis.call('SET', q.rule, n .. '|' .. ARGV[5] .. '|' .. ARGV[6] .. '|'
-           .. (c == 1 and KEYS[n + 8] or ''))
+           .. (c == 1 and KEYS[12] or ''))
 schedule(n, q, now)
-local holder = ''
-if first then
-  holder = first_pttl .. '|' .. string.sub(redis.call('GET', KEYS[first]), 34)
-end
 local reply = {holder, position}
 for _, message in ipairs(handed) do
   reply[#reply + 1] = message

@@ -1,23 +1,44 @@
--- Renew the leases of a process at once (the renewer's tick): each key's TTL replaced if it
--- still holds its owner's token.
--- KEYS[1..N]  lock keys
--- ARGV[1]     ttl in ms for every key without an override
--- ARGV[2]     the N tokens concatenated, 32 characters each, in KEYS order
--- ARGV[3..]   optional overrides, pairs: key index (1-based), ttl in ms for that key
--- Returns     the 1-based indices of the keys NOT renewed (gone, holding another token, or
---             not a string: left untouched); empty when every key was renewed. A renewed
---             key's TTL is REPLACED by its ttl, never added to.
-local ttl, tokens, override = ARGV[1], ARGV[2], {}
-for j = 3, #ARGV, 2 do
+-- Renew the leases of a process at once (the renewer's tick): each lease's TTL replaced if it
+-- is still held by its owner's token, whether it is a lock key or a slot of a lock taken by up
+-- to N holders (its slot table, includes/slot_table.lua: its expiry score replaced).
+-- KEYS        per lease, in order: its lock key, or (a slot, see ARGV[3]) its lock's four slot
+--             table keys (slots, slot-values, slot-index, slot-free)
+-- ARGV[1]     ttl in ms for every lease without an override
+-- ARGV[2]     the leases' tokens concatenated, 32 characters each, in order
+-- ARGV[3]     one character per lease: 'k' a lock key, 's' a slot; '' every lease a lock key
+-- ARGV[4..]   optional overrides, pairs: lease index (1-based), ttl in ms for that lease
+-- Returns     the 1-based indices of the leases NOT renewed (gone, holding another token, or
+--             not a string: left untouched); empty when every lease was renewed. A renewed
+--             TTL is REPLACED by its ttl, never added to.
+--- @include "slot_table"
+
+local ttl, tokens, layout, override = ARGV[1], ARGV[2], ARGV[3], {}
+for j = 4, #ARGV, 2 do
   override[tonumber(ARGV[j])] = ARGV[j + 1]
 end
-local lost, n = {}, 0
-for i = 1, #KEYS do
-  if redis.pcall('GETRANGE', KEYS[i], '0', '31') == string.sub(tokens, 32 * i - 31, 32 * i) then
-    redis.call('PEXPIRE', KEYS[i], override[i] or ttl)
+local lost, n, i, now = {}, 0, 1, nil
+for lease = 1, #tokens / 32 do
+  local token = string.sub(tokens, 32 * lease - 31, 32 * lease)
+  if layout == '' or string.sub(layout, lease, lease) == 'k' then
+    if redis.pcall('GETRANGE', KEYS[i], '0', '31') == token then
+      redis.call('PEXPIRE', KEYS[i], override[lease] or ttl)
+    else
+      n = n + 1
+      lost[n] = lease
+    end
+    i = i + 1
   else
-    n = n + 1
-    lost[n] = i
+    local S = slot_keys(i)
+    now = now or now_ms()
+    local slot = slot_by(S, token, now)
+    if slot then
+      redis.call('ZADD', S.slots, 'XX', now + tonumber(override[lease] or ttl), slot)
+      slot_expire(S)
+    else
+      n = n + 1
+      lost[n] = lease
+    end
+    i = i + 4
   end
 end
 return lost

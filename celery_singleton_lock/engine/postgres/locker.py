@@ -225,7 +225,7 @@ class PostgresLocker:
         return checks.release_all(self)
 
     def release_abandoned(
-        self, name: str, *, task_id: str, host: str, pid: int, slot: int = 1
+        self, name: str, *, task_id: str, host: str, pid: int, slot: Optional[int] = None
     ) -> bool:
         """Free the lock ``name`` of a dead execution, matched by its owner fields; True if
         it was held by that owner (one slot here: its capabilities refuse more)."""

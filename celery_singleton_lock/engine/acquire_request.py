@@ -58,6 +58,12 @@ class AcquireRequest(NamedTuple):
     #: with ``limit`` (or ``rate``): the key of the task's live cap (``celery locks limit``),
     #: at most that many slots taken at once whatever ``limit`` says ("": none is read)
     cap_key: str = ""
+    #: the lock's holders live in its slot table (:mod:`.slots`) even when ``limit`` is 1 and
+    #: no rate is asked: chosen once per task (a ``lock_limit`` other than the static 1, a
+    #: rate, policy ``queue``), so that every call of the task, whatever its limit, sees the
+    #: others; False: the lock key, unless ``limit``, ``rate`` or ``park`` (not ``latest``)
+    #: ask for the slot table
+    slotted: bool = False
 
     def for_call(
         self, name: str, owner: Optional[Owner], max_lifetime: Optional[float]

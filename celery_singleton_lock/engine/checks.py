@@ -74,6 +74,7 @@ def try_acquire(
     finished_ttl: float = 3600.0,
     fair: str = "",
     cap_key: str = "",
+    slotted: bool = False,
 ) -> AcquireOutcome:
     """Take the lock ``name`` for ``ttl`` seconds, without waiting: ``backend.acquire`` of an
     :class:`AcquireRequest` of these arguments (each backend's ``try_acquire``).
@@ -123,6 +124,9 @@ def try_acquire(
             lua/includes/handoff.lua); "" for arrival order.
         cap_key: with ``limit`` or ``rate``: the key of a live cap (an integer string):
             at most that many slots are taken at once, whatever ``limit`` says.
+        slotted: keep the lock in its slot table even with one slot and no rate (see
+            :mod:`.slots`): as every other call of ``name`` does (a task whose limit may be
+            1 for some calls, or whose calls queue).
 
     Raises:
         AlreadyFinished: with ``unless_finished``, that record exists.
@@ -152,6 +156,7 @@ def try_acquire(
             finished_ttl,
             fair=fair,
             cap_key=cap_key,
+            slotted=slotted,
         )
     )
 

@@ -158,7 +158,7 @@ class RedisLocker:
             if request.latest is not None:
                 return self.mutex.acquire(request, owner, self.latest)
             return self.queue.acquire(request, owner)
-        if request.limit != 1 or request.rate is not None:
+        if request.slotted or request.limit != 1 or request.rate is not None:
             return self.slots.acquire(request, owner)
         return self.mutex.acquire(request, owner)
 
@@ -173,6 +173,7 @@ class RedisLocker:
             and connections.keeps_connections
             and request.limit == 1
             and request.rate is None
+            and not request.slotted
             and request.park is None
             and not request.min_replicas
             and request.token is None

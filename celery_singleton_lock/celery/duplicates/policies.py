@@ -47,6 +47,9 @@ class DuplicatePolicy:
     #: the holder's release hands the lock on to it: :meth:`park`, :meth:`parked`,
     #: :meth:`release` (and a finish record keeps a hand-off sent twice from running twice)
     parks: ClassVar[bool] = False
+    #: it parks calls behind the slots of the lock's slot table (engine/slots.py), one slot
+    #: or many: every call of the task keeps its lock there (``LockOptions.slotted``)
+    parks_behind_slots: ClassVar[bool] = False
     #: a held lock sends the message again later: with ``dedupe_on_enqueue`` the acquire keeps
     #: the call's queued marker meanwhile
     resends: ClassVar[bool] = False
@@ -185,6 +188,7 @@ class Queue(DuplicatePolicy):
 
     name = "queue"
     parks = True
+    parks_behind_slots = True
     waits_when_eager = True
     stores_state = True
     orders_parked = True

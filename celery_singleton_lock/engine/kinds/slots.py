@@ -12,6 +12,7 @@ from celery_singleton_lock.engine import lease as _lease
 from celery_singleton_lock.engine import server_errors, slots
 from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
 from celery_singleton_lock.engine.kinds.issuer import Issuer
+from celery_singleton_lock.engine.kinds.mutex import confirm_replicas, send
 from celery_singleton_lock.engine.lease import LockHolder, Owner, already_finished, new_token
 from celery_singleton_lock.engine.lua_scripts import source
 from celery_singleton_lock.engine.redis_server import RedisServer
@@ -47,12 +48,13 @@ class Slots:
             request.unless_finished,
             "" if self.server.cluster else request.cap_key,  # keys.cap_key: not a cluster's
         )
-        reply = self.server.run(self._acquire_slot, keys.lock, script_keys, args, pinned=True)
+        reply, acknowledged = send(self.server, self._acquire_slot, keys, script_keys, args, request)
         if type(reply) is list:
             slot, fence = int(reply[0]), int(reply[1])
             if slot == 0:  # over the rate: ``fence`` is the wait in ms
                 return LockHolder(keys.lock, "", "", None, None, None, fence / 1000.0, False, True)
             lease = issuer.lease(request, keys, token, owner, fence or None, sent_at, slot=slot)
+            confirm_replicas(lease, acknowledged, request)
             log_acquire.debug("acquired %s (fence=%s)", lease.key, lease.fence)
             return lease
         if reply == -1:

@@ -1,7 +1,7 @@
 -- Renew the leases of a process at once (the renewer's tick): each lease's TTL replaced if it
 -- is still held by its owner's token, whether it is a lock key or a slot of a lock taken by up
 -- to N holders (its slot table, includes/slot_table.lua: its expiry score replaced).
--- KEYS        per lease, in order: its lock key, or (a slot, see ARGV[3]) its lock's four slot
+-- KEYS[i..]   per lease, in order: its lock key, or (a slot, see ARGV[3]) its lock's four slot
 --             table keys (slots, slot-values, slot-index, slot-free)
 -- ARGV[1]     ttl in ms for every lease without an override
 -- ARGV[2]     the leases' tokens concatenated, 32 characters each, in order

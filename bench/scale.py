@@ -195,14 +195,12 @@ def free_slot(client: Any, lease: Lease) -> None:
     if not lease.slot:
         client.delete(lease.key)
         return
-    slots, values, index, free = lease.keys.slot_table
+    slots, data = lease.keys.slot_table
     slot = str(lease.slot)
-    fields = (lease.token, f"o:{lease.owner.fields}", f"t:{lease.owner.task_id}")
+    fields = (f"v{slot}", lease.token, f"o:{lease.owner.fields}", f"t:{lease.owner.task_id}")
     pipe = client.pipeline(transaction=False)
-    pipe.zrem(slots, slot)
-    pipe.hdel(values, slot)
-    pipe.hdel(index, *fields)
-    pipe.zadd(free, {slot: lease.slot})
+    pipe.zadd(slots, {slot: lease.slot - 10**15})  # given back (lua/includes/slot_table.lua)
+    pipe.hdel(data, *fields)
     pipe.execute()
 
 

@@ -3,13 +3,13 @@
 Layout, for prefix ``P`` and lock name ``N``::
 
     P:{N}            the lock (a string with a TTL, see lua/includes/lock_value.lua)
-    P:{N}:slots, P:{N}:slot-values, P:{N}:slot-index, P:{N}:slot-free
+    P:{N}:slots, P:{N}:slot-data
                      the slot table of a lock taken by up to N holders (``lock_limit``,
                      ``lock_rate``, policy ``queue``; see slots.py and
-                     lua/includes/slot_table.lua): its slots by expiry, their lock values,
-                     the slot of each token, owner, task id and reservation, the numbers
-                     given back. Slot k is shown as ``P:{N}:slot:<k>`` (slot 1 as ``P:{N}``),
-                     a name, not a key of its own
+                     lua/includes/slot_table.lua): its slot numbers by when each frees (or
+                     given back), and their lock values with the slot of each token, owner,
+                     task id and reservation. Slot k is shown as ``P:{N}:slot:<k>`` (slot 1
+                     as ``P:{N}``), a name, not a key of its own
     P:{N}:starts     its recent acquisitions, token scored by the server's clock in ms, trimmed
                      to the window of ``lock_rate`` (see slots.py)
     P:{N}:released   the channel its releases are published on
@@ -99,10 +99,10 @@ class LockKeys(NamedTuple):
 
     @property
     def slot_table(self) -> list[str]:
-        """The four keys of this lock's slot table (``lock_limit``, lua/includes/slot_table.lua):
-        its slots by expiry, their values, its index, its free numbers."""
+        """The two keys of this lock's slot table (``lock_limit``, lua/includes/slot_table.lua):
+        its slot numbers by when each frees, and their values with its index."""
         lock = self.lock
-        return [f"{lock}:slots", f"{lock}:slot-values", f"{lock}:slot-index", f"{lock}:slot-free"]
+        return [f"{lock}:slots", f"{lock}:slot-data"]
 
     @property
     def parked(self) -> str:

@@ -60,7 +60,7 @@ class LockInspector:
             pipe.pttl(keys.lock)
             pipe.pttl(table[0])
             pipe.zrange(table[0], 0, -1, withscores=True)
-            pipe.hgetall(table[1])
+            pipe.hgetall(table[1])  # the values are its 'v<slot>' fields
             return pipe.execute()
 
         value, pttl, table_pttl, taken, values = server_errors.call(fetch, keys.lock)
@@ -178,7 +178,7 @@ class LockInspector:
             for lock in locks:
                 pipe.pttl(f"{lock}:slots")
                 pipe.zrange(f"{lock}:slots", 0, -1, withscores=True)
-                pipe.hgetall(f"{lock}:slot-values")  # LockKeys.slot_table
+                pipe.hgetall(f"{lock}:slot-data")  # LockKeys.slot_table
             return pipe.execute()
 
         replies = server_errors.call(fetch, locks[0])
@@ -225,14 +225,19 @@ def _slot_holders(
     keys: LockKeys, table_pttl: Any, taken: Any, values: Any, limit: Optional[int]
 ) -> list[LockHolder]:
     """The holders of a slot table read as ``PTTL slots``, ``ZRANGE slots 0 -1 WITHSCORES``
-    and ``HGETALL slot-values`` (:mod:`.slots`): its live slots up to ``limit`` (None: all),
-    in slot order; a slot whose time has come is free. The server's clock is read from the
-    table itself: its keys expire 1 ms after its last slot (lua/includes/slot_table.lua), so
-    now is that slot's score + 1 - the PTTL (no TIME: a cluster pipeline refuses it)."""
+    and ``HGETALL slot-data`` (:mod:`.slots`): its live slots up to ``limit`` (None: all),
+    in slot order; a slot whose time has come, or given back (a score below 0), is free. The
+    server's clock is read from the table itself: its keys expire 1 ms after its last slot
+    (lua/includes/slot_table.lua), so now is that slot's score + 1 - the PTTL (no TIME: a
+    cluster pipeline refuses it)."""
     if not taken or table_pttl is None or int(table_pttl) < 0:
         return []
     now_ms = int(max(expiry for _, expiry in taken)) + 1 - int(table_pttl)
-    texts = {as_text(slot): value for slot, value in values.items()}
+    texts = {
+        text[1:]: value
+        for text, value in ((as_text(f), v) for f, v in values.items())
+        if text[0] == "v"
+    }
     held = []
     for raw, expiry in taken:
         slot, left = as_text(raw), int(expiry) - now_ms

@@ -1,15 +1,15 @@
 -- Take one of the N slots of a lock (lock_limit), as far as the rate allows (lock_rate), on
 -- the slot table of includes/slot_table.lua: O(log n) whatever N (no slot is read one by one).
--- KEYS[1..4]  the lock's slot table: slots, slot-values, slot-index, slot-free
--- KEYS[5]     the shared fence counter (see includes/take_lock.lua)
--- KEYS[6]     the lock's body starts (sorted set: token scored by the server's clock in ms,
+-- KEYS[1..2]  the lock's slot table: slots, slot-data
+-- KEYS[3]     the shared fence counter (see includes/take_lock.lua)
+-- KEYS[4]     the lock's body starts (sorted set: token scored by the server's clock in ms,
 --             see includes/rate.lua), used with ARGV[5] only
--- KEYS[7]     the finish-record set of the owner's task id (as acquire.lua's KEYS[3]), used
+-- KEYS[5]     the finish-record set of the owner's task id (as acquire.lua's KEYS[3]), used
 --             with ARGV[8] only: when the record lives, nothing is taken
--- KEYS[8]     optional: the task's live cap (includes/live_cap.lua)
+-- KEYS[6]     optional: the task's live cap (includes/live_cap.lua)
 -- ARGV[1]     ttl in ms
 -- ARGV[2]     the lock value with an empty fence: '<token>||<acquired_at>|<pid>|<host>|<task_id>'
--- ARGV[3]     '1' to hand out a fence (from KEYS[5]), '0' not to
+-- ARGV[3]     '1' to hand out a fence (from KEYS[3]), '0' not to
 -- ARGV[4]     N
 -- ARGV[5]     at most this many starts (acquisitions) in any window of ARGV[6] ms; '' none
 -- ARGV[7]     the owner's task id
@@ -31,38 +31,36 @@
 --- @include "live_cap"
 
 local n, rate = tonumber(ARGV[4]), tonumber(ARGV[5])
-if ARGV[8] ~= '' and is_finished(KEYS[7], ARGV[7]) then
+if ARGV[8] ~= '' and is_finished(KEYS[5], ARGV[7]) then
   return -1
 end
 local S, now = slot_keys(1), now_ms()
-slot_trim(S, now, 16)
 local mine, v = slot_by(S, string.sub(ARGV[2], 1, 32), now)
 if mine then
   return {tonumber(mine), fence_of(v)}
 end
 local taken = slots_taken(S, now)
 local free = taken < n
-local cap = free and live_cap(KEYS[8])
+local cap = free and live_cap(KEYS[6])
 if cap and taken >= cap then
   free = false
 end
 local slot = free and slot_number(S, n, now)
 if slot and rate then
-  local wait = rate_wait(KEYS[6], rate, tonumber(ARGV[6]), now)
+  local wait = rate_wait(KEYS[4], rate, tonumber(ARGV[6]), now)
   if wait > 0 then
     return {0, wait}
   end
-  redis.call('ZADD', KEYS[6], now, string.sub(ARGV[2], 1, 32))
-  redis.call('PEXPIRE', KEYS[6], ARGV[6])
+  redis.call('ZADD', KEYS[4], now, string.sub(ARGV[2], 1, 32))
+  redis.call('PEXPIRE', KEYS[4], ARGV[6])
 end
 if slot then
-  local value, fence = fenced(ARGV[2], ARGV[3], KEYS[5])
-  slot_put(S, slot, value, now + tonumber(ARGV[1]))
-  slot_expire(S)
+  local value, fence = fenced(ARGV[2], ARGV[3], KEYS[3])
+  slot_put(S, slot, value, now, tonumber(ARGV[1]), nil)
   return {tonumber(slot), fence}
 end
 local first, pttl = slot_first(S, now)
 if not first then  -- capped with no slot held: nothing to name
   return {0, 1000}
 end
-return pttl .. '|' .. string.sub(redis.call('HGET', S.values, first), 34)
+return pttl .. '|' .. string.sub(redis.call('HGET', S.data, 'v' .. first), 34)

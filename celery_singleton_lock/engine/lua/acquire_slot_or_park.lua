@@ -3,14 +3,14 @@
 -- to the oldest parked id without a reservation (reserved here, its message returned for
 -- the caller to publish), not to a newer caller; a slot reserved for this id is taken over.
 -- (How the slots are handed on: includes/slot_queue.lua; the slot table: slot_table.lua.)
--- KEYS[1..4]  the lock's slot table: slots, slot-values, slot-index, slot-free
--- KEYS[5]     shared fence counter
--- KEYS[6]     the lock's starts (sorted set, as acquire_slot.lua), used with ARGV[5] only
--- KEYS[7]     parked task ids (sorted set)   KEYS[8]  parked messages (hash)
--- KEYS[9]     hand-off index           KEYS[10] the lock's rule (see includes/slot_queue.lua)
--- KEYS[11]    the lock's parked rounds (hash, see includes/handoff.lua), used with ARGV[11]
--- KEYS[12]    with ARGV[12] '1': the task's live cap (includes/live_cap.lua)
--- KEYS[12+c]  optional: the finish-record set to look in (as acquire_slot.lua's KEYS[7]);
+-- KEYS[1..2]  the lock's slot table: slots, slot-data
+-- KEYS[3]     shared fence counter
+-- KEYS[4]     the lock's starts (sorted set, as acquire_slot.lua), used with ARGV[5] only
+-- KEYS[5]     parked task ids (sorted set)   KEYS[6]  parked messages (hash)
+-- KEYS[7]     hand-off index           KEYS[8]  the lock's rule (see includes/slot_queue.lua)
+-- KEYS[9]     the lock's parked rounds (hash, see includes/handoff.lua), used with ARGV[11]
+-- KEYS[10]    with ARGV[12] '1': the task's live cap (includes/live_cap.lua)
+-- KEYS[10+c]  optional: the finish-record set to look in (as acquire_slot.lua's KEYS[5]);
 --             c is 1 with the live cap, else 0
 -- ARGV[1]     ttl in ms            ARGV[2]  the lock value with an empty fence
 -- ARGV[3]     '1' to hand out a fence    ARGV[4]  N
@@ -19,7 +19,7 @@
 -- ARGV[9]     the lock name (member of the index)   ARGV[10]  ms a reservation lives
 -- ARGV[11]    the call's fairness value (lock_fair_by): parked by rounds across values
 --             (includes/handoff.lua's park_fair); '' parked in arrival order
--- ARGV[12]    '1' when KEYS[12] is the live cap; '' none
+-- ARGV[12]    '1' when KEYS[10] is the live cap; '' none
 -- Returns     {slot, fence}: acquired the 1-based slot (also for a resend of the same token).
 --             integer -1: the finish record exists; nothing changed.
 --             string 'pttl|fence|acquired_at|pid|host|task_id': a slot is held by an
@@ -35,11 +35,11 @@
 local n = tonumber(ARGV[4])
 local c = ARGV[12] == '1' and 1 or 0
 local id, token = ARGV[7], string.sub(ARGV[2], 1, 32)
-local q = {S = slot_keys(1), starts = KEYS[6], parked = KEYS[7], messages = KEYS[8],
-           index = KEYS[9], rule = KEYS[10], rounds = KEYS[11], name = ARGV[9],
+local q = {S = slot_keys(1), starts = KEYS[4], parked = KEYS[5], messages = KEYS[6],
+           index = KEYS[7], rule = KEYS[8], rounds = KEYS[9], name = ARGV[9],
            reserve = tonumber(ARGV[10]), rate = tonumber(ARGV[5]), window = tonumber(ARGV[6]),
-           cap = c == 1 and live_cap(KEYS[12]) or nil}
-if KEYS[12 + c] and is_finished(KEYS[12 + c], id) then
+           cap = c == 1 and live_cap(KEYS[10]) or nil}
+if KEYS[10 + c] and is_finished(KEYS[10 + c], id) then
   return -1
 end
 local now = now_ms()
@@ -48,7 +48,8 @@ local mine, v = slot_by(q.S, token, now)
 if mine then
   return {tonumber(mine), fence_of(v)}
 end
-local take, handed = reserved_for(q, id, now), {}
+local take, reservation = slot_by(q.S, 'r:' .. id, now)
+local handed = {}
 if not take then
   local copy, held = slot_by(q.S, 't:' .. id, now)
   if copy then
@@ -59,7 +60,7 @@ end
 local holder = ''  -- the slot that frees first before this call hands any on
 local first, first_pttl = slot_first(q.S, now)
 if first then
-  holder = first_pttl .. '|' .. string.sub(redis.call('HGET', q.S.values, first), 34)
+  holder = first_pttl .. '|' .. string.sub(redis.call('HGET', q.S.data, 'v' .. first), 34)
 end
 if take then
   if q.rate then  -- its reservation counted as a start: its real start replaces it
@@ -82,8 +83,8 @@ else
 end
 if take then
   unpark(q.parked, q.messages, id)
-  local value, fence = fenced(ARGV[2], ARGV[3], KEYS[5])
-  slot_put(q.S, take, value, now + tonumber(ARGV[1]))
+  local value, fence = fenced(ARGV[2], ARGV[3], KEYS[3])
+  slot_put(q.S, take, value, now, tonumber(ARGV[1]), reservation)
   schedule(n, q, now)
   return {tonumber(take), fence}
 end
@@ -94,7 +95,7 @@ else
   position = park(q.parked, q.messages, id, ARGV[8])
 end
 redis.call('SET', q.rule, n .. '|' .. ARGV[5] .. '|' .. ARGV[6] .. '|'
-           .. (c == 1 and KEYS[12] or ''))
+           .. (c == 1 and KEYS[10] or ''))
 schedule(n, q, now)
 local reply = {holder, position}
 for _, message in ipairs(handed) do

@@ -4,13 +4,13 @@
 -- oldest first, as far as the rate allows (includes/slot_queue.lua); or (ARGV[4] 'sent') the
 -- word that a handed id's message was published: its reservation, made short so that a death
 -- before the publish stalls nobody for long, now lives its full time.
--- KEYS[1..4]  the lock's slot table (includes/slot_table.lua)
--- KEYS[5]     the lock's starts (sorted set)
--- KEYS[6]     parked task ids       KEYS[7]  parked messages      KEYS[8]  hand-off index
--- KEYS[9]     the lock's rule       KEYS[10] the lock's parked rounds (deleted with the last
+-- KEYS[1..2]  the lock's slot table: slots, slot-data (includes/slot_table.lua)
+-- KEYS[3]     the lock's starts (sorted set)
+-- KEYS[4]     parked task ids       KEYS[5]  parked messages      KEYS[6]  hand-off index
+-- KEYS[7]     the lock's rule       KEYS[8]  the lock's parked rounds (deleted with the last
 --             parked call)
--- KEYS[11]    with ARGV[10] '1': the task's live cap (includes/live_cap.lua)
--- KEYS[11+c]  optional ('release' only): the finish-record set (as release.lua's KEYS[2]); c
+-- KEYS[9]     with ARGV[10] '1': the task's live cap (includes/live_cap.lua)
+-- KEYS[9+c]   optional ('release' only): the finish-record set (as release.lua's KEYS[2]); c
 --             is 1 with the live cap, else 0
 -- ARGV[1]     N   ARGV[2]  the rate's starts ('' none)   ARGV[3]  its window in ms
 -- ARGV[4]     'release', 'sweep', 'drop' or 'sent'
@@ -21,7 +21,7 @@
 -- ARGV[9]     'release': the cooldown in ms ('' none): the slot stays taken that long (as
 --             release_into_cooldown.lua), and is handed on when it ends; nothing is
 --             published then
--- ARGV[10]    '1' when KEYS[11] is the live cap; '' none
+-- ARGV[10]    '1' when KEYS[9] is the live cap; '' none
 -- ARGV[11..12] with the finish-record set: as release.lua's ARGV[3..4]
 -- The slots handed on are the first N, or fewer when the lock's rule (written by the newest
 -- parked call) names fewer: a limit lowered while calls are parked (a callable lock_limit)
@@ -39,10 +39,10 @@
 
 local n, mode = tonumber(ARGV[1]), ARGV[4]
 local c = ARGV[10] == '1' and 1 or 0
-local q = {S = slot_keys(1), starts = KEYS[5], parked = KEYS[6], messages = KEYS[7],
-           index = KEYS[8], rule = KEYS[9], rounds = KEYS[10], name = ARGV[7],
+local q = {S = slot_keys(1), starts = KEYS[3], parked = KEYS[4], messages = KEYS[5],
+           index = KEYS[6], rule = KEYS[7], rounds = KEYS[8], name = ARGV[7],
            reserve = tonumber(ARGV[8]), rate = tonumber(ARGV[2]), window = tonumber(ARGV[3]),
-           cap = c == 1 and live_cap(KEYS[11]) or nil}
+           cap = c == 1 and live_cap(KEYS[9]) or nil}
 local now = now_ms()
 local done, max = 1, n
 if mode == 'release' then
@@ -50,11 +50,11 @@ if mode == 'release' then
   if not slot then
     return {0}
   end
-  if KEYS[11 + c] then
-    record_finished(KEYS[11 + c], ARGV[11], ARGV[12])
+  if KEYS[9 + c] then
+    record_finished(KEYS[9 + c], ARGV[11], ARGV[12])
   end
   if ARGV[9] ~= '' then
-    slot_put(q.S, slot, cooled(v), now + tonumber(ARGV[9]))
+    slot_put(q.S, slot, cooled(v), now, tonumber(ARGV[9]), v)
   else
     slot_clear(q.S, slot)
     announce(ARGV[6], q.S.slots)
@@ -74,7 +74,7 @@ elseif mode == 'sent' then
   done = 0
   local slot = reserved_for(q, id, now)
   if slot then
-    redis.call('ZADD', q.S.slots, 'XX', now + q.reserve, slot)
+    slot_extend(q.S, slot, now, q.reserve)
     if q.rate then  -- its start counts at the latest it can now come (slot_queue.lua)
       redis.call('ZADD', q.starts, 'XX', now + q.reserve, 'r:' .. id)
       redis.call('PEXPIRE', q.starts, q.window + q.reserve)

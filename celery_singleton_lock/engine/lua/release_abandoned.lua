@@ -2,7 +2,7 @@
 -- holding a lock (it cannot know the child's token). The lock is looked for as a lock key,
 -- then as a slot of its slot table (a lock_limit, includes/slot_table.lua).
 -- KEYS[1]     lock key
--- KEYS[2..5]  its slot table: slots, slot-values, slot-index, slot-free
+-- KEYS[2..3]  its slot table: slots, slot-data
 -- ARGV[1]     '<pid>|<host>|<task_id>' of the dead holder, host escaped as in the lock value
 -- ARGV[2]     channel to publish the release on
 -- ARGV[3]     the slot number it held ('' any: the one its owner holds)
@@ -29,6 +29,6 @@ if not v or string.sub(v, 33, 33) ~= '|' or owner_of(v) ~= ARGV[1] then
   return 0
 end
 slot_clear(S, slot)
-slot_expire(S)
+slot_tidy(S, now)
 announce(ARGV[2], KEYS[1])
 return 1

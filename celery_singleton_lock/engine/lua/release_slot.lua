@@ -2,12 +2,12 @@
 -- by its owner's token, as release.lua releases a lock key: the number is free again and the
 -- release is published; or, with a cooldown (lock_cooldown), the slot stays taken by the run
 -- that ended until the cooldown is over (as release_into_cooldown.lua).
--- KEYS[1..4]  the lock's slot table: slots, slot-values, slot-index, slot-free
--- KEYS[5]     optional: the finish-record set of the owner's task id (as release.lua's KEYS[2])
+-- KEYS[1..2]  the lock's slot table: slots, slot-data
+-- KEYS[3]     optional: the finish-record set of the owner's task id (as release.lua's KEYS[2])
 -- ARGV[1]     token of the releasing owner (32 characters)
 -- ARGV[2]     channel to publish the release on
 -- ARGV[3]     the cooldown in ms; '' none
--- ARGV[4..5]  with KEYS[5]: as release.lua's ARGV[3..4]
+-- ARGV[4..5]  with KEYS[3]: as release.lua's ARGV[3..4]
 -- Returns     1 released (or into its cooldown); 0 not ours (expired, or taken over): nothing
 --             changed.
 --- @include "slot_table"
@@ -20,14 +20,14 @@ local slot, v = slot_by(S, ARGV[1], now)
 if not slot then
   return 0
 end
-if KEYS[5] then
-  record_finished(KEYS[5], ARGV[4], ARGV[5])
+if KEYS[3] then
+  record_finished(KEYS[3], ARGV[4], ARGV[5])
 end
 if ARGV[3] ~= '' then
-  slot_put(S, slot, cooled(v), now + tonumber(ARGV[3]))
+  slot_put(S, slot, cooled(v), now, tonumber(ARGV[3]), v)
 else
   slot_clear(S, slot)
+  slot_tidy(S, now)
 end
-slot_expire(S)
 announce(ARGV[2], S.slots)
 return 1

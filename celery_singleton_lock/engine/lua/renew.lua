@@ -1,8 +1,8 @@
 -- Renew the leases of a process at once (the renewer's tick): each lease's TTL replaced if it
 -- is still held by its owner's token, whether it is a lock key or a slot of a lock taken by up
 -- to N holders (its slot table, includes/slot_table.lua: its expiry score replaced).
--- KEYS[i..]   per lease, in order: its lock key, or (a slot, see ARGV[3]) its lock's four slot
---             table keys (slots, slot-values, slot-index, slot-free)
+-- KEYS[i..]   per lease, in order: its lock key, or (a slot, see ARGV[3]) its lock's two slot
+--             table keys (slots, slot-data)
 -- ARGV[1]     ttl in ms for every lease without an override
 -- ARGV[2]     the leases' tokens concatenated, 32 characters each, in order
 -- ARGV[3]     one character per lease: 'k' a lock key, 's' a slot; '' every lease a lock key
@@ -32,13 +32,12 @@ for lease = 1, #tokens / 32 do
     now = now or now_ms()
     local slot = slot_by(S, token, now)
     if slot then
-      redis.call('ZADD', S.slots, 'XX', now + tonumber(override[lease] or ttl), slot)
-      slot_expire(S)
+      slot_extend(S, slot, now, tonumber(override[lease] or ttl))
     else
       n = n + 1
       lost[n] = lease
     end
-    i = i + 4
+    i = i + 2
   end
 end
 return lost

@@ -2,8 +2,7 @@
 -- (it cannot know their tokens): a child whose body holds the GIL in one long C call cannot
 -- renew its own lease. Each lock is looked for as a lock key, then as a slot of its slot table
 -- (a lock_limit, includes/slot_table.lua), found by its owner in O(1) either way.
--- KEYS[5i-4..5i] the i-th lock's key and its four slot table keys (slots, slot-values,
---                slot-index, slot-free)
+-- KEYS[3i-2..3i] the i-th lock's key and its two slot table keys (slots, slot-data)
 -- ARGV[1..N]     '<pid>|<host>|<task_id>' of the owner of each lock, in order, host
 --                escaped as in the lock value
 -- ARGV[N+1..2N]  ttl in ms of each lock, in order
@@ -12,19 +11,18 @@
 --                TTL is REPLACED by its ttl, never added to; nothing is ever created.
 --- @include "slot_table"
 
-local n, lost, k, now = #KEYS / 5, {}, 0, nil
+local n, lost, k, now = #KEYS / 3, {}, 0, nil
 for i = 1, n do
-  local key = KEYS[5 * i - 4]
+  local key = KEYS[3 * i - 2]
   local v = redis.pcall('GET', key)
   if type(v) == 'string' and string.sub(v, 33, 33) == '|' and owner_of(v) == ARGV[i] then
     redis.call('PEXPIRE', key, ARGV[n + i])
   else
-    local S = slot_keys(5 * i - 3)
+    local S = slot_keys(3 * i - 1)
     now = now or now_ms()
     local slot, held = slot_by(S, 'o:' .. ARGV[i], now)
     if slot and owner_of(held) == ARGV[i] then
-      redis.call('ZADD', S.slots, 'XX', now + tonumber(ARGV[n + i]), slot)
-      slot_expire(S)
+      slot_extend(S, slot, now, tonumber(ARGV[n + i]))
     else
       k = k + 1
       lost[k] = i

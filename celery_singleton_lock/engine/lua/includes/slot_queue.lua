@@ -79,7 +79,7 @@ local function hand_slots(n, q, free, now, max, stop_id)
       if not slot then
         return handed, 0, false
       end
-      slot_put(q.S, slot, HANDOFF_TOKEN .. '||' .. now .. '|0||' .. id, now + q.reserve)
+      slot_put(q.S, slot, HANDOFF_TOKEN .. '||' .. now .. '|0||' .. id, now, q.reserve, nil)
       free = free - 1
       handed[#handed + 1] = redis.call('HGET', q.messages, id) or ''
     end
@@ -88,7 +88,7 @@ local function hand_slots(n, q, free, now, max, stop_id)
 end
 
 -- Write when a sweeper should next look at the lock (see above), or take it out of the index
--- (and drop its rule) when nothing is parked; then the slot table's expiry.
+-- (and drop its rule) when nothing is parked; the slot table goes when no slot is taken.
 local function schedule(n, q, now)
   local waiting = redis.call('ZCARD', q.parked)
   if waiting == 0 then
@@ -105,5 +105,5 @@ local function schedule(n, q, now)
     end
     redis.call('ZADD', q.index, due or (now + q.reserve), q.name)
   end
-  slot_expire(q.S)
+  slot_tidy(q.S, now)
 end

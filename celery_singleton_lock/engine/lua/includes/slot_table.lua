@@ -1,26 +1,29 @@
--- The slots of a lock taken by up to N holders (lock_limit, lock_rate, policy queue): four
--- keys beside the lock key (same hash tag), all passed in KEYS, whose cost grows with the
--- slots taken (log n), never with N:
---   P:{N}:slots        sorted set: slot number -> when it frees (ms, server clock): a holder's
---                      lease, a cooldown's or a reservation's end
---   P:{N}:slot-values  hash: slot number -> its lock value (lock_value.lua)
---   P:{N}:slot-index   hash: token -> slot, 'o:<pid>|<host>|<task id>' (its owner) -> slot,
---                      't:<task id>' -> slot, 'r:<task id>' (a reservation, handoff.lua)
---                      -> slot, and '#r' -> how many reservations there are
---   P:{N}:slot-free    sorted set: the numbers given back (each scored by itself). The numbers
---                      ever issued are 1..(ZCARD slots + ZCARD free), each in one of the two
---                      sets; the smallest free number <= N is the lowest freed one, else the
---                      next never issued.
--- A slot whose time has come (score <= now) is free: every read skips it, and the writers
--- give a bounded number of them back per call (trim: amortized O(1), each slot once). Every
--- key expires when the last slot does (slot_expire), so a lock nobody takes again leaves
--- nothing behind; when no slot is taken the numbers start again at 1.
--- `S` is {slots = KEYS[i], values = KEYS[i + 1], index = KEYS[i + 2], free = KEYS[i + 3]}.
+-- The slots of a lock taken by up to N holders (lock_limit, lock_rate, policy queue): two keys
+-- beside the lock key (same hash tag), both passed in KEYS, whose cost grows with the slots
+-- taken (log n), never with N:
+--   P:{N}:slots      sorted set, one member per slot number ever issued (1, 2, ... in order):
+--                    scored by when it frees (ms, server clock) while taken (a holder's lease,
+--                    a cooldown's or a reservation's end), or by number - FREE when given
+--                    back (below any time: the smallest free number is the lowest score)
+--   P:{N}:slot-data  hash: 'v<k>' -> the lock value of slot k (lock_value.lua); and the
+--                    index: token -> slot, 'o:<pid>|<host>|<task id>' (its owner) -> slot,
+--                    't:<task id>' -> slot, 'r:<task id>' (a reservation, handoff.lua) ->
+--                    slot, '#r' -> how many reservations are indexed
+-- A slot whose time has come (0 < score <= now) is free: every read skips it, an index entry
+-- is believed only if the slot's value still says so, and an acquire that finds no number
+-- given back gives back a bounded batch of them (each once: amortized O(1)). Both keys live at
+-- least as long as their last slot, at most twice its time (slot_keep: one PTTL per write,
+-- their TTL set again only when it is shorter), so a lock nobody takes again leaves nothing
+-- behind; a writer that leaves no slot taken deletes them (slot_tidy) and the numbers start
+-- again at 1.
+-- `S` is {slots = KEYS[i], data = KEYS[i + 1]}.
 --- @include "lock_value"
 --- @include "handoff"
 
+local FREE = 1e15
+
 local function slot_keys(i)
-  return {slots = KEYS[i], values = KEYS[i + 1], index = KEYS[i + 2], free = KEYS[i + 3]}
+  return {slots = KEYS[i], data = KEYS[i + 1]}
 end
 
 -- The index fields of the value `v` (see above).
@@ -32,49 +35,84 @@ local function slot_fields(v)
   return {token, 'o:' .. (owner_of(v) or ''), 't:' .. task_id_of(v)}
 end
 
-local function slot_unindex(S, k, v)
-  for _, field in ipairs(slot_fields(v)) do
-    if redis.call('HGET', S.index, field) == k then
-      redis.call('HDEL', S.index, field)
+-- Whether index `field` names the value `v`.
+local function slot_names(field, v)
+  local kind = string.sub(field, 1, 2)
+  if kind == 'o:' then
+    return owner_of(v) == string.sub(field, 3) and string.sub(v, 1, 32) ~= HANDOFF_TOKEN
+  elseif kind == 't:' then
+    return task_id_of(v) == string.sub(field, 3) and string.sub(v, 1, 32) ~= HANDOFF_TOKEN
+  elseif kind == 'r:' then
+    return string.sub(v, 1, 32) == HANDOFF_TOKEN and task_id_of(v) == string.sub(field, 3)
+  end
+  return string.sub(v, 1, 32) == field
+end
+
+-- Drop the index entries of value `v` that still point at slot `k`, and `extra` (a field).
+local function slot_unindex(S, k, v, extra)
+  local fields = slot_fields(v)
+  local at = redis.call('HMGET', S.data, unpack(fields))
+  local gone = {extra}
+  for i, field in ipairs(fields) do
+    if at[i] == k then
+      gone[#gone + 1] = field
       if string.sub(field, 1, 2) == 'r:' then
-        redis.call('HINCRBY', S.index, '#r', -1)
+        redis.call('HINCRBY', S.data, '#r', -1)
       end
     end
   end
+  if #gone > 0 then
+    redis.call('HDEL', S.data, unpack(gone))
+  end
 end
 
--- Write slot `k` (a string) with the lock value `v` until `expiry` (ms, server clock).
-local function slot_put(S, k, v, expiry)
-  local old = redis.call('HGET', S.values, k)
-  if old then
-    slot_unindex(S, k, old)
+-- Keep both keys at least until `now` + `ms` (an expiry just written): their TTL, when shorter,
+-- set to twice that (so most writes only read it).
+local function slot_keep(S, now, ms)
+  if redis.call('PTTL', S.slots) < ms then
+    local at = string.format('%d', now + 2 * ms)
+    redis.call('PEXPIREAT', S.slots, at)
+    redis.call('PEXPIREAT', S.data, at)
   end
-  redis.call('HSET', S.values, k, v)
-  redis.call('ZADD', S.slots, expiry, k)
-  redis.call('ZREM', S.free, k)
+end
+
+-- Write slot `k` (a string) with the lock value `v` for `ms` ms from `now` (server clock);
+-- `old`: the value it held, or nil when it was free.
+local function slot_put(S, k, v, now, ms, old)
+  if old then
+    slot_unindex(S, k, old, nil)
+  end
+  local write = {'v' .. k, v}
   for _, field in ipairs(slot_fields(v)) do
-    redis.call('HSET', S.index, field, k)
+    write[#write + 1] = field
+    write[#write + 1] = k
     if string.sub(field, 1, 2) == 'r:' then
-      redis.call('HINCRBY', S.index, '#r', 1)
+      redis.call('HINCRBY', S.data, '#r', 1)
     end
   end
+  redis.call('HSET', S.data, unpack(write))
+  redis.call('ZADD', S.slots, now + ms, k)
+  slot_keep(S, now, ms)
+end
+
+-- Give slot `k`, still taken, `ms` more ms from `now` (a renewal).
+local function slot_extend(S, k, now, ms)
+  redis.call('ZADD', S.slots, 'XX', now + ms, k)
+  slot_keep(S, now, ms)
 end
 
 -- Give slot `k` back (its number free again).
 local function slot_clear(S, k)
-  local old = redis.call('HGET', S.values, k)
+  local old = redis.call('HGET', S.data, 'v' .. k)
   if old then
-    slot_unindex(S, k, old)
-    redis.call('HDEL', S.values, k)
+    slot_unindex(S, k, old, 'v' .. k)
   end
-  if redis.call('ZREM', S.slots, k) == 1 then
-    redis.call('ZADD', S.free, k, k)
-  end
+  redis.call('ZADD', S.slots, 'XX', tonumber(k) - FREE, k)
 end
 
 -- Give back at most `most` slots whose time has come; how many.
 local function slot_trim(S, now, most)
-  local gone = redis.call('ZRANGEBYSCORE', S.slots, '-inf', now, 'LIMIT', 0, most)
+  local gone = redis.call('ZRANGEBYSCORE', S.slots, 0, now, 'LIMIT', 0, most)
   for _, k in ipairs(gone) do
     slot_clear(S, k)
   end
@@ -83,21 +121,21 @@ end
 
 -- The value of slot `k` and its ms left, or nil when it is free.
 local function slot_read(S, k, now)
-  local score = redis.call('ZSCORE', S.slots, k)
-  if not score or tonumber(score) <= now then
+  local score = tonumber(redis.call('ZSCORE', S.slots, k))
+  if not score or score <= now then
     return nil
   end
-  return redis.call('HGET', S.values, k), tonumber(score) - now
+  return redis.call('HGET', S.data, 'v' .. k), score - now
 end
 
 -- The live slot the index `field` names and its value, or nil.
 local function slot_by(S, field, now)
-  local k = redis.call('HGET', S.index, field)
+  local k = redis.call('HGET', S.data, field)
   if not k then
     return nil
   end
   local v = slot_read(S, k, now)
-  if not v then
+  if not v or not slot_names(field, v) then
     return nil
   end
   return k, v
@@ -108,9 +146,9 @@ local function slots_taken(S, now)
   return redis.call('ZCOUNT', S.slots, '(' .. now, '+inf')
 end
 
--- How many slots are reserved (an upper bound until the expired ones are trimmed).
+-- How many slots are reserved (an upper bound until the expired ones are given back).
 local function slots_reserved(S)
-  return tonumber(redis.call('HGET', S.index, '#r') or '0')
+  return tonumber(redis.call('HGET', S.data, '#r') or '0')
 end
 
 -- The taken slot that frees first and its ms left, or nil.
@@ -126,11 +164,11 @@ end
 -- The smallest free number <= n (a string), or nil when the first n are all taken.
 local function slot_number(S, n, now)
   while true do
-    local k = redis.call('ZRANGEBYSCORE', S.free, '-inf', n, 'LIMIT', 0, 1)[1]
+    local k = redis.call('ZRANGEBYSCORE', S.slots, '-inf', n - FREE, 'LIMIT', 0, 1)[1]
     if k then
       return k
     end
-    local issued = redis.call('ZCARD', S.slots) + redis.call('ZCARD', S.free)
+    local issued = redis.call('ZCARD', S.slots)
     if issued < n then
       return string.format('%d', issued + 1)
     end
@@ -140,16 +178,9 @@ local function slot_number(S, n, now)
   end
 end
 
--- Every key expires with the last slot (or goes now when none is taken): end of a writer.
-local function slot_expire(S)
-  local last = redis.call('ZRANGE', S.slots, -1, -1, 'WITHSCORES')
-  if not last[2] then
-    redis.call('DEL', S.values, S.index, S.free)
-    return
+-- Delete both keys when no slot is taken: the end of a writer that gave one back.
+local function slot_tidy(S, now)
+  if slots_taken(S, now) == 0 then
+    redis.call('DEL', S.slots, S.data)
   end
-  local at = string.format('%d', tonumber(last[2]) + 1)
-  redis.call('PEXPIREAT', S.slots, at)
-  redis.call('PEXPIREAT', S.values, at)
-  redis.call('PEXPIREAT', S.index, at)
-  redis.call('PEXPIREAT', S.free, at)
 end

@@ -58,19 +58,18 @@ class LockInspector:
             pipe = self.client.pipeline(transaction=False)
             pipe.get(keys.lock)
             pipe.pttl(keys.lock)
-            pipe.pttl(table[0])
             pipe.zrange(table[0], 0, -1, withscores=True)
             pipe.hgetall(table[1])  # the values are its 'v<slot>' fields
-            return pipe.execute()
+            return [*pipe.execute(), self._now_ms()]
 
-        value, pttl, table_pttl, taken, values = server_errors.call(fetch, keys.lock)
+        value, pttl, taken, values, now_ms = server_errors.call(fetch, keys.lock)
         held = []
         if value is not None:
             holder = LockHolder.from_value(keys.lock, value, pttl)
             if holder is None:
                 raise server_errors.not_a_lock(keys.lock)
             held.append(holder)
-        return held + _slot_holders(keys, table_pttl, taken, values, limit)
+        return held + _slot_holders(keys, now_ms, taken, values, limit)
 
     def per_server(self, name: str) -> list[tuple[str, Any]]:
         """``(server, holder or None or the error)`` of lock ``name``: one server's view here
@@ -176,18 +175,23 @@ class LockInspector:
         def fetch() -> list[Any]:
             pipe = self.client.pipeline(transaction=False)
             for lock in locks:
-                pipe.pttl(f"{lock}:slots")
                 pipe.zrange(f"{lock}:slots", 0, -1, withscores=True)
                 pipe.hgetall(f"{lock}:slot-data")  # LockKeys.slot_table
-            return pipe.execute()
+            return [*pipe.execute(), self._now_ms()]
 
-        replies = server_errors.call(fetch, locks[0])
+        *replies, now_ms = server_errors.call(fetch, locks[0])
         held: list[LockHolder] = []
         for index, lock in enumerate(locks):
-            table_pttl, taken, values = replies[3 * index : 3 * index + 3]
+            taken, values = replies[2 * index : 2 * index + 2]
             keys = LockKeys(lock, f"{lock}:released")
-            held += _slot_holders(keys, table_pttl, taken, values, None)
+            held += _slot_holders(keys, now_ms, taken, values, None)
         return held
+
+    def _now_ms(self) -> int:
+        """The server's clock in ms (a slot's score is its end by that clock). Read after the
+        slots: a slot read as live then was live when read. (On a Cluster, any node's clock.)"""
+        seconds, micros = self.client.time()
+        return int(seconds) * 1000 + int(micros) // 1000
 
     def queued_names(self, count: int = 500) -> Iterator[str]:
         """The names of the locks under this prefix that have a queued marker (enqueue
@@ -222,17 +226,12 @@ class LockInspector:
 
 
 def _slot_holders(
-    keys: LockKeys, table_pttl: Any, taken: Any, values: Any, limit: Optional[int]
+    keys: LockKeys, now_ms: int, taken: Any, values: Any, limit: Optional[int]
 ) -> list[LockHolder]:
-    """The holders of a slot table read as ``PTTL slots``, ``ZRANGE slots 0 -1 WITHSCORES``
-    and ``HGETALL slot-data`` (:mod:`.slots`): its live slots up to ``limit`` (None: all),
-    in slot order; a slot whose time has come, or given back (a score below 0), is free. The
-    server's clock is read from the table itself: its keys expire 1 ms after its last slot
-    (lua/includes/slot_table.lua), so now is that slot's score + 1 - the PTTL (no TIME: a
-    cluster pipeline refuses it)."""
-    if not taken or table_pttl is None or int(table_pttl) < 0:
-        return []
-    now_ms = int(max(expiry for _, expiry in taken)) + 1 - int(table_pttl)
+    """The holders of a slot table read as ``ZRANGE slots 0 -1 WITHSCORES`` and ``HGETALL
+    slot-data`` (:mod:`.slots`) with the server's clock ``now_ms``: its live slots up to
+    ``limit`` (None: all), in slot order; a slot whose time has come, or given back (a score
+    below 0), is free."""
     texts = {
         text[1:]: value
         for text, value in ((as_text(f), v) for f, v in values.items())

@@ -24,6 +24,9 @@ from celery_singleton_lock.engine.script_calls import EachKey, _ms
 #: leases per script call: 2-4 us each (more as the keyspace grows), so a call blocks Redis
 #: ~2 ms (at 50,000 leases, one call blocked it 224 ms; chunks of 1,000 still up to 6 ms)
 CHUNK = 500
+#: the same for a batch with slots of a slot table (:mod:`.slots`) and for renewal by owner:
+#: 6-8 commands each, ~10 us, so a call stays near 2 ms
+SLOT_CHUNK = 200
 
 Calls = list[tuple[list[str], list[Any]]]  # (KEYS, ARGV) of each script call
 
@@ -42,8 +45,8 @@ class ServerRenewal:
 
         Each TTL is replaced (never extended past ``ttl`` from now), and capped at the lease's
         deadline so renewal never outlives its maximum lifetime. One script call per
-        ``CHUNK`` leases: each lease's lock key (a slot's: its lock's four slot table keys,
-        :mod:`.slots`), the chunk's first TTL as the default, the tokens back to back in one
+        ``CHUNK`` leases (``SLOT_CHUNK`` with slots): each lease's lock key (a slot's: its
+        lock's two slot table keys, :mod:`.slots`), the chunk's first TTL as the default, the tokens back to back in one
         argument, which leases are slots, then (index, TTL) pairs for the leases whose TTL
         differs. On a cluster: one call per lease, one round trip per node.
         """
@@ -62,8 +65,9 @@ class ServerRenewal:
                 ],
             )
         calls: Calls = []
-        for start in range(0, len(leases), CHUNK):
-            chunk = leases[start : start + CHUNK]
+        size = SLOT_CHUNK if any(lease.slot for lease in leases) else CHUNK
+        for start in range(0, len(leases), size):
+            chunk = leases[start : start + size]
             default_ms = chunk[0].ttl_ms
             layout = "".join("s" if lease.slot else "k" for lease in chunk)
             args: list[Any] = [
@@ -71,12 +75,12 @@ class ServerRenewal:
                 "".join(lease.token for lease in chunk),
                 "" if "s" not in layout else layout,
             ]
-            for index, ttl_ms in enumerate(ttls[start : start + CHUNK]):
+            for index, ttl_ms in enumerate(ttls[start : start + size]):
                 if ttl_ms != default_ms:
                     args += (index + 1, ttl_ms)
             script_keys = [key for lease in chunk for key in _renewed_keys(lease)]
             calls.append((script_keys, args))
-        return self._run_chunks(self._renew, calls)
+        return self._run_chunks(self._renew, calls, size)
 
     def renew_by_owner(
         self, held: Sequence[tuple[str, Owner, float]], *, limits: Optional[Sequence[int]] = None
@@ -102,7 +106,8 @@ class ServerRenewal:
                 for keys, owner, ttl in entries
             ]
             return self.server.run_each(self._renew_by_owner, calls)
-        chunks = (entries[start : start + CHUNK] for start in range(0, len(entries), CHUNK))
+        size = SLOT_CHUNK
+        chunks = (entries[start : start + size] for start in range(0, len(entries), size))
         calls = [
             (
                 [key for keys, _, _ in chunk for key in (keys.lock, *keys.slot_table)],
@@ -110,13 +115,13 @@ class ServerRenewal:
             )
             for chunk in chunks
         ]
-        return self._run_chunks(self._renew_by_owner, calls)
+        return self._run_chunks(self._renew_by_owner, calls, size)
 
-    def _run_chunks(self, script: Script, calls: Calls) -> list[int]:
-        """Run ``script`` once per chunk of ``calls`` in one round trip (one pipeline of raw
-        EVALSHA commands, :class:`~.script_calls.EachKey`; a lone chunk as one call); each
-        reply lists the 1-based indices of its chunk's keys not renewed: returned as indices
-        over every chunk."""
+    def _run_chunks(self, script: Script, calls: Calls, size: int) -> list[int]:
+        """Run ``script`` once per chunk (of ``size`` leases or locks) of ``calls`` in one round
+        trip (one pipeline of raw EVALSHA commands, :class:`~.script_calls.EachKey`; a lone
+        chunk as one call); each reply lists the 1-based indices of its chunk's leases not
+        renewed: returned as indices over every chunk."""
         if len(calls) == 1:
             keys, args = calls[0]
             replies = [self.server.run(script, keys[0], keys, args)]
@@ -124,7 +129,7 @@ class ServerRenewal:
             client = EachKey(self.server.client, calls)
             replies = script_calls.run(script, calls[0][0][0], [], [], client)
         return [
-            chunk * CHUNK + int(index) - 1 for chunk, reply in enumerate(replies) for index in reply
+            chunk * size + int(index) - 1 for chunk, reply in enumerate(replies) for index in reply
         ]
 
 

@@ -1,25 +1,29 @@
 """At most N holders per lock name (``lock_limit``): a slot table per lock, whatever N.
 
-A lock taken by up to N holders keeps its slots in four keys beside the lock key, with its hash
-tag (lua/includes/slot_table.lua): a sorted set of the taken slot numbers by when each frees
-(ms, by the server's clock), a hash of their lock values (the one shape of
-lua/includes/lock_value.lua), a hash from each token, owner, task id and reservation to its
-slot, and a sorted set of the numbers given back. An acquire takes the smallest free number
-(the lowest given back, else the next never issued), so a slot's number stays below N; a
-holder that died is given back lazily, a bounded number per call. Every script that reads or
-writes a slot finds it in O(log n) by token (renewal, release), by owner (the worker's main
-process renewing or freeing a child's slot), by task id or reservation (the slot queue), so
-none is handed the N slots and none grows with N: 4.5 / 5 us of server time at N = 1 / 1,000
-(docs/explanation/benchmarks.md). Every key of the table expires with its last slot.
+A lock taken by up to N holders keeps its slots in two keys beside the lock key, with its hash
+tag (lua/includes/slot_table.lua): a sorted set of the slot numbers by when each frees (ms, by
+the server's clock; a number given back is scored below any time), and a hash of their lock
+values (the one shape of lua/includes/lock_value.lua) and of the slot each token, owner, task
+id and reservation holds. An acquire takes the smallest free number (the lowest given back,
+else the next never issued), so a slot's number stays below N; a holder that died is given
+back lazily, a bounded number per call. Every script that reads or writes a slot finds it in
+O(log n) by token (renewal, release), by owner (the worker's main process renewing or freeing
+a child's slot), by task id or reservation (the slot queue), so none is handed the N slots and
+none grows with N: an acquire is 7 commands, ~17 us of server time at N = 10 and at N = 1,000
+(166 us at 1,000 when each slot was a key of its own; docs/explanation/benchmarks.md). Both
+keys live at least as long as their last slot (at most twice its TTL) and go with the release
+of the last one.
 
 A slot has no key of its own: slot ``k`` is shown (``Lease.key``, ``LockHolder.key``,
 ``celery locks list``) as ``P:{N}:slot:k``, slot 1 as the lock key ``P:{N}``. Its fence comes
 from the lock's shared counter (strictly increasing per name, whichever slot is taken).
 
-A limit of 1 never comes here unless a rate is asked for (``lock_rate``: the same script
-counts the starts of the lock in a sorted set, ``P:{N}:starts``, by the server's clock), or the
-duplicates queue (policy ``queue`` parks behind the slots at any N, :mod:`.kinds.slot_queue`);
-else it is the mutex of :mod:`.locker` and its lock key. The script: lua/acquire_slot.lua.
+Which locks live here is chosen once per task (``AcquireRequest.slotted``, the Celery layer's
+``LockOptions.slotted``): a ``lock_limit`` other than the static 1 (a callable one too, whatever
+it returns for a call), a rate (``lock_rate``: the same script counts the starts of the lock in
+a sorted set, ``P:{N}:starts``, by the server's clock), or the duplicates queue (policy
+``queue`` parks behind the slots at any N, :mod:`.kinds.slot_queue`); any other lock is the
+mutex of :mod:`.locker` and its lock key. The script: lua/acquire_slot.lua.
 """
 
 from __future__ import annotations

@@ -120,7 +120,7 @@ def test_release_of_a_free_first_slot_names_the_slots_still_held(
     lock_store: redis.Redis,
     name: str,
 ) -> None:
-    keys = three_slots(locker, name)
+    three_slots(locker, name)
     # slot 1 released, as `release NAME` would
     assert locker.release_abandoned(name, task_id="t-101", host=GONE, pid=101, slot=1)
     result = no_traceback(celery("locks", "release", name, "--ping-timeout", "0.5"))

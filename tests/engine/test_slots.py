@@ -253,14 +253,24 @@ def test_the_slot_of_an_expired_holder_is_taken_again(locker: RedisLocker) -> No
     assert isinstance(again, Lease) and again.key == dead.key
 
 
-def test_every_key_of_a_slot_table_expires_with_its_last_slot(
+def test_every_key_of_a_slot_table_expires_after_its_last_slot_within_twice_its_ttl(
     locker: RedisLocker, redis_client: redis.Redis
 ) -> None:
-    lease = take(locker, 3, renew=False)
+    lease = take(locker, 3, renew=False)  # ttl 10 s
     assert isinstance(lease, Lease)
     table = locker.keys("job").slot_table
-    assert all(0 < redis_client.pttl(key) <= 10_001 for key in table[:3])
-    lease.release()
+    assert all(9_000 < redis_client.pttl(key) <= 20_000 for key in table)
+
+
+def test_the_release_of_the_last_slot_deletes_the_slot_table(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    first, second = take(locker, 3, renew=False), take(locker, 3, renew=False)
+    assert isinstance(first, Lease) and isinstance(second, Lease)
+    table = locker.keys("job").slot_table
+    first.release()
+    assert redis_client.exists(*table) == 2
+    second.release()
     assert redis_client.exists(*table) == 0
 
 

@@ -48,7 +48,8 @@ class Slots:
             request.unless_finished,
             "" if self.server.cluster else request.cap_key,  # keys.cap_key: not a cluster's
         )
-        reply, acknowledged = send(self.server, self._acquire_slot, keys, script_keys, args, request)
+        script = self._acquire_slot
+        reply, acknowledged = send(self.server, script, keys, script_keys, args, request)
         if type(reply) is list:
             slot, fence = int(reply[0]), int(reply[1])
             if slot == 0:  # over the rate: ``fence`` is the wait in ms

@@ -46,9 +46,9 @@ class ServerRenewal:
         Each TTL is replaced (never extended past ``ttl`` from now), and capped at the lease's
         deadline so renewal never outlives its maximum lifetime. One script call per
         ``CHUNK`` leases (``SLOT_CHUNK`` with slots): each lease's lock key (a slot's: its
-        lock's two slot table keys, :mod:`.slots`), the chunk's first TTL as the default, the tokens back to back in one
-        argument, which leases are slots, then (index, TTL) pairs for the leases whose TTL
-        differs. On a cluster: one call per lease, one round trip per node.
+        lock's two slot table keys, :mod:`.slots`), the chunk's first TTL as the default, the
+        tokens back to back in one argument, which leases are slots, then (index, TTL) pairs
+        for the leases whose TTL differs. On a cluster: one call per lease, one round trip per node.
         """
         if not leases:
             return []

@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 import redis
 
-from celery_singleton_lock.engine import Latest, Lease, LockHolder, Owner, RedisLocker
+from celery_singleton_lock.engine import Latest, Lease, LockHolder, Owner, RedisLocker, Renewer
 from celery_singleton_lock.errors import LockConfigurationError
+from tests.support import CountingConnection
 
 
 def take(locker: RedisLocker, limit: int, task_id: str = "", **options: object) -> object:
@@ -304,3 +305,24 @@ def test_a_live_cap_of_zero_refuses_every_slot_and_asks_to_come_back(locker: Red
     locker.client.set(cap_key, 0)
     refused = capped_acquire(locker, "a", cap_key)
     assert isinstance(refused, LockHolder) and refused.over_rate and refused.ttl == 1.0
+
+
+def test_a_tick_renews_lock_keys_and_slots_in_one_round_trip(counting_client: redis.Redis) -> None:
+    locker = RedisLocker(counting_client, prefix="t", renewer=Renewer(autostart=False))
+    plain = locker.try_acquire("plain", 10.0, renew=False)
+    slot = locker.try_acquire("job", 10.0, limit=3, renew=False)
+    assert isinstance(plain, Lease) and isinstance(slot, Lease) and slot.slot == 1
+    shorten(locker, slot, 0.5)
+    locker.renew_batch([plain, slot], now=locker.renewer.clock())  # loads the script
+    CountingConnection.reset()
+    assert locker.renew_batch([plain, slot], now=locker.renewer.clock()) == []
+    assert CountingConnection.sent == ["EVALSHA"]
+    assert ttl_of(locker, slot) > 5
+
+
+def test_a_tick_reports_a_slot_given_back_lost_and_renews_the_rest(locker: RedisLocker) -> None:
+    first, second = take(locker, 3, renew=False), take(locker, 3, renew=False)
+    assert isinstance(first, Lease) and isinstance(second, Lease)
+    owner = first.owner
+    assert locker.release_abandoned("job", task_id="", host=owner.host, pid=owner.pid, slot=1)
+    assert locker.renew_batch([first, second], now=locker.renewer.clock()) == [0]

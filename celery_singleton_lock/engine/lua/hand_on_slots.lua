@@ -56,15 +56,15 @@ if mode == 'release' then
   if ARGV[9] ~= '' then
     slot_put(q.S, slot, cooled(v), now, tonumber(ARGV[9]), v)
   else
-    slot_clear(q.S, slot)
+    slot_clear(q.S, slot, v)
     announce(ARGV[6], q.S.slots)
   end
 elseif mode == 'drop' then
   local id = ARGV[5]
   done = math.min(1, unpark(q.parked, q.messages, id))
-  local slot = reserved_for(q, id, now)
+  local slot, v = slot_by(q.S, 'r:' .. id, now)
   if slot then
-    slot_clear(q.S, slot)
+    slot_clear(q.S, slot, v)
     redis.call('ZREM', q.starts, 'r:' .. id)
     done = 1
   end

@@ -28,7 +28,7 @@ end
 if not v or string.sub(v, 33, 33) ~= '|' or owner_of(v) ~= ARGV[1] then
   return 0
 end
-slot_clear(S, slot)
+slot_clear(S, slot, v)
 slot_tidy(S, now)
 announce(ARGV[2], KEYS[1])
 return 1

@@ -26,7 +26,7 @@ end
 if ARGV[3] ~= '' then
   slot_put(S, slot, cooled(v), now, tonumber(ARGV[3]), v)
 else
-  slot_clear(S, slot)
+  slot_clear(S, slot, v)
   slot_tidy(S, now)
 end
 announce(ARGV[2], S.slots)

@@ -48,6 +48,21 @@ local function reserved_for(q, id, now)
   return (slot_by(q.S, 'r:' .. id, now))
 end
 
+-- The slot indexed as reserved for each of `ids` (or false), read 1,000 at a time.
+local function reservations_of(q, ids)
+  local found = {}
+  for start = 1, #ids, 1000 do
+    local fields = {}
+    for i = start, math.min(start + 999, #ids) do
+      fields[#fields + 1] = 'r:' .. ids[i]
+    end
+    for _, slot in ipairs(redis.call('HMGET', q.S.data, unpack(fields))) do
+      found[#found + 1] = slot
+    end
+  end
+  return found
+end
+
 -- Reserve free slots (`free` of them may be taken) for the parked ids without one, oldest
 -- first, while the rate allows, stopping at stop_id (the caller, who takes a slot itself)
 -- and after max slots. Returns the handed messages, the room left, and whether the walk
@@ -59,11 +74,14 @@ local function hand_slots(n, q, free, now, max, stop_id)
   end
   -- at most n ids hold a reservation: n + free + 1 ids hold free + 1 without one
   local walked = redis.call('ZRANGE', q.parked, 0, n + free)
-  for _, id in ipairs(walked) do
+  local indexed = reservations_of(q, walked)
+  -- with no slot's time come, every indexed reservation is live: no slot read per id
+  local exact = redis.call('ZCOUNT', q.S.slots, 0, now) == 0
+  for i, id in ipairs(walked) do
     if id == stop_id then
       return handed, free, true
     end
-    if not reserved_for(q, id, now) then
+    if not (indexed[i] and (exact or reserved_for(q, id, now))) then
       if free == 0 or #handed >= max then
         return handed, free, false
       end

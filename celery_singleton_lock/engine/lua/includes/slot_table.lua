@@ -101,9 +101,9 @@ local function slot_extend(S, k, now, ms)
   slot_keep(S, now, ms)
 end
 
--- Give slot `k` back (its number free again).
-local function slot_clear(S, k)
-  local old = redis.call('HGET', S.data, 'v' .. k)
+-- Give slot `k` back (its number free again); `old`: its value when the caller read it.
+local function slot_clear(S, k, old)
+  old = old or redis.call('HGET', S.data, 'v' .. k)
   if old then
     slot_unindex(S, k, old, 'v' .. k)
   end
@@ -114,7 +114,7 @@ end
 local function slot_trim(S, now, most)
   local gone = redis.call('ZRANGEBYSCORE', S.slots, 0, now, 'LIMIT', 0, most)
   for _, k in ipairs(gone) do
-    slot_clear(S, k)
+    slot_clear(S, k, nil)
   end
   return #gone
 end

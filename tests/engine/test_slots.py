@@ -326,3 +326,18 @@ def test_a_tick_reports_a_slot_given_back_lost_and_renews_the_rest(locker: Redis
     owner = first.owner
     assert locker.release_abandoned("job", task_id="", host=owner.host, pid=owner.pid, slot=1)
     assert locker.renew_batch([first, second], now=locker.renewer.clock()) == [0]
+
+
+def test_a_slot_table_rebuilt_after_its_holder_expired_keeps_a_ttl_on_both_keys(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    dead = take(locker, 1, task_id="dead", renew=False, rate=(100, 1.0))  # one slot, a table
+    assert isinstance(dead, Lease) and dead.slot == 1
+    shorten(locker, dead, 0.05)
+    deadline = time.monotonic() + 30
+    while locker.inspect.holders("job", 1):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    again = take(locker, 1, task_id="new", renew=False, rate=(100, 1.0))  # gives slot 1 back
+    assert isinstance(again, Lease) and again.slot == 1
+    assert all(redis_client.pttl(key) > 0 for key in locker.keys("job").slot_table)

@@ -8,7 +8,7 @@
 --   P:{N}:slot-data  hash: 'v<k>' -> the lock value of slot k (lock_value.lua); and the
 --                    index: token -> slot, 'o:<pid>|<host>|<task id>' (its owner) -> slot,
 --                    't:<task id>' -> slot, 'r:<task id>' (a reservation, handoff.lua) ->
---                    slot, '#r' -> how many reservations are indexed
+--                    slot, '#r' -> how many reservations are indexed, '#' -> 1 (never empty)
 -- A slot whose time has come (0 < score <= now) is free: every read skips it, an index entry
 -- is believed only if the slot's value still says so, and an acquire that finds no number
 -- given back gives back a bounded batch of them (each once: amortized O(1)). Both keys live at
@@ -82,7 +82,9 @@ local function slot_put(S, k, v, now, ms, old)
   if old then
     slot_unindex(S, k, old, nil)
   end
-  local write = {'v' .. k, v}
+  -- '#': the hash never empties (Redis would delete it, and a later HSET would make it again
+  -- without the TTL that slot_keep reads off the slots key alone)
+  local write = {'v' .. k, v, '#', '1'}
   for _, field in ipairs(slot_fields(v)) do
     write[#write + 1] = field
     write[#write + 1] = k

@@ -26,7 +26,8 @@ Layout, for prefix ``P`` and lock name ``N``::
                      calls parked fairly: each fairness value's last round (see
                      lua/includes/handoff.lua), while any is parked
     P:held           (one per prefix, no hash tag: one server only, never on a Cluster) the held
-                     index: every held lock (and slot) key, scored by when its lease ends
+                     index: every held lock key and every slot table (its P:{N}:slots key,
+                     read as its live slots), scored by when its (latest) lease ends
                      (lua/includes/held_index.lua), for reading the held locks without a SCAN
     P:queued         (one per prefix, no hash tag: one server only) the marker index: every queued
                      marker key, scored by when it expires (as the held index, written by
@@ -77,8 +78,9 @@ def validate_prefix(prefix: str) -> str:
 
 
 def held_index(prefix: str) -> str:
-    """Key of the held index of ``prefix`` (lua/includes/held_index.lua): the lock and slot keys
-    held, scored by when their lease ends (server ms). It has no hash tag, so no lock's script
+    """Key of the held index of ``prefix`` (lua/includes/held_index.lua): the lock keys held
+    and the slot tables with a slot taken (their ``:slots`` key: a slot has no key of its own),
+    scored by when their lease ends (server ms). It has no hash tag, so no lock's script
     may write it on a Redis Cluster (another slot): it is kept on one server or a Sentinel
     group's primary only, and a Cluster is read by SCAN (reading.py)."""
     return f"{prefix}:held"

@@ -3,7 +3,8 @@
 -- 'sweep'), the drop of a parked id that will never run ('drop'), or the word that a handed
 -- id's message was published ('sent'), on the lock key itself (includes/handoff.lua).
 -- KEYS[1]  lock key         KEYS[2]  parked task ids    KEYS[3]  parked messages
--- KEYS[4]  hand-off index   KEYS[5]  the lock's parked rounds (deleted with the last parked id)
+-- KEYS[4]  hand-off index (on a Cluster the one of the lock key's slot)
+-- KEYS[5]  the lock's parked rounds (deleted with the last parked id)
 -- ARGV[1]  'sweep', 'drop' or 'sent'
 -- ARGV[2]  'drop': the task id to drop; 'sent': the task id whose message was published
 -- ARGV[3]  the lock name (index member)

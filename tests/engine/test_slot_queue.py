@@ -309,3 +309,25 @@ def test_parked_calls_of_one_rank_keep_their_arrival_order(locker: RedisLocker) 
         attempt(locker, task_id, priority=3)
     attempt(locker, "f", priority=-3)
     assert parked_ids(locker) == [b"c", b"d", b"e", b"f"]
+
+
+def test_a_queue_slot_taken_indexes_its_slot_table_in_the_held_index(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    held = lease(attempt(locker, "a"))
+    assert redis_client.zscore("t:held", held.keys.slot_table[0]) is not None
+
+
+def test_a_slot_reserved_on_release_keeps_its_slot_table_listed(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    first = full_with_parked(locker, "c")
+    release(locker, first)
+    assert sorted(holder.task_id for holder in locker.inspect.scan()) == ["b", "c"]
+
+
+def test_the_last_queue_slot_released_takes_its_slot_table_out_of_the_held_index(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    release(locker, lease(attempt(locker, "a")))
+    assert redis_client.zcard("t:held") == 0

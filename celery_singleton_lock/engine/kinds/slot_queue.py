@@ -108,10 +108,12 @@ class SlotQueue:
         args += _rate_args(request.rate)
         args += (owner.task_id, request.park, keys.name, _ms(request.reservation_ttl))
         args += (request.fair, "1" if request.cap_key else "", request.priority)
+        args.append("1" if issuer.held_keys else "")
         if request.cap_key:
             script_keys.append(request.cap_key)
         if request.unless_finished:
             script_keys.append(finished)
+        script_keys += issuer.held_keys  # the held index, last (ARGV[14])
         script = self._slot_or_park
         reply, acknowledged = send(self.server, script, keys, script_keys, args, request)
         if reply == -1:
@@ -189,6 +191,7 @@ class SlotQueue:
         args += (_ms(reservation_ttl), cooldown_ms, "1" if cap_key else "")
         if cap_key:
             script_keys.append(cap_key)
+        script_keys += self.issuer.held_keys  # before a release's finish record, if any
         return script_keys, args
 
     def _rule(self, name: str) -> Optional[Rule]:

@@ -15,6 +15,8 @@
 --             not even one reserved for it)
 -- KEYS[10+c]  optional: the finish-record set to look in (as acquire_slot.lua's KEYS[5]);
 --             c is 1 with the live rule, else 0
+-- KEYS[#KEYS] with ARGV[14] '1': the held index (includes/held_index.lua; one server only):
+--             a slot taken or reserved writes the table's slots key there
 -- ARGV[1]     ttl in ms            ARGV[2]  the lock value with an empty fence
 -- ARGV[3]     '1' to hand out a fence    ARGV[4]  N
 -- ARGV[5]     at most this many starts in any window of ARGV[6] ms; '' none
@@ -25,6 +27,7 @@
 -- ARGV[12]    '1' when KEYS[10] is the live rule; '' none
 -- ARGV[13]    without ARGV[11]: the call's rank (its message's priority, higher: handed a
 --             slot sooner; includes/park_priority.lua); '' or 0: arrival order
+-- ARGV[14]    '1': KEYS[#KEYS] is the held index; '' none
 -- Returns     {slot, fence}: acquired the 1-based slot (also for a resend of the same token).
 --             integer -1: the finish record exists; nothing changed.
 --             string 'pttl|fence|acquired_at|pid|host|task_id': a slot is held by an
@@ -42,12 +45,14 @@
 local n = tonumber(ARGV[4])
 local c = ARGV[12] == '1' and 1 or 0
 local id, token = ARGV[7], string.sub(ARGV[2], 1, 32)
-local q = {S = slot_keys(1), starts = KEYS[4], parked = KEYS[5], messages = KEYS[6],
+local held = ARGV[14] == '1' and KEYS[#KEYS] or nil  -- held index
+local records = #KEYS > 9 + c + (held and 1 or 0) and KEYS[10 + c] or nil
+local q = {S = slot_keys(1, held), starts = KEYS[4], parked = KEYS[5], messages = KEYS[6],
            index = KEYS[7], rule = KEYS[8], rounds = KEYS[9], name = ARGV[9],
            reserve = tonumber(ARGV[10]), rate = tonumber(ARGV[5]), window = tonumber(ARGV[6]),
            cap = nil, paused = nil}
 q.cap, q.paused = live_rule(c == 1 and KEYS[10] or nil)
-if KEYS[10 + c] and is_finished(KEYS[10 + c], id) then
+if records and is_finished(records, id) then
   return -1
 end
 local now = now_ms()

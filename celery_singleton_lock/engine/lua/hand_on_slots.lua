@@ -11,8 +11,10 @@
 --             parked call)
 -- KEYS[9]     with ARGV[10] '1': the task's live rule (includes/live_rule.lua: a cap, see
 --             includes/slot_queue.lua's room, and a pause: no slot handed on meanwhile)
--- KEYS[9+c]   optional ('release' only): the finish-record set (as release.lua's KEYS[2]); c
---             is 1 with the live rule, else 0
+-- KEYS[9+c]   optional: the held index (includes/held_index.lua; one server only): a slot
+--             reserved or cooling writes the table's slots key there, a table left empty is
+--             taken out; c is 1 with the live rule, else 0
+-- KEYS[#KEYS] with ARGV[11..12] ('release' only): the finish-record set (as release.lua's)
 -- ARGV[1]     N   ARGV[2]  the rate's starts ('' none)   ARGV[3]  its window in ms
 -- ARGV[4]     'release', 'sweep', 'drop' or 'sent'
 -- ARGV[5]     'release': the releasing owner's token; 'drop': the task id to drop; 'sent': the
@@ -41,7 +43,9 @@
 
 local n, mode = tonumber(ARGV[1]), ARGV[4]
 local c = ARGV[10] == '1' and 1 or 0
-local q = {S = slot_keys(1), starts = KEYS[3], parked = KEYS[4], messages = KEYS[5],
+local records = ARGV[12] and KEYS[#KEYS]
+local held = #KEYS == 9 + c + (records and 1 or 0) and KEYS[9 + c] or nil  -- held index
+local q = {S = slot_keys(1, held), starts = KEYS[3], parked = KEYS[4], messages = KEYS[5],
            index = KEYS[6], rule = KEYS[7], rounds = KEYS[8], name = ARGV[7],
            reserve = tonumber(ARGV[8]), rate = tonumber(ARGV[2]), window = tonumber(ARGV[3]),
            cap = nil, paused = nil}
@@ -53,8 +57,8 @@ if mode == 'release' then
   if not slot then
     return {0}
   end
-  if KEYS[9 + c] then
-    record_finished(KEYS[9 + c], ARGV[11], ARGV[12])
+  if records then
+    record_finished(records, ARGV[11], ARGV[12])
   end
   if ARGV[9] ~= '' then
     slot_put(q.S, slot, cooled(v), now, tonumber(ARGV[9]), v)

@@ -247,6 +247,7 @@ def hold_lock(task: Any, *args: Any, **kwargs: Any) -> Iterator[Lease]:
         owner=Owner(task_id=HOLD_LOCK_TASK_ID),
         fencing=options.fencing,
         limit=limit,
+        slotted=options.slotted,
     )
     locker = locker_for(task.app)
     leases: list[Lease] = []

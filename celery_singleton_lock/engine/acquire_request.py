@@ -61,6 +61,12 @@ class AcquireRequest(NamedTuple):
     #: with ``park`` and no ``fair``: the call's rank, handed a slot before the parked calls
     #: of a lower rank (arrival order within one rank); within -255..255, 0 by default
     priority: int = 0
+    #: the lock's holders live in its slot table (:mod:`.slots`) even when ``limit`` is 1 and
+    #: no rate is asked: chosen once per task (a ``lock_limit`` other than the static 1, a
+    #: rate, policy ``queue``), so that every call of the task, whatever its limit, sees the
+    #: others; False: the lock key, unless ``limit``, ``rate`` or ``park`` (not ``latest``)
+    #: ask for the slot table
+    slotted: bool = False
 
     def for_call(
         self, name: str, owner: Optional[Owner], max_lifetime: Optional[float]

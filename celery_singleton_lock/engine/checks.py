@@ -79,6 +79,7 @@ def try_acquire(
     fair: str = "",
     cap_key: str = "",
     priority: int = 0,
+    slotted: bool = False,
 ) -> AcquireOutcome:
     """Take the lock ``name`` for ``ttl`` seconds, without waiting: ``backend.acquire`` of an
     :class:`AcquireRequest` of these arguments (each backend's ``try_acquire``).
@@ -132,6 +133,9 @@ def try_acquire(
             ``paused``; with ``park``: parked). Read in the same script call; not on a cluster.
         priority: with ``park`` and no ``fair``: the call's rank; parked calls of a higher
             rank are handed slots first, arrival order within one (-255..255).
+        slotted: keep the lock in its slot table even with one slot and no rate (see
+            :mod:`.slots`): as every other call of ``name`` does (a task whose limit may be
+            1 for some calls, or whose calls queue).
 
     Raises:
         AlreadyFinished: with ``unless_finished``, that record exists.
@@ -162,6 +166,7 @@ def try_acquire(
             fair=fair,
             cap_key=cap_key,
             priority=priority,
+            slotted=slotted,
         )
     )
 

@@ -3,8 +3,13 @@
 Layout, for prefix ``P`` and lock name ``N``::
 
     P:{N}            the lock (a string with a TTL, see lua/includes/lock_value.lua)
-    P:{N}:slot:<k>   slot k (2..N) of a lock taken by up to N holders (``lock_limit``; slot 1
-                     is the lock key itself, see slots.py)
+    P:{N}:slots, P:{N}:slot-data
+                     the slot table of a lock taken by up to N holders (``lock_limit``,
+                     ``lock_rate``, policy ``queue``; see slots.py and
+                     lua/includes/slot_table.lua): its slot numbers by when each frees (or
+                     given back), and their lock values with the slot of each token, owner,
+                     task id and reservation. Slot k is shown as ``P:{N}:slot:<k>`` (slot 1
+                     as ``P:{N}``), a name, not a key of its own
     P:{N}:starts     its recent acquisitions, token scored by the server's clock in ms, trimmed
                      to the window of ``lock_rate`` (see slots.py)
     P:{N}:released   the channel its releases are published on
@@ -21,7 +26,8 @@ Layout, for prefix ``P`` and lock name ``N``::
                      calls parked fairly: each fairness value's last round (see
                      lua/includes/handoff.lua), while any is parked
     P:held           (one per prefix, no hash tag: one server only, never on a Cluster) the held
-                     index: every held lock (and slot) key, scored by when its lease ends
+                     index: every held lock key and every slot table (its P:{N}:slots key,
+                     read as its live slots), scored by when its (latest) lease ends
                      (lua/includes/held_index.lua), for reading the held locks without a SCAN
     P:queued         (one per prefix, no hash tag: one server only) the marker index: every queued
                      marker key, scored by when it expires (as the held index, written by
@@ -72,8 +78,9 @@ def validate_prefix(prefix: str) -> str:
 
 
 def held_index(prefix: str) -> str:
-    """Key of the held index of ``prefix`` (lua/includes/held_index.lua): the lock and slot keys
-    held, scored by when their lease ends (server ms). It has no hash tag, so no lock's script
+    """Key of the held index of ``prefix`` (lua/includes/held_index.lua): the lock keys held
+    and the slot tables with a slot taken (their ``:slots`` key: a slot has no key of its own),
+    scored by when their lease ends (server ms). It has no hash tag, so no lock's script
     may write it on a Redis Cluster (another slot): it is kept on one server or a Sentinel
     group's primary only, and a Cluster is read by SCAN (reading.py)."""
     return f"{prefix}:held"
@@ -128,6 +135,13 @@ class LockKeys(NamedTuple):
         return f"{self.lock}:starts"
 
     @property
+    def slot_table(self) -> list[str]:
+        """The two keys of this lock's slot table (``lock_limit``, lua/includes/slot_table.lua):
+        its slot numbers by when each frees, and their values with its index."""
+        lock = self.lock
+        return [f"{lock}:slots", f"{lock}:slot-data"]
+
+    @property
     def parked(self) -> str:
         """Key of the sorted set of task ids parked behind this lock, in the order they are
         handed a slot (arrival, or rounds with ``fair``)."""
@@ -159,7 +173,7 @@ class LockKeys(NamedTuple):
     @property
     def name(self) -> str:
         """The lock name between the hash-tag braces."""
-        # rindex: a slot's key (``P:{N}:slot:k``, see slots.py) goes on after the brace
+        # rindex: a slot's name (``P:{N}:slot:k``, see slots.py) goes on after the brace
         return self.lock[self.lock.index("{") + 1 : self.lock.rindex("}")]
 
 

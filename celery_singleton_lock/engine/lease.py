@@ -22,6 +22,12 @@ TOKEN_LENGTH = 32
 log = logging.getLogger("celery_singleton_lock.renewal")
 
 
+def slot_name(lock: str, slot: int) -> str:
+    """The name slot ``slot`` of lock key ``lock`` is shown under (:mod:`.slots`): the lock key
+    for slot 1, ``<lock>:slot:<k>`` for the others."""
+    return lock if slot == 1 else f"{lock}:slot:{slot}"
+
+
 def new_token() -> str:
     """A fresh 128-bit random owner token (hex), from ``os.urandom`` as ``secrets`` does."""
     return os.urandom(16).hex()
@@ -283,6 +289,7 @@ class Lease:
         "released",
         "renew_due",
         "renewer",
+        "slot",
         "token",
         "ttl",
         "ttl_ms",
@@ -301,6 +308,7 @@ class Lease:
         deadline: Optional[float],
         on_lost: Optional[LostCallback] = None,
         renewer: Optional[Registry] = None,
+        slot: int = 0,
     ) -> None:
         if len(token) != TOKEN_LENGTH:
             # Renewal sends tokens back to back at a fixed width; a shorter or longer one
@@ -308,7 +316,10 @@ class Lease:
             raise ValueError(f"a lease token is {TOKEN_LENGTH} characters, got {token!r}")
         self.locker = locker
         self.keys = keys
-        self.key = keys.lock
+        #: 0 for a lock key; else the 1-based slot of the lock's slot table (``lock_limit``,
+        #: :mod:`.slots`) this lease holds, and ``key`` that slot's name
+        self.slot = slot
+        self.key = keys.lock if not slot else slot_name(keys.lock, slot)
         self.token = token
         self.ttl = ttl
         #: ``ttl`` in whole milliseconds (at least 1), as sent to Redis.

@@ -188,7 +188,7 @@ class RedisLocker:
             if request.latest is not None:
                 return self.mutex.acquire(request, owner, self.latest)
             return self.queue.acquire(request, owner)
-        if request.limit != 1 or request.rate is not None:
+        if request.slotted or request.limit != 1 or request.rate is not None:
             return self.slots.acquire(request, owner)
         return self.mutex.acquire(request, owner)
 
@@ -203,6 +203,7 @@ class RedisLocker:
             and connections.keeps_connections
             and request.limit == 1
             and request.rate is None
+            and not request.slotted
             and request.park is None
             and not request.min_replicas
             and request.token is None
@@ -231,7 +232,7 @@ class RedisLocker:
         self.releases.settle()
 
     def release_abandoned(
-        self, name: str, *, task_id: str, host: str, pid: int, slot: int = 1
+        self, name: str, *, task_id: str, host: str, pid: int, slot: Optional[int] = None
     ) -> bool:
         """See :meth:`.releases.Releases.release_abandoned`."""
         return self.releases.release_abandoned(name, task_id=task_id, host=host, pid=pid, slot=slot)

@@ -37,6 +37,10 @@ from celery_singleton_lock.errors import LockBackendUnavailable
 Client = Union[redis.Redis, RedisCluster]
 
 
+#: the end of a slot table's key (keys.LockKeys.slot_table) as written in the held index
+_TABLE = "}:slots"
+
+
 class LockInspector:
     """Reads the locks under ``prefix`` on ``client``'s server."""
 
@@ -55,25 +59,45 @@ class LockInspector:
         self._trim: Optional[Script] = None
 
     def read(self, name: str) -> Optional[LockHolder]:
-        """The holder of lock ``name``, or None when it is free.
+        """The holder of lock ``name``, or None when it is free: its lock key's, else (a lock
+        taken by several holders, :mod:`.slots`) its lowest slot's.
 
         Raises:
             LockNotOwnedError: the lock's key holds data this package did not write.
         """
-        return next(
-            iter(self._read_many([LockKeys.build(self.prefix, name).lock], strict=True)), None
-        )
+        return next(iter(self._holders(LockKeys.build(self.prefix, name), None)), None)
 
     def holders(self, name: str, limit: int) -> list[LockHolder]:
-        """The holders of the ``limit`` slots of lock ``name`` (:mod:`.slots`), in one round
-        trip; a free slot has none.
+        """The holders of the first ``limit`` slots of lock ``name`` (its lock key as slot 1,
+        and its slot table, :mod:`.slots`), slot by slot, in one round trip; a free slot has
+        none.
 
         Raises:
-            LockNotOwnedError: a slot's key holds data this package did not write.
+            LockNotOwnedError: the lock key holds data this package did not write.
         """
-        keys = LockKeys.build(self.prefix, name)
-        slot_keys = [slots.slot_key(keys, slot) for slot in range(1, limit + 1)]
-        return self._read_many(slot_keys, strict=True)
+        return self._holders(LockKeys.build(self.prefix, name), limit)
+
+    def _holders(self, keys: LockKeys, limit: Optional[int]) -> list[LockHolder]:
+        """The holder of the lock key of ``keys`` and those of its slot table up to slot
+        ``limit`` (None: every slot), in one pipelined round trip."""
+        table = keys.slot_table
+
+        def fetch() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.get(keys.lock)
+            pipe.pttl(keys.lock)
+            pipe.zrange(table[0], 0, -1, withscores=True)
+            pipe.hgetall(table[1])  # the values are its 'v<slot>' fields
+            return [*pipe.execute(), self._now_ms()]
+
+        value, pttl, taken, values, now_ms = server_errors.call(fetch, keys.lock)
+        held = []
+        if value is not None:
+            holder = LockHolder.from_value(keys.lock, value, pttl)
+            if holder is None:
+                raise server_errors.not_a_lock(keys.lock)
+            held.append(holder)
+        return held + _slot_holders(keys, now_ms, taken, values, limit)
 
     def per_server(self, name: str) -> list[tuple[str, Any]]:
         """``(server, holder or None or the error)`` of lock ``name``: one server's view here
@@ -199,8 +223,16 @@ class LockInspector:
             while True:
                 cursor, entries = self.client.zscan(index, cursor, count=count)
                 keys = [as_text(key) for key, _ in entries]
+                # a slot has no key: its lock's slot table is indexed, read as its live slots
+                tables = [key for key in keys if key.endswith(_TABLE)]
+                keys = [key for key in keys if not key.endswith(_TABLE)]
                 if keys:
                     holders, gone = self._read_batch(keys)
+                    if gone:
+                        self._drop_gone(index, gone)
+                    yield from holders
+                if tables:
+                    holders, gone = self._read_indexed_tables(tables)
                     if gone:
                         self._drop_gone(index, gone)
                     yield from holders
@@ -220,21 +252,70 @@ class LockInspector:
         O(keys in the database), what :meth:`scan` does on a Redis Cluster.
 
         The pattern ``prefix:{*}`` only matches lock keys (a fence counter key ends in
-        ``}:fence``), then ``prefix:{*}:slot:*`` the further slots of locks taken by several
-        holders (:mod:`.slots`); string keys there that are not lock values are skipped.
+        ``}:fence``), then ``prefix:{*}:slots`` the slot tables of locks taken by several
+        holders (:mod:`.slots`, each slot a holder of its own); string keys there that are not
+        lock values are skipped.
         """
         batch: list[str] = []
         try:
-            for pattern in (f"{self.prefix}:{{*}}", f"{self.prefix}:{{*}}:slot:*"):
-                for raw in self.client.scan_iter(match=pattern, count=count, _type="string"):
-                    batch.append(as_text(raw))
-                    if len(batch) >= count:
-                        yield from self._read_many(batch, strict=False)
-                        batch = []
+            pattern = f"{self.prefix}:{{*}}"
+            for raw in self.client.scan_iter(match=pattern, count=count, _type="string"):
+                batch.append(as_text(raw))
+                if len(batch) >= count:
+                    yield from self._read_many(batch, strict=False)
+                    batch = []
+            if batch:
+                yield from self._read_many(batch, strict=False)
+                batch = []
+            pattern = f"{self.prefix}:{{*}}:slots"
+            for raw in self.client.scan_iter(match=pattern, count=count, _type="zset"):
+                batch.append(as_text(raw)[: -len(":slots")])
+                if len(batch) >= count:
+                    yield from self._read_tables(batch)
+                    batch = []
         except server_errors.BACKEND_ERRORS as exc:
             raise LockBackendUnavailable(f"lock server unavailable during SCAN: {exc}") from exc
         if batch:
-            yield from self._read_many(batch, strict=False)
+            yield from self._read_tables(batch)
+
+    def _read_indexed_tables(self, tables: list[str]) -> tuple[list[LockHolder], list[str]]:
+        """The holders of the slot tables named in the held index (their ``:slots`` keys), and
+        the tables that are gone (the key deleted or expired: a table with no slot taken
+        left is still there until then, and lists nothing)."""
+        locks = [table[: -len(":slots")] for table in tables]
+        holders, found = self._read_tables_found(locks)
+        return holders, [table for table, there in zip(tables, found) if not there]
+
+    def _read_tables(self, locks: list[str]) -> list[LockHolder]:
+        """The holders of the slot tables of ``locks`` (full lock keys), in one round trip."""
+        return self._read_tables_found(locks)[0]
+
+    def _read_tables_found(self, locks: list[str]) -> tuple[list[LockHolder], list[bool]]:
+        """The holders of the slot tables of ``locks`` (full lock keys) and whether each table
+        is there, in one round trip."""
+
+        def fetch() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            for lock in locks:
+                pipe.zrange(f"{lock}:slots", 0, -1, withscores=True)
+                pipe.hgetall(f"{lock}:slot-data")  # LockKeys.slot_table
+            return [*pipe.execute(), self._now_ms()]
+
+        *replies, now_ms = server_errors.call(fetch, locks[0])
+        held: list[LockHolder] = []
+        found: list[bool] = []
+        for index, lock in enumerate(locks):
+            taken, values = replies[2 * index : 2 * index + 2]
+            keys = LockKeys(lock, f"{lock}:released")
+            held += _slot_holders(keys, now_ms, taken, values, None)
+            found.append(bool(taken))  # a sorted set is never empty: none is no key
+        return held, found
+
+    def _now_ms(self) -> int:
+        """The server's clock in ms (a slot's score is its end by that clock). Read after the
+        slots: a slot read as live then was live when read. (On a Cluster, any node's clock.)"""
+        seconds, micros = self.client.time()
+        return int(seconds) * 1000 + int(micros) // 1000
 
     def queued_names(self, count: int = 500) -> Iterator[str]:
         """The names of the locks under this prefix that have a queued marker (enqueue
@@ -313,6 +394,29 @@ class LockInspector:
             elif strict:
                 raise server_errors.not_a_lock(key)
         return holders
+
+
+def _slot_holders(
+    keys: LockKeys, now_ms: int, taken: Any, values: Any, limit: Optional[int]
+) -> list[LockHolder]:
+    """The holders of a slot table read as ``ZRANGE slots 0 -1 WITHSCORES`` and ``HGETALL
+    slot-data`` (:mod:`.slots`) with the server's clock ``now_ms``: its live slots up to
+    ``limit`` (None: all), in slot order; a slot whose time has come, or given back (a score
+    below 0), is free."""
+    texts = {
+        text[1:]: value
+        for text, value in ((as_text(f), v) for f, v in values.items())
+        if text[0] == "v"
+    }
+    held = []
+    for raw, expiry in taken:
+        slot, left = as_text(raw), int(expiry) - now_ms
+        if left <= 0 or not slot.isdigit() or (limit is not None and int(slot) > limit):
+            continue
+        holder = LockHolder.from_value(slots.slot_key(keys, int(slot)), texts.get(slot), left)
+        if holder is not None:
+            held.append(holder)
+    return sorted(held, key=lambda holder: slots.slot_of(holder.key))
 
 
 def server_address(client: Any) -> str:

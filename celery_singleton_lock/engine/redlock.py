@@ -340,7 +340,7 @@ class QuorumLocker:
         )
 
     def release_abandoned(
-        self, name: str, *, task_id: str, host: str, pid: int, slot: int = 1
+        self, name: str, *, task_id: str, host: str, pid: int, slot: Optional[int] = None
     ) -> bool:
         """Release the lock ``name`` of a dead execution on every server; True if it was
         released on any (see :meth:`RedisLocker.release_abandoned`; a quorum has one slot:

@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 
 from redis.commands.core import Script
 
-from celery_singleton_lock.engine import fork_safety, script_calls, server_errors, slots
+from celery_singleton_lock.engine import fork_safety, script_calls, server_errors
 from celery_singleton_lock.engine import lease as _lease
 from celery_singleton_lock.engine.kinds.issuer import Issuer
 from celery_singleton_lock.engine.lease import Lease, Owner
@@ -37,6 +37,7 @@ class Releases:
         self.issuer = issuer
         self._release: Script = server.register(source("release"))
         self._release_abandoned: Script = server.register(source("release_abandoned"))
+        self._release_slot: Script = server.register(source("release_slot"))
 
     def _with_finish_record(
         self,
@@ -72,19 +73,38 @@ class Releases:
                 ``held`` (nothing renews it, its key expires within its TTL) but keeps its
                 token, so ``release`` may simply be called again.
         """
-        script_keys, args = self._release_call(lease, remember_for)
-        return bool(self.release_with(lease, self._release, script_keys, args))
+        script, script_keys, args = self._release_call(lease, remember_for)
+        return bool(self.release_with(lease, script, script_keys, args))
 
     def _release_call(
         self, lease: Lease, remember_for: Optional[float]
-    ) -> tuple[list[str], list[Any]]:
-        """KEYS and ARGV of the release script (see its contract in lua/release.lua)."""
-        return self._with_finish_record(
+    ) -> tuple[Script, list[str], list[Any]]:
+        """The release script of ``lease`` with its KEYS and ARGV: lua/release.lua for a lock
+        key, lua/release_slot.lua for a slot of a slot table (see their contracts)."""
+        if lease.slot:
+            script_keys, args = self.slot_release_call(lease, "")
+            script_keys, args = self._with_finish_record(lease, remember_for, script_keys, args)
+            return self._release_slot, script_keys, args
+        script_keys, args = self._with_finish_record(
             lease,
             remember_for,
             [lease.key, *self.issuer.held_keys],
             [lease.token, lease.keys.channel],
         )
+        return self._release, script_keys, args
+
+    def slot_release_call(self, lease: Lease, cooldown_ms: Any) -> tuple[list[str], list[Any]]:
+        """KEYS and ARGV of lua/release_slot.lua for the slot ``lease`` holds, into a cooldown
+        of ``cooldown_ms`` ("" none), without the finish record."""
+        script_keys = [*lease.keys.slot_table, *self.issuer.held_keys]
+        return script_keys, [lease.token, lease.keys.channel, cooldown_ms]
+
+    def release_slot(
+        self, lease: Lease, cooldown_ms: Any, remember_for: Optional[float] = None
+    ) -> bool:
+        """Release the slot ``lease`` holds (into a cooldown of ``cooldown_ms``, "" none)."""
+        script_keys, args = self.slot_release_call(lease, cooldown_ms)
+        return bool(self.release_with(lease, self._release_slot, script_keys, args, remember_for))
 
     def release_with(
         self,
@@ -119,21 +139,21 @@ class Releases:
         return released
 
     def release_abandoned(
-        self, name: str, *, task_id: str, host: str, pid: int, slot: int = 1
+        self, name: str, *, task_id: str, host: str, pid: int, slot: Optional[int] = None
     ) -> bool:
-        """Release the lock ``name`` (its ``slot``, :mod:`.slots`) if it is held by that
-        (dead) execution; True if released.
+        """Release the lock ``name`` if it is held by that (dead) execution, as its lock key
+        or as a slot of its slot table (``slot``: that slot only; None: the one it holds,
+        found by its owner, :mod:`.slots`); True if released.
 
         For a supervisor whose child died holding a lock: it cannot know the child's token,
         so the owner metadata stands in for it. Callers must first make sure that ``pid`` on
         ``host`` is really gone.
         """
         keys = self.issuer.keys(name)
-        key = slots.slot_key(keys, slot)
         owner = Owner(task_id=task_id, host=host, pid=pid)
-        args = [owner.fields, keys.channel]
-        script_keys = [key, *self.issuer.held_keys]
-        return bool(self.server.run(self._release_abandoned, key, script_keys, args))
+        args = [owner.fields, keys.channel, "" if slot is None else slot]
+        script_keys = [keys.lock, *keys.slot_table, *self.issuer.held_keys]
+        return bool(self.server.run(self._release_abandoned, keys.lock, script_keys, args))
 
     # -- deferred ---------------------------------------------------------------------------
 
@@ -178,9 +198,13 @@ class Releases:
             renewer.discard(lease)
         # EVAL, not EVALSHA: a server that lost its scripts (restart, failover) must still
         # release now; a NOSCRIPT read later would leave the lock held until then.
-        start = connections.start("EVAL", script_calls.compact(self._release.script))
         held = self.issuer.held
-        if (remember_for is None or not lease.owner.task_id) and held is not None:
+        if lease.slot:
+            script, script_keys, args = self._release_call(lease, remember_for)
+            start = connections.start("EVAL", script_calls.compact(script.script))
+            command = connections.pack(len(script_keys), *script_keys, *args, start=start)
+        elif (remember_for is None or not lease.owner.task_id) and held is not None:
+            start = connections.start("EVAL", script_calls.compact(self._release.script))
             # EVAL script 2 key held token channel: the script's start is packed once
             encoding, errors = connections.encoding
             key = lease.key.encode(encoding, errors)
@@ -199,7 +223,8 @@ class Releases:
                 channel,
             )
         else:
-            script_keys, args = self._release_call(lease, remember_for)
+            _, script_keys, args = self._release_call(lease, remember_for)
+            start = connections.start("EVAL", script_calls.compact(self._release.script))
             command = connections.pack(len(script_keys), *script_keys, *args, start=start)
         if not connections.send_later(command, settle):
             lease.released = False

@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 
 from redis.commands.core import Script
 
-from celery_singleton_lock.engine import script_calls, slots
+from celery_singleton_lock.engine import script_calls
 from celery_singleton_lock.engine.kinds.issuer import Issuer
 from celery_singleton_lock.engine.lease import Lease, Owner
 from celery_singleton_lock.engine.lua_scripts import source
@@ -26,6 +26,9 @@ from celery_singleton_lock.engine.script_calls import EachKey, _ms
 #: blocks Redis ~1.5 ms at 50,000 leases (one call over all of them blocked it 224 ms; chunks
 #: of 500 with the index ~3 ms)
 CHUNK = 250
+#: the same for a batch with slots of a slot table (:mod:`.slots`) and for renewal by owner:
+#: 6-8 commands each (and the table's held index entry), ~10 us, so a call stays near 2 ms
+SLOT_CHUNK = 200
 
 Calls = list[tuple[list[str], list[Any]]]  # (KEYS, ARGV) of each script call
 
@@ -38,18 +41,16 @@ class ServerRenewal:
         self.issuer = issuer
         self._renew: Script = server.register(source("renew"))
         self._renew_by_owner: Script = server.register(source("renew_by_owner"))
-        #: (lock name, owner fields) -> the slot of its lock_limit that owner was renewed on at
-        #: the last call (see :meth:`_renew_slots_by_owner`)
-        self._owner_slots: dict[tuple[str, str], int] = {}
 
     def renew_batch(self, leases: Sequence[Lease], *, now: float) -> list[int]:
         """Renew ``leases`` in one round trip; return the indices of the leases NOT renewed.
 
         Each TTL is replaced (never extended past ``ttl`` from now), and capped at the lease's
         deadline so renewal never outlives its maximum lifetime. One script call per
-        ``CHUNK`` leases: the keys, the chunk's first TTL as the default, the tokens back to
-        back in one argument, then (index, TTL) pairs for the leases whose TTL differs. On a
-        cluster: one call per lease (its key, its TTL, its token), one round trip per node.
+        ``CHUNK`` leases (``SLOT_CHUNK`` with slots): each lease's lock key (a slot's: its
+        lock's two slot table keys, :mod:`.slots`), the chunk's first TTL as the default, the
+        tokens back to back in one argument, which leases are slots, then (index, TTL) pairs
+        for the leases whose TTL differs. On a cluster: one call per lease, one round trip per node.
         """
         if not leases:
             return []
@@ -60,18 +61,28 @@ class ServerRenewal:
         if self.server.cluster:
             return self.server.run_each(
                 self._renew,
-                [([lease.key], [ttl_ms, lease.token]) for lease, ttl_ms in zip(leases, ttls)],
+                [
+                    (_renewed_keys(lease), [ttl_ms, lease.token, "s" if lease.slot else ""])
+                    for lease, ttl_ms in zip(leases, ttls)
+                ],
             )
         calls: Calls = []
-        for start in range(0, len(leases), CHUNK):
-            chunk = leases[start : start + CHUNK]
+        size = SLOT_CHUNK if any(lease.slot for lease in leases) else CHUNK
+        for start in range(0, len(leases), size):
+            chunk = leases[start : start + size]
             default_ms = chunk[0].ttl_ms
-            args: list[Any] = [default_ms, "".join(lease.token for lease in chunk)]
-            for index, ttl_ms in enumerate(ttls[start : start + CHUNK]):
+            layout = "".join("s" if lease.slot else "k" for lease in chunk)
+            args: list[Any] = [
+                default_ms,
+                "".join(lease.token for lease in chunk),
+                "" if "s" not in layout else layout,
+            ]
+            for index, ttl_ms in enumerate(ttls[start : start + size]):
                 if ttl_ms != default_ms:
                     args += (index + 1, ttl_ms)
-            calls.append(([*(lease.key for lease in chunk), *self.issuer.held_keys], args))
-        return self._run_chunks(self._renew, calls)
+            script_keys = [key for lease in chunk for key in _renewed_keys(lease)]
+            calls.append(([*script_keys, *self.issuer.held_keys], args))
+        return self._run_chunks(self._renew, calls, size)
 
     def renew_by_owner(
         self, held: Sequence[tuple[str, Owner, float]], *, limits: Optional[Sequence[int]] = None
@@ -83,73 +94,36 @@ class ServerRenewal:
         of its children without knowing their tokens (a child whose body holds the GIL cannot
         renew its own lease). A lock that is gone (released, expired) or held by any other
         owner is left untouched; none is ever created. Each TTL is replaced, never added to.
-        ``limits``: each lock's ``lock_limit`` (default 1): the owner's slot, whichever it is,
-        is renewed (those of other owners are left untouched; which slots are sent:
-        :meth:`_renew_slots_by_owner`).
+        Each lock is looked for as its lock key, then as the slot of its slot table its owner
+        holds (a ``lock_limit``, :mod:`.slots`: found by owner in O(1), whatever the limit),
+        so ``limits`` (each lock's ``lock_limit``) is not needed; it is accepted for the
+        backends that use it.
         """
         if not held:
             return []
-        if limits is not None and any(limit != 1 for limit in limits):
-            return self._renew_slots_by_owner(held, limits)
-        return self._by_owner([(self.issuer.keys(name).lock, owner, t) for name, owner, t in held])
-
-    def _renew_slots_by_owner(
-        self, held: Sequence[tuple[str, Owner, float]], limits: Sequence[int]
-    ) -> list[int]:
-        """:meth:`renew_by_owner` of locks with a lock_limit: a lock is lost when none of its
-        slots names its owner.
-
-        The main process knows no child's slot, only its owner fields. The first call for an
-        owner sends every slot of its lock (O(N): 1,164 us of server time at N = 1,000 with
-        N-1 held) and remembers the slot renewed; later calls send that slot alone (O(1) per
-        held slot, what every tick of a long body then costs). The memory is rebuilt from each
-        call's renewals: it holds the slots of the current batch only (the supervisor sends
-        every running child's lock on this server in each call), so it never grows past it. A
-        remembered slot that no longer names its owner is reported lost for that call and
-        forgotten: the next call sends every slot again (an owner holds one slot at a time;
-        it can only have moved if that very task id took another slot since, e.g. a retry
-        in the same child, and the child's own renewer renews it meanwhile).
-        """
-        entries: list[tuple[str, Owner, float]] = []
-        sent: list[tuple[int, int]] = []  # (index into ``held``, slot) of each key sent
-        known = self._owner_slots
-        for index, ((name, owner, ttl), limit) in enumerate(zip(held, limits)):
-            keys = self.issuer.keys(name)
-            slot = known.get((name, owner.fields))
-            for number in (slot,) if slot is not None and slot <= limit else range(1, limit + 1):
-                entries.append((slots.slot_key(keys, number), owner, ttl))
-                sent.append((index, number))
-        lost_slots = set(self._by_owner(entries))
-        found: dict[tuple[str, str], int] = {}
-        for position, (index, number) in enumerate(sent):
-            if position not in lost_slots:
-                name, owner, _ = held[index]
-                found[(name, owner.fields)] = number
-        self._owner_slots = found
-        renewed = {index for position, (index, _) in enumerate(sent) if position not in lost_slots}
-        return [index for index in range(len(held)) if index not in renewed]
-
-    def _by_owner(self, entries: list[tuple[str, Owner, float]]) -> list[int]:
-        """Renew each ``(key, owner, ttl)`` of ``entries`` held by that owner (see
-        lua/renew_by_owner.lua); the indices of those NOT renewed."""
-        if self.server.cluster:  # one call per key (one slot each)
-            calls = [([key], [owner.fields, _ms(ttl)]) for key, owner, ttl in entries]
+        entries = [(self.issuer.keys(name), owner, ttl) for name, owner, ttl in held]
+        if self.server.cluster:  # one call per lock (its keys share one hash tag)
+            calls = [
+                ([keys.lock, *keys.slot_table], [owner.fields, _ms(ttl)])
+                for keys, owner, ttl in entries
+            ]
             return self.server.run_each(self._renew_by_owner, calls)
-        chunks = (entries[start : start + CHUNK] for start in range(0, len(entries), CHUNK))
+        size = SLOT_CHUNK
+        chunks = (entries[start : start + size] for start in range(0, len(entries), size))
         calls = [
             (
-                [key for key, _, _ in chunk],
+                [key for keys, _, _ in chunk for key in (keys.lock, *keys.slot_table)],
                 [owner.fields for _, owner, _ in chunk] + [_ms(ttl) for _, _, ttl in chunk],
             )
             for chunk in chunks
         ]
-        return self._run_chunks(self._renew_by_owner, calls)
+        return self._run_chunks(self._renew_by_owner, calls, size)
 
-    def _run_chunks(self, script: Script, calls: Calls) -> list[int]:
-        """Run ``script`` once per chunk of ``calls`` in one round trip (one pipeline of raw
-        EVALSHA commands, :class:`~.script_calls.EachKey`; a lone chunk as one call); each
-        reply lists the 1-based indices of its chunk's keys not renewed: returned as indices
-        over every chunk."""
+    def _run_chunks(self, script: Script, calls: Calls, size: int) -> list[int]:
+        """Run ``script`` once per chunk (of ``size`` leases or locks) of ``calls`` in one round
+        trip (one pipeline of raw EVALSHA commands, :class:`~.script_calls.EachKey`; a lone
+        chunk as one call); each reply lists the 1-based indices of its chunk's leases not
+        renewed: returned as indices over every chunk."""
         if len(calls) == 1:
             keys, args = calls[0]
             replies = [self.server.run(script, keys[0], keys, args)]
@@ -157,5 +131,10 @@ class ServerRenewal:
             client = EachKey(self.server.client, calls)
             replies = script_calls.run(script, calls[0][0][0], [], [], client)
         return [
-            chunk * CHUNK + int(index) - 1 for chunk, reply in enumerate(replies) for index in reply
+            chunk * size + int(index) - 1 for chunk, reply in enumerate(replies) for index in reply
         ]
+
+
+def _renewed_keys(lease: Lease) -> list[str]:
+    """The keys lua/renew.lua is handed for ``lease``: its lock key, or its lock's slot table."""
+    return lease.keys.slot_table if lease.slot else [lease.key]

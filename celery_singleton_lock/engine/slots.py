@@ -1,27 +1,29 @@
-"""At most N holders per lock name (``lock_limit``): N slots, each an ordinary lock key.
+"""At most N holders per lock name (``lock_limit``): a slot table per lock, whatever N.
 
-Slot 1 of a lock is the lock key itself (``P:{N}``); slot ``k`` > 1 is ``P:{N}:slot:k``. Every
-slot holds a lock value of the one shape (lua/includes/lock_value.lua: token, fence, owner
-fields), so everything that works on one lock key by its name works on a slot unchanged: the
-batched RENEW of the pool's renewer (it sends each lease's own key), the owner-checked RELEASE, and
-the key's TTL after ``kill -9``. A slot is released only by its token, so a slot freed by one
-holder is never released by another. The slots share the lock's hash tag (one Cluster slot)
-and its fence counter (a fence strictly increasing per lock name, whichever slot is taken).
+A lock taken by up to N holders keeps its slots in two keys beside the lock key, with its hash
+tag (lua/includes/slot_table.lua): a sorted set of the slot numbers by when each frees (ms, by
+the server's clock; a number given back is scored below any time), and a hash of their lock
+values (the one shape of lua/includes/lock_value.lua) and of the slot each token, owner, task
+id and reservation holds. An acquire takes the smallest free number (the lowest given back,
+else the next never issued), so a slot's number stays below N; a holder that died is given
+back lazily, a bounded number per call. Every script that reads or writes a slot finds it in
+O(log n) by token (renewal, release), by owner (the worker's main process renewing or freeing
+a child's slot), by task id or reservation (the slot queue), so none is handed the N slots and
+none grows with N: an acquire is 7 commands, ~17 us of server time at N = 10 and at N = 1,000
+(166 us at 1,000 when each slot was a key of its own; docs/explanation/benchmarks.md). Both
+keys live at least as long as their last slot (at most twice its TTL) and go with the release
+of the last one.
 
-Cost: linear in N. An acquire passes the N slot keys in ``KEYS`` (a script is handed every key
-it touches, and it may take any slot) and reads them in one MGET, plus a PTTL per slot when
-all are held to name the holder that frees first: 4 / 149 us of server time at N = 1 / 1,000
-free, 435 us with N-1 held. Passing the keys alone is linear (an EVALSHA that only returns:
-0.8 us with one key, 34 us with 1,000), so no index beside numbered keys can make the acquire
-flat while the script must be handed the key it takes: that needs the holders in keys whose
-names do not depend on the slot (a sorted set by expiry and a hash of values), which moves
-renewal, release, the reads and the slot queue with it (docs/explanation/benchmarks.md). The
-worker's main process renews a child's slot by owner, and remembers which slot that was
-(:mod:`.server_renewal`): its every slot is sent once per execution, not at every tick.
+A slot has no key of its own: slot ``k`` is shown (``Lease.key``, ``LockHolder.key``,
+``celery locks list``) as ``P:{N}:slot:k``, slot 1 as the lock key ``P:{N}``. Its fence comes
+from the lock's shared counter (strictly increasing per name, whichever slot is taken).
 
-A limit of 1 never comes here unless a rate is asked for (``lock_rate``: the same script
-counts the starts of the lock in a sorted set, ``P:{N}:starts``, by the server's clock); else
-it is the mutex of :mod:`.locker`, same script, same keys. The script: lua/acquire_slot.lua.
+Which locks live here is chosen once per task (``AcquireRequest.slotted``, the Celery layer's
+``LockOptions.slotted``): a ``lock_limit`` other than the static 1 (a callable one too, whatever
+it returns for a call), a rate (``lock_rate``: the same script counts the starts of the lock in
+a sorted set, ``P:{N}:starts``, by the server's clock), or the duplicates queue (policy
+``queue`` parks behind the slots at any N, :mod:`.kinds.slot_queue`); any other lock is the
+mutex of :mod:`.locker` and its lock key. The script: lua/acquire_slot.lua.
 """
 
 from __future__ import annotations
@@ -29,15 +31,17 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from celery_singleton_lock.engine.keys import LockKeys
+from celery_singleton_lock.engine.lease import slot_name
 
 
 def slot_key(keys: LockKeys, slot: int) -> str:
-    """Key of the 1-based ``slot`` of the lock of ``keys`` (slot 1 is the lock key)."""
-    return keys.lock if slot == 1 else f"{keys.lock}:slot:{slot}"
+    """Name of the 1-based ``slot`` of the lock of ``keys`` (slot 1 is shown as the lock key)."""
+    return slot_name(keys.lock, slot)
 
 
 def slot_keys(keys: LockKeys, slot: int) -> LockKeys:
-    """The keys a lease on ``slot`` uses: that slot's key and the lock's channel (a release of
+    """The keys a lease on ``slot`` of a lock kept in rows, one per slot (PostgreSQL
+    admission, postgres/slots.py), uses: that slot's name and the lock's channel (a release of
     any slot wakes the lock's waiters)."""
     if slot == 1:
         return keys
@@ -45,7 +49,7 @@ def slot_keys(keys: LockKeys, slot: int) -> LockKeys:
 
 
 def slot_of(key: str) -> int:
-    """The 1-based slot of a lock or slot key."""
+    """The 1-based slot of a lock key or slot name."""
     head, _, slot = key.rpartition(":slot:")
     return int(slot) if head.endswith("}") and slot.isdigit() else 1
 
@@ -67,9 +71,8 @@ def acquire_call(
     seconds, or None; ``shared``: the fence counter and the finish-record set of ``task_id``
     on the lock's server or slot; ``unless_finished``: to look for that record; ``cap_key``:
     the task's live cap, or "")."""
-    script_keys = [slot_key(keys, slot) for slot in range(1, limit + 1)]
     counter, finished = shared
-    script_keys += (counter, keys.starts, finished)
+    script_keys = [*keys.slot_table, counter, keys.starts, finished]
     if cap_key:
         script_keys.append(cap_key)
     args: list[Any] = [ttl_ms, value, "1" if fencing else "0", limit]

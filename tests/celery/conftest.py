@@ -20,7 +20,7 @@ import redis
 from celery import Celery
 
 from celery_singleton_lock.celery.config.lockers import forget_locker, locker_for
-from celery_singleton_lock.engine import RedisLocker
+from celery_singleton_lock.engine import LockKeys, RedisLocker
 from celery_singleton_lock.testing import RedisServer
 from tests.celery.registration import app_with
 from tests.celery.workers import Servers, results_url
@@ -134,10 +134,16 @@ def lock_key_of(task: Any, *args: Any, **kwargs: Any) -> str:
     return locker_for(task.app).keys(name).lock
 
 
+def lock_gone(store: redis.Redis, key: str) -> bool:
+    """Nothing holds the lock ``key``: neither its key nor its slot table (a lock_limit, a
+    rate or policy queue keep their slots there, engine/slots.py)."""
+    return not store.exists(key, *LockKeys(key, "").slot_table)
+
+
 def assert_released(store: redis.Redis, key: str, timeout: float = 5.0) -> None:
     """The lock ``key`` is gone, now or within ``timeout``: a task without successors sends
     its release without waiting for the reply, so a test can look a moment too early."""
-    wait_until(lambda: not store.exists(key), timeout=timeout, interval=0.005)
+    wait_until(lambda: lock_gone(store, key), timeout=timeout, interval=0.005)
 
 
 @pytest.fixture

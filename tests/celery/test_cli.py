@@ -459,7 +459,8 @@ def _park(locker: RedisLocker, name: str, task_id: str) -> None:
 
 def test_list_and_show_name_the_calls_parked_behind_a_lock(redis_server: RedisServer) -> None:
     locker = _locker(redis_server)
-    locker.try_acquire("app.job:pk", 30, owner=Owner(task_id="t-h", host="w@h", pid=7))
+    holder = Owner(task_id="t-h", host="w@h", pid=7)
+    locker.try_acquire("app.job:pk", 30, owner=holder, slotted=True)  # a queue task's lock
     for task_id in ("t-p1", "t-p2"):
         _park(locker, "app.job:pk", task_id)
     listed = run_cli("--url", redis_server.url, "list")
@@ -475,7 +476,8 @@ def test_release_of_a_lock_with_parked_calls_makes_it_due_for_a_hand_off_now(
     redis_server: RedisServer,
 ) -> None:
     locker = _locker(redis_server)
-    locker.try_acquire("app.job:pr", 30, owner=Owner(task_id="t-h", host="w@h", pid=7))
+    holder = Owner(task_id="t-h", host="w@h", pid=7)
+    locker.try_acquire("app.job:pr", 30, owner=holder, slotted=True)  # a queue task's lock
     _park(locker, "app.job:pr", "t-p1")
     assert locker.queue.hand_off_due().names == []  # not before the holder's TTL of 30 s
     result = run_cli("--url", redis_server.url, "release", "--force", "app.job:pr")

@@ -82,9 +82,9 @@ def received_events(app: Any) -> Iterator[Events]:
 
 
 def _hold(locker: RedisLocker, task: Any, key: str, task_id: str) -> Lease:
-    lease = locker.try_acquire(
-        task.lock_options.keyer.name((key,), {}), 30, owner=Owner(task_id=task_id), renew=False
-    )
+    options = task.lock_options  # where the task's own calls look (its slot table or key)
+    name, owner = options.keyer.name((key,), {}), Owner(task_id=task_id)
+    lease = locker.try_acquire(name, 30, owner=owner, renew=False, slotted=options.slotted)
     assert isinstance(lease, Lease)
     return lease
 

@@ -139,7 +139,7 @@ def test_hold_lock_of_a_limited_lock_holds_nothing_when_a_slot_is_taken(
         with pytest.raises(DuplicateTaskError), hold_lock(limits.limit3_skip, unique_key):
             pytest.fail("the block ran without the lock")
         # the 2 slots it took before it found the third held are free again
-        assert not store.exists(f"{running.key}:slot:2", f"{running.key}:slot:3")
+        assert [held.task_id for held in locker.inspect.holders(name, 3)] == ["running"]
     finally:
         running.release()
 

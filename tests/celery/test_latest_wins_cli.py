@@ -49,7 +49,8 @@ def test_show_names_a_debounced_call_held_on_a_free_lock(redis_server: RedisServ
 
 def test_show_says_parked_of_calls_queued_in_arrival_order(redis_server: RedisServer) -> None:
     locker = RedisLocker(redis_server.client(), renewer=Renewer(autostart=False))
-    locker.try_acquire("app.job:q", 30, owner=Owner(task_id="t-h", host="w@h", pid=7))
+    holder = Owner(task_id="t-h", host="w@h", pid=7)
+    locker.try_acquire("app.job:q", 30, owner=holder, slotted=True)  # a queue task's lock
     for task_id in ("t-1", "t-2"):
         locker.try_acquire(
             "app.job:q",

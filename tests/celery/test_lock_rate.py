@@ -94,7 +94,8 @@ def test_a_retry_for_the_rates_next_start_does_not_grow_the_backoff(
         result = task.apply_async((unique_key,), task_id=call_id)
         wait_until(lambda: backoffs, timeout=10)  # refused by the rate: sent for its next start
         name = task.lock_options.keyer.name((unique_key,), {})
-        lease = locker.try_acquire(name, 30, owner=Owner(task_id="holder"), renew=False)
+        holder = Owner(task_id="holder")  # in the task's slot table, as its calls' locks are
+        lease = locker.try_acquire(name, 30, owner=holder, renew=False, slotted=True)
         assert isinstance(lease, Lease)  # a body running when the call comes back
         try:
             wait_until(lambda: len(backoffs) >= 2, timeout=20)

@@ -64,8 +64,10 @@ def three_slots(locker: RedisLocker, name: str) -> list[str]:
     return [lock, f"{lock}:slot:2", f"{lock}:slot:3"]
 
 
-def held(store: redis.Redis, keys: list[str]) -> list[bool]:
-    return [bool(store.exists(key)) for key in keys]
+def held(locker: RedisLocker, name: str, keys: list[str]) -> list[bool]:
+    """Which of ``keys`` (slot names, slot 1 first) are held, read through the reading API."""
+    taken = {holder.key for holder in locker.inspect.holders(name, len(keys))}
+    return [key in taken for key in keys]
 
 
 @pytest.mark.parametrize(
@@ -89,7 +91,7 @@ def test_release_of_one_slot_frees_that_slot_only(
     args = [word.format(name=name, key2=keys[1]) for word in given]
     result = no_traceback(celery("locks", "release", *args, "--ping-timeout", "0.5"))
     assert result.returncode == 0, result.stderr
-    assert held(lock_store, keys) == [slot != freed for slot in (1, 2, 3)]
+    assert held(locker, name, keys) == [slot != freed for slot in (1, 2, 3)]
 
 
 def test_release_says_which_slot_it_released_and_whose_it_was(
@@ -118,8 +120,9 @@ def test_release_of_a_free_first_slot_names_the_slots_still_held(
     lock_store: redis.Redis,
     name: str,
 ) -> None:
-    keys = three_slots(locker, name)
-    lock_store.delete(keys[0])  # slot 1 released, as `release NAME` would
+    three_slots(locker, name)
+    # slot 1 released, as `release NAME` would
+    assert locker.release_abandoned(name, task_id="t-101", host=GONE, pid=101, slot=1)
     result = no_traceback(celery("locks", "release", name, "--ping-timeout", "0.5"))
     assert result.returncode == 1, result.stderr
     assert "slots 2, 3 of it are held" in result.stdout and "--slot 2" in result.stdout
@@ -154,7 +157,7 @@ def test_doctor_suggests_for_each_orphaned_slot_a_command_that_releases_it(
         words = shlex.split(fix)
         assert words[:4] == ["celery", "-A", APP, "locks"], fix
         no_traceback(celery(*words[3:], "--ping-timeout", "0.5"))
-    assert held(lock_store, keys) == [False, False, False]
+    assert held(locker, name, keys) == [False, False, False]
 
 
 # -- show of a free lock ------------------------------------------------------------------------

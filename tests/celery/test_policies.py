@@ -30,9 +30,9 @@ def _hold(
     locker: RedisLocker, task: Any, key: str, ttl: float = 30, task_id: str = "holder"
 ) -> Lease:
     """Take ``task``'s lock for ``key`` from outside, as another worker would."""
-    lease = locker.try_acquire(
-        task.lock_options.keyer.name((key,), {}), ttl, owner=Owner(task_id=task_id), renew=False
-    )
+    options = task.lock_options  # where the task's own calls look (its slot table or key)
+    name, owner = options.keyer.name((key,), {}), Owner(task_id=task_id)
+    lease = locker.try_acquire(name, ttl, owner=owner, renew=False, slotted=options.slotted)
     assert isinstance(lease, Lease)
     return lease
 

@@ -15,6 +15,7 @@ from typing import Any, Iterator
 import pytest
 import redis
 
+from tests.celery.conftest import lock_gone
 from tests.celery.tasks import core, queueing
 from tests.celery.workers import CeleryWorkerProcess, Servers, lock_key, unique, worker_group
 from tests.support import wait_until
@@ -82,4 +83,5 @@ def test_a_parked_call_that_expired_meanwhile_is_dropped_and_the_next_one_runs(
     assert expiring.state == "REVOKED"
     assert started_order(store, key) == [0, 2]
     assert store.zcard(parked_list(key)) == 0
-    wait_until(lambda: not store.exists(lock_key(queueing.queued_in_order, key, 0)), timeout=10)
+    lock = lock_key(queueing.queued_in_order, key, 0)
+    wait_until(lambda: lock_gone(store, lock), timeout=10)

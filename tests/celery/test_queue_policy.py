@@ -21,9 +21,9 @@ from tests.support import wait_until
 
 
 def _hold(locker: RedisLocker, task: Any, key: str, ttl: float = 30) -> Lease:
-    lease = locker.try_acquire(
-        task.lock_options.keyer.name((key,), {}), ttl, owner=Owner(task_id="holder"), renew=False
-    )
+    options = task.lock_options  # where the task's own calls look (its slot table or key)
+    name, owner = options.keyer.name((key,), {}), Owner(task_id="holder")
+    lease = locker.try_acquire(name, ttl, owner=owner, renew=False, slotted=options.slotted)
     assert isinstance(lease, Lease)
     return lease
 
@@ -202,7 +202,8 @@ def test_a_call_json_cannot_hold_keeps_its_serializer_on_its_lock_retry(
 ) -> None:
     task = queueing.queued_colour
     name = task.lock_options.keyer.name((unique_key, queueing.Colour.RED), {})
-    lease = locker.try_acquire(name, 30, owner=Owner(task_id="holder"), renew=False)
+    holder = Owner(task_id="holder")
+    lease = locker.try_acquire(name, 30, owner=holder, renew=False, slotted=True)  # as queue's
     assert isinstance(lease, Lease)
     result = task.apply_async((unique_key, queueing.Colour.RED), serializer="pickle")
     wait_until(lambda: result.state == "RETRY", timeout=10)  # not parked: a lock retry

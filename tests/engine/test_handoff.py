@@ -11,8 +11,12 @@ import redis
 
 from celery_singleton_lock import AlreadyFinished
 from celery_singleton_lock.engine import Lease, LockHolder, Owner, RedisLocker
-from celery_singleton_lock.engine.kinds.slot_queue import HANDOFF_TOKEN
 from celery_singleton_lock.engine.lease import Parked
+
+
+def reserved_for(holder: LockHolder) -> Optional[str]:
+    """The task id a hand-off reservation (pid 0, no host) keeps the lock for, or None."""
+    return holder.task_id if holder.pid == 0 and not holder.host else None
 
 
 def attempt(
@@ -42,6 +46,17 @@ def sweep(locker: RedisLocker, *, reservation_ttl: float) -> Optional[bytes]:
     handed = locker.queue.hand_on("job", reservation_ttl=reservation_ttl)
     assert len(handed) <= 1
     return handed[0] if handed else None
+
+
+def held(locker: RedisLocker) -> Optional[LockHolder]:
+    """Who holds lock "job" (a call, or a reservation), read through the public reading API."""
+    return locker.inspect.read("job")
+
+
+def ttl_left(locker: RedisLocker) -> float:
+    holder = held(locker)
+    assert holder is not None and holder.ttl is not None
+    return holder.ttl
 
 
 def parked_ids(locker: RedisLocker) -> list[bytes]:
@@ -88,10 +103,9 @@ def test_the_release_reserves_the_lock_for_the_oldest_parked_and_returns_its_mes
     attempt(locker, "c")
     owned, message = release(locker, lease, reservation_ttl=5)
     assert (owned, message) == (True, b"msg-b")
-    value = redis_client.get(locker.keys("job").lock)
-    assert value is not None and value.startswith(HANDOFF_TOKEN.encode())
-    assert value.endswith(b"|b")
-    assert 0 < redis_client.pttl(locker.keys("job").lock) <= 5000
+    slot = held(locker)
+    assert slot is not None and reserved_for(slot) == "b"
+    assert slot.ttl is not None and 0 < slot.ttl <= 5
 
 
 def test_only_the_reserved_task_id_takes_a_reserved_lock(locker: RedisLocker) -> None:
@@ -119,7 +133,7 @@ def test_releases_hand_the_lock_on_in_arrival_order(locker: RedisLocker) -> None
         next_id = message.decode().removeprefix("msg-")
         lease = attempt(locker, next_id)
     assert ran == ["a", "b", "c", "d", "e"]
-    assert not locker.client.exists(locker.keys("job").lock)
+    assert held(locker) is None
     assert locker.client.zscore(locker.keys("job").handoff_due, "job") is None
 
 
@@ -127,14 +141,15 @@ def test_a_release_with_nothing_parked_frees_the_lock(locker: RedisLocker) -> No
     lease = attempt(locker, "a")
     assert isinstance(lease, Lease)
     assert release(locker, lease, reservation_ttl=5) == (True, None)
-    assert not locker.client.exists(locker.keys("job").lock)
+    assert held(locker) is None
 
 
 def test_a_release_by_a_lease_that_lost_the_lock_hands_off_nothing(locker: RedisLocker) -> None:
     lease = attempt(locker, "a")
     assert isinstance(lease, Lease)
     attempt(locker, "b")
-    locker.client.delete(locker.keys("job").lock)
+    owner = lease.owner
+    assert locker.release_abandoned("job", task_id="a", host=owner.host, pid=owner.pid)
     assert isinstance(attempt(locker, "x"), Parked)  # free, but "b" is older: reserved for it
     assert release(locker, lease, reservation_ttl=5) == (False, None)
 
@@ -170,7 +185,7 @@ def test_the_sweeper_leaves_a_held_lock_and_looks_again_at_its_ttl(locker: Redis
     lease = attempt(locker, "a", ttl=0.3)
     assert isinstance(lease, Lease)
     attempt(locker, "b")
-    locker.client.pexpire(locker.keys("job").lock, 30_000)  # renewed meanwhile
+    assert locker.renew_by_owner([("job", lease.owner, 30.0)]) == []  # renewed meanwhile
     time.sleep(0.4)
     assert locker.queue.hand_off_due().names == ["job"]
     assert sweep(locker, reservation_ttl=5) is None
@@ -199,9 +214,9 @@ def test_a_published_hand_off_makes_its_short_reservation_live_the_whole_timeout
     assert isinstance(lease, Lease)
     attempt(locker, "b")
     assert release(locker, lease, reservation_ttl=3)[1] == b"msg-b"  # the send window
-    assert locker.client.pttl(locker.keys("job").lock) <= 3000
+    assert ttl_left(locker) <= 3
     assert locker.queue.handed("job", "b", reservation_ttl=60) is True
-    assert locker.client.pttl(locker.keys("job").lock) > 50_000
+    assert ttl_left(locker) > 50
     score = locker.client.zscore(locker.keys("job").handoff_due, "job")
     assert score is not None and score > time.time() * 1000 + 50_000  # looked at when it ends
 
@@ -216,7 +231,9 @@ def test_a_hand_off_published_after_its_reservation_was_taken_changes_nothing(
     taken = attempt(locker, "b", ttl=30)
     assert isinstance(taken, Lease)
     assert locker.queue.handed("job", "b", reservation_ttl=60) is False
-    assert locker.client.get(locker.keys("job").lock).startswith(taken.token.encode())
+    slot = held(locker)
+    assert slot is not None and reserved_for(slot) is None and slot.task_id == "b"
+    assert ttl_left(locker) > 25
 
 
 def test_the_sweeper_is_told_when_the_next_lock_falls_due(locker: RedisLocker) -> None:
@@ -259,9 +276,8 @@ def test_dropping_the_task_id_the_lock_is_reserved_for_hands_it_to_the_next_at_o
     assert locker.queue.drop_parked("job", "b", reservation_ttl=30) == b"msg-c"
     assert parked_ids(locker) == [b"c"]
     assert not redis_client.hexists(locker.keys("job").parked_messages, "b")
-    value = redis_client.get(locker.keys("job").lock)
-    assert value is not None and value.startswith(HANDOFF_TOKEN.encode())
-    assert value.endswith(b"|c")
+    slot = held(locker)
+    assert slot is not None and reserved_for(slot) == "c"
 
 
 def test_dropping_the_last_reserved_task_id_frees_the_lock(locker: RedisLocker) -> None:
@@ -270,7 +286,7 @@ def test_dropping_the_last_reserved_task_id_frees_the_lock(locker: RedisLocker) 
     attempt(locker, "b")
     release(locker, lease, reservation_ttl=30)
     assert locker.queue.drop_parked("job", "b", reservation_ttl=30) is True
-    assert not locker.client.exists(locker.keys("job").lock)
+    assert held(locker) is None
     assert isinstance(attempt(locker, "z"), Lease)
 
 

@@ -119,6 +119,48 @@ def test_releasing_a_dead_holder_takes_its_lock_out_of_the_index(
     assert redis_client.zcard(HELD) == 0
 
 
+def test_a_slot_acquire_indexes_its_slot_table_until_the_lease_ends(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    now_ms = int(redis_client.time()[0]) * 1000
+    lease = take(locker, "a", ttl=30, limit=3, renew=False)
+    score = redis_client.zscore(HELD, lease.keys.slot_table[0])
+    assert score is not None and now_ms + 29_000 <= score <= now_ms + 32_000
+
+
+def test_a_slot_renewal_moves_its_slot_tables_entry_to_the_lease_new_end(
+    redis_client: redis.Redis,
+) -> None:
+    renewer = Renewer(autostart=False)
+    locker = RedisLocker(redis_client, prefix=PREFIX, renewer=renewer)
+    lease = take(locker, "a", ttl=5, limit=3)
+    table = lease.keys.slot_table[0]
+    redis_client.zadd(HELD, {table: 1})  # as if its entry were stale
+    assert locker.renew_batch([lease], now=renewer.clock()) == []
+    now_ms = int(redis_client.time()[0]) * 1000
+    assert (redis_client.zscore(HELD, table) or 0) >= now_ms + 4_000
+    renewer.discard(lease)
+
+
+def test_releasing_the_last_slot_takes_its_slot_table_out_of_the_index(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    first, second = take(locker, "a", limit=3, renew=False), take(locker, "b", limit=3, renew=False)
+    first.release()
+    assert redis_client.zscore(HELD, second.keys.slot_table[0]) is not None
+    second.release()
+    assert redis_client.zcard(HELD) == 0
+
+
+def test_releasing_a_dead_slot_holder_takes_its_slot_table_out_of_the_index(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    owner = Owner(task_id="t-dead", host="h", pid=123)
+    assert isinstance(locker.try_acquire("a", 30, owner=owner, limit=2, renew=False), Lease)
+    assert locker.releases.release_abandoned("a", task_id="t-dead", host="h", pid=123)
+    assert redis_client.zcard(HELD) == 0
+
+
 # -- what the readers read ----------------------------------------------------------------------
 
 
@@ -139,6 +181,37 @@ def test_a_gone_keys_entry_is_kept_when_the_lock_was_taken_again(
     lease = take(locker, "a", renew=False)
     locker.inspect._drop_gone(HELD, [lease.key])  # a reader that saw it gone before
     assert redis_client.zscore(HELD, lease.key) is not None
+
+
+def test_scan_lists_each_slot_of_an_indexed_slot_table_without_a_scan(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    leases = [
+        locker.try_acquire("s", 30, owner=Owner(task_id=f"t{i}"), limit=3, renew=False)
+        for i in range(3)
+    ]
+    redis_client.config_resetstat()
+    keys = sorted(holder.key for holder in locker.inspect.scan())
+    assert (keys, calls(redis_client, "scan")) == (
+        sorted(lease.key for lease in leases if isinstance(lease, Lease)),
+        0,
+    )
+
+
+def test_a_slot_tables_entry_is_dropped_once_the_table_is_gone(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    lease = take(locker, "a", limit=2, renew=False)
+    redis_client.delete(*lease.keys.slot_table)  # as if it expired
+    assert (list(locker.inspect.scan()), redis_client.zcard(HELD)) == ([], 0)
+
+
+def test_a_slot_tables_entry_is_kept_while_the_table_is_there(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    lease = take(locker, "a", limit=2, renew=False)
+    locker.inspect._drop_gone(HELD, [lease.keys.slot_table[0]])
+    assert redis_client.zscore(HELD, lease.keys.slot_table[0]) is not None
 
 
 def test_scan_reads_the_index_as_a_generator_one_page_at_a_time(

@@ -148,12 +148,12 @@ def test_the_prepared_mutex_reading_the_rule_indexes_the_lock_it_takes(
     assert redis_client.zscore("t:held", locker.keys("proj.job:ix").lock) is not None
 
 
-def test_a_slot_acquire_reading_the_rule_indexes_the_slot_it_takes(
+def test_a_slot_acquire_reading_the_rule_indexes_the_slot_table_it_takes_from(
     locker: RedisLocker, redis_client: redis.Redis
 ) -> None:
     lease = take(locker, "x", limit=2)
     assert isinstance(lease, Lease)
-    assert redis_client.zscore("t:held", lease.key) is not None
+    assert redis_client.zscore("t:held", lease.keys.slot_table[0]) is not None
 
 
 def test_the_families_with_a_rule_are_listed_from_the_rule_index(

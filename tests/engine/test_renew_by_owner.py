@@ -5,7 +5,7 @@ from __future__ import annotations
 import redis
 
 from celery_singleton_lock.engine import Lease, Owner, RedisLocker
-from celery_singleton_lock.engine.server_renewal import CHUNK
+from celery_singleton_lock.engine.server_renewal import SLOT_CHUNK
 from tests.support import CountingConnection
 
 CHILD = Owner(task_id="t1", host="node@h", pid=4242)
@@ -103,11 +103,11 @@ def test_renewing_more_locks_by_owner_than_a_chunk_is_one_round_trip_reporting_e
     locker = RedisLocker(counting_client, prefix="t")
     held = [
         (f"k{i}", Owner(task_id=f"t{i}", host="node@h", pid=7), 30.0)
-        for i in range(2 * CHUNK + CHUNK // 2)
+        for i in range(2 * SLOT_CHUNK + 100)
     ]
     for name, owner, _ in held:
         hold(locker, name, owner)
-    lost = [0, CHUNK - 1, CHUNK, 2 * CHUNK + 7]
+    lost = [0, SLOT_CHUNK - 1, SLOT_CHUNK, 2 * SLOT_CHUNK + 7]
     counting_client.delete(*(locker.keys(held[index][0]).lock for index in lost))
     locker.renew_by_owner(held[:1])  # loads the script (NOSCRIPT)
     counting_client.config_resetstat()
@@ -121,11 +121,15 @@ def test_renewing_slots_by_owner_over_chunks_reports_the_locks_with_no_slot_of_t
     locker: RedisLocker, redis_client: redis.Redis
 ) -> None:
     owners = [Owner(task_id=f"t{i}", host="node@h", pid=7) for i in range(700)]
-    for i, owner in enumerate(owners):  # 3 slots each: 2,100 slot keys sent, over several chunks
+    for i, owner in enumerate(owners):  # 700 locks: 4 chunks
         lease = locker.try_acquire(f"k{i}", 30, owner=owner, limit=3, renew=False)
         assert isinstance(lease, Lease)
     lost = [0, 400, 699]
-    redis_client.delete(*(locker.keys(f"k{index}").lock for index in lost))
+    for index in lost:
+        owner = owners[index]
+        name = f"k{index}"
+        assert locker.release_abandoned(name, task_id=owner.task_id, host=owner.host, pid=7)
     held = [(f"k{i}", owner, 60.0) for i, owner in enumerate(owners)]
     assert locker.renew_by_owner(held, limits=[3] * len(held)) == lost
-    assert redis_client.pttl(locker.keys("k698").lock) > 30_000  # renewed to 60 s
+    renewed = locker.inspect.read("k698")
+    assert renewed is not None and renewed.ttl is not None and renewed.ttl > 30  # to 60 s

@@ -10,9 +10,8 @@ import pytest
 import redis
 
 from celery_singleton_lock.engine import Lease, LockHolder, Owner, RedisLocker
-from celery_singleton_lock.engine.kinds.slot_queue import HANDOFF_TOKEN
 from celery_singleton_lock.engine.lease import Parked
-from celery_singleton_lock.errors import LockNotOwnedError
+from celery_singleton_lock.errors import LockError
 from tests.support import wait_until
 
 Outcome = Union[Lease, LockHolder, Parked]
@@ -68,13 +67,12 @@ def parked_ids(locker: RedisLocker) -> list[bytes]:
 
 
 def reserved_for(client: redis.Redis, locker: RedisLocker, limit: int = 2) -> list[bytes]:
-    """The task ids the lock's slots are reserved for, by slot."""
-    keys = [locker.keys("job").lock] + [f"{locker.keys('job').lock}:slot:{k}" for k in (2, 3)]
-    values = [client.get(key) for key in keys[:limit]]
+    """The task ids the lock's slots are reserved for (pid 0, no host), by slot, read through
+    the public reading API."""
     return [
-        value.rsplit(b"|", 1)[1]
-        for value in values
-        if value is not None and value.startswith(HANDOFF_TOKEN.encode())
+        holder.task_id.encode()
+        for holder in locker.inspect.holders("job", limit)
+        if holder.pid == 0 and not holder.host
     ]
 
 
@@ -222,13 +220,14 @@ def test_the_index_forgets_a_lock_once_nothing_is_parked(locker: RedisLocker) ->
     assert client.exists(keys.parked_rule) == 0
 
 
-def test_a_slot_holding_something_not_a_lock_is_refused_not_overwritten(
+def test_a_slot_table_key_holding_something_else_is_refused_not_overwritten(
     locker: RedisLocker, redis_client: redis.Redis
 ) -> None:
-    redis_client.set(f"{locker.keys('job').lock}:slot:2", "user data")
-    with pytest.raises(LockNotOwnedError):
+    slots_key = locker.keys("job").slot_table[0]
+    redis_client.set(slots_key, "user data")
+    with pytest.raises(LockError):
         attempt(locker, "a")
-    assert redis_client.get(f"{locker.keys('job').lock}:slot:2") == b"user data"
+    assert redis_client.get(slots_key) == b"user data"
 
 
 def test_a_copy_of_a_running_call_is_neither_parked_nor_run(locker: RedisLocker) -> None:
@@ -310,3 +309,25 @@ def test_parked_calls_of_one_rank_keep_their_arrival_order(locker: RedisLocker) 
         attempt(locker, task_id, priority=3)
     attempt(locker, "f", priority=-3)
     assert parked_ids(locker) == [b"c", b"d", b"e", b"f"]
+
+
+def test_a_queue_slot_taken_indexes_its_slot_table_in_the_held_index(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    held = lease(attempt(locker, "a"))
+    assert redis_client.zscore("t:held", held.keys.slot_table[0]) is not None
+
+
+def test_a_slot_reserved_on_release_keeps_its_slot_table_listed(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    first = full_with_parked(locker, "c")
+    release(locker, first)
+    assert sorted(holder.task_id for holder in locker.inspect.scan()) == ["b", "c"]
+
+
+def test_the_last_queue_slot_released_takes_its_slot_table_out_of_the_held_index(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    release(locker, lease(attempt(locker, "a")))
+    assert redis_client.zcard("t:held") == 0

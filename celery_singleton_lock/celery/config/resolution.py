@@ -113,10 +113,18 @@ class LockOptions:
     #: a worker's call takes the key alone, without parking (``lock_limit`` 1, a policy other
     #: than ``queue`` and ``replace``): the task's prepared acquire (see acquire_plan)
     mutex: bool = field(init=False)
+    #: every call's lock lives in its slot table (engine/slots.py), whatever the call's limit:
+    #: a ``lock_limit`` other than the static 1 (a callable one too), a rate, or a policy
+    #: that parks behind the slots (``queue``); else its lock key. Chosen once, here, so that
+    #: the calls of one task never look for each other in two places
+    slotted: bool = field(init=False)
 
     def __post_init__(self) -> None:
         mutex = self.limit == 1 and not self.policy.parks
         object.__setattr__(self, "mutex", mutex)  # frozen: set once, here
+        one = type(self.limit) is int and self.limit == 1
+        slotted = not one or self.rate is not None or self.policy.parks_behind_slots
+        object.__setattr__(self, "slotted", slotted)
 
     def priority_rank(self, priority: Optional[int]) -> int:
         """The rank of a call whose message has ``priority`` among the calls parked in

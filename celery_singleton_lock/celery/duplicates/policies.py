@@ -49,6 +49,9 @@ class DuplicatePolicy:
     parks: ClassVar[bool] = False
     #: what a lock backend must support for it (fields of ``Capabilities``)
     needs: ClassVar[tuple[str, ...]] = ()
+    #: it parks calls behind the slots of the lock's slot table (engine/slots.py), one slot
+    #: or many: every call of the task keeps its lock there (``LockOptions.slotted``)
+    parks_behind_slots: ClassVar[bool] = False
     #: a held lock sends the message again later: with ``dedupe_on_enqueue`` the acquire keeps
     #: the call's queued marker meanwhile
     resends: ClassVar[bool] = False
@@ -188,6 +191,7 @@ class Queue(DuplicatePolicy):
     name = "queue"
     parks = True
     needs: ClassVar[tuple[str, ...]] = ("parking", "ordered_queue")
+    parks_behind_slots = True
     waits_when_eager = True
     stores_state = True
     orders_parked = True

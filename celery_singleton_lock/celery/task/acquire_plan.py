@@ -49,6 +49,7 @@ def request_base(task: Any, options: LockOptions, has_id: bool, eager: bool) -> 
         finished_ttl=options.finished_ttl or 3600.0,
         rate=options.rate,
         cap_key=options.cap_key,
+        slotted=options.slotted,
     )
     if worker_call:
         task._acquire_base = (options, base)  # per task instance: on_lost is its own

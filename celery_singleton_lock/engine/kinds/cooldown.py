@@ -5,7 +5,8 @@ token and a pid no owner has, for the cooldown's length (lua/release_into_cooldo
 acquire finds it held (by the run that just ended, its remaining TTL the cooldown left), no
 one can release or renew it, and it frees itself when the cooldown ends. The release is
 published, as any release is: a waiter then reads the key again and sleeps for the cooldown
-left (its end publishes nothing). The same works on a slot key (:mod:`..slots`).
+left (its end publishes nothing). A slot of a slot table (:mod:`..slots`) stays taken the
+same way (lua/release_slot.lua).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ class Cooldown:
         """Release ``lease`` (as ``release`` does, ``remember_for`` too), leaving its key taken
         for ``cooldown`` seconds: True if it was still ours (its cooldown then began), False
         if not (nothing changed)."""
+        if lease.slot:  # a slot stays taken in its slot table (lua/release_slot.lua)
+            return self.releases.release_slot(lease, max(1, int(cooldown * 1000)), remember_for)
         args: list[Any] = [lease.token, max(1, int(cooldown * 1000)), lease.keys.channel]
         script_keys = [lease.key, *self.releases.issuer.held_keys]
         return bool(

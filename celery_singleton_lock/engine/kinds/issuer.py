@@ -51,9 +51,11 @@ class Issuer:
         fence: Optional[int],
         sent_at: float,
         max_lifetime: Optional[float] = None,
+        slot: int = 0,
     ) -> Lease:
         """The lease an acquire took, renewed from now if ``request`` asks; ``max_lifetime``:
-        the call's, else the request's."""
+        the call's, else the request's; ``slot``: the slot of the lock's slot table it holds
+        (0: the lock key)."""
         if max_lifetime is None:
             max_lifetime = request.max_lifetime
         return Lease(
@@ -67,4 +69,5 @@ class Issuer:
             deadline=None if max_lifetime is None else sent_at + max_lifetime,
             on_lost=request.on_lost,
             renewer=self.renewer if request.renew else None,
+            slot=slot,
         )

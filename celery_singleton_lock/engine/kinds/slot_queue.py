@@ -18,7 +18,7 @@ from typing import Any, NamedTuple, Optional, Union
 from redis.commands.core import Script
 
 from celery_singleton_lock.engine import lease as _lease
-from celery_singleton_lock.engine import server_errors, slots
+from celery_singleton_lock.engine import server_errors
 from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
 from celery_singleton_lock.engine.keys import handoff_index
 from celery_singleton_lock.engine.kinds.issuer import Issuer
@@ -47,9 +47,6 @@ HANDOFF_TOKEN = "handoff-reserved-for-next-parked"
 #: A lock's rule: its number of slots, its rate (``(count, seconds)`` or None) and the key of
 #: its task's live cap ("" none).
 Rule = tuple[int, Optional[tuple[int, float]], str]
-
-#: The rule of a lock parked without one written (latest wins: one slot, no rate, no cap).
-MUTEX_RULE: Rule = (1, None, "")
 
 
 class Due(NamedTuple):
@@ -93,6 +90,7 @@ class SlotQueue:
         self._handoff_due: Script = server.register(source("handoff_due"))
         #: the windows of slots a sweeper reads on a Cluster (see :mod:`..slot_sweep`)
         self._window = SlotSweep(server, issuer.shared.handoff) if server.cluster else None
+        self._hand_on_lock: Script = server.register(source("hand_on_lock"))
 
     def acquire(self, request: AcquireRequest, owner: Owner) -> AcquireOutcome:
         """One round trip of ACQUIRE_SLOT_OR_PARK: a slot taken, or the call parked."""
@@ -103,18 +101,19 @@ class SlotQueue:
         value = f"{token}||{int(issuer.wall_clock() * 1000)}|{owner.fields}"
         limit = request.limit
         counter, finished = issuer.shared.of(keys.lock, owner.task_id)
-        script_keys = [slots.slot_key(keys, slot) for slot in range(1, limit + 1)]
-        script_keys += (counter, keys.starts, keys.parked, keys.parked_messages)
+        script_keys = [*keys.slot_table, counter, keys.starts, keys.parked, keys.parked_messages]
         script_keys += (issuer.shared.handoff_index(keys.lock), keys.parked_rule)
         script_keys.append(keys.parked_rounds)
         args: list[Any] = [_ms(request.ttl), value, "1" if request.fencing else "0", limit]
         args += _rate_args(request.rate)
         args += (owner.task_id, request.park, keys.name, _ms(request.reservation_ttl))
         args += (request.fair, "1" if request.cap_key else "", request.priority)
+        args.append("1" if issuer.held_keys else "")
         if request.cap_key:
             script_keys.append(request.cap_key)
         if request.unless_finished:
             script_keys.append(finished)
+        script_keys += issuer.held_keys  # the held index, last (ARGV[14])
         script = self._slot_or_park
         reply, acknowledged = send(self.server, script, keys, script_keys, args, request)
         if reply == -1:
@@ -126,9 +125,7 @@ class SlotQueue:
             return holder
         if len(reply) == 2 and isinstance(reply[0], int):
             slot, fence = int(reply[0]), int(reply[1])
-            lease = issuer.lease(
-                request, slots.slot_keys(keys, slot), token, owner, fence or None, sent_at
-            )
+            lease = issuer.lease(request, keys, token, owner, fence or None, sent_at, slot=slot)
             confirm_replicas(lease, acknowledged, request)
             log_acquire.debug("acquired %s (fence=%s)", lease.key, lease.fence)
             return lease
@@ -187,22 +184,41 @@ class SlotQueue:
         """KEYS and ARGV of HAND_ON_SLOTS (see its contract) for a lock of ``rule``."""
         limit, rate, cap_key = rule
         keys = self.issuer.keys(name)
-        script_keys = [slots.slot_key(keys, slot) for slot in range(1, limit + 1)]
-        script_keys += (keys.starts, keys.parked, keys.parked_messages)
+        script_keys = [*keys.slot_table, keys.starts, keys.parked, keys.parked_messages]
         script_keys.append(self.issuer.shared.handoff_index(keys.lock))
         script_keys += (keys.parked_rule, keys.parked_rounds)
         args: list[Any] = [limit, *_rate_args(rate), mode, subject, keys.channel, keys.name]
         args += (_ms(reservation_ttl), cooldown_ms, "1" if cap_key else "")
         if cap_key:
             script_keys.append(cap_key)
+        script_keys += self.issuer.held_keys  # before a release's finish record, if any
         return script_keys, args
 
-    def _rule(self, name: str) -> Rule:
-        """The rule of the calls parked behind lock ``name`` (one slot, no rate, when none
-        is written: latest wins)."""
+    def _rule(self, name: str) -> Optional[Rule]:
+        """The rule of the calls parked behind lock ``name``'s slots; None when none is
+        written: a call waits behind its lock key (latest wins)."""
         key = self.issuer.keys(name).parked_rule
         raw = server_errors.call(lambda: self.server.client.get(key), key)
-        return parse_rule(raw) or MUTEX_RULE
+        return parse_rule(raw)
+
+    def _hand_on(self, name: str, mode: str, subject: str, reservation_ttl: float) -> list[Any]:
+        """The reply of a sweep, a drop or a 'sent' (see lua/hand_on_slots.lua) on lock
+        ``name``: on its slots by its rule, or on its lock key when no rule is written
+        (lua/hand_on_lock.lua)."""
+        rule = self._rule(name)
+        if rule is None:
+            keys = self.issuer.keys(name)
+            script_keys = [
+                keys.lock,
+                keys.parked,
+                keys.parked_messages,
+                self.issuer.shared.handoff_index(keys.lock),
+            ]
+            script_keys.append(keys.parked_rounds)
+            args = [mode, subject, keys.name, _ms(reservation_ttl)]
+            return list(self.server.run(self._hand_on_lock, keys.lock, script_keys, args))
+        script_keys, args = self._hand_on_call(name, rule, mode, subject, reservation_ttl)
+        return list(self.server.run(self._hand_on_slots, script_keys[0], script_keys, args))
 
     # -- the sweeper's side ------------------------------------------------------------------
 
@@ -221,9 +237,7 @@ class SlotQueue:
         """A sweeper's step on the lock ``name``: reserve its free slots for the oldest parked
         ids without one, as far as the rate allows; their messages, to publish (a held slot is
         looked at again when its TTL runs out)."""
-        rule = self._rule(name)
-        script_keys, args = self._hand_on_call(name, rule, "sweep", "", reservation_ttl)
-        _, *handed = self.server.run(self._hand_on_slots, script_keys[0], script_keys, args)
+        _, *handed = self._hand_on(name, "sweep", "", reservation_ttl)
         return [as_bytes(message) for message in handed]
 
     def handed(self, name: str, task_id: str, *, reservation_ttl: float) -> bool:
@@ -232,9 +246,7 @@ class SlotQueue:
         publishes stalls the lock only that long) lives ``reservation_ttl`` seconds from now.
         False if no slot is reserved for it (it took its slot already, or the window ran out
         and a sweeper sends its message again: a copy its finish record drops)."""
-        rule = self._rule(name)
-        script_keys, args = self._hand_on_call(name, rule, "sent", task_id, reservation_ttl)
-        done, *_ = self.server.run(self._hand_on_slots, script_keys[0], script_keys, args)
+        done, *_ = self._hand_on(name, "sent", task_id, reservation_ttl)
         return bool(done)
 
     def drop_parked(self, name: str, task_id: str, *, reservation_ttl: float) -> Union[bool, bytes]:
@@ -246,9 +258,7 @@ class SlotQueue:
         reserved for (now dropped), False if it was neither. A slot held by ``task_id``
         itself is never touched.
         """
-        rule = self._rule(name)
-        script_keys, args = self._hand_on_call(name, rule, "drop", task_id, reservation_ttl)
-        done, *handed = self.server.run(self._hand_on_slots, script_keys[0], script_keys, args)
+        done, *handed = self._hand_on(name, "drop", task_id, reservation_ttl)
         return as_bytes(handed[0]) if handed else bool(done)
 
     def hand_off_soon(self, name: str) -> int:

@@ -1,5 +1,5 @@
 """Up to N holders of one lock name, and a rate of starts (``lock_limit``, ``lock_rate``): one
-of N slots taken in one round trip (lua/acquire_slot.lua, with the slot keys of
+of N slots taken in one round trip (lua/acquire_slot.lua, on the lock's slot table,
 :mod:`..slots`). Parking behind the slots is :mod:`.slot_queue`'s job."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from celery_singleton_lock.engine import lease as _lease
 from celery_singleton_lock.engine import server_errors, slots
 from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
 from celery_singleton_lock.engine.kinds.issuer import Issuer
+from celery_singleton_lock.engine.kinds.mutex import confirm_replicas, send
 from celery_singleton_lock.engine.lease import LockHolder, Owner, already_finished, new_token
 from celery_singleton_lock.engine.lua_scripts import source
 from celery_singleton_lock.engine.redis_server import RedisServer
@@ -48,16 +49,16 @@ class Slots:
             "" if self.server.cluster else request.cap_key,  # live_rules.py: not a cluster's
             issuer.held_keys,
         )
-        reply = self.server.run(self._acquire_slot, keys.lock, script_keys, args, pinned=True)
+        script = self._acquire_slot
+        reply, acknowledged = send(self.server, script, keys, script_keys, args, request)
         if type(reply) is list:
             slot, fence = int(reply[0]), int(reply[1])
             if slot == 0 and len(reply) > 2:  # paused by the live rule for ``fence`` ms
                 return LockHolder.paused_for(keys.lock, fence)
             if slot == 0:  # over the rate: ``fence`` is the wait in ms
                 return LockHolder(keys.lock, "", "", None, None, None, fence / 1000.0, False, True)
-            lease = issuer.lease(
-                request, slots.slot_keys(keys, slot), token, owner, fence or None, sent_at
-            )
+            lease = issuer.lease(request, keys, token, owner, fence or None, sent_at, slot=slot)
+            confirm_replicas(lease, acknowledged, request)
             log_acquire.debug("acquired %s (fence=%s)", lease.key, lease.fence)
             return lease
         if reply == -1:

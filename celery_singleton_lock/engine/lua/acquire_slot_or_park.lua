@@ -2,19 +2,21 @@
 -- message behind the lock's N slots in arrival order, in one round trip. A free slot goes
 -- to the oldest parked id without a reservation (reserved here, its message returned for
 -- the caller to publish), not to a newer caller; a slot reserved for this id is taken over.
--- (How the slots are handed on: includes/slot_queue.lua.)
--- KEYS[1..N]  the N slot keys, slot 1 first (as acquire_slot.lua)
--- KEYS[N+1]   shared fence counter
--- KEYS[N+2]   the lock's starts (sorted set, as acquire_slot.lua), used with ARGV[5] only
--- KEYS[N+3]   parked task ids (sorted set)   KEYS[N+4]  parked messages (hash)
--- KEYS[N+5]   hand-off index           KEYS[N+6]  the lock's rule (see includes/slot_queue.lua)
--- KEYS[N+7]   the lock's parked rounds (hash, see includes/handoff.lua): the rounds with ARGV[11],
---             the arrival counter of every parked call
--- KEYS[N+8]   with ARGV[12] '1': the task's live rule (includes/live_rule.lua: a cap, see
+-- (How the slots are handed on: includes/slot_queue.lua; the slot table: slot_table.lua.)
+-- KEYS[1..2]  the lock's slot table: slots, slot-data
+-- KEYS[3]     shared fence counter
+-- KEYS[4]     the lock's starts (sorted set, as acquire_slot.lua), used with ARGV[5] only
+-- KEYS[5]     parked task ids (sorted set)   KEYS[6]  parked messages (hash)
+-- KEYS[7]     hand-off index           KEYS[8]  the lock's rule (see includes/slot_queue.lua)
+-- KEYS[9]     the lock's parked rounds (hash, see includes/handoff.lua): the rounds with
+--             ARGV[11], the arrival counter of every parked call
+-- KEYS[10]    with ARGV[12] '1': the task's live rule (includes/live_rule.lua: a cap, see
 --             includes/slot_queue.lua's capped, and a pause: the call parks, taking no slot,
 --             not even one reserved for it)
--- KEYS[N+8+c] optional: the finish-record set to look in (as acquire_slot.lua's KEYS[N+3]);
---             c is 1 with the live cap, else 0
+-- KEYS[10+c]  optional: the finish-record set to look in (as acquire_slot.lua's KEYS[5]);
+--             c is 1 with the live rule, else 0
+-- KEYS[#KEYS] with ARGV[14] '1': the held index (includes/held_index.lua; one server only):
+--             a slot taken or reserved writes the table's slots key there
 -- ARGV[1]     ttl in ms            ARGV[2]  the lock value with an empty fence
 -- ARGV[3]     '1' to hand out a fence    ARGV[4]  N
 -- ARGV[5]     at most this many starts in any window of ARGV[6] ms; '' none
@@ -22,9 +24,10 @@
 -- ARGV[9]     the lock name (member of the index)   ARGV[10]  ms a reservation lives
 -- ARGV[11]    the call's fairness value (lock_fair_by): parked by rounds across values
 --             (includes/handoff.lua's park_fair); '' parked in arrival order
--- ARGV[12]    '1' when KEYS[N+8] is the live cap; '' none
+-- ARGV[12]    '1' when KEYS[10] is the live rule; '' none
 -- ARGV[13]    without ARGV[11]: the call's rank (its message's priority, higher: handed a
 --             slot sooner; includes/park_priority.lua); '' or 0: arrival order
+-- ARGV[14]    '1': KEYS[#KEYS] is the held index; '' none
 -- Returns     {slot, fence}: acquired the 1-based slot (also for a resend of the same token).
 --             integer -1: the finish record exists; nothing changed.
 --             string 'pttl|fence|acquired_at|pid|host|task_id': a slot is held by an
@@ -33,7 +36,6 @@
 --               was); holder as the string above for the slot that frees first ('' if none
 --               is taken), position this id's 1-based place, then the messages of the ids
 --               just handed a free slot (the caller publishes each).
---             error NOTLOCK: a slot key holds a string that is not a lock value.
 --- @include "slot_queue"
 --- @include "finish_records"
 --- @include "take_lock"
@@ -43,23 +45,38 @@
 local n = tonumber(ARGV[4])
 local c = ARGV[12] == '1' and 1 or 0
 local id, token = ARGV[7], string.sub(ARGV[2], 1, 32)
-local q = {starts = KEYS[n + 2], parked = KEYS[n + 3], messages = KEYS[n + 4],
-           index = KEYS[n + 5], rule = KEYS[n + 6], rounds = KEYS[n + 7], name = ARGV[9],
+local held = ARGV[14] == '1' and KEYS[#KEYS] or nil  -- held index
+local records = #KEYS > 9 + c + (held and 1 or 0) and KEYS[10 + c] or nil
+local q = {S = slot_keys(1, held), starts = KEYS[4], parked = KEYS[5], messages = KEYS[6],
+           index = KEYS[7], rule = KEYS[8], rounds = KEYS[9], name = ARGV[9],
            reserve = tonumber(ARGV[10]), rate = tonumber(ARGV[5]), window = tonumber(ARGV[6]),
            cap = nil, paused = nil}
-q.cap, q.paused = live_rule(c == 1 and KEYS[n + 8] or nil)
-if KEYS[n + 8 + c] and is_finished(KEYS[n + 8 + c], id) then
+q.cap, q.paused = live_rule(c == 1 and KEYS[10] or nil)
+if records and is_finished(records, id) then
   return -1
 end
-local free, reserved, mine, copy, first, first_pttl = survey(n, token, id)
-free = capped(q, n, free)
-if mine then
-  return {mine, fence_of(redis.call('GET', KEYS[mine]))}
-end
 local now = now_ms()
-local take, handed = not q.paused and reserved[id], {}
-if not take and copy then
-  return redis.call('PTTL', KEYS[copy]) .. '|' .. string.sub(redis.call('GET', KEYS[copy]), 34)
+slot_trim(q.S, now, 16)
+local mine, v = slot_by(q.S, token, now)
+if mine then
+  return {tonumber(mine), fence_of(v)}
+end
+local take, reservation = slot_by(q.S, 'r:' .. id, now)
+if q.paused then  -- paused: not even a slot reserved for it is taken
+  take, reservation = nil, nil
+end
+local handed = {}
+if not take then
+  local copy, held = slot_by(q.S, 't:' .. id, now)
+  if copy then
+    local _, pttl = slot_read(q.S, copy, now)
+    return pttl .. '|' .. string.sub(held, 34)
+  end
+end
+local holder = ''  -- the slot that frees first before this call hands any on
+local first, first_pttl = slot_first(q.S, now)
+if first then
+  holder = first_pttl .. '|' .. string.sub(redis.call('HGET', q.S.data, 'v' .. first), 34)
 end
 if take then
   if q.rate then  -- its reservation counted as a start: its real start replaces it
@@ -67,13 +84,13 @@ if take then
     redis.call('ZADD', q.starts, now, token)
   end
 else
-  local reached
-  handed, free, reached = hand_slots(n, q, free, reserved, now, n, id)
-  if reached and #free > 0 then
+  local free, reached = room(q, n, now), nil
+  handed, free, reached = hand_slots(n, q, free, now, n, id)
+  if reached and free > 0 then
     redis.call('ZREM', q.starts, 'r:' .. id)
     if rate_wait(q.starts, q.rate, q.window, now) == 0 then
-      take = free[1]
-      if q.rate then
+      take = slot_number(q.S, n, now)
+      if take and q.rate then
         redis.call('ZADD', q.starts, now, token)
         redis.call('PEXPIRE', q.starts, q.window + q.reserve)
       end
@@ -82,10 +99,10 @@ else
 end
 if take then
   unpark(q.parked, q.messages, id)
-  redis.call('GET', KEYS[take])  -- survey's MGET reads a key of another type as nil
-  local fence = take_lock(KEYS[take], ARGV[2], ARGV[1], ARGV[3], KEYS[n + 1])
+  local value, fence = fenced(ARGV[2], ARGV[3], KEYS[3])
+  slot_put(q.S, take, value, now, tonumber(ARGV[1]), reservation)
   schedule(n, q, now)
-  return {take, fence}
+  return {tonumber(take), fence}
 end
 local position
 if ARGV[11] ~= '' then
@@ -94,12 +111,8 @@ else
   position = park_ranked(q.parked, q.messages, q.rounds, id, ARGV[8], tonumber(ARGV[13]) or 0)
 end
 redis.call('SET', q.rule, n .. '|' .. ARGV[5] .. '|' .. ARGV[6] .. '|'
-           .. (c == 1 and KEYS[n + 8] or ''))
+           .. (c == 1 and KEYS[10] or ''))
 schedule(n, q, now)
-local holder = ''
-if first then
-  holder = first_pttl .. '|' .. string.sub(redis.call('GET', KEYS[first]), 34)
-end
 local reply = {holder, position}
 for _, message in ipairs(handed) do
   reply[#reply + 1] = message

@@ -4,14 +4,17 @@
 -- oldest first, as far as the rate allows (includes/slot_queue.lua); or (ARGV[4] 'sent') the
 -- word that a handed id's message was published: its reservation, made short so that a death
 -- before the publish stalls nobody for long, now lives its full time.
--- KEYS[1..N]  the N slot keys       KEYS[N+1]  the lock's starts (sorted set)
--- KEYS[N+2]   parked task ids       KEYS[N+3]  parked messages      KEYS[N+4]  hand-off index
--- KEYS[N+5]   the lock's rule       KEYS[N+6]  the lock's parked rounds (deleted with the last
+-- KEYS[1..2]  the lock's slot table: slots, slot-data (includes/slot_table.lua)
+-- KEYS[3]     the lock's starts (sorted set)
+-- KEYS[4]     parked task ids       KEYS[5]  parked messages      KEYS[6]  hand-off index
+-- KEYS[7]     the lock's rule       KEYS[8]  the lock's parked rounds (deleted with the last
 --             parked call)
--- KEYS[N+7]   with ARGV[10] '1': the task's live rule (includes/live_rule.lua: a cap, see
---             includes/slot_queue.lua's capped, and a pause: no slot handed on meanwhile)
--- KEYS[N+7+c] optional ('release' only): the finish-record set (as release.lua's KEYS[2]); c
---             is 1 with the live cap, else 0
+-- KEYS[9]     with ARGV[10] '1': the task's live rule (includes/live_rule.lua: a cap, see
+--             includes/slot_queue.lua's room, and a pause: no slot handed on meanwhile)
+-- KEYS[9+c]   optional: the held index (includes/held_index.lua; one server only): a slot
+--             reserved or cooling writes the table's slots key there, a table left empty is
+--             taken out; c is 1 with the live rule, else 0
+-- KEYS[#KEYS] with ARGV[11..12] ('release' only): the finish-record set (as release.lua's)
 -- ARGV[1]     N   ARGV[2]  the rate's starts ('' none)   ARGV[3]  its window in ms
 -- ARGV[4]     'release', 'sweep', 'drop' or 'sent'
 -- ARGV[5]     'release': the releasing owner's token; 'drop': the task id to drop; 'sent': the
@@ -21,7 +24,7 @@
 -- ARGV[9]     'release': the cooldown in ms ('' none): the slot stays taken that long (as
 --             release_into_cooldown.lua), and is handed on when it ends; nothing is
 --             published then
--- ARGV[10]    '1' when KEYS[N+7] is the live cap; '' none
+-- ARGV[10]    '1' when KEYS[9] is the live rule; '' none
 -- ARGV[11..12] with the finish-record set: as release.lua's ARGV[3..4]
 -- The slots handed on are the first N, or fewer when the lock's rule (written by the newest
 -- parked call) names fewer: a limit lowered while calls are parked (a callable lock_limit)
@@ -32,7 +35,6 @@
 --             its slot already, or its reservation ran out); then the messages of the ids
 --             just handed a slot, to publish. 'drop' hands at most one slot (the sweeper does
 --             the rest), 'sent' none.
---             error NOTLOCK: a slot key holds a string that is not a lock value.
 --- @include "slot_queue"
 --- @include "finish_records"
 --- @include "cooldown"
@@ -41,69 +43,59 @@
 
 local n, mode = tonumber(ARGV[1]), ARGV[4]
 local c = ARGV[10] == '1' and 1 or 0
-local q = {starts = KEYS[n + 1], parked = KEYS[n + 2], messages = KEYS[n + 3],
-           index = KEYS[n + 4], rule = KEYS[n + 5], rounds = KEYS[n + 6], name = ARGV[7],
+local records = ARGV[12] and KEYS[#KEYS]
+local held = #KEYS == 9 + c + (records and 1 or 0) and KEYS[9 + c] or nil  -- held index
+local q = {S = slot_keys(1, held), starts = KEYS[3], parked = KEYS[4], messages = KEYS[5],
+           index = KEYS[6], rule = KEYS[7], rounds = KEYS[8], name = ARGV[7],
            reserve = tonumber(ARGV[8]), rate = tonumber(ARGV[2]), window = tonumber(ARGV[3]),
            cap = nil, paused = nil}
-q.cap, q.paused = live_rule(c == 1 and KEYS[n + 7] or nil)
+q.cap, q.paused = live_rule(c == 1 and KEYS[9] or nil)
+local now = now_ms()
 local done, max = 1, n
 if mode == 'release' then
-  local slot
-  for i = 1, n do
-    if redis.call('GETRANGE', KEYS[i], '0', '31') == ARGV[5] then
-      slot = i
-      break
-    end
-  end
+  local slot, v = slot_by(q.S, ARGV[5], now)
   if not slot then
     return {0}
   end
-  local v = redis.call('GET', KEYS[slot])
-  if KEYS[n + 7 + c] then
-    record_finished(KEYS[n + 7 + c], ARGV[11], ARGV[12])
+  if records then
+    record_finished(records, ARGV[11], ARGV[12])
   end
   if ARGV[9] ~= '' then
-    cool_down(KEYS[slot], v, ARGV[9])
+    slot_put(q.S, slot, cooled(v), now, tonumber(ARGV[9]), v)
   else
-    redis.call('DEL', KEYS[slot])
-    announce(ARGV[6], KEYS[slot])
+    slot_clear(q.S, slot, v)
+    announce(ARGV[6], q.S.slots)
   end
 elseif mode == 'drop' then
   local id = ARGV[5]
   done = math.min(1, unpark(q.parked, q.messages, id))
-  for i = 1, n do
-    local v = redis.call('GET', KEYS[i])
-    if v and string.sub(v, 1, 32) == HANDOFF_TOKEN and task_id_of(v) == id then
-      redis.call('DEL', KEYS[i])
-      redis.call('ZREM', q.starts, 'r:' .. id)
-      done = 1
-    end
+  local slot, v = slot_by(q.S, 'r:' .. id, now)
+  if slot then
+    slot_clear(q.S, slot, v)
+    redis.call('ZREM', q.starts, 'r:' .. id)
+    done = 1
   end
   max = 1
 elseif mode == 'sent' then
   local id = ARGV[5]
   done = 0
-  for i = 1, n do
-    local v = redis.call('GET', KEYS[i])
-    if v and string.sub(v, 1, 32) == HANDOFF_TOKEN and task_id_of(v) == id then
-      redis.call('PEXPIRE', KEYS[i], q.reserve)
-      if q.rate then  -- its start counts at the latest it can now come (slot_queue.lua)
-        redis.call('ZADD', q.starts, 'XX', now_ms() + q.reserve, 'r:' .. id)
-        redis.call('PEXPIRE', q.starts, q.window + q.reserve)
-      end
-      done = 1
+  local slot = reserved_for(q, id, now)
+  if slot then
+    slot_extend(q.S, slot, now, q.reserve)
+    if q.rate then  -- its start counts at the latest it can now come (slot_queue.lua)
+      redis.call('ZADD', q.starts, 'XX', now + q.reserve, 'r:' .. id)
+      redis.call('PEXPIRE', q.starts, q.window + q.reserve)
     end
+    done = 1
   end
   max = 0
 end
+slot_trim(q.S, now, 16)
 local rule = redis.call('GET', q.rule)
 if rule then
   n = math.min(n, tonumber(string.match(rule, '^(%d+)|')) or n)
 end
-local now = now_ms()
-local free, reserved = survey(n, nil, nil)
-free = capped(q, n, free)
-local handed = hand_slots(n, q, free, reserved, now, max, nil)
+local handed = hand_slots(n, q, room(q, n, now), now, max, nil)
 schedule(n, q, now)
 local reply = {done}
 for _, message in ipairs(handed) do

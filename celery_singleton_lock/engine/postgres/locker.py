@@ -286,14 +286,14 @@ class PostgresLocker:
         return checks.release_all(self)
 
     def release_abandoned(
-        self, name: str, *, task_id: str, host: str, pid: int, slot: int = 1
+        self, name: str, *, task_id: str, host: str, pid: int, slot: Optional[int] = None
     ) -> bool:
         """Free the lock ``name`` (its ``slot``) of a dead execution, matched by its owner
         fields; True if it was held by that owner."""
         key = self.keys(name).lock
         params = {
             "prefix": self.prefix,
-            "name": slot_row(name, slot),  # admission: the slot's row
+            "name": slot_row(name, 1 if slot is None else slot),  # admission: the slot's row
             "task_id": task_id,
             "host": host,
             "pid": pid,

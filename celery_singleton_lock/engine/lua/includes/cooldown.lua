@@ -4,10 +4,15 @@
 -- just ended, no one can release or renew it, and it frees itself when the cooldown ends.
 
 -- Write the lock (or slot) `key`, whose released value was `v`, into its cooldown of `ms` ms.
-local function cool_down(key, v, ms)
+-- The value of a cooldown after the released value `v`.
+local function cooled(v)
   local fence_end = string.find(v, '|', 34, true)
   local acquired_end = string.find(v, '|', fence_end + 1, true)
   local pid_end = string.find(v, '|', acquired_end + 1, true)
-  redis.call('SET', key, 'cooldowncooldowncooldowncooldown' .. string.sub(v, 33, acquired_end)
-             .. 'cooldown' .. string.sub(v, pid_end), 'PX', ms)
+  return 'cooldowncooldowncooldowncooldown' .. string.sub(v, 33, acquired_end) .. 'cooldown'
+         .. string.sub(v, pid_end)
+end
+
+local function cool_down(key, v, ms)
+  redis.call('SET', key, cooled(v), 'PX', ms)
 end

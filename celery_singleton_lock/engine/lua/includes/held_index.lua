@@ -1,8 +1,9 @@
 -- The held index: one sorted set per prefix on ONE server (P:held, engine/keys.py's
--- held_index), member a held lock (or slot) key, score when its lease ends, in ms by the
--- server's clock. Written by the scripts that already take, renew, cool down and release a
--- lock, so that reading the held locks (celery locks list, doctor) costs O(held locks), not a
--- SCAN of the whole database. It has no hash tag: a script may write it only on one server or a
+-- held_index), member a held lock key or a slot table's slots key (includes/slot_table.lua:
+-- a slot has no key; readers expand the table into its live slots), score when its (latest)
+-- lease ends, in ms by the server's clock. Written by the scripts that already take, renew,
+-- cool down and release a lock, so that reading the held locks (celery locks list, doctor)
+-- costs O(held locks), not a SCAN of the whole database. It has no hash tag: a script may write it only on one server or a
 -- Sentinel group's primary, never on a Redis Cluster (its key is in another slot than the
 -- lock's); there the client passes no index key, every function below is then a no-op, and the
 -- readers SCAN each primary instead (engine/reading.py).

@@ -1,5 +1,5 @@
--- Policy queue: calls parked behind the N slot keys KEYS[1..n] of a lock (slots.py; a mutex is
--- the lock with one slot, its key the lock key), with a cooldown and a rate; the parked set,
+-- Policy queue: calls parked behind the N slots of a lock (its slot table, slot_table.lua; a
+-- mutex that queues is the lock with one slot), with a cooldown and a rate; the parked set,
 -- parked messages, hand-off index and reservation value are handoff.lua's.
 --
 -- - a slot is reserved for ONE parked task id at a time (the reservation value names it), and
@@ -25,75 +25,68 @@
 -- cap key) is written when a call is parked and deleted with the last parked id: the sweeper,
 -- which knows only the lock's name, reads it to call hand_on_slots.lua with the lock's keys.
 --
--- `q` is the lock's queue: {starts, parked, messages, index, rule, rounds, name, reserve, rate,
--- window, cap} (keys, the lock name, the reservation's life in ms, the rate or nil, its window,
--- the live cap or nil).
---- @include "lock_value"
---- @include "handoff"
+-- `q` is the lock's queue: {S, starts, parked, messages, index, rule, rounds, name, reserve,
+-- rate, window, cap, paused} (its slot table, keys, the lock name, the reservation's life in
+-- ms, the rate or nil, its window, the live rule's cap or nil and pause or nil).
+--- @include "slot_table"
 --- @include "rate"
 --- @include "live_rule"
 
--- The slots KEYS[1..n] now: free slot indices (in order), parked ids holding a reservation
--- (id -> slot), the slot holding token (or nil), the slot held by an execution of task id
--- id (a copy, or nil), the slot that frees first and its PTTL (or nil). Raises NOTLOCK.
-local function survey(n, token, id)
-  local free, reserved, mine, copy, first, first_pttl = {}, {}, nil, nil, nil, nil
-  local values = redis.call('MGET', unpack(KEYS, 1, n))  -- one call reads every slot
-  for i = 1, n do
-    local v = values[i]
-    if not v then
-      free[#free + 1] = i
-    else
-      if string.sub(v, 33, 33) ~= '|' then
-        error({err = 'NOTLOCK ' .. KEYS[i] .. ' holds a value that is not a lock'})
-      end
-      local t, holder = string.sub(v, 1, 32), task_id_of(v)
-      if t == token then
-        mine = i
-      elseif t == HANDOFF_TOKEN then
-        reserved[holder] = i
-      elseif id and holder == id then
-        copy = copy or i
-      end
-      local pttl = redis.call('PTTL', KEYS[i])
-      if pttl >= 0 and (not first_pttl or pttl < first_pttl) then
-        first, first_pttl = i, pttl
-      end
-    end
+-- How many of the first n slots a call may take now: the free ones, within the live rule's cap
+-- (held, reserved and cooling slots all count as taken); none while the live rule pauses
+-- the lock (q.paused).
+local function room(q, n, now)
+  if q.paused then
+    return 0
   end
-  return free, reserved, mine, copy, first, first_pttl
-end
-
--- The live cap (`celery locks limit`): at most q.cap slots taken at once (held, reserved or
--- cooling), whatever N; the free slots beyond it are not free. `free` is survey's list.
-local function capped(q, n, free)
-  free = paused_free(q, free)
+  local taken = slots_taken(q.S, now)
+  local free = n - taken
   if q.cap then
-    local allowed = math.max(q.cap - (n - #free), 0)
-    while #free > allowed do
-      table.remove(free)
-    end
+    free = math.min(free, q.cap - taken)
   end
-  return free
+  return math.max(free, 0)
 end
 
--- Reserve free slots for the parked ids without one, oldest first, while the rate allows,
--- stopping at stop_id (the caller, who takes a slot itself) and after max slots. Returns
--- the handed messages, the slots still free, and whether the walk reached stop_id or the
--- end of the list (false: it stopped for the rate or for max).
-local function hand_slots(n, q, free, reserved, now, max, stop_id)
+-- The slot reserved for parked task id `id`, or nil.
+local function reserved_for(q, id, now)
+  return (slot_by(q.S, 'r:' .. id, now))
+end
+
+-- The slot indexed as reserved for each of `ids` (or false), read 1,000 at a time.
+local function reservations_of(q, ids)
+  local found = {}
+  for start = 1, #ids, 1000 do
+    local fields = {}
+    for i = start, math.min(start + 999, #ids) do
+      fields[#fields + 1] = 'r:' .. ids[i]
+    end
+    for _, slot in ipairs(redis.call('HMGET', q.S.data, unpack(fields))) do
+      found[#found + 1] = slot
+    end
+  end
+  return found
+end
+
+-- Reserve free slots (`free` of them may be taken) for the parked ids without one, oldest
+-- first, while the rate allows, stopping at stop_id (the caller, who takes a slot itself)
+-- and after max slots. Returns the handed messages, the room left, and whether the walk
+-- reached stop_id or the end of the list (false: it stopped for the rate or for max).
+local function hand_slots(n, q, free, now, max, stop_id)
   local handed = {}
-  if #free == 0 then
+  if free == 0 then
     return handed, free, false
   end
-  -- at most n ids hold a reservation: n + #free + 1 ids hold #free + 1 without one
-  local walked = redis.call('ZRANGE', q.parked, 0, n + #free)
-  for _, id in ipairs(walked) do
+  -- at most n ids hold a reservation: n + free + 1 ids hold free + 1 without one
+  local walked = redis.call('ZRANGE', q.parked, 0, n + free)
+  local indexed = reservations_of(q, walked)
+  -- with no slot's time come, every indexed reservation is live: no slot read per id
+  local exact = redis.call('ZCOUNT', q.S.slots, 0, now) == 0
+  for i, id in ipairs(walked) do
     if id == stop_id then
       return handed, free, true
     end
-    if not reserved[id] then
-      if #free == 0 or #handed >= max then
+    if not (indexed[i] and (exact or reserved_for(q, id, now))) then
+      if free == 0 or #handed >= max then
         return handed, free, false
       end
       if q.rate then
@@ -104,11 +97,12 @@ local function hand_slots(n, q, free, reserved, now, max, stop_id)
         redis.call('ZADD', q.starts, now + q.reserve, 'r:' .. id)
         redis.call('PEXPIRE', q.starts, q.window + q.reserve)
       end
-      local slot = table.remove(free, 1)
-      redis.call('GET', KEYS[slot])  -- survey's MGET reads a key of another type as nil
-      redis.call('SET', KEYS[slot], HANDOFF_TOKEN .. '||' .. now .. '|0||' .. id,
-                 'PX', q.reserve)
-      reserved[id] = slot
+      local slot = slot_number(q.S, n, now)
+      if not slot then
+        return handed, 0, false
+      end
+      slot_put(q.S, slot, HANDOFF_TOKEN .. '||' .. now .. '|0||' .. id, now, q.reserve, nil)
+      free = free - 1
       handed[#handed + 1] = redis.call('HGET', q.messages, id) or ''
     end
   end
@@ -116,27 +110,23 @@ local function hand_slots(n, q, free, reserved, now, max, stop_id)
 end
 
 -- Write when a sweeper should next look at the lock (see above), or take it out of the index
--- (and drop its rule) when nothing is parked.
+-- (and drop its rule) when nothing is parked; the slot table goes when no slot is taken.
 local function schedule(n, q, now)
   local waiting = redis.call('ZCARD', q.parked)
   if waiting == 0 then
     redis.call('ZREM', q.index, q.name)
     redis.call('DEL', q.rule, q.rounds)
-    return
+  else
+    local due
+    if room(q, n, now) > 0 and waiting > slots_reserved(q.S) then
+      due = now + rate_wait(q.starts, q.rate, q.window, now)
+    end
+    local _, first_pttl = slot_first(q.S, now)
+    if first_pttl and (not due or now + first_pttl < due) then
+      due = now + first_pttl
+    end
+    due = paused_due(q, now, due)
+    redis.call('ZADD', q.index, due or (now + q.reserve), q.name)
   end
-  local free, reserved, _, _, _, first_pttl = survey(n, nil, nil)
-  free = capped(q, n, free)
-  local due
-  local holding = 0
-  for _ in pairs(reserved) do
-    holding = holding + 1
-  end
-  if #free > 0 and waiting > holding then
-    due = now + rate_wait(q.starts, q.rate, q.window, now)
-  end
-  if first_pttl and (not due or now + first_pttl < due) then
-    due = now + first_pttl
-  end
-  due = paused_due(q, now, due)
-  redis.call('ZADD', q.index, due or (now + q.reserve), q.name)
+  slot_tidy(q.S, now)
 end

@@ -6,8 +6,11 @@ from __future__ import annotations
 import pytest
 
 from celery_singleton_lock.celery.config.servers import check_url
-from celery_singleton_lock.engine.postgres.connections import where
 from celery_singleton_lock.errors import LockConfigurationError
+
+pytest.importorskip("psycopg")  # the oldest corner installs no psycopg
+
+from celery_singleton_lock.engine.postgres.connections import where
 
 MULTI = "postgresql://u:pw@10.0.0.1:5432,10.0.0.2:5433/app?target_session_attrs=read-write"
 

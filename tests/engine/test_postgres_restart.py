@@ -11,11 +11,12 @@ import pytest
 
 from celery_singleton_lock.engine.acquire_request import AcquireRequest
 from celery_singleton_lock.engine.lease import Lease
-from celery_singleton_lock.engine.postgres.locker import PostgresLocker
 from celery_singleton_lock.engine.renewer import Renewer
 from tests.postgres_servers import PrivatePostgres, private_postgres
 
-pytest.importorskip("psycopg")
+pytest.importorskip("psycopg")  # the oldest corner installs no psycopg
+
+from celery_singleton_lock.engine.postgres.locker import PostgresLocker
 
 
 @pytest.fixture(scope="module")

@@ -46,7 +46,7 @@ RECONNECT_PAUSE = 0.5
 class CancelSignal:
     """One watched call: ``asked`` turns True once a newer call asked it to stop."""
 
-    __slots__ = ("asked", "channel", "name", "task_id")
+    __slots__ = ("asked", "channel", "name", "subscribed", "task_id")
 
     def __init__(self, name: str, channel: str, task_id: str) -> None:
         self.name = name
@@ -54,6 +54,10 @@ class CancelSignal:
         self.task_id = task_id
         #: set by the watch's thread (a plain attribute: reading it costs the body nothing)
         self.asked = False
+        #: set once the server confirmed the channel's subscription: the news is pushed from
+        #: then on (never, where the client cannot subscribe, e.g. SSUBSCRIBE before redis-py
+        #: 5: the body then keeps reading the flag itself)
+        self.subscribed = False
 
 
 class CancelWatch:
@@ -212,7 +216,11 @@ class CancelWatch:
         if kind in ("subscribe", "ssubscribe"):
             self.confirmed += 1
         with self._lock:
-            signals = [s for s in self._by_channel.get(channel, ()) if not s.asked]
+            watched = list(self._by_channel.get(channel, ()))
+        if kind in ("subscribe", "ssubscribe"):
+            for signal in watched:
+                signal.subscribed = True
+        signals = [s for s in watched if not s.asked]
         if not signals:
             return
         if kind in ("message", "smessage"):

@@ -165,7 +165,8 @@ def _lock_keys(quorum: list[RedisServer]) -> list[str]:
     for server in quorum:
         client = server.client()
         try:
-            left += [key.decode() for key in client.scan_iter(match="singleton-lock*")]
+            # a lock's keys: the prefix's own (the held index, P:held) are not a lock's
+            left += [key.decode() for key in client.scan_iter(match="singleton-lock:{*")]
         finally:
             client.close()
     return sorted(left)

@@ -48,8 +48,9 @@ F = TypeVar("F", bound=Callable[..., Any])
 #: channel from the body's first look, see engine/cancel_watch.py); a read now and then covers
 #: a message lost while that connection was down, or a process that could not subscribe.
 CANCEL_POLL = 2.0
-#: Seconds between two reads of the flag where the backend cannot push the news (PostgreSQL):
-#: the read is then the only way the body learns it.
+#: Seconds between two reads of the flag while the news is not pushed: on a backend that
+#: cannot push it (PostgreSQL), or until the server confirmed the subscription (never, with a
+#: client that cannot subscribe): the read is then the only way the body learns it.
 CANCEL_READ_UNPUSHED = 0.05
 
 
@@ -103,7 +104,6 @@ class LockScope(LockHandle):
 
     __slots__ = (
         "_body_started",
-        "_cancel_poll",
         "_cancel_read_at",
         "_cancel_signal",
         "_cancelled",
@@ -142,7 +142,6 @@ class LockScope(LockHandle):
         self._closed = False
         self._cancelled = False
         self._cancel_read_at = -math.inf  # the first look reads, however young the clock
-        self._cancel_poll = CANCEL_READ_UNPUSHED  # CANCEL_POLL once the news is pushed
         self._cancel_signal: Optional[CancelSignal] = None
         _open.by_name[name] = self
 
@@ -166,7 +165,8 @@ class LockScope(LockHandle):
             self._cancelled = True
             return True
         now = time.monotonic()
-        if now - self._cancel_read_at < self._cancel_poll:
+        pushed = signal is not None and signal.subscribed  # else the reads are the news
+        if now - self._cancel_read_at < (CANCEL_POLL if pushed else CANCEL_READ_UNPUSHED):
             return False
         task = self.task
         if not (task._lock_options or task.resolve_lock_options()).policy.restarts:
@@ -180,7 +180,6 @@ class LockScope(LockHandle):
                 # listened to from now; a stop asked before the subscription took effect is
                 # found by the read below, or by the read that follows its confirmation
                 signal = self._cancel_signal = cancels.watch(self.name, self.task_id)
-                self._cancel_poll = CANCEL_POLL
             asked = cancels.cancel_requested([(self.name, self.task_id)])
         except LockError as exc:  # not told: the worker's grace still ends it (prefork)
             log.warning(

@@ -304,6 +304,9 @@ def test_every_retried_call_runs_when_its_retry_state_cannot_be_stored(
     # SUCCESS it failed to store, with the results of their lock retries (one result backend
     # per worker thread): unsubscribe them all now, not when collected after the servers stop.
     ids = {call.id for call in calls}
-    for result in [found for found in gc.get_objects() if isinstance(found, AsyncResult)]:
+    # type(), not isinstance(): isinstance asks a proxy's __class__, which evaluates it (a
+    # lazy current_app of another test finalized there, with its lock server's refusals)
+    found_results = [found for found in gc.get_objects() if issubclass(type(found), AsyncResult)]
+    for result in found_results:
         if result.id in ids:
             result.backend.result_consumer.cancel_for(result.id)

@@ -8,6 +8,7 @@ import threading
 import uuid
 from typing import Any, Callable, Iterator
 
+import celery
 import pytest
 from celery import states
 from celery.events.state import State
@@ -223,6 +224,10 @@ def test_a_skipped_duplicate_never_reads_a_state_celery_does_not_know(
     assert events.states_of(task_id) <= CELERY_STATES
 
 
+#: whether this Celery's tracer sends a task-started for the run of a parked call (5.3 does not)
+SECOND_STARTED = celery.VERSION >= (5, 5)
+
+
 def test_a_parked_call_is_started_while_its_body_runs_and_success_after(
     worker: Any, celery_app: Any, store: Any, unique_key: str
 ) -> None:
@@ -233,9 +238,12 @@ def test_a_parked_call_is_started_while_its_body_runs_and_success_after(
         events.wait_for("lock-duplicate", uuid=parked.id, action="queue")
         core.open_gate(unique_key)  # the holder ends; the parked call runs, at the gate
         wait_until(lambda: store.llen(f"runs:{unique_key}") == 2, timeout=30)
-        # while its body runs (held at the gate) the call reads STARTED, whatever events its
-        # parked attempt sent (Celery 5.3's tracer sends no second task-started for it)
-        wait_until(lambda: events.state.tasks[parked.id].state == states.STARTED, timeout=30)
+        if SECOND_STARTED:
+            # while its body runs (held at the gate) the call reads STARTED. Celery 5.3's
+            # tracer sends no task-started for the run of a parked call: its state then is
+            # what the events of its parked attempt left, which is Celery's merging, not ours
+            # (read STARTED in most runs, not in one loaded full run of the oldest corner)
+            wait_until(lambda: events.state.tasks[parked.id].state == states.STARTED, timeout=30)
         core.open_gate(unique_key)
         assert parked.get(timeout=30) == parked.id and holder.get(timeout=30) == holder.id
         wait_until(lambda: events.state.tasks[parked.id].state == states.SUCCESS, timeout=10)

@@ -93,6 +93,9 @@ class RedisServer:
     ) -> None:
         self.binary = find_redis_server()
         self.port = port or free_port()
+        #: the port was chosen here: a start that finds it taken meanwhile (another process
+        #: bound it between the choice and the server's bind) may choose again
+        self._port_chosen = port is None
         self.extra_args = list(extra_args)
         self.password = password
         self.dir = tempfile.mkdtemp(prefix="csl-redis-")
@@ -109,6 +112,21 @@ class RedisServer:
         return redis.Redis(host="127.0.0.1", port=self.port, password=self.password, **options)
 
     def start(self, timeout: float = 10.0) -> RedisServer:
+        attempts = 3 if self._port_chosen else 1
+        for attempt in range(1, attempts + 1):
+            try:
+                self._start(timeout)
+            except RuntimeError:
+                exited = self.process is not None and self.process.poll() is not None
+                if not exited or attempt == attempts:
+                    raise
+                self.port = free_port()  # taken since it was chosen: choose again
+            else:
+                break
+        self._port_chosen = False  # clients know it now: a later start keeps it
+        return self
+
+    def _start(self, timeout: float) -> RedisServer:
         args = [
             self.binary,
             "--port",
@@ -134,7 +152,10 @@ class RedisServer:
         while True:
             try:
                 probe.ping()
-                break
+                if self.process.poll() is None:
+                    break
+                # answered by another server on this port: ours could not bind it
+                raise redis.exceptions.ConnectionError("port taken")
             except redis.exceptions.ConnectionError:
                 if self.process.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"{self.binary} did not start on port {self.port}") from None

@@ -130,7 +130,8 @@ def try_acquire(
         cap_key: the key of the live rule of the lock's family (engine live_rules.py): its
             cap (with ``limit`` or ``rate``: at most that many slots taken at once, whatever
             ``limit`` says) and its pause (nothing taken: a :class:`LockHolder` with
-            ``paused``; with ``park``: parked). Read in the same script call; not on a cluster.
+            ``paused``; with ``park``: parked). Read in the same script call (on a cluster:
+            its copy in the lock's slot).
         priority: with ``park`` and no ``fair``: the call's rank; parked calls of a higher
             rank are handed slots first, arrival order within one (-255..255).
         slotted: keep the lock in its slot table even with one slot and no rate (see

@@ -37,10 +37,10 @@ Layout, for prefix ``P`` and lock name ``N``::
     P:handoff-due    (one per prefix; one per slot on a Cluster, see shared_keys.py) lock
                      names a hand-off sweeper should look at, scored by when (see
                      lua/includes/handoff.lua)
-    P:cap:F          (one per family F, a task's or group's name; no hash tag: not on a
-                     Cluster) the live rule of its locks, a hash: 'cap' (``celery locks
-                     limit``) and 'until' (``celery locks pause``, ``pause_for``), see
-                     live_rules.py
+    P:cap:F          (one per family F, a task's or group's name; on a Cluster a copy per
+                     slot, ``P:cap:F:{T}``, see shared_keys.py) the live rule of its locks,
+                     a hash: 'cap' (``celery locks limit``) and 'until' (``celery locks
+                     pause``, ``pause_for``), see live_rules.py
     P:rules          (one per prefix, no hash tag) the families F that have had a live rule
                      (a set), so that listing them needs no SCAN
 
@@ -181,5 +181,5 @@ def cap_key(prefix: str, family: str) -> str:
     """Key of the live rule (a hash: ``cap``, ``until``; see live_rules.py) of the locks whose
     names start with ``family`` (a task's or group's name) and a colon: at most ``cap`` slots
     of each lock taken at once, whatever its ``lock_limit``, and no start before ``until``.
-    Without a hash tag, it is read only on one server or Sentinel, not on a Cluster."""
+    Without a hash tag: a Cluster keeps a copy of it per slot (``SharedKeys.rule_of``)."""
     return f"{prefix}:cap:{family}"

@@ -6,11 +6,15 @@ of the family's locks reads it in the same script call (lua/includes/live_rule.l
 costs no round trip; the parked calls' hand-off reads it too, and looks again when a pause
 ends (so a parked call wakes then, and nothing polls meanwhile).
 
-One key per family serves every lock of it, so it sits in one hash slot: read only on one
-server or a Sentinel group's primary. On a Redis Cluster each lock's keys carry their own hash
-tag (the whole lock name), and a script may touch keys of one slot only: the family's key
-cannot be read beside each of its locks, so a cluster has no live rule (:class:`.RedisLocker`'s
-``live_rules`` is None there, and the commands refuse it).
+On a Redis Cluster each lock's keys carry their own hash tag (the whole lock name), and a
+script may touch keys of one slot only: one key per family cannot sit beside each of its
+locks. So a cluster keeps a copy of the rule in every one of its 16,384 slots,
+``P:cap:F:{T}`` (``T`` the slot's tag, :func:`.shared_keys.slot_tag`), and an acquire reads
+the copy in its lock's slot (:meth:`.SharedKeys.rule_of`). A copy per slot, not per slot that
+holds a lock of the family now: the family's next lock may land in any slot. A change writes
+every copy, one cluster pipeline (one round trip per primary): its copies change one by one
+while it runs, and every lock reads the new rule once it returns. A read takes slot 0's copy.
+Each copy is a small hash: what 16,384 of them cost is measured in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -18,17 +22,23 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from redis.commands.core import Script
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS
 
-from celery_singleton_lock.engine import server_errors
+from celery_singleton_lock.engine import script_calls, server_errors
 from celery_singleton_lock.engine.backend import LiveRule
 from celery_singleton_lock.engine.keys import cap_key, handoff_index, rule_index
 from celery_singleton_lock.engine.lua_scripts import source
 from celery_singleton_lock.engine.redis_server import RedisServer
+from celery_singleton_lock.engine.script_calls import EachKey
+from celery_singleton_lock.engine.shared_keys import SharedKeys
+
+#: the slots of a Redis Cluster, each with its copy of a family's rule
+_SLOTS = range(REDIS_CLUSTER_HASH_SLOTS)
 
 
 class RedisLiveRules:
-    """The live rules of the families under ``prefix`` on ``server`` (one server or
-    Sentinel)."""
+    """The live rules of the families under ``prefix`` on ``server`` (one server, Sentinel,
+    or a Cluster: a copy per slot, see the module docstring)."""
 
     def __init__(self, server: RedisServer, prefix: str) -> None:
         self.server = server
@@ -54,34 +64,55 @@ class RedisLiveRules:
         self._set(family, 0, False)
 
     def _set(self, family: str, ms: Any, lengthen: bool) -> float:
-        key = self.key(family)
-        keys = [key, handoff_index(self.prefix), rule_index(self.prefix)]
+        key, prefix, server = self.key(family), self.prefix, self.server
         args = [ms, "1" if lengthen else "", f"{family}:"]
-        till = int(self.server.run(self._pause, key, keys, args))
-        return float("inf") if till == -1 else till / 1000.0
+        if not server.cluster:
+            keys = [key, handoff_index(prefix), rule_index(prefix)]
+            till = int(server.run(self._pause, key, keys, args))
+            return float("inf") if till == -1 else till / 1000.0
+        if ms != 0:  # in another slot than the copies: listed apart, before them
+            index = rule_index(prefix)
+            server_errors.call(lambda: server.client.sadd(index, family), index)
+        handoff, of_slot = handoff_index(prefix), SharedKeys.of_slot
+        calls = [([of_slot(key, slot), of_slot(handoff, slot)], args) for slot in _SLOTS]
+        # each copy's own server clock: a node reads its copies with it
+        ends = script_calls.run(self._pause, key, [], [], EachKey(server.client, calls))
+        return float("inf") if -1 in ends else max(int(end) for end in ends) / 1000.0
 
     def set_cap(self, family: str, cap: Optional[int]) -> None:
         """Set ``family``'s live cap (None: remove it)."""
         key, client, index = self.key(family), self.server.client, rule_index(self.prefix)
+        copies = [key]
+        if self.server.cluster:
+            copies = [SharedKeys.of_slot(key, slot) for slot in _SLOTS]
 
         def write() -> Any:
-            pipe = client.pipeline(transaction=True)
-            if cap is None:
-                pipe.hdel(key, "cap")
-            else:
-                pipe.hset(key, "cap", cap)
+            # one server: a transaction; a cluster: a pipeline, one round trip per primary
+            pipe = client.pipeline(transaction=not self.server.cluster)
+            for copy in copies:
+                if cap is None:
+                    pipe.hdel(copy, "cap")
+                else:
+                    pipe.hset(copy, "cap", cap)
+            if cap is not None:
                 pipe.sadd(index, family)  # listed by every() without a SCAN
             return pipe.execute()
 
         server_errors.call(write, key)
 
     def read(self, family: str) -> LiveRule:
-        """``family``'s rule now (one round trip: the hash and the server's clock)."""
+        """``family``'s rule now (one round trip: the hash and the server's clock; on a
+        cluster slot 0's copy and its node's clock)."""
         key, client = self.key(family), self.server.client
 
         def both() -> Any:
-            pipe = client.pipeline(transaction=False)
-            pipe.hmget(key, "cap", "until")
+            if self.server.cluster:
+                copy = SharedKeys.of_slot(key, 0)
+                node = client.get_node_from_key(copy)
+                pipe = node.redis_connection.pipeline(transaction=False)
+            else:
+                copy, pipe = key, client.pipeline(transaction=False)
+            pipe.hmget(copy, "cap", "until")
             pipe.time()
             return pipe.execute()
 

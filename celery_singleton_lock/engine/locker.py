@@ -160,11 +160,9 @@ class RedisLocker:
         self.queue: Optional[SlotQueue] = SlotQueue(server, issuer, releases)
         self.latest: Optional[LatestWins] = LatestWins(server, issuer, releases)
         self.cancels = Cancels(server, issuer)
-        #: the families' live caps and pauses (one key per family, no hash tag: not on a
-        #: cluster)
-        self.live_rules: Optional[RedisLiveRules] = None
-        if not server.cluster:
-            self.live_rules = RedisLiveRules(server, self.prefix)
+        #: the families' live caps and pauses (one key per family; on a cluster a copy per
+        #: slot)
+        self.live_rules = RedisLiveRules(server, self.prefix)
         # A task's release is the hot path: the releases' own methods, bound here, cost no
         # call more than before; the methods below (the same) are what is documented and typed.
         self.release = releases.release  # type: ignore[method-assign]

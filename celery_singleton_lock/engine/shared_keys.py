@@ -18,13 +18,15 @@ keys is bounded whatever the number of distinct lock names:
                                    (lua/includes/handoff.lua)
     P:superseded-due               the lock names with displaced calls left to mark, by when
                                    (lua/includes/displace.lua)
+    P:cap:F                        a family's live rule (live_rules.py); on a cluster only
+                                   its copies, one per slot
 
 On a Redis Cluster a script may only touch keys of one hash slot, so there is one counter,
-one set of finish-record sets and one of each index per slot: the same names with ``:{T}``
-inserted after ``fence`` / ``finished`` (appended to the indexes), where ``T`` is a short tag
-hashing to the lock's slot (:func:`slot_tag`), and ``CLUSTER_SHARDS`` sets per slot (fewer:
-the records spread over the slots; all of them in one slot, e.g. a single lock name, still
-leave ~3,500 per set). At most 16,384 counters, however many lock names. The scripts that use
+one set of finish-record sets, one of each index and a copy of each live rule per slot: the
+same names with ``:{T}`` inserted after ``fence`` / ``finished`` (appended to the indexes and
+rules), where ``T`` is a short tag hashing to the lock's slot (:func:`slot_tag`), and
+``CLUSTER_SHARDS`` sets per slot (fewer: the records spread over the slots; all of them in
+one slot, e.g. a single lock name, still leave ~3,500 per set). At most 16,384 counters, however many lock names. The scripts that use
 them: ``lua/includes/take_lock.lua``, ``lua/includes/finish_records.lua``, and those of the
 queue and latest wins; a sweeper reads the indexes of a window of slots per tick
 (:mod:`.slot_sweep`).
@@ -126,6 +128,14 @@ class SharedKeys:
         if not self.cluster:
             return self.superseded
         return f"{self.superseded}:{{{slot_tag(key_slot(lock_key.encode()))}}}"
+
+    def rule_of(self, cap_key: str, lock_key: str) -> str:
+        """The copy of a family's live rule ``cap_key`` (:mod:`.live_rules`) that the acquire
+        of the lock at ``lock_key`` reads: the key itself on one server, its copy in the
+        lock's slot on a cluster ("" without a rule)."""
+        if not (self.cluster and cap_key):
+            return cap_key
+        return f"{cap_key}:{{{slot_tag(key_slot(lock_key.encode()))}}}"
 
     @staticmethod
     def of_slot(index: str, slot: int) -> str:

@@ -163,14 +163,16 @@ class Mutex:
             request.unless_finished,
             request.take_queued,
         )
-        held = self.issuer.held_keys
-        # the live rule (a pause) is read in the same call, only beside the held index (one
-        # server; neither on a cluster: see lua/acquire.lua's contract)
-        rule = [request.cap_key] if request.cap_key and held else []
-        if not (fencing or unless_finished or take_queued):
+        issuer = self.issuer
+        held = issuer.held_keys
+        # the live rule (a pause) is read in the same call: in the short form only beside the
+        # held index (one server); a cluster, which keeps none, sends the long form with the
+        # rule's copy in the lock's slot (see lua/acquire.lua's contract)
+        rule = [issuer.shared.rule_of(request.cap_key, keys.lock)] if request.cap_key else []
+        if not (fencing or unless_finished or take_queued) and (held or not rule):
             return [keys.lock, *held, *rule], [_ms(request.ttl), value]
-        counter, finished = self.issuer.shared.of(keys.lock, owner.task_id)
-        script_keys = [keys.lock, counter, finished, keys.queued, *held, *self.issuer.marker_keys]
+        counter, finished = issuer.shared.of(keys.lock, owner.task_id)
+        script_keys = [keys.lock, counter, finished, keys.queued, *held, *issuer.marker_keys]
         script_keys += rule
         args: list[Any] = [
             _ms(request.ttl),

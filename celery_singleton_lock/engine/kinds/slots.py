@@ -46,7 +46,7 @@ class Slots:
             issuer.shared.of(keys.lock, owner.task_id),
             owner.task_id,
             request.unless_finished,
-            "" if self.server.cluster else request.cap_key,  # live_rules.py: not a cluster's
+            issuer.shared.rule_of(request.cap_key, keys.lock),  # a cluster's: the slot's copy
             issuer.held_keys,
         )
         script = self._acquire_slot

@@ -3,7 +3,8 @@
 -- KEYS[1]  lock key (string; its value: includes/lock_value.lua)
 -- With one key (a Redis Cluster), two (KEYS[2] the held index) or three (KEYS[3] the live
 -- rule) the script is a SET NX PX and reads no other key but the rule. Otherwise four, six
--- with the indexes (one server) and seven with the live rule:
+-- with the indexes (one server) and seven with the live rule; five on a Redis Cluster with
+-- the live rule (KEYS[5] the rule's copy in the lock's slot, no index):
 -- KEYS[2]  the shared fence counter (see includes/take_lock.lua)
 -- KEYS[3]  the finish-record set of the owner's task id (includes/finish_records.lua; its
 --          name: shared_keys.py)
@@ -11,9 +12,10 @@
 -- KEYS[2] of the short form, KEYS[5] of the long: the held index (includes/held_index.lua),
 --          on one server only (left out on a Redis Cluster)
 -- KEYS[6]  with KEYS[5]: the marker index (see enqueue.lua): a deleted marker's entry goes too
--- KEYS[3] of the short form, KEYS[7] of the long: the task's (or group's) live rule
---          (includes/live_rule.lua), only with the held index (one server): while it pauses
---          the lock's name, nothing is taken
+-- KEYS[3] of the short form, KEYS[7] of the long (KEYS[5] of five, a Cluster's): the
+--          task's (or group's) live rule (includes/live_rule.lua): while it pauses the lock's
+--          name, nothing is taken. The short form reads it only with the held index (one
+--          server): a Cluster sends the long form to have it read
 -- ARGV[1]  ttl in ms
 -- ARGV[2]  the lock value with an empty fence: '<token>||<acquired_at>|<pid>|<host>|<task_id>'
 -- ARGV[3]  '1' to hand out a fence, '0' not
@@ -57,7 +59,11 @@ if #KEYS <= 3 then
   end
 else
   local finished = ARGV[5] ~= '' and is_finished(KEYS[3], ARGV[4])
-  local _, paused = live_rule(KEYS[7])
+  local held_index, marker_index, rule = KEYS[5], KEYS[6], KEYS[7]
+  if #KEYS == 5 then  -- a Cluster's, with the rule: no index
+    held_index, rule = nil, KEYS[5]
+  end
+  local _, paused = live_rule(rule)
   local take = ARGV[6] == '1' or (ARGV[6] == '2' and finished)
   if ARGV[6] == '2' and not take and not paused then
     local held = redis.call('GET', KEYS[1])
@@ -65,7 +71,7 @@ else
   end
   if take and redis.call('GET', KEYS[4]) == ARGV[4] then
     redis.call('DEL', KEYS[4])
-    unindex_held(KEYS[6], KEYS[4])  -- marker index
+    unindex_held(marker_index, KEYS[4])
   end
   if finished then
     return -1
@@ -75,7 +81,7 @@ else
     return {-3, paused}
   end
   if not v then
-    index_held(KEYS[5], KEYS[1], ARGV[1])
+    index_held(held_index, KEYS[1], ARGV[1])
     return take_lock(KEYS[1], ARGV[2], ARGV[1], ARGV[3], KEYS[2])
   end
 end

@@ -1,11 +1,13 @@
 -- Pause (or resume) every start of a task's or group's locks: the 'until' field of its live
 -- rule (includes/live_rule.lua), read by every acquire of those locks.
--- KEYS[1]  the live rule (hash, keys.py's cap_key)
--- KEYS[2]  the hand-off index (sorted set, keys.py's handoff_index): set from the command line
+-- KEYS[1]  the live rule (hash, keys.py's cap_key; on a Redis Cluster one of its copies, one
+--          per slot, each set by a call of its own: see live_rules.py)
+-- KEYS[2]  the hand-off index (sorted set, keys.py's handoff_index; on a Cluster the copy's
+--          slot's, shared_keys.py): set from the command line
 --          (resumed, shortened), the family's parked locks are due now, so a sweeper re-reads
 --          the rule at once (and hands their slots on, or looks again when the pause ends)
--- KEYS[3]  the rule index (set, keys.py's rule_index): the family is added, so that listing
---          the rules needs no SCAN
+-- KEYS[3]  optional: the rule index (set, keys.py's rule_index): the family is added, so that
+--          listing the rules needs no SCAN (on a Cluster, in another slot: added apart)
 -- ARGV[1]  ms the pause lasts from now (server clock); '' until resumed; '0' resume now
 -- ARGV[2]  '1': only lengthen a pause (a body's pause_for: a shorter one never cuts a longer
 --          one short); '' set as asked (the command line)
@@ -30,7 +32,9 @@ if till == 0 then
   redis.call('HDEL', rule, 'until')
 else
   redis.call('HSET', rule, 'until', till)
-  redis.call('SADD', KEYS[3], string.sub(ARGV[3], 1, -2))
+  if KEYS[3] then
+    redis.call('SADD', KEYS[3], string.sub(ARGV[3], 1, -2))
+  end
 end
 if ARGV[2] == '1' then
   return till  -- lengthened: every parked lock's next look is at or before its end already

@@ -84,8 +84,9 @@ CLUSTER = Capabilities(
         ("replica_acks", "WAIT must follow the acquire on one connection"),
         (
             "ordered_queue",
-            "the queue's live cap (celery locks limit) is one key per task, outside the "
-            "slots of its locks",
+            "a call parked in order is woken by a sweeper when a pause ends or a holder dies, "
+            "and on a Cluster a sweep reads the due locks of 1,024 slots per tick (all of them "
+            "every 16 ticks): it would start seconds late",
         ),
         (
             "debounce",

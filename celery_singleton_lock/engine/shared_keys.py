@@ -132,8 +132,9 @@ class SharedKeys:
     def rule_of(self, cap_key: str, lock_key: str) -> str:
         """The copy of a family's live rule ``cap_key`` (:mod:`.live_rules`) that the acquire
         of the lock at ``lock_key`` reads: the key itself on one server, its copy in the
-        lock's slot on a cluster ("" without a rule)."""
-        if not (self.cluster and cap_key):
+        lock's slot on a cluster ("" without a rule). A copy is returned as it is: the rule
+        a parked call stored names its copy (a family, a lock name's start, has no brace)."""
+        if not (self.cluster and cap_key) or cap_key.endswith("}"):
             return cap_key
         return f"{cap_key}:{{{slot_tag(key_slot(lock_key.encode()))}}}"
 

@@ -19,6 +19,7 @@ from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 from celery_singleton_lock.celery.config.lockers import forget_locker, locker_for
 from celery_singleton_lock.celery.config.servers import close_client, make_client
 from celery_singleton_lock.engine import Latest, Lease, LockHolder, Parked, RedisLocker, Renewer
+from celery_singleton_lock.engine.acquire_request import AcquireRequest
 from celery_singleton_lock.engine.kinds.cancels import cancel_channel
 from celery_singleton_lock.engine.lease import Owner, as_text
 from celery_singleton_lock.engine.slot_sweep import WINDOW
@@ -384,15 +385,152 @@ def test_a_sweeper_finds_the_displaced_calls_left_to_mark_on_a_cluster(
     assert client.zscore(index, name) is None
 
 
-def test_a_cluster_keeps_no_live_rule_and_its_acquire_reads_none(locker: RedisLocker) -> None:
-    """The family's rule key sits in one hash slot, each lock in its own: not read here."""
-    assert locker.live_rules is None
-    name = fresh("rule")
-    held = locker.try_acquire(name, ttl=TTL, renew=False, cap_key="singleton-lock:cap:proj.job")
-    assert isinstance(held, Lease)
+def in_slots(family: str, count: int) -> list[str]:
+    """``count`` lock names of ``family`` whose keys (prefix "t") lie in as many slots."""
+    names: dict[int, str] = {}
+    for index in itertools.count():
+        name = f"{family}:{index}"
+        names.setdefault(key_slot(f"t:{{{name}}}".encode()), name)
+        if len(names) == count:
+            return list(names.values())
+    raise AssertionError("unreachable")
 
 
-def test_locks_pause_on_a_cluster_is_refused_naming_why(cluster: ClusterGroup) -> None:
-    result = run_cli("--url", cluster.url, "pause", "proj.job")
-    assert result.returncode != 0
-    assert "not a Redis Cluster (a script reads the keys of one hash slot only" in result.stderr
+def rule_copies(cluster: ClusterGroup, family: str) -> int:
+    """How many copies of ``family``'s live rule (prefix "t") the primaries hold."""
+    found = 0
+    for port in cluster.primary_ports():
+        node = cluster.node(port)
+        try:
+            found += sum(1 for _ in node.scan_iter(match=f"t:cap:{family}:*", count=1000))
+        finally:
+            node.close()
+    return found
+
+
+def test_a_live_cap_on_a_cluster_is_honoured_by_the_locks_of_every_slot(
+    locker: RedisLocker,
+) -> None:
+    family = fresh("capped")
+    locker.live_rules.set_cap(family, 1)
+    for name in in_slots(family, 4):
+        cap = f"t:cap:{family}"
+        assert isinstance(locker.try_acquire(name, TTL, renew=False, limit=3, cap_key=cap), Lease)
+        refused = locker.try_acquire(name, TTL, renew=False, limit=3, cap_key=cap)
+        assert isinstance(refused, LockHolder), name
+
+
+def test_a_live_cap_on_a_cluster_is_a_copy_in_each_of_the_16384_slots(
+    cluster: ClusterGroup, locker: RedisLocker
+) -> None:
+    family = fresh("copies")
+    locker.live_rules.set_cap(family, 2)
+    assert rule_copies(cluster, family) == REDIS_CLUSTER_HASH_SLOTS
+
+
+def test_a_live_cap_reset_on_a_cluster_deletes_every_copy(
+    cluster: ClusterGroup, locker: RedisLocker
+) -> None:
+    family = fresh("reset")
+    locker.live_rules.set_cap(family, 2)
+    locker.live_rules.set_cap(family, None)
+    assert rule_copies(cluster, family) == 0
+
+
+def test_a_live_cap_on_a_cluster_reads_back_and_is_listed(locker: RedisLocker) -> None:
+    family = fresh("listed")
+    locker.live_rules.set_cap(family, 2)
+    assert locker.live_rules.read(family) == (2, None)
+    assert locker.live_rules.every()[family] == (2, None)
+
+
+def test_a_pause_on_a_cluster_refuses_the_mutex_and_the_slots_of_every_slot(
+    locker: RedisLocker,
+) -> None:
+    family = fresh("paused")
+    cap = f"t:cap:{family}"
+    locker.live_rules.pause(family, None)
+    for name in in_slots(family, 4):
+        mutex = locker.try_acquire(name, TTL, renew=False, cap_key=cap)
+        slots = locker.try_acquire(f"{name}s", TTL, renew=False, limit=3, cap_key=cap)
+        fenced = locker.try_acquire(f"{name}f", TTL, renew=False, fencing=True, cap_key=cap)
+        for refused in (mutex, slots, fenced):
+            assert isinstance(refused, LockHolder) and refused.paused, name
+
+
+def test_resume_on_a_cluster_lets_the_locks_of_every_slot_be_taken(locker: RedisLocker) -> None:
+    family = fresh("resumed")
+    cap = f"t:cap:{family}"
+    locker.live_rules.pause(family, None)
+    locker.live_rules.resume(family)
+    for name in in_slots(family, 4):
+        assert isinstance(locker.try_acquire(name, TTL, renew=False, cap_key=cap), Lease)
+        assert isinstance(
+            locker.try_acquire(f"{name}s", TTL, renew=False, limit=3, cap_key=cap), Lease
+        )
+
+
+def test_a_lengthening_pause_on_a_cluster_never_shortens_a_longer_one(
+    locker: RedisLocker,
+) -> None:
+    family = fresh("lengthen")
+    long_end = locker.live_rules.pause(family, 60)
+    assert locker.live_rules.pause(family, 1, lengthen=True) == long_end
+    paused_for = locker.live_rules.read(family).paused_for
+    assert paused_for is not None and paused_for > 50
+
+
+def test_a_mutex_acquire_on_a_cluster_names_the_rules_copy_in_its_own_slot(
+    client: RedisCluster, locker: RedisLocker
+) -> None:
+    family = fresh("slot")
+    (name,) = in_slots(family, 1)
+    keys, _ = locker.mutex._acquire_call(
+        AcquireRequest(name, TTL, cap_key=f"t:cap:{family}"),
+        locker.keys(name),
+        "v",
+        Owner(),
+    )
+    assert keys[-1].startswith(f"t:cap:{family}:{{")
+    assert len({key_slot(key.encode()) for key in keys}) == 1
+
+
+def locks(cluster: ClusterGroup, *args: str) -> str:
+    """``celery locks *args`` against the cluster (prefix "t"); its output (it must succeed)."""
+    done = run_cli("--url", cluster.url, "--prefix", "t", *args)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_locks_pause_on_a_cluster_from_the_command_line_pauses_every_slot(
+    cluster: ClusterGroup, locker: RedisLocker
+) -> None:
+    family = fresh("cli-pause")
+    locks(cluster, "pause", family)
+    for name in in_slots(family, 3):
+        refused = locker.try_acquire(name, TTL, renew=False, cap_key=f"t:cap:{family}")
+        assert isinstance(refused, LockHolder) and refused.paused
+
+
+def test_locks_resume_on_a_cluster_from_the_command_line_ends_the_pause(
+    cluster: ClusterGroup, locker: RedisLocker
+) -> None:
+    family = fresh("cli-resume")
+    locks(cluster, "pause", family)
+    locks(cluster, "resume", family)
+    for name in in_slots(family, 3):
+        assert isinstance(
+            locker.try_acquire(name, TTL, renew=False, cap_key=f"t:cap:{family}"), Lease
+        )
+
+
+def test_locks_limit_on_a_cluster_from_the_command_line_caps_every_slot(
+    cluster: ClusterGroup, locker: RedisLocker
+) -> None:
+    family = fresh("cli-limit")
+    locks(cluster, "limit", family, "1")
+    assert locker.live_rules.read(family).cap == 1
+    name = in_slots(family, 1)[0]
+    cap = f"t:cap:{family}"
+    assert isinstance(locker.try_acquire(name, TTL, renew=False, limit=3, cap_key=cap), Lease)
+    assert isinstance(locker.try_acquire(name, TTL, renew=False, limit=3, cap_key=cap), LockHolder)

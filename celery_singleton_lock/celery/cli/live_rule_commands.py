@@ -1,12 +1,12 @@
 """``celery locks limit / pause / resume``: change the live rule of a task's (or lock_group's)
 locks while workers run: a cap on the slots taken at once, and a pause of every start. Stored on
-the lock server in one key per task or group (engine ``LiveRules``), read by every worker's next
+the lock server in one key per task or group (engine ``LiveRules``; on a Redis Cluster a copy
+of it in every hash slot, all written before the command returns), read by every worker's next
 acquire in the same script call: no restart, no round trip more.
 
-Needs one Redis server or a Sentinel group (PostgreSQL: the cap only, kept in its caps table;
-its pause refuses, naming the backend): on a Redis Cluster each lock's keys live in the hash slot
-of the lock's own name, and no script can read a task-wide key beside them; a Redlock quorum
-keeps no such key. Those refuse the commands with that said.
+Needs one Redis server, a Sentinel group or a Redis Cluster (PostgreSQL: the cap only, kept in
+its caps table; its pause refuses, naming the backend); a Redlock quorum keeps no such key (each
+master's would be a rule of its own), and refuses the commands with that said.
 """
 
 from __future__ import annotations
@@ -23,9 +23,8 @@ from celery_singleton_lock.errors import LockConfigurationError
 
 NOT_HERE = (
     "the live rule (a cap or a pause) is read by the acquire scripts from one key per task or "
-    "group: it needs one Redis server or Sentinel, not a Redis Cluster (a script reads the keys "
-    "of one hash slot only, and each lock has its own) or a Redlock quorum (PostgreSQL keeps "
-    "the cap, not the pause)"
+    "group: it needs one Redis server, Sentinel or a Redis Cluster, not a Redlock quorum (each "
+    "master would keep a rule of its own; PostgreSQL keeps the cap, not the pause)"
 )
 
 
@@ -78,7 +77,7 @@ def limit(settings: Settings, name: str, cap: Optional[int], reset: bool) -> Non
     lowered cap lets the bodies running finish, and starts none until fewer than CAP run
     (parked calls stay parked). It only lowers a declared lock_limit (above 1, or callable);
     a cap above it changes nothing. --reset removes it; neither: show it. Needs one Redis
-    server, Sentinel or PostgreSQL.
+    server, Sentinel, a Redis Cluster or PostgreSQL.
     """
     with _one_line_errors():
         if cap is not None and reset:
@@ -120,7 +119,7 @@ def pause(settings: Settings, name: str, seconds: Optional[float]) -> None:
     stays parked, holding no worker slot, and is handed its slot when the pause ends; skip:
     skipped with reason "paused"; retry: sent again after the pause's end; wait, fail, join as
     with a held lock). Bodies running go on. Replaces any pause set before (shorter or longer).
-    Needs one Redis server or Sentinel.
+    Needs one Redis server, Sentinel or a Redis Cluster.
     """
     with _one_line_errors():
         target = settings.target()
@@ -139,7 +138,8 @@ def pause(settings: Settings, name: str, seconds: Optional[float]) -> None:
 @click.pass_obj
 def resume(settings: Settings, name: str) -> None:
     """End the pause of a task's (or lock_group's) locks now: its parked calls are handed
-    their slots at once, and the next calls start. Needs one Redis server or Sentinel."""
+    their slots at once, and the next calls start. Needs one Redis server, Sentinel or a Redis
+    Cluster."""
     with _one_line_errors():
         target = settings.target()
         try:

@@ -203,9 +203,9 @@ class LockScope(LockHandle):
         rules = getattr(self.task.lock_locker, "live_rules", None)
         if rules is None:
             raise LockConfigurationError(
-                f"task {self.task.name}: pause_for needs one Redis server or Sentinel (the "
-                "pause is one key per task or group, read by every acquire): not a Redis "
-                "Cluster, a Redlock quorum or PostgreSQL"
+                f"task {self.task.name}: pause_for needs one Redis server, Sentinel or a Redis "
+                "Cluster (the pause is one key per task or group, read by every acquire): not "
+                "a Redlock quorum or PostgreSQL"
             )
         try:
             return float(rules.pause(self.name.rpartition(":")[0], seconds, lengthen=True))

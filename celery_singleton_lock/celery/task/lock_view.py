@@ -84,7 +84,8 @@ class LockHandle:
         worker, whatever the arguments (an API answered 429 with a Retry-After): each call
         follows its ``on_duplicate`` policy as with a held lock (parked calls wake when the
         pause ends). Only lengthens a pause already set. Returns the pause's end (lock
-        server's clock, seconds since the epoch). Needs one Redis server or Sentinel."""
+        server's clock, seconds since the epoch). Needs one Redis server, Sentinel or a
+        Redis Cluster."""
         raise LockError(f"this run holds no lock ({self.key}): there is no lock name to pause")
 
     def nested(self) -> LockHandle:

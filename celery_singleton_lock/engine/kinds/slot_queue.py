@@ -109,8 +109,8 @@ class SlotQueue:
         args += (owner.task_id, request.park, keys.name, _ms(request.reservation_ttl))
         args += (request.fair, "1" if request.cap_key else "", request.priority)
         args.append("1" if issuer.held_keys else "")
-        if request.cap_key:
-            script_keys.append(request.cap_key)
+        if request.cap_key:  # stored in the lock's rule as it is: a cluster's copy
+            script_keys.append(issuer.shared.rule_of(request.cap_key, keys.lock))
         if request.unless_finished:
             script_keys.append(finished)
         script_keys += issuer.held_keys  # the held index, last (ARGV[14])
@@ -190,7 +190,7 @@ class SlotQueue:
         args: list[Any] = [limit, *_rate_args(rate), mode, subject, keys.channel, keys.name]
         args += (_ms(reservation_ttl), cooldown_ms, "1" if cap_key else "")
         if cap_key:
-            script_keys.append(cap_key)
+            script_keys.append(self.issuer.shared.rule_of(cap_key, keys.lock))
         script_keys += self.issuer.held_keys  # before a release's finish record, if any
         return script_keys, args
 

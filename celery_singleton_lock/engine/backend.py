@@ -177,8 +177,9 @@ class LiveRules(Protocol):
     of its locks taken at once (``celery locks limit``), read by every acquire that names the
     family's key (:func:`~.keys.cap_key`), and a pause of every start (``celery locks pause``,
     ``resume``, a body's ``pause_for``). Redis: :class:`~.live_rules.RedisLiveRules`, a hash
-    per family (a copy per slot on a Cluster); PostgreSQL: :class:`~.postgres.live_rules.PostgresLiveRules`, the cap only
-    (its ``pause`` and ``resume`` refuse, naming the backend)."""
+    per family (a copy per slot on a Cluster); PostgreSQL:
+    :class:`~.postgres.live_rules.PostgresLiveRules`, the cap only (its ``pause`` and
+    ``resume`` refuse, naming the backend)."""
 
     def read(self, family: str) -> LiveRule: ...
 

@@ -19,8 +19,9 @@ Each copy is a small hash: what 16,384 of them cost is measured in docs/benchmar
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
+from redis.cluster import RedisCluster
 from redis.commands.core import Script
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS
 
@@ -106,9 +107,9 @@ class RedisLiveRules:
         key, client = self.key(family), self.server.client
 
         def both() -> Any:
-            if self.server.cluster:
-                copy = SharedKeys.of_slot(key, 0)
-                node = client.get_node_from_key(copy)
+            if isinstance(client, RedisCluster):  # the copy's node: TIME has no key to route
+                copy, nodes = SharedKeys.of_slot(key, 0), cast(Any, client)
+                node = nodes.get_node_from_key(copy)
                 pipe = node.redis_connection.pipeline(transaction=False)
             else:
                 copy, pipe = key, client.pipeline(transaction=False)

@@ -26,10 +26,10 @@ one set of finish-record sets, one of each index and a copy of each live rule pe
 same names with ``:{T}`` inserted after ``fence`` / ``finished`` (appended to the indexes and
 rules), where ``T`` is a short tag hashing to the lock's slot (:func:`slot_tag`), and
 ``CLUSTER_SHARDS`` sets per slot (fewer: the records spread over the slots; all of them in
-one slot, e.g. a single lock name, still leave ~3,500 per set). At most 16,384 counters, however many lock names. The scripts that use
-them: ``lua/includes/take_lock.lua``, ``lua/includes/finish_records.lua``, and those of the
-queue and latest wins; a sweeper reads the indexes of a window of slots per tick
-(:mod:`.slot_sweep`).
+one slot, e.g. a single lock name, still leave ~3,500 per set). At most 16,384 counters,
+however many lock names. The scripts that use them: ``lua/includes/take_lock.lua``,
+``lua/includes/finish_records.lua``, and those of the queue and latest wins; a sweeper reads
+the indexes of a window of slots per tick (:mod:`.slot_sweep`).
 """
 
 from __future__ import annotations

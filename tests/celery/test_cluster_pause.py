@@ -23,8 +23,14 @@ from celery_singleton_lock.testing import RedisServer
 from tests.celery.tasks import limits, pausing
 from tests.celery.test_cli import run_cli
 from tests.celery.test_cluster import ClusterServers
-from tests.celery.workers import CeleryWorkerProcess, client_app, close_client, lock_key, unique
-from tests.celery.workers import worker_group
+from tests.celery.workers import (
+    CeleryWorkerProcess,
+    client_app,
+    close_client,
+    lock_key,
+    unique,
+    worker_group,
+)
 from tests.cluster_topology import ClusterGroup
 
 #: seconds a call may take to have run (a retried one included)

@@ -165,12 +165,13 @@ class Mutex:
         )
         issuer = self.issuer
         held = issuer.held_keys
-        # the live rule (a pause) is read in the same call: in the short form only beside the
-        # held index (one server); a cluster, which keeps none, sends the long form with the
-        # rule's copy in the lock's slot (see lua/acquire.lua's contract)
+        # the live rule (a pause) is read in the same call: a cluster, which keeps no held
+        # index, names the rule's copy in the lock's slot instead (lua/acquire.lua's contract)
         rule = [issuer.shared.rule_of(request.cap_key, keys.lock)] if request.cap_key else []
-        if not (fencing or unless_finished or take_queued) and (held or not rule):
-            return [keys.lock, *held, *rule], [_ms(request.ttl), value]
+        if not (fencing or unless_finished or take_queued):
+            if held or not rule:
+                return [keys.lock, *held, *rule], [_ms(request.ttl), value]
+            return [keys.lock, *rule], [_ms(request.ttl), value, "1"]
         counter, finished = issuer.shared.of(keys.lock, owner.task_id)
         script_keys = [keys.lock, counter, finished, keys.queued, *held, *issuer.marker_keys]
         script_keys += rule

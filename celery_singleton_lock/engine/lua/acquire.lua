@@ -1,10 +1,11 @@
 -- Take a lock (the mutex): a SET NX PX, with a fence, a finish-record check and the queued
 -- marker's deletion when asked.
 -- KEYS[1]  lock key (string; its value: includes/lock_value.lua)
--- With one key (a Redis Cluster), two (KEYS[2] the held index) or three (KEYS[3] the live
--- rule) the script is a SET NX PX and reads no other key but the rule. Otherwise four, six
--- with the indexes (one server) and seven with the live rule; five on a Redis Cluster with
--- the live rule (KEYS[5] the rule's copy in the lock's slot, no index):
+-- With one key (a Redis Cluster), two (KEYS[2] the held index, or a Cluster's live rule:
+-- ARGV[3] below) or three (KEYS[3] the live rule) the script is a SET NX PX and reads no
+-- other key but the rule. Otherwise four, six with the indexes (one server) and seven with
+-- the live rule; five on a Redis Cluster with the live rule (KEYS[5] the rule's copy in the
+-- lock's slot, no index):
 -- KEYS[2]  the shared fence counter (see includes/take_lock.lua)
 -- KEYS[3]  the finish-record set of the owner's task id (includes/finish_records.lua; its
 --          name: shared_keys.py)
@@ -12,13 +13,14 @@
 -- KEYS[2] of the short form, KEYS[5] of the long: the held index (includes/held_index.lua),
 --          on one server only (left out on a Redis Cluster)
 -- KEYS[6]  with KEYS[5]: the marker index (see enqueue.lua): a deleted marker's entry goes too
--- KEYS[3] of the short form, KEYS[7] of the long (KEYS[5] of five, a Cluster's): the
---          task's (or group's) live rule (includes/live_rule.lua): while it pauses the lock's
---          name, nothing is taken. The short form reads it only with the held index (one
---          server): a Cluster sends the long form to have it read
+-- KEYS[3] of the short form (KEYS[2] with ARGV[3] '1'), KEYS[7] of the long (KEYS[5] of
+--          five, a Cluster's): the task's (or group's) live rule (includes/live_rule.lua, on
+--          a Cluster its copy in the lock's slot): while it pauses the lock's name, nothing
+--          is taken
 -- ARGV[1]  ttl in ms
 -- ARGV[2]  the lock value with an empty fence: '<token>||<acquired_at>|<pid>|<host>|<task_id>'
--- ARGV[3]  '1' to hand out a fence, '0' not
+-- ARGV[3]  '1' to hand out a fence, '0' not; in the short form: '1' when KEYS[2] is the live
+--          rule (a Cluster's: no held index), absent otherwise
 -- ARGV[4]  the owner's task id ('' without ARGV[5] and ARGV[6])
 -- ARGV[5]  '1': when this task id has a live finish record, nothing is taken (this owner
 --          already ran to the end under this lock); '' not to look
@@ -48,9 +50,13 @@
 
 local v
 if #KEYS <= 3 then
-  local _, paused = live_rule(KEYS[3])
+  local held_index, rule = KEYS[2], KEYS[3]
+  if ARGV[3] == '1' then
+    held_index, rule = nil, KEYS[2]
+  end
+  local _, paused = live_rule(rule)
   if not paused and redis.call('SET', KEYS[1], ARGV[2], 'NX', 'PX', ARGV[1]) then
-    index_held(KEYS[2], KEYS[1], ARGV[1])
+    index_held(held_index, KEYS[1], ARGV[1])
     return 0
   end
   v = redis.call('GET', KEYS[1])

@@ -486,3 +486,11 @@ def test_release_of_a_lock_with_parked_calls_makes_it_due_for_a_hand_off_now(
     assert locker.queue.hand_off_due().names == [
         "app.job:pr"
     ]  # a sweeper hands it on at its next tick
+
+
+def test_locks_pause_on_a_redlock_quorum_is_refused_naming_it() -> None:
+    """Each master would keep a rule of its own: no live rule on a quorum (a Cluster has one)."""
+    with RedisServer.running() as a, RedisServer.running() as b, RedisServer.running() as c:
+        result = run_cli("--url", ",".join(s.url for s in (a, b, c)), "pause", "proj.job")
+    assert result.returncode != 0
+    assert "not a Redlock quorum (each master would keep a rule of its own" in result.stderr

@@ -14,7 +14,7 @@ the copy in its lock's slot (:meth:`.SharedKeys.rule_of`). A copy per slot, not 
 holds a lock of the family now: the family's next lock may land in any slot. A change writes
 every copy, one cluster pipeline (one round trip per primary): its copies change one by one
 while it runs, and every lock reads the new rule once it returns. A read takes slot 0's copy.
-Each copy is a small hash: what 16,384 of them cost is measured in docs/benchmarks.md.
+Each copy is a small hash: what 16,384 of them cost is in docs/explanation/benchmarks.md.
 """
 
 from __future__ import annotations

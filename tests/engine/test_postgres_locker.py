@@ -237,3 +237,16 @@ def test_a_forked_child_leaves_its_parents_connections_working(locker: PostgresL
         "t:{child}",
         "t:{after}",
     }
+
+
+def test_a_schema_set_up_again_leaves_its_functions_as_they_are(locker: PostgresLocker) -> None:
+    # a replaced function gets a new row version (xmin): the versioned functions are created
+    # once, so a process of another release, or a role that does not own them, never swaps them
+    functions = f"""SELECT p.proname, p.xmin::text FROM pg_proc p
+        JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = '{locker.schema.name}'
+        ORDER BY p.proname"""
+    locker.ensure_schema()
+    before = locker.connections.run(functions, None)
+    locker.ensure_schema()
+    assert len(before) == 5
+    assert locker.connections.run(functions, None) == before

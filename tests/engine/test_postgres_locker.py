@@ -4,6 +4,7 @@ it refuses."""
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -133,6 +134,18 @@ def test_renew_batch_names_the_leases_lost(locker: PostgresLocker) -> None:
     released = take(locker, "released")
     locker.release(Lease(**_same(released)))
     assert locker.renew_batch([kept, released], now=time.monotonic()) == [1]
+
+
+def test_a_lease_the_renewer_finds_gone_is_reported_lost_naming_postgresql(
+    locker: PostgresLocker, caplog: pytest.LogCaptureFixture
+) -> None:
+    lease = locker.try_acquire("job", 3, renew=True)
+    assert isinstance(lease, Lease)
+    locker.release(Lease(**_same(lease)))  # the row freed behind the renewer's back
+    with caplog.at_level(logging.ERROR, logger="celery_singleton_lock"):
+        wait_until(lease.lost.is_set, timeout=30)
+    assert "lock server (PostgreSQL row leases) no longer holds our token" in caplog.text
+    assert "Redis" not in caplog.text
 
 
 def _same(lease: Lease) -> dict[str, Any]:

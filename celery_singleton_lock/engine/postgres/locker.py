@@ -125,7 +125,9 @@ class PostgresLocker:
         self.latest = PostgresLatest(self.queue)
         self.cancels = PostgresCancels(self.connections, queue_statements, self.prefix)
         # -- admission: slots (lock_limit, lock_rate, a live cap), cooldown, queued markers
-        self.slots = PostgresSlots(self.connections, self.schema, self, self.prefix, self.renewer)
+        self.slots = PostgresSlots(
+            self.connections, self.schema, self.prefix, self._lease, self.renewer.clock
+        )
         self.cooldown = PostgresCooldown(self.connections, self.schema, self.prefix)
         self.markers = PostgresMarkers(
             self.connections, self.schema, self.statements, self.prefix, self.ready

@@ -53,8 +53,8 @@ def function_name(file: str) -> str:
     """The versioned name (``singleton_lock_park_v1``) of the function ``sql/<file>.sql``
     creates."""
     match = _CREATES.search(sql_file(file))
-    if match is None:  # a file of this package: caught by the unit tests, never by a user
-        raise LookupError(f"sql/{file}.sql creates no function")
+    if match is None:  # a file of this package: caught by its unit tests, never by a user
+        raise LockConfigurationError(f"sql/{file}.sql of the package creates no function")
     return match.group(1)
 
 

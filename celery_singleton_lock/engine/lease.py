@@ -11,6 +11,7 @@ from typing import Any, Callable, ClassVar, Optional, Protocol, Sequence, Union
 from urllib.parse import unquote
 
 from celery_singleton_lock.engine import fork_safety
+from celery_singleton_lock.engine.capabilities import Capabilities
 from celery_singleton_lock.engine.fork_safety import ForkSafeLock, current_pid
 from celery_singleton_lock.engine.keys import LockKeys
 from celery_singleton_lock.errors import AlreadyFinished, LockError
@@ -195,6 +196,9 @@ class Registry(Protocol):
 
 class LeaseKeeper(Protocol):
     """What releases and renews a lease: the backend that granted it (:mod:`.backend`)."""
+
+    @property
+    def capabilities(self) -> Capabilities: ...
 
     def release(self, lease: Lease, *, remember_for: Optional[float] = None) -> bool: ...
 

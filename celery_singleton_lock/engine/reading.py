@@ -262,21 +262,21 @@ class LockInspector:
             for raw in self.client.scan_iter(match=pattern, count=count, _type="string"):
                 batch.append(as_text(raw))
                 if len(batch) >= count:
-                    yield from self._read_many(batch, strict=False)
+                    yield from self._read_batch(batch)[0]
                     batch = []
             if batch:
-                yield from self._read_many(batch, strict=False)
+                yield from self._read_batch(batch)[0]
                 batch = []
             pattern = f"{self.prefix}:{{*}}:slots"
             for raw in self.client.scan_iter(match=pattern, count=count, _type="zset"):
                 batch.append(as_text(raw)[: -len(":slots")])
                 if len(batch) >= count:
-                    yield from self._read_tables(batch)
+                    yield from self._read_tables_found(batch)[0]
                     batch = []
         except server_errors.BACKEND_ERRORS as exc:
             raise LockBackendUnavailable(f"lock server unavailable during SCAN: {exc}") from exc
         if batch:
-            yield from self._read_tables(batch)
+            yield from self._read_tables_found(batch)[0]
 
     def _read_indexed_tables(self, tables: list[str]) -> tuple[list[LockHolder], list[str]]:
         """The holders of the slot tables named in the held index (their ``:slots`` keys), and
@@ -285,10 +285,6 @@ class LockInspector:
         locks = [table[: -len(":slots")] for table in tables]
         holders, found = self._read_tables_found(locks)
         return holders, [table for table, there in zip(tables, found) if not there]
-
-    def _read_tables(self, locks: list[str]) -> list[LockHolder]:
-        """The holders of the slot tables of ``locks`` (full lock keys), in one round trip."""
-        return self._read_tables_found(locks)[0]
 
     def _read_tables_found(self, locks: list[str]) -> tuple[list[LockHolder], list[bool]]:
         """The holders of the slot tables of ``locks`` (full lock keys) and whether each table
@@ -374,26 +370,6 @@ class LockInspector:
             if holder is not None:
                 holders.append(holder)
         return holders, gone
-
-    def _read_many(self, lock_keys: list[str], *, strict: bool) -> list[LockHolder]:
-        def fetch() -> list[Any]:
-            pipe = self.client.pipeline(transaction=False)
-            for key in lock_keys:
-                pipe.get(key)
-                pipe.pttl(key)
-            return pipe.execute()
-
-        replies = server_errors.call(fetch, lock_keys[0])
-        holders = []
-        for key, value, pttl in zip(lock_keys, replies[0::2], replies[1::2]):
-            if value is None:
-                continue
-            holder = LockHolder.from_value(key, value, pttl)
-            if holder is not None:
-                holders.append(holder)
-            elif strict:
-                raise server_errors.not_a_lock(key)
-        return holders
 
 
 def _slot_holders(

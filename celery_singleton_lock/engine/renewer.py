@@ -13,8 +13,9 @@ Deferred releases (``Releases.release_later``): the reply of a release sent with
 read by the next command on its connection (a busy worker's next acquire), or here when none
 followed within :data:`SETTLE_WITHIN` (an idle worker), see :meth:`Renewer.settle_soon`.
 
-Failure handling: a refusal from Redis marks the lease lost at once; an unreachable Redis
-marks it lost only once its TTL has certainly run out (``confirmed_at + ttl``), and the
+Failure handling: a refusal from the lock server marks the lease lost at once (the message
+names the server's kind: Redis, a Redlock quorum, PostgreSQL); an unreachable server marks it
+lost only once its TTL has certainly run out (``confirmed_at + ttl``), and the
 renewer keeps trying until then.
 
 Fork safety: a forked child starts with an empty renewer of its own (:mod:`.fork_safety`); the
@@ -244,7 +245,10 @@ class Renewer:
             lease = batch[index]
             self.discard(lease)
             if not lease.released:
-                lease.mark_lost("Redis no longer holds our token (expired or taken over)")
+                lease.mark_lost(
+                    f"the lock server ({lease.locker.capabilities.kind}) no longer holds our "
+                    "token (expired or taken over)"
+                )
         return None
 
     def _run(self) -> None:

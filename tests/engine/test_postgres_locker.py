@@ -4,6 +4,7 @@ it refuses."""
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -135,6 +136,18 @@ def test_renew_batch_names_the_leases_lost(locker: PostgresLocker) -> None:
     assert locker.renew_batch([kept, released], now=time.monotonic()) == [1]
 
 
+def test_a_lease_the_renewer_finds_gone_is_reported_lost_naming_postgresql(
+    locker: PostgresLocker, caplog: pytest.LogCaptureFixture
+) -> None:
+    lease = locker.try_acquire("job", 3, renew=True)
+    assert isinstance(lease, Lease)
+    locker.release(Lease(**_same(lease)))  # the row freed behind the renewer's back
+    with caplog.at_level(logging.ERROR, logger="celery_singleton_lock"):
+        wait_until(lease.lost.is_set, timeout=30)
+    assert "lock server (PostgreSQL row leases) no longer holds our token" in caplog.text
+    assert "Redis" not in caplog.text
+
+
 def _same(lease: Lease) -> dict[str, Any]:
     """A lease of the same token (as another handle on the same row)."""
     return {
@@ -237,3 +250,16 @@ def test_a_forked_child_leaves_its_parents_connections_working(locker: PostgresL
         "t:{child}",
         "t:{after}",
     }
+
+
+def test_a_schema_set_up_again_leaves_its_functions_as_they_are(locker: PostgresLocker) -> None:
+    # a replaced function gets a new row version (xmin): the versioned functions are created
+    # once, so a process of another release, or a role that does not own them, never swaps them
+    functions = f"""SELECT p.proname, p.xmin::text FROM pg_proc p
+        JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = '{locker.schema.name}'
+        ORDER BY p.proname"""
+    locker.ensure_schema()
+    before = locker.connections.run(functions, None)
+    locker.ensure_schema()
+    assert len(before) == 5
+    assert locker.connections.run(functions, None) == before

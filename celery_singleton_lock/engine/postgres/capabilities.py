@@ -18,7 +18,7 @@ POSTGRES = Capabilities(
     kind="PostgreSQL row leases",
     instead="use a Redis lock server (singleton_lock_url = 'redis://...')",
     slots=True,  # admission: slots.py
-    cooldown=True,  # admission: cooldown.py
+    cooldown=True,  # admission: locker.py release_cooling
     rate=True,  # admission: slots.py
     parking_slots=False,
     reasons=(

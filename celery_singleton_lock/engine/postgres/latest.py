@@ -35,7 +35,7 @@ class PostgresLatest:
         self.parking = parking
 
     def acquire(self, request: AcquireRequest, owner: Owner, token: str) -> AcquireOutcome:
-        """One statement (``singleton_lock_latest``): the lock taken, or the call waiting as
+        """One statement (``singleton_lock_latest_v1``): the lock taken, or the call waiting as
         the newest (:attr:`Parked.displaced`: the calls it took the place of)."""
         latest = request.latest
         assert latest is not None  # the backend sends only such a request here

@@ -20,12 +20,12 @@ Not session advisory locks: they are tied to a connection, which PgBouncer's tra
 pooling hands to someone else between transactions. Nothing here keeps state in a session,
 but the LISTEN of a waiter (:mod:`.releases`).
 
-Admission beside the mutex has a module each: one of N slots within a rate and a live cap
-(:mod:`.slots`, whose rows :mod:`.rows` names), the cooldown release (:mod:`.cooldown`), the
-queued markers (:mod:`.markers`). Policies ``queue``, ``replace`` and ``restart`` park calls
-in rows beside the leases (:mod:`.parking`, :mod:`.latest`, :mod:`.cancels`), for the mutex:
-a queue behind several slots, a rate or a cooldown is not written here, and the capabilities
-say so (:data:`POSTGRES`, ``parking_slots``).
+Admission beside the mutex: one of N slots within a rate and a live cap (:mod:`.slots`, whose
+rows :mod:`.rows` names), the queued markers (:mod:`.markers`), and the cooldown release, a
+release that leaves the row taken (``release_cooling`` here). Policies ``queue``, ``replace``
+and ``restart`` park calls in rows beside the leases (:mod:`.parking`, :mod:`.latest`,
+:mod:`.cancels`), for the mutex: a queue behind several slots, a rate or a cooldown is not
+written here, and the capabilities say so (:data:`POSTGRES`, ``parking_slots``).
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ from celery_singleton_lock.engine.lease import (
 from celery_singleton_lock.engine.postgres.cancels import PostgresCancels
 from celery_singleton_lock.engine.postgres.capabilities import POSTGRES
 from celery_singleton_lock.engine.postgres.connections import Connections, split_url
-from celery_singleton_lock.engine.postgres.cooldown import PostgresCooldown
 from celery_singleton_lock.engine.postgres.latest import PostgresLatest
 from celery_singleton_lock.engine.postgres.live_rules import PostgresLiveRules
 from celery_singleton_lock.engine.postgres.markers import PostgresMarkers
@@ -125,8 +124,11 @@ class PostgresLocker:
         self.latest = PostgresLatest(self.queue)
         self.cancels = PostgresCancels(self.connections, queue_statements, self.prefix)
         # -- admission: slots (lock_limit, lock_rate, a live cap), cooldown, queued markers
-        self.slots = PostgresSlots(self.connections, self.schema, self, self.prefix, self.renewer)
-        self.cooldown = PostgresCooldown(self.connections, self.schema, self.prefix)
+        self.slots = PostgresSlots(
+            self.connections, self.schema, self.prefix, self._lease, self.renewer.clock
+        )
+        #: the cooldown release (lock_cooldown): a release, the row left taken (statements.py)
+        self.cooldown = self
         self.markers = PostgresMarkers(
             self.connections, self.schema, self.statements, self.prefix, self.ready
         )
@@ -248,6 +250,25 @@ class PostgresLocker:
             LockBackendUnavailable: the database could not be reached; the lease is no longer
                 ``held`` but keeps its token, so ``release`` may be called again.
         """
+        return self._release(lease, self.statements.release, remember_for, {})
+
+    def release_cooling(
+        self, lease: Lease, cooldown: float, *, remember_for: Optional[float] = None
+    ) -> bool:
+        """Release ``lease`` (as :meth:`release` does, ``remember_for`` too), leaving its row
+        taken for ``cooldown`` seconds: True if it was still ours (its cooldown then began),
+        False if not (nothing changed).
+
+        Raises:
+            LockBackendUnavailable: the database could not be reached; the lease keeps its
+                token, so the release may be sent again.
+        """
+        cooling = {"cooldown_ms": _ms(cooldown)}
+        return self._release(lease, self.statements.release_cooling, remember_for, cooling)
+
+    def _release(
+        self, lease: Lease, sql: str, remember_for: Optional[float], more: dict[str, Any]
+    ) -> bool:
         if not lease.releasing():
             return False
         keys = lease.keys
@@ -260,9 +281,10 @@ class PostgresLocker:
             "remember_ms": 0 if not remember_for else _ms(remember_for),
             "channel": self.schema.channel,
             "key": announced(keys),  # the lock's key, whichever slot (admission)
+            **more,
         }
         try:
-            rows = self.connections.run(self.statements.release, params, lease.key)
+            rows = self.connections.run(sql, params, lease.key)
         except LockError:
             lease.not_released()
             raise

@@ -102,7 +102,7 @@ class PostgresParking:
         return LockKeys.build(self.prefix, name)
 
     def acquire(self, request: AcquireRequest, owner: Owner, token: str) -> AcquireOutcome:
-        """One statement (``singleton_lock_park``): the lock taken, or the call parked."""
+        """One statement (``singleton_lock_park_v1``): the lock taken, or the call parked."""
         keys = self.keys(request.name)
         refuse_slots(request.limit, request.rate, keys.lock)
         params = owner_params(self.prefix, request, owner, token)
@@ -133,7 +133,7 @@ class PostgresParking:
         remember_for: Optional[float] = None,
         task_id: str = "",
     ) -> tuple[int, Optional[bytes]]:
-        """``singleton_lock_hand_on`` in ``mode`` (see sql/hand_on.sql): (done, handed)."""
+        """``singleton_lock_hand_on_v1`` in ``mode`` (see sql/hand_on.sql): (done, handed)."""
         keys = self.keys(name)
         params = {
             "prefix": self.prefix,

@@ -1,5 +1,5 @@
 """The SQL of the queue parts on PostgreSQL (policies ``queue``, ``replace``, ``restart``) for
-the tables of a :class:`~.schema.Schema`: the calls of the functions of :mod:`.parking_ddl`
+the tables of a :class:`~.schema.Schema`: the calls of the functions of ``sql/*.sql``
 and the plain statements beside them, one per operation (one round trip).
 
 What a sweeper should look at is not kept in an index, as on Redis: it is read from the state
@@ -22,16 +22,17 @@ class QueueStatements:
         leases = schema.leases
         parked, superseded = f"{s}.singleton_lock_parked", f"{s}.singleton_lock_superseded"
         cancels = f"{s}.singleton_lock_cancels"
+        function = schema.functions
         #: sql/park.sql
-        self.park = f"SELECT * FROM {s}.singleton_lock_park({_OWNER}, %(reserve_ms)s, %(fair)s)"
+        self.park = f"SELECT * FROM {function['park']}({_OWNER}, %(reserve_ms)s, %(fair)s)"
         #: sql/latest.sql
         self.latest = (
-            f"SELECT * FROM {s}.singleton_lock_latest({_OWNER}, %(keep_ms)s, %(grace_ms)s, "
+            f"SELECT * FROM {function['latest']}({_OWNER}, %(keep_ms)s, %(grace_ms)s, "
             "%(sent)s, %(debounce_ms)s, %(debounce_max_ms)s)"
         )
         #: sql/hand_on.sql
         self.hand_on = (
-            f"SELECT * FROM {s}.singleton_lock_hand_on(%(prefix)s, %(name)s, %(mode)s, "
+            f"SELECT * FROM {function['hand_on']}(%(prefix)s, %(name)s, %(mode)s, "
             "%(subject)s, %(reserve_ms)s, %(remember_ms)s, %(task_id)s, %(channel)s, %(key)s)"
         )
         #: The names (at most ``limit``) of the locks with calls parked behind a lease that is

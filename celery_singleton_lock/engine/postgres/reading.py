@@ -13,18 +13,15 @@ from celery_singleton_lock.engine.lease import LockHolder
 from celery_singleton_lock.engine.postgres.connections import Connections, Row, where
 from celery_singleton_lock.engine.postgres.parked_reading import ParkedReads
 from celery_singleton_lock.engine.postgres.rows import key_of_row, slot_row
-from celery_singleton_lock.engine.postgres.statements import Statements
+from celery_singleton_lock.engine.postgres.statements import COOLDOWN_PID, Statements
 from celery_singleton_lock.engine.slots import slot_of
 from celery_singleton_lock.errors import LockBackendUnavailable
-
-#: the pid of a row in its cooldown (no process has it; see :mod:`.cooldown`)
-COOLDOWN_PID = -1
 
 
 def holder_of(key: str, row: Row) -> LockHolder:
     """The holder that ``row`` (``fence, pid, host, task_id, acquired_at, seconds left``)
-    names, under the lock ``key``. Pid -1 is a cooldown's (:mod:`.cooldown`): the row holds
-    the run that ended, its lease the cooldown left."""
+    names, under the lock ``key``. Pid -1 is a cooldown's (``Statements.release_cooling``):
+    the row holds the run that ended, its lease the cooldown left."""
     fence, pid, host, task_id, acquired_at, left = row
     return LockHolder(
         key=key,

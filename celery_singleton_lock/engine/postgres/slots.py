@@ -16,44 +16,34 @@ O(N) in its slots.
 
 from __future__ import annotations
 
-import logging
-from typing import Any
+from typing import Any, Callable
 
 from celery_singleton_lock.engine import slots as slot_keys
 from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
 from celery_singleton_lock.engine.keys import LockKeys
-from celery_singleton_lock.engine.lease import (
-    Lease,
-    LeaseKeeper,
-    LockHolder,
-    Owner,
-    already_finished,
-    new_token,
-)
+from celery_singleton_lock.engine.lease import LockHolder, Owner, already_finished, new_token
 from celery_singleton_lock.engine.postgres.connections import Connections
+from celery_singleton_lock.engine.postgres.parking import LeaseOf
 from celery_singleton_lock.engine.postgres.reading import holder_of
 from celery_singleton_lock.engine.postgres.schema import Schema
-from celery_singleton_lock.engine.renewer import Renewer
-
-log = logging.getLogger("celery_singleton_lock.acquire")
 
 
 class PostgresSlots:
-    """One of N slots, within a rate and a live cap, in the tables of ``schema``; leases kept
-    by ``keeper`` (the backend) and renewed by ``renewer``."""
+    """One of N slots, within a rate and a live cap, in the tables of ``schema``; the lease of
+    a slot taken made by ``lease_of`` (the backend's, as for a mutex), timed by ``clock``."""
 
     def __init__(
         self,
         connections: Connections,
         schema: Schema,
-        keeper: LeaseKeeper,
         prefix: str,
-        renewer: Renewer,
+        lease_of: LeaseOf,
+        clock: Callable[[], float],
     ) -> None:
         self._connections = connections
-        self._keeper = keeper
         self._prefix = prefix
-        self._renewer = renewer
+        self._lease_of = lease_of
+        self._clock = clock
         self._sql = (
             f"SELECT * FROM {schema.take_slot}(%(prefix)s, %(name)s, %(token)s, %(pid)s, "
             "%(host)s, %(task_id)s, %(ttl_ms)s, %(fencing)s, %(limit)s, %(rate)s, "
@@ -80,27 +70,14 @@ class PostgresSlots:
             "unless_finished": request.unless_finished,
             "cap_key": request.cap_key,
         }
-        sent_at = self._renewer.clock()
+        sent_at = self._clock()
         rows = self._connections.run(self._sql, params, keys.lock)
         if not rows:  # every slot went between two reads (a mutex on a slot's row)
             return LockHolder.unknown(keys.lock)
         state, slot, fence, *holder = rows[0]
         if state == "acquired":
-            max_lifetime = request.max_lifetime
-            lease = Lease(
-                locker=self._keeper,
-                keys=slot_keys.slot_keys(keys, slot),
-                token=token,
-                ttl=request.ttl,
-                owner=owner,
-                fence=fence,
-                confirmed_at=sent_at,
-                deadline=None if max_lifetime is None else sent_at + max_lifetime,
-                on_lost=request.on_lost,
-                renewer=self._renewer if request.renew else None,
-            )
-            log.debug("acquired %s (fence=%s)", lease.key, fence)
-            return lease
+            taken = slot_keys.slot_keys(keys, slot)
+            return self._lease_of(request, taken, token, owner, fence, sent_at)
         if state == "rate":  # a slot is free, the rate (or the live cap) allows no start
             return LockHolder(keys.lock, "", "", None, None, None, holder[-1], False, True)
         if state == "finished":

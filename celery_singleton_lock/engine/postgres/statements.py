@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from celery_singleton_lock.engine.postgres.schema import Schema
 
+#: the pid of a row in its cooldown (no process has it; see ``release_cooling``)
+COOLDOWN_PID = -1
+
 #: one row, the holder's fields, of the statements that read a lock
 HOLDER = (
     "h.fence, h.pid, h.host, h.task_id, extract(epoch FROM h.acquired_at)::float8, "
@@ -61,21 +64,23 @@ WHERE h.prefix = %(prefix)s AND h.name = %(name)s AND NOT done.finished
         #: and NOTIFY the release, all in one transaction: a listener hears it only once the
         #: lock is free. Only a live lease: one run out is
         #: free already (as a Redis key gone at its TTL). Answers whether it was released.
-        self.release = f"""
-WITH freed AS (
-    UPDATE {leases} SET token = '', lease_until = '-infinity', pid = NULL, host = '',
-        task_id = ''
-    WHERE prefix = %(prefix)s AND name = %(name)s AND token = %(token)s
-        AND lease_until > now()
-    RETURNING 1
-), remembered AS (
-    INSERT INTO {finished} (prefix, name, task_id, until)
-    SELECT %(prefix)s, %(lock)s, %(task_id)s, now() + %(remember_ms)s * interval '1 millisecond'
-    FROM freed WHERE %(remember_ms)s > 0
-    ON CONFLICT (prefix, name, task_id) DO UPDATE SET until = excluded.until
-)
-SELECT count(*), CASE WHEN count(*) > 0 THEN pg_notify(%(channel)s, %(key)s)::text END
-FROM freed"""
+        self.release = _release(
+            leases,
+            finished,
+            "token = '', lease_until = '-infinity', pid = NULL, host = '', task_id = ''",
+        )
+        #: As ``release``, but the row left taken for ``lock_cooldown`` instead of freed: the
+        #: token ``cooldown`` (no owner has it: tokens are 32 hex digits) and the pid -1 (no
+        #: process has it), the holder fields of the run that ended, its lease the cooldown.
+        #: An acquire finds it held (its time left the cooldown's), no one renews or releases
+        #: it, and it is free when its lease runs out, as a crashed holder's is. NOTIFYed as
+        #: any release: a waiter reads the row again and sleeps for the cooldown left.
+        self.release_cooling = _release(
+            leases,
+            finished,
+            f"token = 'cooldown', pid = {COOLDOWN_PID}, "
+            "lease_until = now() + %(cooldown_ms)s * interval '1 millisecond'",
+        )
         #: As ``release``, for the lock a dead execution left: matched by its owner fields
         #: (a supervisor knows no child's token); only a live lease.
         self.release_abandoned = f"""
@@ -144,3 +149,22 @@ GROUP BY n.i ORDER BY n.i"""
 SELECT q.name FROM {schema.queued} q
 WHERE q.prefix = %(prefix)s AND q.until > now() AND q.name > %(after)s
 ORDER BY q.name LIMIT %(count)s"""
+
+
+def _release(leases: str, finished: str, change: str) -> str:
+    """A release that makes the ``change`` (an UPDATE's SET) to the row ``token`` holds live,
+    writes the finish record if asked and NOTIFYs, in one statement: see ``release``."""
+    return f"""
+WITH released AS (
+    UPDATE {leases} SET {change}
+    WHERE prefix = %(prefix)s AND name = %(name)s AND token = %(token)s
+        AND lease_until > now()
+    RETURNING 1
+), remembered AS (
+    INSERT INTO {finished} (prefix, name, task_id, until)
+    SELECT %(prefix)s, %(lock)s, %(task_id)s, now() + %(remember_ms)s * interval '1 millisecond'
+    FROM released WHERE %(remember_ms)s > 0
+    ON CONFLICT (prefix, name, task_id) DO UPDATE SET until = excluded.until
+)
+SELECT count(*), CASE WHEN count(*) > 0 THEN pg_notify(%(channel)s, %(key)s)::text END
+FROM released"""

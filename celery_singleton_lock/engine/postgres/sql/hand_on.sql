@@ -1,4 +1,4 @@
--- singleton_lock_hand_on: the release of a lock whose duplicates queue or wait as the newest
+-- singleton_lock_hand_on_v1: the release of a lock whose duplicates queue or wait as the newest
 -- ('release'), a sweeper's step ('sweep') or the drop of a parked id that will never run
 -- ('drop'), each followed by the hand-off of the lock, if it is free and no debounce holds
 -- the waiting call back (lock_debounce: not before its due time), to the oldest parked id
@@ -13,7 +13,7 @@
 --          hold the lock: nothing released), dropped ('drop': 0 if the id was neither parked
 --          nor reserved for), swept, or 'sent' (0 if the lock is not reserved for the id);
 --          handed the message of the id just handed the lock (NULL if none; never on 'sent').
-CREATE OR REPLACE FUNCTION __schema__.singleton_lock_hand_on(
+CREATE FUNCTION __schema__.singleton_lock_hand_on_v1(
     p_prefix text, p_name text, p_mode text, p_subject text, p_reserve_ms bigint,
     p_remember_ms bigint, p_finish_task_id text, p_channel text, p_key text)
 RETURNS TABLE (done integer, handed bytea)
@@ -25,7 +25,7 @@ DECLARE
     v_done integer := 1;
     head record;
 BEGIN
-    l := __schema__.singleton_lock_row(p_prefix, p_name);
+    l := __schema__.singleton_lock_row_v1(p_prefix, p_name);
     live := l.lease_until > now();
     IF p_mode = 'release' THEN
         IF NOT live OR l.token <> p_subject THEN

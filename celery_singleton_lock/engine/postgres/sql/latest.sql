@@ -1,4 +1,4 @@
--- singleton_lock_latest: the acquire of a task whose newest duplicate wins (policy replace,
+-- singleton_lock_latest_v1: the acquire of a task whose newest duplicate wins (policy replace,
 -- restart, lock_debounce), as lua/acquire_or_replace.lua is on Redis: take the lock, or
 -- become the one call that waits behind it, displacing the call that waited there, in one
 -- statement. With a debounce a call waits even on a free lock, until its due time (the
@@ -21,7 +21,7 @@
 --                      sweeper hands this call the lock at its next look), its 1-based
 --                      position (2 behind a call whose reservation is on its way), and the
 --                      messages of the calls it displaced, oldest first (they never run).
-CREATE OR REPLACE FUNCTION __schema__.singleton_lock_latest(
+CREATE FUNCTION __schema__.singleton_lock_latest_v1(
     p_prefix text, p_name text, p_token text, p_pid integer, p_host text, p_task_id text,
     p_ttl_ms bigint, p_fencing boolean, p_unless_finished boolean, p_message bytea,
     p_keep_ms bigint, p_grace_ms bigint, p_sent text, p_debounce_ms bigint,
@@ -59,7 +59,7 @@ BEGIN
             NULL::float8, NULL::float8, NULL::bigint, NULL::bytea[];
         RETURN;
     END IF;
-    l := __schema__.singleton_lock_row(p_prefix, p_name);
+    l := __schema__.singleton_lock_row_v1(p_prefix, p_name);
     live := l.lease_until > now();
     IF live THEN
         IF l.token = p_token THEN

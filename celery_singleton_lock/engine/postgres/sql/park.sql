@@ -1,4 +1,4 @@
--- singleton_lock_park: the acquire of a task whose duplicates queue (a mutex: one holder), as
+-- singleton_lock_park_v1: the acquire of a task whose duplicates queue (a mutex: one holder), as
 -- lua/acquire_slot_or_park.lua is on Redis: take the lock, or park this task id's message
 -- behind it in arrival order, in one statement. A free lock goes to the oldest parked id (it
 -- is reserved for that id here, and its message returned for the caller to publish), not to
@@ -18,7 +18,7 @@
 --                  (NULL when the lock was free and just reserved for an older parked id),
 --                  this id's 1-based position, and the message of the id just handed the
 --                  lock (NULL if none).
-CREATE OR REPLACE FUNCTION __schema__.singleton_lock_park(
+CREATE FUNCTION __schema__.singleton_lock_park_v1(
     p_prefix text, p_name text, p_token text, p_pid integer, p_host text, p_task_id text,
     p_ttl_ms bigint, p_fencing boolean, p_unless_finished boolean, p_message bytea,
     p_reserve_ms bigint, p_fair text)
@@ -47,7 +47,7 @@ BEGIN
             NULL::float8, NULL::float8, NULL::bigint, NULL::bytea;
         RETURN;
     END IF;
-    l := __schema__.singleton_lock_row(p_prefix, p_name);
+    l := __schema__.singleton_lock_row_v1(p_prefix, p_name);
     live := l.lease_until > now();
     IF live AND l.token = p_token THEN
         RETURN QUERY SELECT 'acquired', l.fence, NULL::integer, NULL::text, NULL::text,

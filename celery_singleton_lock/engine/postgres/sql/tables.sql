@@ -1,5 +1,26 @@
--- The tables of policies queue, replace and restart on PostgreSQL, beside the leases table
--- (schema.py). __schema__ is the lock schema's name. Each statement is IF NOT EXISTS.
+-- The tables and sequences of the PostgreSQL backend. __schema__ is the lock schema's name
+-- (schema.py). Each statement is IF NOT EXISTS.
+--
+-- __schema__.singleton_lock_leases      one row per lock name ever taken under a prefix:
+--                                       (prefix, name) the key; token, pid, host, task_id its
+--                                       holder; acquired_at and lease_until by the server's
+--                                       clock (now()); fence the holder's fencing token. A free
+--                                       lock keeps its row (token '', lease_until '-infinity'):
+--                                       see locker.py for why
+-- __schema__.singleton_lock_fence       the sequence the fences come from: strictly
+--                                       increasing, never reused (a sequence survives a restart)
+-- __schema__.singleton_lock_finished    finish records (prefix, name, task_id) until a time:
+--                                       the release of an acks_late task remembers it ran to
+--                                       the end
+-- __schema__.singleton_lock_starts      the body starts of locks with a lock_rate: (prefix,
+--                                       name, at, token) and until when it counts (at + the
+--                                       window), trimmed to the window at each admission
+--                                       (take_slot.sql)
+-- __schema__.singleton_lock_queued      queued markers of dedupe_on_enqueue: one row per lock
+--                                       name, the task id queued and until when (markers.py)
+-- __schema__.singleton_lock_caps        live caps (celery locks limit): an integer per cap key
+--
+-- The calls parked behind a lock (policies queue, replace and restart):
 --
 -- __schema__.singleton_lock_parked      the calls parked behind a lock: (prefix, name, task_id)
 --                                       the key; round and arrival their order (round 0 for
@@ -17,6 +38,45 @@
 --                                       call) and due (when the waiting call may run)
 -- __schema__.singleton_lock_cancels     per lock, the task id its newest call asked to stop
 --                                       (policy restart), until `until`
+CREATE TABLE IF NOT EXISTS __schema__.singleton_lock_leases (
+    prefix text NOT NULL,
+    name text NOT NULL,
+    token text NOT NULL,
+    pid integer,
+    host text NOT NULL DEFAULT '',
+    task_id text NOT NULL DEFAULT '',
+    acquired_at timestamptz,
+    lease_until timestamptz NOT NULL,
+    fence bigint,
+    PRIMARY KEY (prefix, name)
+);
+CREATE SEQUENCE IF NOT EXISTS __schema__.singleton_lock_fence;
+CREATE TABLE IF NOT EXISTS __schema__.singleton_lock_finished (
+    prefix text NOT NULL,
+    name text NOT NULL,
+    task_id text NOT NULL,
+    until timestamptz NOT NULL,
+    PRIMARY KEY (prefix, name, task_id)
+);
+CREATE TABLE IF NOT EXISTS __schema__.singleton_lock_starts (
+    prefix text NOT NULL,
+    name text NOT NULL,
+    at timestamptz NOT NULL,
+    token text NOT NULL,
+    until timestamptz NOT NULL,
+    PRIMARY KEY (prefix, name, at, token)
+);
+CREATE TABLE IF NOT EXISTS __schema__.singleton_lock_queued (
+    prefix text NOT NULL,
+    name text NOT NULL,
+    task_id text NOT NULL,
+    until timestamptz NOT NULL,
+    PRIMARY KEY (prefix, name)
+);
+CREATE TABLE IF NOT EXISTS __schema__.singleton_lock_caps (
+    key text PRIMARY KEY,
+    cap integer NOT NULL
+);
 CREATE TABLE IF NOT EXISTS __schema__.singleton_lock_parked (
     prefix text NOT NULL,
     name text NOT NULL,

@@ -1,9 +1,9 @@
--- singleton_lock_row(prefix, name): the lease row of a lock, made if missing (free), LOCKED
+-- singleton_lock_row_v1(prefix, name): the lease row of a lock, made if missing (free), LOCKED
 -- (FOR UPDATE) until the end of the caller's transaction. Every function of the queue parts
 -- starts with it, so the operations on one lock's parked calls run one at a time; a plain
 -- renewal waits for them only the moment they run.
 -- Returns  the row.
-CREATE OR REPLACE FUNCTION __schema__.singleton_lock_row(p_prefix text, p_name text)
+CREATE FUNCTION __schema__.singleton_lock_row_v1(p_prefix text, p_name text)
 RETURNS __schema__.singleton_lock_leases
 LANGUAGE plpgsql AS $$
 DECLARE

@@ -376,6 +376,16 @@ def test_a_dropped_fair_call_is_never_handed_its_values_turn(locker: RedisLocker
     assert hand_out_order(locker, holder) == ["a1"]
 
 
+def test_a_fair_order_entry_an_older_worker_left_behind_is_dropped_not_handed(
+    locker: RedisLocker,
+) -> None:
+    holder = park_fairly(locker, ("a1", "A", 0), ("a2", "A", 5))
+    keys = locker.keys("job")
+    locker.client.zrem(keys.parked, "a2")  # dropped by a version without the fair order
+    locker.client.hdel(keys.parked_messages, "a2")
+    assert hand_out_order(locker, holder) == ["a1"]
+
+
 def test_the_fair_order_goes_with_the_last_parked_call(locker: RedisLocker) -> None:
     holder = park_fairly(locker, ("a1", "A", 0), ("a2", "A", 5))
     assert locker.client.exists(*locker.keys("job").parked_fair) == 2

@@ -21,6 +21,7 @@
 -- set's order (a call's place, `locks show`) is the order of the turns; within one value
 -- the calls take them by rank.
 --- @include "park_priority"
+--- @include "slot_table"
 
 local ROUND = 1e9
 
@@ -53,20 +54,39 @@ local function park_fair(q, id, message, value, rank)
   return redis.call('ZRANK', q.parked, id) + 1
 end
 
+-- How many entries of the fair order one turn may find stale and drop (see fair_turn).
+local STALE_MAX = 100
+
 -- The task id that takes parked id `id`'s turn, and its member in the fair order: the best
 -- call of `id`'s value not yet handed a slot; `id` itself and nil when `id` is not in the
 -- fair order (parked without a value, or handed a slot once already: a reservation that ran
--- out is made again for the same id, in the turn it took).
-local function fair_turn(q, id)
+-- out is made again for the same id, in the turn it took). An entry whose call is no longer
+-- parked, or holds a live reservation, is dropped on the way: a worker of a version without
+-- the fair order took or handed that call and did not remove it (a rolling upgrade); each is
+-- dropped once, so the walk stays O(log n) per call over time.
+local function fair_turn(q, id, now)
   local member = redis.call('HGET', q.fair_ids, id)
   if not member then
     return id, nil
   end
   local value_end = 8 + tonumber(string.sub(member, 1, 8), 16)
   local value = string.sub(member, 1, value_end)
-  local best = redis.call('ZRANGEBYLEX', q.fair, '[' .. value, '(' .. value .. '\255',
-                          'LIMIT', 0, 1)[1] or member
-  return string.sub(best, value_end + 20), best
+  for _ = 1, STALE_MAX do
+    local best = redis.call('ZRANGEBYLEX', q.fair, '[' .. value, '(' .. value .. '\255',
+                            'LIMIT', 0, 1)[1]
+    if not best then
+      break
+    end
+    local taker = string.sub(best, value_end + 20)
+    if redis.call('ZSCORE', q.parked, taker) and not slot_by(q.S, 'r:' .. taker, now) then
+      return taker, best
+    end
+    redis.call('ZREM', q.fair, best)
+    if redis.call('HGET', q.fair_ids, taker) == best then
+      redis.call('HDEL', q.fair_ids, taker)
+    end
+  end
+  return id, nil
 end
 
 -- Hand parked id `id`'s turn to `taker` (fair_turn's, with its `member`): the taker leaves

@@ -94,7 +94,7 @@ local function hand_slots(n, q, free, now, max, stop_id)
       if free == 0 or #handed >= max then
         return handed, free, false
       end
-      local taker, member = fair_turn(q, id)
+      local taker, member = fair_turn(q, id, now)
       if taker == stop_id then  -- the caller is the best of this turn's value: it takes it
         return handed, free, true
       end

@@ -52,14 +52,15 @@ class AcquireRequest(NamedTuple):
     #: sends the call again: it is still queued, see ACQUIRE's ARGV[6])
     queued_while_held: bool = False
     #: with ``park``: the call's fairness value (its ``lock_fair_by`` arguments); parked
-    #: calls are handed slots round robin across values, oldest first within one ("": in
-    #: arrival order)
+    #: calls are handed slots round robin across values, by ``priority`` then oldest first
+    #: within one ("": in arrival order)
     fair: str = ""
     #: with ``limit`` (or ``rate``): the key of the task's live cap (``celery locks limit``),
     #: at most that many slots taken at once whatever ``limit`` says ("": none is read)
     cap_key: str = ""
-    #: with ``park`` and no ``fair``: the call's rank, handed a slot before the parked calls
-    #: of a lower rank (arrival order within one rank); within -255..255, 0 by default
+    #: with ``park``: the call's rank, handed a slot before the parked calls of a lower rank
+    #: (with ``fair``: of its fairness value; arrival order within one rank); within
+    #: -255..255, 0 by default
     priority: int = 0
     #: the lock's holders live in its slot table (:mod:`.slots`) even when ``limit`` is 1 and
     #: no rate is asked: chosen once per task (a ``lock_limit`` other than the static 1, a

@@ -125,15 +125,16 @@ def try_acquire(
             a slot when the rate allows). Not with those three either.
 
         fair: with ``park`` (not ``latest``): the call's fairness value; parked calls are
-            handed slots round robin across values, oldest first within one (see
-            lua/includes/handoff.lua); "" for arrival order.
+            handed slots round robin across values, by ``priority`` then oldest first within
+            one (see lua/includes/fair_queue.lua); "" for arrival order.
         cap_key: the key of the live rule of the lock's family (engine live_rules.py): its
             cap (with ``limit`` or ``rate``: at most that many slots taken at once, whatever
             ``limit`` says) and its pause (nothing taken: a :class:`LockHolder` with
             ``paused``; with ``park``: parked). Read in the same script call (on a cluster:
             its copy in the lock's slot).
-        priority: with ``park`` and no ``fair``: the call's rank; parked calls of a higher
-            rank are handed slots first, arrival order within one (-255..255).
+        priority: with ``park``: the call's rank; parked calls of a higher rank are handed
+            slots first (with ``fair``: within its fairness value), arrival order within one
+            (-255..255).
         slotted: keep the lock in its slot table even with one slot and no rate (see
             :mod:`.slots`): as every other call of ``name`` does (a task whose limit may be
             1 for some calls, or whose calls queue).

@@ -23,8 +23,12 @@ Layout, for prefix ``P`` and lock name ``N``::
                      'slots|rate|window ms' of calls parked over slots, a rate or a cooldown
                      (see lua/includes/slot_queue.lua), while any is parked
     P:{N}:parked-rounds
-                     calls parked fairly: each fairness value's last round (see
-                     lua/includes/handoff.lua), while any is parked
+                     the arrival counter of parked calls and, parked fairly, each fairness
+                     value's last round (see lua/includes/fair_queue.lua), while any is parked
+    P:{N}:parked-fair, P:{N}:parked-fair-ids
+                     calls parked fairly and not yet handed a slot, by value, then priority,
+                     then arrival (a sorted set read by lex order), and each one's member there
+                     by task id: which call takes its value's turn (lua/includes/fair_queue.lua)
     P:held           (one per prefix, no hash tag: one server only, never on a Cluster) the held
                      index: every held lock key and every slot table (its P:{N}:slots key,
                      read as its live slots), scored by when its (latest) lease ends
@@ -159,9 +163,16 @@ class LockKeys(NamedTuple):
 
     @property
     def parked_rounds(self) -> str:
-        """Key of the hash of each fairness value's last round, and the arrival counter, of
-        calls parked fairly (``fair``, see lua/includes/handoff.lua)."""
+        """Key of the hash of the arrival counter of parked calls and, parked fairly
+        (``fair``), each fairness value's last round (see lua/includes/fair_queue.lua)."""
         return f"{self.lock}:parked-rounds"
+
+    @property
+    def parked_fair(self) -> list[str]:
+        """Keys of the fair order (a sorted set, by value, priority and arrival) of calls
+        parked fairly and not yet handed a slot, and of each one's member there by task id
+        (a hash): lua/includes/fair_queue.lua."""
+        return [f"{self.lock}:parked-fair", f"{self.lock}:parked-fair-ids"]
 
     @property
     def handoff_due(self) -> str:

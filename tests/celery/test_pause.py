@@ -61,6 +61,7 @@ def resumed(servers: Servers) -> Iterator[None]:
         "paused_queue_for",
         "rate_limited_api",
         "paused_by_priority",
+        "paused_fair_by_priority",
     ):
         locks(servers, "resume", f"tests.celery.tasks.pausing.{task}")
 
@@ -143,3 +144,23 @@ def test_parked_calls_run_by_their_messages_priority_the_brokers_way(
         result.get(timeout=30)
     order = [run.split(b"|")[0].decode() for run in store.lrange(f"runs:{key}", 0, -1)]
     assert order == [sent[0].id, sent[5].id, sent[9].id]
+
+
+def test_fair_parked_calls_go_round_robin_across_tenants_each_turn_by_priority(
+    servers: Servers, two: list[CeleryWorkerProcess], store: redis.Redis, resumed: None
+) -> None:
+    """Redis broker: 0 first. Tenant a parks priorities 9, 0, 5, then tenant b one call: a's
+    turn goes to its 0, then b's turn, then a's 5 and 9."""
+    key, task = unique("k"), pausing.paused_fair_by_priority
+    locks(servers, "pause", task.name)
+    parked = lock_key(task, key, "a") + ":parked"  # one lock per key, whatever the tenant
+    sent = []
+    for tenant, priority in (("a", 9), ("a", 0), ("a", 5), ("b", 9)):
+        sent.append(task.apply_async((key, tenant), queue=two[0].queue, priority=priority))
+        wait_until(lambda: store.zcard(parked) == len(sent), timeout=30)
+    locks(servers, "resume", task.name)
+    for result in sent:
+        result.get(timeout=30)
+    a9, a0, a5, b9 = (result.id for result in sent)
+    order = [run.split(b"|")[0].decode() for run in store.lrange(f"runs:{key}", 0, -1)]
+    assert order == [a0, b9, a5, a9]

@@ -311,6 +311,88 @@ def test_parked_calls_of_one_rank_keep_their_arrival_order(locker: RedisLocker) 
     assert parked_ids(locker) == [b"c", b"d", b"e", b"f"]
 
 
+# -- priority within a fairness value (lua/includes/fair_queue.lua) -------------------------
+
+
+def park_fairly(locker: RedisLocker, *calls: tuple[str, str, int]) -> Lease:
+    """The lock's one slot taken by "h", then each ``(task id, value, rank)`` parked fairly:
+    "h"'s lease."""
+    holder = lease(attempt(locker, "h", limit=1))
+    for task_id, value, rank in calls:
+        assert isinstance(attempt(locker, task_id, limit=1, fair=value, priority=rank), Parked)
+    return holder
+
+
+def hand_out_order(locker: RedisLocker, holder: Lease) -> list[str]:
+    """Release ``holder``, then let each call handed the slot take it and release it in turn:
+    the task ids in the order they were handed the slot."""
+    order: list[str] = []
+    handed = release(locker, holder, limit=1)
+    for _ in range(20):  # more than any test parks
+        if not handed:
+            break
+        (message,) = handed
+        order.append(message.decode()[len("msg-") :])
+        handed = release(locker, lease(attempt(locker, order[-1], limit=1)), limit=1)
+    return order
+
+
+def test_a_fair_values_turn_goes_to_its_parked_call_of_the_highest_rank(
+    locker: RedisLocker,
+) -> None:
+    holder = park_fairly(locker, ("a1", "A", 0), ("a2", "A", 0), ("b1", "B", 0), ("a3", "A", 5))
+    assert hand_out_order(locker, holder) == ["a3", "b1", "a1", "a2"]
+
+
+def test_fair_values_keep_their_round_robin_whatever_their_calls_ranks(
+    locker: RedisLocker,
+) -> None:
+    holder = park_fairly(
+        locker, ("a1", "A", 9), ("a2", "A", 9), ("a3", "A", 9), ("b1", "B", -9), ("b2", "B", 0)
+    )
+    assert hand_out_order(locker, holder) == ["a1", "b2", "a2", "b1", "a3"]
+
+
+def test_fair_calls_of_one_value_and_rank_go_in_arrival_order(locker: RedisLocker) -> None:
+    holder = park_fairly(locker, ("a1", "A", 3), ("a2", "A", 3), ("a3", "A", 3), ("a0", "A", 0))
+    assert hand_out_order(locker, holder) == ["a1", "a2", "a3", "a0"]
+
+
+def test_a_fair_call_whose_reservation_ran_out_is_handed_the_slot_again_not_its_values_next(
+    locker: RedisLocker,
+) -> None:
+    holder = lease(attempt(locker, "h", limit=1))
+    for task_id, rank in (("a1", 0), ("a2", 5)):
+        attempt(locker, task_id, limit=1, fair="A", priority=rank, reservation_ttl=0.2)
+    locker.queue.release_handing_on(holder, limit=1, reservation_ttl=0.2)  # reserved for a2
+    assert isinstance(attempt(locker, "a3", limit=1, fair="A", priority=9), Parked)
+    time.sleep(0.3)  # a2's message was never delivered: its reservation ran out
+    assert locker.queue.hand_on("job", reservation_ttl=30) == [b"msg-a2"]
+
+
+def test_a_dropped_fair_call_is_never_handed_its_values_turn(locker: RedisLocker) -> None:
+    holder = park_fairly(locker, ("a1", "A", 0), ("a2", "A", 5))
+    assert locker.queue.drop_parked("job", "a2", reservation_ttl=30) is True
+    assert hand_out_order(locker, holder) == ["a1"]
+
+
+def test_a_fair_order_entry_an_older_worker_left_behind_is_dropped_not_handed(
+    locker: RedisLocker,
+) -> None:
+    holder = park_fairly(locker, ("a1", "A", 0), ("a2", "A", 5))
+    keys = locker.keys("job")
+    locker.client.zrem(keys.parked, "a2")  # dropped by a version without the fair order
+    locker.client.hdel(keys.parked_messages, "a2")
+    assert hand_out_order(locker, holder) == ["a1"]
+
+
+def test_the_fair_order_goes_with_the_last_parked_call(locker: RedisLocker) -> None:
+    holder = park_fairly(locker, ("a1", "A", 0), ("a2", "A", 5))
+    assert locker.client.exists(*locker.keys("job").parked_fair) == 2
+    hand_out_order(locker, holder)
+    assert locker.client.exists(*locker.keys("job").parked_fair) == 0
+
+
 def test_a_queue_slot_taken_indexes_its_slot_table_in_the_held_index(
     locker: RedisLocker, redis_client: redis.Redis
 ) -> None:

@@ -228,7 +228,8 @@ TASK_ONLY_OPTIONS: dict[str, Option] = {
         None,
         "names of the task's parameters; with on_duplicate='queue'",
         "Calls parked behind a lock are handed it round robin across the values of these "
-        "arguments (a tenant), oldest first within one; None: in arrival order.",
+        "arguments (a tenant), by the message's priority (the broker's way) then oldest "
+        "first within one; None: by priority, then in arrival order.",
     ),
 }
 

@@ -106,8 +106,8 @@ class LockOptions:
     #: server or Sentinel: its cap (``celery locks limit``, for a ``lock_limit`` above 1 or
     #: callable) and its pause (``celery locks pause``, ``self.request.lock.pause_for``)
     cap_key: str = ""
-    #: which way a message's ``priority`` reads on the app's broker, for the calls parked in
-    #: arrival order (policy ``queue`` without ``lock_fair_by``): 1, higher first (RabbitMQ and
+    #: which way a message's ``priority`` reads on the app's broker, for the calls parked
+    #: (policy ``queue``; with ``lock_fair_by``, within a value): 1, higher first (RabbitMQ and
     #: the other AMQP brokers); -1, lower first (kombu's Redis transport: 0 is the highest)
     priority_sign: int = 1
     #: a worker's call takes the key alone, without parking (``lock_limit`` 1, a policy other

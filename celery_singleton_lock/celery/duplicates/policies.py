@@ -221,7 +221,7 @@ class Queue(DuplicatePolicy):
 
     def park(self, task: Any, request: Any, options: Any, wanted: AcquireRequest) -> AcquireRequest:
         fair = options.fair_value(request.args, request.kwargs)
-        rank = 0 if fair else options.priority_rank(celery_api.message_priority(request))
+        rank = options.priority_rank(celery_api.message_priority(request))
         return wanted._replace(park=handoff.parked_message(task, request), fair=fair, priority=rank)
 
     def parked(

@@ -1,8 +1,10 @@
 """Policy ``queue`` on one server (``on_duplicate='queue'``): a call that finds every slot of
 its lock taken (a mutex is the lock with one slot) is parked behind them in arrival order, in
 the same round trip, and each release hands its freed slot to the oldest parked call. With a
-cooldown or a rate, a slot is handed on when they allow. The scripts, and why they are so:
-lua/includes/slot_queue.lua and lua/includes/handoff.lua.
+cooldown or a rate, a slot is handed on when they allow. The message's priority goes first,
+and with a fairness value the slots go round robin across values, each value's turn to its
+call of the highest priority. The scripts, and why they are so: lua/includes/slot_queue.lua,
+lua/includes/handoff.lua, lua/includes/park_priority.lua and lua/includes/fair_queue.lua.
 
 The parked calls of a lock are a sorted set by arrival (finding, re-parking or dropping one
 costs O(log n)) and a hash of their messages. A sweeper (:meth:`SlotQueue.hand_off_due`, then
@@ -103,7 +105,7 @@ class SlotQueue:
         counter, finished = issuer.shared.of(keys.lock, owner.task_id)
         script_keys = [*keys.slot_table, counter, keys.starts, keys.parked, keys.parked_messages]
         script_keys += (issuer.shared.handoff_index(keys.lock), keys.parked_rule)
-        script_keys.append(keys.parked_rounds)
+        script_keys += (keys.parked_rounds, *keys.parked_fair)
         args: list[Any] = [_ms(request.ttl), value, "1" if request.fencing else "0", limit]
         args += _rate_args(request.rate)
         args += (owner.task_id, request.park, keys.name, _ms(request.reservation_ttl))
@@ -186,7 +188,7 @@ class SlotQueue:
         keys = self.issuer.keys(name)
         script_keys = [*keys.slot_table, keys.starts, keys.parked, keys.parked_messages]
         script_keys.append(self.issuer.shared.handoff_index(keys.lock))
-        script_keys += (keys.parked_rule, keys.parked_rounds)
+        script_keys += (keys.parked_rule, keys.parked_rounds, *keys.parked_fair)
         args: list[Any] = [limit, *_rate_args(rate), mode, subject, keys.channel, keys.name]
         args += (_ms(reservation_ttl), cooldown_ms, "1" if cap_key else "")
         if cap_key:

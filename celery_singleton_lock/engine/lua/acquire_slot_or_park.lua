@@ -10,10 +10,12 @@
 -- KEYS[7]     hand-off index           KEYS[8]  the lock's rule (see includes/slot_queue.lua)
 -- KEYS[9]     the lock's parked rounds (hash, see includes/handoff.lua): the rounds with
 --             ARGV[11], the arrival counter of every parked call
--- KEYS[10]    with ARGV[12] '1': the task's live rule (includes/live_rule.lua: a cap, see
+-- KEYS[10]    the lock's fair order (sorted set)   KEYS[11]  its members by task id (hash)
+--             (includes/fair_queue.lua): the fair calls not yet handed a slot
+-- KEYS[12]    with ARGV[12] '1': the task's live rule (includes/live_rule.lua: a cap, see
 --             includes/slot_queue.lua's capped, and a pause: the call parks, taking no slot,
 --             not even one reserved for it)
--- KEYS[10+c]  optional: the finish-record set to look in (as acquire_slot.lua's KEYS[5]);
+-- KEYS[12+c]  optional: the finish-record set to look in (as acquire_slot.lua's KEYS[5]);
 --             c is 1 with the live rule, else 0
 -- KEYS[#KEYS] with ARGV[14] '1': the held index (includes/held_index.lua; one server only):
 --             a slot taken or reserved writes the table's slots key there
@@ -23,10 +25,11 @@
 -- ARGV[7]     the owner's task id (not empty)   ARGV[8]  its message, stored if parked
 -- ARGV[9]     the lock name (member of the index)   ARGV[10]  ms a reservation lives
 -- ARGV[11]    the call's fairness value (lock_fair_by): parked by rounds across values
---             (includes/handoff.lua's park_fair); '' parked in arrival order
--- ARGV[12]    '1' when KEYS[10] is the live rule; '' none
--- ARGV[13]    without ARGV[11]: the call's rank (its message's priority, higher: handed a
---             slot sooner; includes/park_priority.lua); '' or 0: arrival order
+--             (includes/fair_queue.lua's park_fair); '' parked in arrival order
+-- ARGV[12]    '1' when KEYS[12] is the live rule; '' none
+-- ARGV[13]    the call's rank (its message's priority, higher: handed a slot sooner;
+--             includes/park_priority.lua; with ARGV[11], within its fairness value); '' or
+--             0: arrival order
 -- ARGV[14]    '1': KEYS[#KEYS] is the held index; '' none
 -- Returns     {slot, fence}: acquired the 1-based slot (also for a resend of the same token).
 --             integer -1: the finish record exists; nothing changed.
@@ -41,17 +44,19 @@
 --- @include "take_lock"
 --- @include "live_rule"
 --- @include "park_priority"
+--- @include "fair_queue"
 
 local n = tonumber(ARGV[4])
 local c = ARGV[12] == '1' and 1 or 0
 local id, token = ARGV[7], string.sub(ARGV[2], 1, 32)
 local held = ARGV[14] == '1' and KEYS[#KEYS] or nil  -- held index
-local records = #KEYS > 9 + c + (held and 1 or 0) and KEYS[10 + c] or nil
+local records = #KEYS > 11 + c + (held and 1 or 0) and KEYS[12 + c] or nil
 local q = {S = slot_keys(1, held), starts = KEYS[4], parked = KEYS[5], messages = KEYS[6],
-           index = KEYS[7], rule = KEYS[8], rounds = KEYS[9], name = ARGV[9],
+           index = KEYS[7], rule = KEYS[8], rounds = KEYS[9], fair = KEYS[10],
+           fair_ids = KEYS[11], name = ARGV[9],
            reserve = tonumber(ARGV[10]), rate = tonumber(ARGV[5]), window = tonumber(ARGV[6]),
            cap = nil, paused = nil}
-q.cap, q.paused = live_rule(c == 1 and KEYS[10] or nil)
+q.cap, q.paused = live_rule(c == 1 and KEYS[12] or nil)
 if records and is_finished(records, id) then
   return -1
 end
@@ -99,6 +104,7 @@ else
 end
 if take then
   unpark(q.parked, q.messages, id)
+  fair_forget(q, id)
   local value, fence = fenced(ARGV[2], ARGV[3], KEYS[3])
   slot_put(q.S, take, value, now, tonumber(ARGV[1]), reservation)
   schedule(n, q, now)
@@ -106,12 +112,12 @@ if take then
 end
 local position
 if ARGV[11] ~= '' then
-  position = park_fair(q.parked, q.messages, q.rounds, id, ARGV[8], ARGV[11])
+  position = park_fair(q, id, ARGV[8], ARGV[11], tonumber(ARGV[13]) or 0)
 else
   position = park_ranked(q.parked, q.messages, q.rounds, id, ARGV[8], tonumber(ARGV[13]) or 0)
 end
 redis.call('SET', q.rule, n .. '|' .. ARGV[5] .. '|' .. ARGV[6] .. '|'
-           .. (c == 1 and KEYS[10] or ''))
+           .. (c == 1 and KEYS[12] or ''))
 schedule(n, q, now)
 local reply = {holder, position}
 for _, message in ipairs(handed) do

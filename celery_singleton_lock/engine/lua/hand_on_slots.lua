@@ -9,9 +9,11 @@
 -- KEYS[4]     parked task ids       KEYS[5]  parked messages      KEYS[6]  hand-off index
 -- KEYS[7]     the lock's rule       KEYS[8]  the lock's parked rounds (deleted with the last
 --             parked call)
--- KEYS[9]     with ARGV[10] '1': the task's live rule (includes/live_rule.lua: a cap, see
+-- KEYS[9]     the lock's fair order   KEYS[10]  its members by task id (includes/fair_queue.lua:
+--             each turn of a fairness value goes to its best call)
+-- KEYS[11]    with ARGV[10] '1': the task's live rule (includes/live_rule.lua: a cap, see
 --             includes/slot_queue.lua's room, and a pause: no slot handed on meanwhile)
--- KEYS[9+c]   optional: the held index (includes/held_index.lua; one server only): a slot
+-- KEYS[11+c]  optional: the held index (includes/held_index.lua; one server only): a slot
 --             reserved or cooling writes the table's slots key there, a table left empty is
 --             taken out; c is 1 with the live rule, else 0
 -- KEYS[#KEYS] with ARGV[11..12] ('release' only): the finish-record set (as release.lua's)
@@ -24,7 +26,7 @@
 -- ARGV[9]     'release': the cooldown in ms ('' none): the slot stays taken that long (as
 --             release_into_cooldown.lua), and is handed on when it ends; nothing is
 --             published then
--- ARGV[10]    '1' when KEYS[9] is the live rule; '' none
+-- ARGV[10]    '1' when KEYS[11] is the live rule; '' none
 -- ARGV[11..12] with the finish-record set: as release.lua's ARGV[3..4]
 -- The slots handed on are the first N, or fewer when the lock's rule (written by the newest
 -- parked call) names fewer: a limit lowered while calls are parked (a callable lock_limit)
@@ -40,16 +42,18 @@
 --- @include "cooldown"
 --- @include "announce"
 --- @include "live_rule"
+--- @include "fair_queue"
 
 local n, mode = tonumber(ARGV[1]), ARGV[4]
 local c = ARGV[10] == '1' and 1 or 0
 local records = ARGV[12] and KEYS[#KEYS]
-local held = #KEYS == 9 + c + (records and 1 or 0) and KEYS[9 + c] or nil  -- held index
+local held = #KEYS == 11 + c + (records and 1 or 0) and KEYS[11 + c] or nil  -- held index
 local q = {S = slot_keys(1, held), starts = KEYS[3], parked = KEYS[4], messages = KEYS[5],
-           index = KEYS[6], rule = KEYS[7], rounds = KEYS[8], name = ARGV[7],
+           index = KEYS[6], rule = KEYS[7], rounds = KEYS[8], fair = KEYS[9],
+           fair_ids = KEYS[10], name = ARGV[7],
            reserve = tonumber(ARGV[8]), rate = tonumber(ARGV[2]), window = tonumber(ARGV[3]),
            cap = nil, paused = nil}
-q.cap, q.paused = live_rule(c == 1 and KEYS[9] or nil)
+q.cap, q.paused = live_rule(c == 1 and KEYS[11] or nil)
 local now = now_ms()
 local done, max = 1, n
 if mode == 'release' then
@@ -69,6 +73,7 @@ if mode == 'release' then
 elseif mode == 'drop' then
   local id = ARGV[5]
   done = math.min(1, unpark(q.parked, q.messages, id))
+  fair_forget(q, id)
   local slot, v = slot_by(q.S, 'r:' .. id, now)
   if slot then
     slot_clear(q.S, slot, v)

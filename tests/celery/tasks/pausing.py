@@ -47,3 +47,19 @@ def rate_limited_api(self: LockedTask, key: str, pause: float = 0.0) -> dict[str
 
 #: one slot, calls parked by their message's priority (tests pause it to park them all first)
 paused_by_priority = limited_task("paused_by_priority", on_duplicate=QUEUE, lock_ttl=10)
+
+
+@app.task(
+    bind=True,
+    base=LockedTask,
+    name=f"{__name__}.paused_fair_by_priority",
+    lock_on=("key",),
+    on_duplicate=QUEUE,
+    # a Redis Cluster's workers serve "retry" here (QUEUE), where nothing is parked to be fair
+    lock_fair_by=("tenant",) if QUEUE == "queue" else None,
+    lock_ttl=10,
+)
+def paused_fair_by_priority(self: LockedTask, key: str, tenant: str) -> dict[str, Any]:
+    """One slot per key; parked calls served round robin across tenants, each tenant's turn
+    to its call of the highest priority (tests pause it to park them all first)."""
+    return limited_body(self, key, 0.0)

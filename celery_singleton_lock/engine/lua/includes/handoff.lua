@@ -4,8 +4,9 @@
 --                          (1, 2, 3, ...: the newest's score + 1), so the oldest is first and
 --                          finding, re-parking or dropping one id costs O(log n), not a walk
 --   P:{N}:parked-messages  hash: task id -> its parked message (opaque to the scripts, bytes)
---   P:{N}:parked-rounds    hash, calls parked fairly (lock_fair_by): fairness value -> the
---                          round of its newest parked call, and '' -> an arrival counter
+--   P:{N}:parked-rounds    hash: '' -> an arrival counter (park_priority.lua, fair_queue.lua)
+--                          and, with lock_fair_by, fairness value -> the round of its newest
+--                          parked call (fair_queue.lua)
 -- and one index per prefix, WITHOUT a hash tag (so: a single server or Sentinel, not a
 -- Cluster):
 --   P:handoff-due          sorted set: lock name -> server time (ms) at which a sweeper should
@@ -29,30 +30,6 @@ local function park(parked, messages, id, message)
   redis.call('ZADD', parked, (tonumber(last[2]) or 0) + 1, id)
   redis.call('HSET', messages, id, message)
   return redis.call('ZCARD', parked)
-end
-
--- Rounds of fair parking: a call's score is its round * ROUND + its arrival number (mod
--- ROUND), so the calls of one round go in arrival order and every value has at most one call
--- in each round: a freed slot goes round robin across the values, oldest first within one.
-local ROUND = 1e9
-
--- Park task id `id` with its `message`, fairly by `value`: in the round after its value's
--- newest parked call, and never before the round of the oldest call parked now (a value that
--- was idle joins the current round, not the first). Kept where it is when already parked.
--- Returns its 1-based place.
-local function park_fair(parked, messages, rounds, id, message, value)
-  local rank = redis.call('ZRANK', parked, id)
-  if rank then
-    return rank + 1
-  end
-  local head = redis.call('ZRANGE', parked, 0, 0, 'WITHSCORES')
-  local current = head[2] and math.floor(tonumber(head[2]) / ROUND) or 0
-  local round = math.max(tonumber(redis.call('HGET', rounds, value) or '0') + 1, current)
-  local arrival = redis.call('HINCRBY', rounds, '', 1) % ROUND
-  redis.call('HSET', rounds, value, round)
-  redis.call('ZADD', parked, round * ROUND + arrival, id)
-  redis.call('HSET', messages, id, message)
-  return redis.call('ZRANK', parked, id) + 1
 end
 
 -- Take task id `id` out of `parked` and its message out of `messages`; returns how many of

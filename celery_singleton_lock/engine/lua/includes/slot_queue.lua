@@ -3,9 +3,10 @@
 -- parked messages, hand-off index and reservation value are handoff.lua's.
 --
 -- - a slot is reserved for ONE parked task id at a time (the reservation value names it), and
---   the parked ids are handed free slots in arrival order, skipping the ids already holding a
---   reservation: so two slots are never reserved for one call, and no call overtakes an older
---   one;
+--   the parked ids are handed free slots in their order (arrival, rank, or turns across
+--   fairness values), skipping the ids already holding a reservation: so two slots are never
+--   reserved for one call, and no call overtakes one before it; with lock_fair_by the call
+--   handed a turn is its value's best (fair_queue.lua);
 -- - a parked id stays in the list until it takes its slot (or is dropped), so a reservation
 --   that runs out (its message was never delivered) is made again for the same id by a
 --   sweeper;
@@ -25,12 +26,14 @@
 -- cap key) is written when a call is parked and deleted with the last parked id: the sweeper,
 -- which knows only the lock's name, reads it to call hand_on_slots.lua with the lock's keys.
 --
--- `q` is the lock's queue: {S, starts, parked, messages, index, rule, rounds, name, reserve,
--- rate, window, cap, paused} (its slot table, keys, the lock name, the reservation's life in
--- ms, the rate or nil, its window, the live rule's cap or nil and pause or nil).
+-- `q` is the lock's queue: {S, starts, parked, messages, index, rule, rounds, fair, fair_ids,
+-- name, reserve, rate, window, cap, paused} (its slot table, keys, the lock name, the
+-- reservation's life in ms, the rate or nil, its window, the live rule's cap or nil and pause
+-- or nil).
 --- @include "slot_table"
 --- @include "rate"
 --- @include "live_rule"
+--- @include "fair_queue"
 
 -- How many of the first n slots a call may take now: the free ones, within the live rule's cap
 -- (held, reserved and cooling slots all count as taken); none while the live rule pauses
@@ -67,8 +70,8 @@ local function reservations_of(q, ids)
   return found
 end
 
--- Reserve free slots (`free` of them may be taken) for the parked ids without one, oldest
--- first, while the rate allows, stopping at stop_id (the caller, who takes a slot itself)
+-- Reserve free slots (`free` of them may be taken) for the parked ids without one, first
+-- first (each turn of a fairness value to its best call), while the rate allows, stopping at stop_id (the caller, who takes a slot itself)
 -- and after max slots. Returns the handed messages, the room left, and whether the walk
 -- reached stop_id or the end of the list (false: it stopped for the rate or for max).
 local function hand_slots(n, q, free, now, max, stop_id)
@@ -81,7 +84,9 @@ local function hand_slots(n, q, free, now, max, stop_id)
   local indexed = reservations_of(q, walked)
   -- with no slot's time come, every indexed reservation is live: no slot read per id
   local exact = redis.call('ZCOUNT', q.S.slots, 0, now) == 0
+  local moved = {}  -- taker -> the id that now waits in its place (fair_take's swap)
   for i, id in ipairs(walked) do
+    id = moved[id] or id
     if id == stop_id then
       return handed, free, true
     end
@@ -89,21 +94,27 @@ local function hand_slots(n, q, free, now, max, stop_id)
       if free == 0 or #handed >= max then
         return handed, free, false
       end
+      local taker, member = fair_turn(q, id, now)
+      if taker == stop_id then  -- the caller is the best of this turn's value: it takes it
+        return handed, free, true
+      end
       if q.rate then
-        redis.call('ZREM', q.starts, 'r:' .. id)
+        redis.call('ZREM', q.starts, 'r:' .. taker)
         if rate_wait(q.starts, q.rate, q.window, now) > 0 then
           return handed, free, false
         end
-        redis.call('ZADD', q.starts, now + q.reserve, 'r:' .. id)
+        redis.call('ZADD', q.starts, now + q.reserve, 'r:' .. taker)
         redis.call('PEXPIRE', q.starts, q.window + q.reserve)
       end
       local slot = slot_number(q.S, n, now)
       if not slot then
         return handed, 0, false
       end
-      slot_put(q.S, slot, HANDOFF_TOKEN .. '||' .. now .. '|0||' .. id, now, q.reserve, nil)
+      fair_take(q, id, taker, member)
+      moved[taker] = id
+      slot_put(q.S, slot, HANDOFF_TOKEN .. '||' .. now .. '|0||' .. taker, now, q.reserve, nil)
       free = free - 1
-      handed[#handed + 1] = redis.call('HGET', q.messages, id) or ''
+      handed[#handed + 1] = redis.call('HGET', q.messages, taker) or ''
     end
   end
   return handed, free, true  -- the whole list: a longer one returned above
@@ -115,7 +126,7 @@ local function schedule(n, q, now)
   local waiting = redis.call('ZCARD', q.parked)
   if waiting == 0 then
     redis.call('ZREM', q.index, q.name)
-    redis.call('DEL', q.rule, q.rounds)
+    redis.call('DEL', q.rule, q.rounds, q.fair, q.fair_ids)
   else
     local due
     if room(q, n, now) > 0 and waiting > slots_reserved(q.S) then

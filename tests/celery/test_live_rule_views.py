@@ -82,7 +82,8 @@ def test_show_says_when_the_pause_ends(redis_server: RedisServer) -> None:
 
 
 def test_the_consoles_snapshot_lists_the_live_rules(
-    redis_server: RedisServer, console_at: ConsoleAt  # noqa: F811 - the fixture
+    redis_server: RedisServer,
+    console_at: ConsoleAt,  # noqa: F811 - the fixture
 ) -> None:
     locker = _locker(redis_server)
     locker.live_rules.set_cap(FAMILY, 3)

@@ -47,3 +47,13 @@ def rate_limited_api(self: LockedTask, key: str, pause: float = 0.0) -> dict[str
 
 #: one slot, calls parked by their message's priority (tests pause it to park them all first)
 paused_by_priority = limited_task("paused_by_priority", on_duplicate=QUEUE, lock_ttl=10)
+
+#: the newest call wins (tests/celery/test_pause_latest.py): while paused none starts, not even
+#: the one a release handed the lock to; the newest runs after the pause
+paused_replace = limited_task("paused_replace", on_duplicate="replace", lock_ttl=10)
+#: the same, stopping the running call for the newest (terminated after 1 s of grace)
+paused_restart = limited_task(
+    "paused_restart", on_duplicate="restart", lock_ttl=10, lock_cancel_grace=1
+)
+#: one slot, parked while paused: its worker logs why it parked
+paused_queue_log = limited_task("paused_queue_log", on_duplicate=QUEUE, lock_ttl=10)

@@ -19,33 +19,28 @@ NAME = "proj.job:aa"  # a lock of family "proj.job"
 RULE = "t:cap:proj.job"  # its live rule under the locker's prefix "t"
 
 
-def newest(locker: RedisLocker, task_id: str, **options: Any) -> Union[Lease, LockHolder, Parked]:
-    """One latest-wins acquire of ``NAME`` by ``task_id`` (message ``<id>\\nmsg``), reading
-    the family's live rule."""
+def take(locker: RedisLocker, task_id: str, **options: Any) -> Union[Lease, LockHolder, Parked]:
+    """One acquire of ``NAME`` by ``task_id`` that parks its message ``<id>\nmsg`` when it
+    cannot start, reading the family's live rule."""
     return locker.try_acquire(
         NAME,
         ttl=30,
         owner=Owner(task_id=task_id),
         renew=False,
         park=f"{task_id}\nmsg".encode(),
-        reservation_ttl=30,
-        latest=Latest(),
         cap_key=RULE,
         **options,
     )
 
 
+def newest(locker: RedisLocker, task_id: str, **options: Any) -> Union[Lease, LockHolder, Parked]:
+    """A latest-wins acquire (policies replace, restart)."""
+    return take(locker, task_id, reservation_ttl=30, latest=Latest(), **options)
+
+
 def queued(locker: RedisLocker, task_id: str) -> Union[Lease, LockHolder, Parked]:
-    """One acquire of ``NAME``'s 2 slots by ``task_id`` that parks when it cannot start."""
-    return locker.try_acquire(
-        NAME,
-        ttl=30,
-        owner=Owner(task_id=task_id),
-        renew=False,
-        park=f"{task_id}\nmsg".encode(),
-        limit=2,
-        cap_key=RULE,
-    )
+    """An acquire of one of ``NAME``'s 2 slots (policy queue)."""
+    return take(locker, task_id, limit=2)
 
 
 def waiting_ids(locker: RedisLocker) -> list[bytes]:

@@ -181,6 +181,9 @@ class Parked:
     #: the messages of the calls this one took the place of (policy ``replace``), each
     #: ``<task id>\n<message>``: they will never run
     displaced: tuple[bytes, ...] = ()
+    #: the task's or group's live rule pauses every start (``celery locks pause``,
+    #: ``pause_for``): the call waits for the pause's end, whether or not a slot is free
+    paused: bool = False
 
 
 LostCallback = Callable[["Lease"], None]

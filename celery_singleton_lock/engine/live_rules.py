@@ -45,6 +45,7 @@ class RedisLiveRules:
         self.server = server
         self.prefix = prefix
         self._pause: Script = server.register(source("pause"))
+        self._trim: Script = server.register(source("trim_rules"))
 
     def key(self, family: str) -> str:
         """The rule's key of ``family`` (a task's or group's name)."""
@@ -104,37 +105,61 @@ class RedisLiveRules:
     def read(self, family: str) -> LiveRule:
         """``family``'s rule now (one round trip: the hash and the server's clock; on a
         cluster slot 0's copy and its node's clock)."""
-        key, client = self.key(family), self.server.client
+        return self._read_all([family])[0]
 
-        def both() -> Any:
-            if isinstance(client, RedisCluster):  # the copy's node: TIME has no key to route
-                copy, nodes = SharedKeys.of_slot(key, 0), cast(Any, client)
-                node = nodes.get_node_from_key(copy)
+    def _read_all(self, families: list[str]) -> list[LiveRule]:
+        """The rules of ``families`` now, in one pipelined round trip (each hash, then the
+        server's clock; on a cluster their copies in slot 0, all on one node, and its clock)."""
+        client = self.server.client
+        keys = [self.key(family) for family in families]
+
+        def each() -> Any:
+            if isinstance(client, RedisCluster):  # the copies' node: TIME has no key to route
+                copies = [SharedKeys.of_slot(key, 0) for key in keys]
+                node = cast(Any, client).get_node_from_key(copies[0])
                 pipe = node.redis_connection.pipeline(transaction=False)
             else:
-                copy, pipe = key, client.pipeline(transaction=False)
-            pipe.hmget(copy, "cap", "until")
+                copies, pipe = keys, client.pipeline(transaction=False)
+            for copy in copies:
+                pipe.hmget(copy, "cap", "until")
             pipe.time()
             return pipe.execute()
 
-        (cap, till), (seconds, micros) = server_errors.call(both, key)
-        paused_for: Optional[float] = None
-        if till is not None:
-            end = int(till)
-            if end == -1:
-                paused_for = float("inf")
-            elif end > seconds * 1000 + micros // 1000:
-                paused_for = (end - seconds * 1000 - micros // 1000) / 1000.0
-        return LiveRule(None if cap is None else int(cap), paused_for)
+        *rules, (seconds, micros) = server_errors.call(each, keys[0] if keys else self.prefix)
+        now = seconds * 1000 + micros // 1000
+        return [_rule(cap, till, now) for cap, till in rules]
 
     def every(self, limit: int = 1000) -> dict[str, LiveRule]:
         """The families with a live cap or pause now, by family: read from the rule index (no
-        SCAN of the database; at most ``limit`` of its families), then one read each."""
+        SCAN of the database; at most ``limit`` of its families) in one round trip. The
+        families found without a rule (a cap reset, a pause over) are dropped from the index
+        then (lua/trim_rules.lua, as the held index's readers drop the keys they find gone),
+        so the index holds what the rules hold, not every family ever paused. Not on a
+        cluster: a family's copies and the index share no slot, so the drop could not check
+        the rule again in the same script, and a rule set again meanwhile would go unlisted;
+        an entry left there costs a read, never a wrong answer."""
         client, index = self.server.client, rule_index(self.prefix)
         families: list[str] = []
         for family in server_errors.call(lambda: client.sscan_iter(index, count=500), index):
             families.append(family.decode() if isinstance(family, bytes) else family)
             if len(families) >= limit:
                 break
-        rules = {family: self.read(family) for family in sorted(families)}
+        families.sort()
+        rules = dict(zip(families, self._read_all(families))) if families else {}
+        gone = [family for family, rule in rules.items() if rule == (None, None)]
+        if gone and not self.server.cluster:
+            keys = [index, *(self.key(family) for family in gone)]
+            self.server.run(self._trim, index, keys, gone)
         return {family: rule for family, rule in rules.items() if rule != (None, None)}
+
+
+def _rule(cap: Any, till: Any, now_ms: int) -> LiveRule:
+    """The rule of the hash fields ``cap`` and ``until`` at server time ``now_ms``."""
+    paused_for: Optional[float] = None
+    if till is not None:
+        end = int(till)
+        if end == -1:
+            paused_for = float("inf")
+        elif end > now_ms:
+            paused_for = (end - now_ms) / 1000.0
+    return LiveRule(None if cap is None else int(cap), paused_for)

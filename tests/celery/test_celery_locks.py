@@ -270,6 +270,9 @@ def test_list_json_is_one_document_of_holders(
         "cooldown_left",
         "parked",
         "rate_starts",
+        "live_cap",
+        "paused",
+        "paused_until",
     ]
     assert (holder["name"], holder["task_id"], holder["host"], holder["pid"]) == (
         name,

@@ -37,9 +37,11 @@ from celery_singleton_lock.celery.cli.lock_listing import (
     pause_line,
     queued_line,
     rate_row,
+    read_live_rules,
     read_lock,
     read_slots,
     refuse_a_name_no_task_takes,
+    rule_json,
     waiting_line,
 )
 from celery_singleton_lock.celery.cli.lock_release import (
@@ -128,7 +130,16 @@ def _one_line_errors() -> Iterator[None]:
     "as_json",
     is_flag=True,
     help="Print one JSON document: the list of holders (key, name, task_id, host, pid, "
-    "acquired_at, ttl, fence, slot, cooldown, cooldown_left, parked, rate_starts).",
+    "acquired_at, ttl, fence, slot, cooldown, cooldown_left, parked, rate_starts, and their "
+    "task's or group's live_cap, paused, paused_until); with --rules, the list of live rules "
+    "(family, live_cap, paused, paused_for, paused_until).",
+)
+@click.option(
+    "--rules",
+    "only_rules",
+    is_flag=True,
+    help="List only the live caps and pauses of tasks and groups (celery locks limit / pause), "
+    "also those of a paused task that holds no lock.",
 )
 @click.option(
     "--scan",
@@ -138,9 +149,12 @@ def _one_line_errors() -> Iterator[None]:
     "taken by workers of an older version, which write no index, during a rolling upgrade.",
 )
 @click.pass_obj
-def list_command(settings: Settings, limit: int, as_json: bool, by_scan: bool) -> None:
+def list_command(
+    settings: Settings, limit: int, as_json: bool, only_rules: bool, by_scan: bool
+) -> None:
     """List the locks held now, printed as they are read (a page at a time), then the live
-    caps and pauses of tasks and groups (celery locks limit / pause; not with --json).
+    caps and pauses of tasks and groups (celery locks limit / pause, with when each pause
+    ends; with --json, beside each holder of a task or group that has one).
 
     On one server (or Sentinel) they are read from the held index the lock scripts keep
     (O(held locks)); on a Redis Cluster by SCAN of every primary (never KEYS). When none are
@@ -150,17 +164,16 @@ def list_command(settings: Settings, limit: int, as_json: bool, by_scan: bool) -
     with _one_line_errors():
         target = settings.target()
         try:
+            live = read_live_rules(target)  # one read: beside the holders of --json
+            if only_rules:
+                _print_rules(live, as_json)
+                return
             listing = LockStream(target, limit, by_scan=by_scan)
-            _print_pages(listing, target.inspector.prefix, as_json)
-            rules = None if target.quorum else target.backend.live_rules
-            live = {} if rules is None or as_json else asking(target, rules.every)
+            _print_pages(listing, target.inspector.prefix, live if as_json else None)
         finally:
             target.close()
-    for family, rule in live.items():  # the live rules of tasks and groups (limit, pause)
-        if rule.cap is not None:
-            click.echo(f"{family}: live cap {rule.cap} (celery locks limit)")
-        if rule.paused_for is not None:
-            click.echo(f"{family}: {pause_line(rule.paused_for)}")
+    if not as_json:
+        _print_rules(live, False)
     summary = (
         f"{listing.count} lock(s) held under prefix {target.inspector.prefix!r} on {target.server}"
     )
@@ -174,16 +187,40 @@ def list_command(settings: Settings, limit: int, as_json: bool, by_scan: bool) -
     click.echo(summary, err=True)
 
 
-def _print_pages(listing: LockStream, prefix: str, as_json: bool) -> None:
-    """Print ``listing``'s pages as they are read: a row per holder, or one JSON list (the
-    same text as ``json.dumps`` of all rows, written a row at a time; nothing before the first
-    read succeeds)."""
-    first = True
+def _print_rules(live: dict[str, LiveRule], as_json: bool) -> None:
+    """The live rules of tasks and groups (limit, pause): a line each, or one JSON list."""
+    now = time.time()
+    if as_json:
+        click.echo(json.dumps([rule_json(family, rule, now) for family, rule in live.items()]))
+        return
+    for family, rule in live.items():
+        if rule.cap is not None:
+            click.echo(f"{family}: live cap {rule.cap} (celery locks limit)")
+        if rule.paused_for is not None:
+            click.echo(f"{family}: {pause_line(rule.paused_for, now)}")
+
+
+#: the fields of a family's live rule that a holder row of ``list --json`` carries
+_RULE_FIELDS = ("live_cap", "paused", "paused_until")
+#: what a holder row of ``list --json`` says of a task or group without a live rule
+_NO_RULE = LiveRule(None, None)
+
+
+def _print_pages(
+    listing: LockStream, prefix: str, live: Optional[dict[str, LiveRule]] = None
+) -> None:
+    """Print ``listing``'s pages as they are read: a row per holder, or (given the ``live``
+    rules by family) one JSON list (the same text as ``json.dumps`` of all rows, written a
+    row at a time; nothing before the first read succeeds)."""
+    as_json, first = live is not None, True
     for page in listing.pages():
         now = time.time()
         for holder, parked, (starts, _) in zip(page.holders, page.parked, page.rates):
-            if as_json:
+            if live is not None:
                 row = {**holder_json(holder, prefix), "parked": parked, "rate_starts": starts}
+                family = str(row["name"]).rpartition(":")[0]
+                shown = rule_json(family, live.get(family, _NO_RULE), now)
+                row.update((field, shown[field]) for field in _RULE_FIELDS)
                 click.echo(("[" if first else ", ") + json.dumps(row), nl=False)
             else:
                 text = holder_row(holder, now) + (f"  parked={parked}" if parked else "")
@@ -299,7 +336,7 @@ def show(
     if rule is not None and rule.cap is not None:
         click.echo(f"live cap: {rule.cap} slot(s) taken at most (celery locks limit)")
     if rule is not None and rule.paused_for is not None:
-        click.echo(pause_line(rule.paused_for))
+        click.echo(pause_line(rule.paused_for, time.time()))
     if parked:
         click.echo(waiting_line(parked, newest, time.time()))
     if queued is not None:

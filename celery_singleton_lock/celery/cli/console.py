@@ -53,7 +53,9 @@ from celery_singleton_lock.celery.cli.lock_listing import (
     is_worker_node,
     list_locks,
     lock_name_from_key,
+    read_live_rules,
     read_slot,
+    rule_json,
 )
 from celery_singleton_lock.celery.cli.lock_release import (
     node_is_alive,
@@ -210,10 +212,15 @@ class LockConsole:
                 zip(listing.holders, listing.parked), key=lambda pair: pair[0].key
             )
         ]
+        now = time.time()
+        rules = [
+            rule_json(family, rule, now) for family, rule in read_live_rules(self.target).items()
+        ]
         return {
             "server": self.target.server,
             "prefix": prefix,
             "locks": locks,
+            "rules": rules,  # the live caps and pauses of tasks and groups
             "truncated": listing.truncated,
             "release": self.allow_release,
             "counters": self.counters(),

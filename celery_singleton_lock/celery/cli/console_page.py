@@ -61,6 +61,17 @@ function render(data) {
     data.locks.length + ' lock(s) held under prefix ' + data.prefix + ' on ' + data.server
     + (data.truncated ? ' (first ' + data.locks.length + ' shown)' : '')
     + ' · refreshed ' + new Date().toLocaleTimeString();
+  const rules = document.getElementById('rules'); rules.replaceChildren();
+  for (const rule of data.rules || []) {  // live caps and pauses (celery locks limit / pause)
+    const tr = document.createElement('tr');
+    cell(tr, rule.family, 'key');
+    cell(tr, rule.live_cap === null ? 'declared' : String(rule.live_cap));
+    cell(tr, !rule.paused ? 'no' : rule.paused_until === null ? 'until resumed'
+      : 'until ' + new Date(rule.paused_until * 1000).toLocaleTimeString()
+        + ' (' + rule.paused_for.toFixed(1) + 's more)', rule.paused ? 'gone' : '');
+    rules.appendChild(tr);
+  }
+  document.getElementById('rules-box').hidden = !(data.rules || []).length;
   const counters = document.getElementById('counters'); counters.replaceChildren();
   for (const [task, c] of Object.entries(data.counters || {})) {
     const tr = document.createElement('tr');
@@ -103,6 +114,9 @@ def lock_list_page(csrf: str, releases: bool) -> str:
         "<table><thead><tr><th>lock</th><th>task</th><th>holder node</th><th>pid</th>"
         "<th>node</th><th>TTL left</th><th>fence</th><th>parked</th>"
         f'{release_column}</tr></thead><tbody id="locks"></tbody></table>'
+        '<div class="counters" id="rules-box" hidden><h2>Live caps and pauses</h2>'
+        "<table><thead><tr><th>task or group</th><th>live cap</th><th>paused</th>"
+        '</tr></thead><tbody id="rules"></tbody></table></div>'
         '<div class="counters" id="counters-box" hidden><h2>Since the workers started</h2>'
         "<table><thead><tr><th>task</th><th>acquired</th><th>duplicates</th><th>lost</th>"
         '</tr></thead><tbody id="counters"></tbody></table></div>'

@@ -117,9 +117,10 @@ def pause(settings: Settings, name: str, seconds: Optional[float]) -> None:
     NAME is the task's name, or its lock_group. From every worker's next acquire on, no body of
     it starts: each call follows its on_duplicate policy as when the lock is held (queue: it
     stays parked, holding no worker slot, and is handed its slot when the pause ends; skip:
-    skipped with reason "paused"; retry: sent again after the pause's end; wait, fail, join as
-    with a held lock). Bodies running go on. Replaces any pause set before (shorter or longer).
-    Needs one Redis server, Sentinel or a Redis Cluster.
+    skipped with reason "paused"; retry: sent again after the pause's end; replace, restart:
+    the newest call waits, holding no worker slot, and runs when the pause ends; wait, fail,
+    join as with a held lock). Bodies running go on. Replaces any pause set before (shorter or
+    longer). Needs one Redis server, Sentinel or a Redis Cluster.
     """
     with _one_line_errors():
         target = settings.target()

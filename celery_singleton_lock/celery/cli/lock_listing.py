@@ -17,7 +17,14 @@ import redis
 from celery_singleton_lock.celery.cli.app_target import Target, asking
 from celery_singleton_lock.celery.duplicates.actions import reserved_for
 from celery_singleton_lock.celery.task.locked_task import LockedTask
-from celery_singleton_lock.engine import Client, LockHolder, LockInspector, LockKeys, slot_of
+from celery_singleton_lock.engine import (
+    Client,
+    LiveRule,
+    LockHolder,
+    LockInspector,
+    LockKeys,
+    slot_of,
+)
 from celery_singleton_lock.errors import LockConfigurationError, LockError
 
 #: The name of every lock a task takes: ``<task name>:<SHA-256 of its arguments, in hex>``, or
@@ -388,9 +395,50 @@ def waiting_line(
     return f"waiting to replace (the newest call, it runs when the lock is free): {ids}"
 
 
-def pause_line(paused_for: float) -> str:
-    """What ``show`` says of a pause of the lock's task or group (``celery locks pause``, a
-    body's ``pause_for``): seconds left, or until resumed (``inf``)."""
+def pause_line(paused_for: float, now: float) -> str:
+    """What ``show`` and ``list`` say of a pause of the lock's task or group (``celery locks
+    pause``, a body's ``pause_for``): seconds left and until when (``now`` plus them, by this
+    machine's clock), or until resumed (``inf``)."""
     if math.isinf(paused_for):
         return "paused: no start until `celery locks resume` (celery locks pause)"
-    return f"paused: no start for {paused_for:.1f}s more (celery locks pause, pause_for)"
+    return (
+        f"paused: no start for {paused_for:.1f}s more, until {_iso(now + paused_for)} "
+        "(celery locks pause, pause_for)"
+    )
+
+
+def _iso(at: float) -> str:
+    return datetime.fromtimestamp(at, timezone.utc).isoformat(timespec="milliseconds")
+
+
+def read_live_rules(target: Target) -> dict[str, LiveRule]:
+    """The live caps and pauses of tasks and groups (``celery locks limit / pause``), by
+    family, in one read of the rule index; none where there are no live rules (a Redlock
+    quorum, a Redis Cluster)."""
+    rules = None if target.quorum else target.backend.live_rules
+    return {} if rules is None else asking(target, rules.every)
+
+
+def rule_json(family: str, rule: LiveRule, now: float) -> dict[str, Any]:
+    """A family's live rule as ``list --json``, the console and the Django admin show it:
+    its live cap (None: its declared lock_limit holds), whether it is paused, and until when
+    (``paused_until``, seconds since the epoch by this machine's clock; None while paused:
+    until resumed)."""
+    paused_for = rule.paused_for
+    ends = paused_for is not None and not math.isinf(paused_for)
+    return {
+        "family": family,
+        "live_cap": rule.cap,
+        "paused": paused_for is not None,
+        "paused_for": paused_for if ends else None,
+        "paused_until": now + paused_for if ends and paused_for is not None else None,
+    }
+
+
+def paused_until_text(rule: LiveRule, now: float) -> str:
+    """A pause's end for a table cell: an ISO time, "until resumed", or "" (not paused)."""
+    if rule.paused_for is None:
+        return ""
+    if math.isinf(rule.paused_for):
+        return "until resumed"
+    return _iso(now + rule.paused_for)

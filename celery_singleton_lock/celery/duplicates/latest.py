@@ -154,7 +154,9 @@ def wait_newest(duplicate: Duplicate, parked: Parked) -> NoReturn:
     _cleared(duplicate.task, duplicate.name, marked)
     debounce = duplicate.options.debounce
     reason = "held"
-    if parked.holder is not None:
+    if parked.paused:  # waits for the pause's end, whatever the lock (as skip's reason)
+        why, reason = "paused (celery locks pause, pause_for)", "paused"
+    elif parked.holder is not None:
         why = f"held by {describe(parked.holder)}"
     elif debounce:
         why, reason = f"free, but calls are debounced for {debounce:g}s", "debounce"

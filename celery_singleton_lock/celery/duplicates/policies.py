@@ -233,17 +233,20 @@ class Queue(DuplicatePolicy):
             # a slot was free but promised to an older parked message: this caller sends it
             handoff.publish(duplicate.task.app, handed, duplicate.name)
         holder = parked.holder
-        if holder is not None and holder.cooling:
+        if parked.paused:  # parked for the pause's end, whatever the slots (as skip's reason)
+            duplicate.reason = "paused"
+        elif holder is not None and holder.cooling:
             duplicate.reason = "cooldown"
         elif holder is None and wanted.rate is not None:
             duplicate.reason = "rate"
         elif wanted.limit != 1:
             duplicate.reason = "limit"  # as far as the reply tells (the slot freed first)
-        ahead = (
-            actions.holding(duplicate.holder)
-            if holder is not None
-            else "held by an older parked call"
-        )
+        if parked.paused:
+            ahead = "paused (celery locks pause, pause_for)"
+        elif holder is not None:
+            ahead = actions.holding(duplicate.holder)
+        else:
+            ahead = "held by an older parked call"
         log.info(
             "task %s: lock %s %s; queued behind it (position %d)",
             duplicate.label,

@@ -1,6 +1,7 @@
 """What the admin's page shows, read as ``celery locks list`` and ``show`` read it: the
 locks held now (each slot of a lock_limit, a cooldown, the lock_rate window), the calls
-parked behind them, the queued markers, and whether each holder's worker node answers a ping.
+parked behind them, the queued markers, the live caps and pauses of tasks and groups, and
+whether each holder's worker node answers a ping.
 No Django here: a plain function of a :class:`Target`."""
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ from celery_singleton_lock.celery.cli.lock_listing import (
     holder_json,
     is_worker_node,
     list_locks,
+    paused_until_text,
     rate_row,
+    read_live_rules,
+    rule_json,
     waiting_line,
 )
-from celery_singleton_lock.engine import LockHolder
+from celery_singleton_lock.engine import LiveRule, LockHolder
 
 #: Locks listed at most (the page says when there are more).
 LIST_LIMIT = 500
@@ -65,12 +69,28 @@ class QueuedRow:
     left: Optional[float]
 
 
+@dataclass(frozen=True)
+class RuleRow:
+    """The live rule of a task or group (``celery locks limit / pause``)."""
+
+    family: str
+    #: the live cap; None: its declared lock_limit holds
+    live_cap: Optional[int]
+    paused: bool
+    #: when the pause ends (ISO time), "until resumed", or "" (not paused)
+    paused_until: str
+    #: seconds the pause still lasts; None: not paused, or until resumed
+    paused_for: Optional[float]
+
+
 @dataclass
 class Overview:
     server: str
     prefix: str
     held: list[HeldRow] = field(default_factory=list)
     queued: list[QueuedRow] = field(default_factory=list)
+    #: the live caps and pauses of tasks and groups, by family
+    rules: list[RuleRow] = field(default_factory=list)
     #: stopped at LIST_LIMIT (or QUEUED_LIMIT): there may be more
     truncated: bool = False
     #: other prefixes with locks, looked for when none is held under this one
@@ -102,11 +122,19 @@ def read_overview(target: Target, app: Any, ping_timeout: float) -> Overview:
     queued = [
         row for row in (_queued(target, name) for name in sorted(names[:QUEUED_LIMIT])) if row
     ]
+    rules = [
+        RuleRow(
+            family, rule.cap, shown["paused"], paused_until_text(rule, now), shown["paused_for"]
+        )
+        for family, rule in read_live_rules(target).items()
+        for shown in (rule_json(family, rule, now),)
+    ]
     return Overview(
         server=target.server,
         prefix=inspector.prefix,
         held=held,
         queued=queued,
+        rules=rules,
         truncated=listing.truncated or len(names) > QUEUED_LIMIT,
         other_prefixes=listing.other_prefixes,
     )
@@ -163,6 +191,12 @@ def _row(
         waiting=waiting,
         rate="" if empty_in is None else rate_row(starts, empty_in),
     )
+
+
+def _rule_row(family: str, rule: LiveRule, now: float) -> RuleRow:
+    shown = rule_json(family, rule, now)
+    until = paused_until_text(rule, now)
+    return RuleRow(family, rule.cap, bool(shown["paused"]), until, shown["paused_for"])
 
 
 def _queued(target: Target, name: str) -> Optional[QueuedRow]:

@@ -82,6 +82,10 @@ class LatestWins:
             latest.sent,
         ]
         script_keys += self.issuer.held_keys  # KEYS[10]: latest wins runs on one server only
+        cap_key = "" if self.server.cluster else request.cap_key  # live_rules.py: no cluster's
+        args.append("1" if cap_key else "")
+        if cap_key:
+            script_keys.append(cap_key)
         if request.unless_finished:
             script_keys.append(finished)
         return script_keys, args
@@ -89,7 +93,7 @@ class LatestWins:
     @staticmethod
     def parked(keys: LockKeys, reply: list[Any]) -> Parked:
         """The reply of ACQUIRE_OR_REPLACE when the call waits, as :class:`Parked`."""
-        fields, position, displaced = reply
+        fields, position, displaced, paused = reply
         holder = None
         if fields:
             pttl, _, rest = as_text(fields).partition("|")
@@ -100,6 +104,7 @@ class LatestWins:
             position=int(position),
             handed=None,
             displaced=tuple(as_bytes(message) for message in displaced),
+            paused=bool(paused),
         )
 
     def release_latest(

@@ -131,7 +131,7 @@ class SlotQueue:
             confirm_replicas(lease, acknowledged, request)
             log_acquire.debug("acquired %s (fence=%s)", lease.key, lease.fence)
             return lease
-        fields, position, *handed = reply
+        fields, position, paused, *handed = reply
         messages = tuple(as_bytes(message) for message in handed)
         return Parked(
             key=keys.lock,
@@ -139,6 +139,7 @@ class SlotQueue:
             position=int(position),
             handed=messages[0] if messages else None,
             more_handed=messages[1:],
+            paused=bool(paused),
         )
 
     def release_handing_on(

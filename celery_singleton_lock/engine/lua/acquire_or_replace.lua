@@ -8,7 +8,12 @@
 -- KEYS[8]  the lock's superseded calls left to mark (hash)
 -- KEYS[9]  the prefix's index of calls left to mark (sorted set)
 -- KEYS[10] the held index (includes/held_index.lua: latest wins runs on one server only)
--- KEYS[11] optional: the finish-record set to look in (as acquire.lua's KEYS[3])
+-- KEYS[11] with ARGV[13] '1': the task's live rule (includes/live_rule.lua): while it pauses
+--          the task, no call takes the lock, not even one it was reserved for (the reservation
+--          is given up; a newer waiting call then supersedes this one), and the waiting call
+--          is looked at again when the pause ends (a resume makes it due at once, pause.lua)
+-- KEYS[11+c] optional: the finish-record set to look in (as acquire.lua's KEYS[3]); c is 1
+--          with the live rule, else 0
 -- ARGV[1]  ttl in ms              ARGV[2]  the lock value with an empty fence (as acquire.lua)
 -- ARGV[3]  '1' to hand out a fence, '0' not
 -- ARGV[4]  the owner's task id (not empty)
@@ -21,6 +26,7 @@
 -- ARGV[11] ms after a displacement at which a sweeper marks the calls still left to mark
 -- ARGV[12] when this call was sent (its stamp, compared as a string: 16 digits of epoch
 --          microseconds, then a tie-breaker); '' for none (no order by sending kept)
+-- ARGV[13] '1' when KEYS[11] is the live rule; '' none
 -- Returns  integer >= 0: acquired, as acquire.lua: the lock was free with nothing waiting (no
 --                   debounce), or reserved for this id (a call waiting behind it stays).
 --          integer -1: the finish record exists; nothing changed.
@@ -29,13 +35,15 @@
 --                   left to mark, as a displaced call.
 --          string 'pttl|fence|acquired_at|pid|host|task_id': held by an execution of this
 --                   very task id (a copy): nothing changed.
---          array {holder, position, displaced}: this call waits (or already waited: kept, no
---                   timer restarted). holder as the string above ('' when the lock is free:
---                   a debounce holds the call; or a call was left waiting by a holder that
---                   ended without handing on: this one takes its place and a sweeper hands
---                   it the lock at its next look), position its 1-based place (2 behind a call
---                   whose reservation is on its way), displaced the messages of the calls
---                   it took the place of (each '<task id>\n<message>'), which will never run.
+--          array {holder, position, displaced, paused}: this call waits (or already waited:
+--                   kept, no timer restarted). holder as the string above ('' when the lock is
+--                   free: a debounce or a pause holds the call; or a call was left waiting by
+--                   a holder that ended without handing on: this one takes its place and a
+--                   sweeper hands it the lock at its next look), position its 1-based place (2
+--                   behind a call whose reservation is on its way), displaced the messages of
+--                   the calls it took the place of (each '<task id>\n<message>'), which will
+--                   never run; paused the ms the live rule's pause still lasts (-1: until
+--                   resumed; 0: not paused).
 --          error NOTLOCK: the key holds a string that is not a lock value.
 --- @include "lock_value"
 --- @include "handoff"
@@ -43,12 +51,16 @@
 --- @include "take_lock"
 --- @include "displace"
 --- @include "held_index"
+--- @include "live_rule"
 
 local lock, parked, messages, index, burst = KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local id, name, sent = ARGV[4], ARGV[6], ARGV[12]
 local keep_ms = tonumber(ARGV[10])
 local debounce, debounce_max = tonumber(ARGV[8]), tonumber(ARGV[9])
-if KEYS[11] and is_finished(KEYS[11], id) then
+local c = ARGV[13] == '1' and 1 or 0
+local _, paused = live_rule(c == 1 and KEYS[11] or nil)
+local records = KEYS[11 + c]
+if records and is_finished(records, id) then
   return -1
 end
 if redis.call('ZSCORE', KEYS[7], id) then
@@ -89,6 +101,23 @@ if sent ~= '' and newest_sent and sent < newest_sent then
 elseif sent ~= '' then
   redis.call('HSET', burst, 'sent', sent)
 end
+if take and paused then
+  -- paused: not even the lock reserved for this call is taken. The reservation is given up
+  -- (so no holder is shown), and this call waits on, unless a newer call waits behind it: the
+  -- newest is the one that runs when the pause ends, so this one is superseded (as displaced)
+  take = false
+  if reserved == id then
+    redis.call('DEL', lock)
+    unindex_held(KEYS[10], lock)  -- held index
+    reserved, holder = false, ''
+    if redis.call('ZCARD', parked) > 1 then
+      unpark(parked, messages, id)
+      supersede(KEYS[7], KEYS[8], KEYS[9], name, id, ARGV[5], now_ms(), keep_ms,
+                tonumber(ARGV[11]))
+      return -2
+    end
+  end
+end
 if take then
   unpark(parked, messages, id)
   if redis.call('ZCARD', parked) == 0 then
@@ -101,9 +130,18 @@ if take then
   index_held(KEYS[10], lock, ARGV[1])  -- held index
   return take_lock(lock, ARGV[2], ARGV[1], ARGV[3], KEYS[2])
 end
+-- while paused, a sweeper looks at the waiting call when the pause ends (until resumed: after
+-- a reservation's life, and at once on a resume, pause.lua), not before its debounce is due
+local function look_after_pause(now)
+  if paused then
+    local ends = now + (paused > 0 and paused or tonumber(ARGV[7]))
+    redis.call('ZADD', index, 'GT', ends, name)  -- never earlier than a debounce's due
+  end
+end
 local position = redis.call('ZRANK', parked, id)
 if position then
-  return {holder, position + 1, {}}
+  look_after_pause(now_ms())
+  return {holder, position + 1, {}, paused or 0}
 end
 local gone = displace(parked, messages, id, reserved, KEYS[7], KEYS[8], KEYS[9], name,
                      tonumber(ARGV[10]), tonumber(ARGV[11]))
@@ -130,4 +168,5 @@ else
   redis.call('PEXPIRE', burst, math.max(pttl + 3600000, keep_ms))
   redis.call('ZADD', index, 'LT', now + pttl, name)  -- look no later than the holder's end
 end
-return {holder, position, gone}
+look_after_pause(now)
+return {holder, position, gone, paused or 0}

@@ -35,10 +35,12 @@
 --             integer -1: the finish record exists; nothing changed.
 --             string 'pttl|fence|acquired_at|pid|host|task_id': a slot is held by an
 --               execution of this very task id (a copy): not parked, nothing changed.
---             array {holder, position, handed...}: parked (or already parked: kept where it
---               was); holder as the string above for the slot that frees first ('' if none
---               is taken), position this id's 1-based place, then the messages of the ids
---               just handed a free slot (the caller publishes each).
+--             array {holder, position, paused, handed...}: parked (or already parked: kept
+--               where it was); holder as the string above for the slot that frees first (''
+--               if none is taken), position this id's 1-based place, paused the ms the live
+--               rule's pause still lasts (-1: until resumed; 0: not paused: parked because
+--               the slots are taken), then the messages of the ids just handed a free slot
+--               (the caller publishes each).
 --- @include "slot_queue"
 --- @include "finish_records"
 --- @include "take_lock"
@@ -119,7 +121,7 @@ end
 redis.call('SET', q.rule, n .. '|' .. ARGV[5] .. '|' .. ARGV[6] .. '|'
            .. (c == 1 and KEYS[12] or ''))
 schedule(n, q, now)
-local reply = {holder, position}
+local reply = {holder, position, q.paused or 0}
 for _, message in ipairs(handed) do
   reply[#reply + 1] = message
 end

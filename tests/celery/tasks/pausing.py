@@ -63,3 +63,13 @@ def paused_fair_by_priority(self: LockedTask, key: str, tenant: str) -> dict[str
     """One slot per key; parked calls served round robin across tenants, each tenant's turn
     to its call of the highest priority (tests pause it to park them all first)."""
     return limited_body(self, key, 0.0)
+
+#: the newest call wins (tests/celery/test_pause_latest.py): while paused none starts, not even
+#: the one a release handed the lock to; the newest runs after the pause
+paused_replace = limited_task("paused_replace", on_duplicate="replace", lock_ttl=10)
+#: the same, stopping the running call for the newest (terminated after 1 s of grace)
+paused_restart = limited_task(
+    "paused_restart", on_duplicate="restart", lock_ttl=10, lock_cancel_grace=1
+)
+#: one slot, parked while paused: its worker logs why it parked
+paused_queue_log = limited_task("paused_queue_log", on_duplicate=QUEUE, lock_ttl=10)

@@ -169,6 +169,7 @@ def test_fair_parked_calls_go_round_robin_across_tenants_each_turn_by_priority(
     order = [run.split(b"|")[0].decode() for run in store.lrange(f"runs:{key}", 0, -1)]
     assert order == [a0, b9, a5, a9]
 
+
 # -- latest wins (replace, restart) and the reason of a parked call ---------------------------
 
 

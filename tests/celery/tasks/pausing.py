@@ -64,6 +64,7 @@ def paused_fair_by_priority(self: LockedTask, key: str, tenant: str) -> dict[str
     to its call of the highest priority (tests pause it to park them all first)."""
     return limited_body(self, key, 0.0)
 
+
 #: the newest call wins (tests/celery/test_pause_latest.py): while paused none starts, not even
 #: the one a release handed the lock to; the newest runs after the pause
 paused_replace = limited_task("paused_replace", on_duplicate="replace", lock_ttl=10)

@@ -42,7 +42,9 @@ if ARGV[8] ~= '' and is_finished(KEYS[5], ARGV[7]) then
   return -1
 end
 local S, now = slot_keys(1, held), now_ms()
-local mine, v = slot_by(S, string.sub(ARGV[2], 1, 32), now)
+local token = string.sub(ARGV[2], 1, 32)
+local k, there = slot_find(S, token)
+local mine, v = slot_named(S, token, k, now)
 if mine then
   return {tonumber(mine), fence_of(v)}
 end
@@ -50,12 +52,13 @@ local cap, paused = live_rule(cap_key)
 if paused then
   return {0, paused, 1}
 end
-local taken = slots_taken(S, now)
+-- no table: every slot free, and slot 1 the smallest number (slot_put_first writes it)
+local taken = there and slots_taken(S, now) or 0
 local free = taken < n
 if cap and taken >= cap then
   free = false
 end
-local slot = free and slot_number(S, n, now)
+local slot = free and (there and slot_number(S, n, now) or '1')
 if slot and rate then
   local wait = rate_wait(KEYS[4], rate, tonumber(ARGV[6]), now)
   if wait > 0 then
@@ -66,7 +69,11 @@ if slot and rate then
 end
 if slot then
   local value, fence = fenced(ARGV[2], ARGV[3], KEYS[3])
-  slot_put(S, slot, value, now, tonumber(ARGV[1]), nil)
+  if there then
+    slot_put(S, slot, value, now, tonumber(ARGV[1]), nil)
+  else
+    slot_put_first(S, value, now, tonumber(ARGV[1]))
+  end
   return {tonumber(slot), fence}
 end
 local first, pttl = slot_first(S, now)

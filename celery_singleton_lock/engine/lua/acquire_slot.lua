@@ -9,7 +9,8 @@
 -- KEYS[6]     optional: the task's live rule (includes/live_rule.lua: a cap, at most that
 --             many slots taken at once whatever N, and a pause)
 -- KEYS[#KEYS] with ARGV[9] '1': the held index (includes/held_index.lua; one server only):
---             the slot table's key written there (scored by the latest lease's end)
+--             the slot table's key written there when this acquire makes the table (scored
+--             by its lease's end)
 -- ARGV[1]     ttl in ms
 -- ARGV[2]     the lock value with an empty fence: '<token>||<acquired_at>|<pid>|<host>|<task_id>'
 -- ARGV[3]     '1' to hand out a fence (from KEYS[3]), '0' not to
@@ -70,7 +71,9 @@ end
 if slot then
   local value, fence = fenced(ARGV[2], ARGV[3], KEYS[3])
   if there then
-    slot_put(S, slot, value, now, tonumber(ARGV[1]), nil)
+    -- the table's held-index entry, written when it was made, stays while it lives, and its
+    -- score is read by no one (includes/held_index.lua): not written again per slot
+    slot_put(slot_keys(1, nil), slot, value, now, tonumber(ARGV[1]), nil)
   else
     slot_put_first(S, value, now, tonumber(ARGV[1]))
   end

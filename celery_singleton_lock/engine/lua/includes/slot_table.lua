@@ -20,7 +20,8 @@
 -- index (includes/held_index.lua; one server only), a write that takes or renews a slot
 -- writes the table's slots key there, scored by that lease's end (a slot has no key of its
 -- own: readers expand the entry into its live slots and drop it once the table key is gone),
--- and slot_tidy takes it out.
+-- and slot_tidy takes it out (acquire_slot.lua writes it only when it makes the table: the
+-- entry lives as long as the table, and its score is read by no one).
 --- @include "lock_value"
 --- @include "handoff"
 --- @include "held_index"

@@ -76,6 +76,7 @@ TICKS = 3  # renewal ticks per size (the longest call is the worst of them)
 LOGGED_OVER_USEC = 100
 HELD_LOCKS = 100  # locks held while inspecting
 UNCONTENDED_TASKS = ((300,), (2000,))  # tasks per lock: (--quick, full)
+SLOT_ROUNDS = 10  # the slots curve's calls in this many blocks, every figure in turn
 UNCONTENDED_ROUNDS = 20  # each lock's tasks in this many blocks, the locks in turn
 DEFAULT_CHART_DIR = Path("docs/explanation/img")
 
@@ -147,18 +148,20 @@ def slots_curve(env: Env, sizes: Sequence[int]) -> Curve:
         "(nothing remembered between calls); each the mean of INFO commandstats EVALSHA "
         "usec/calls",
     )
+    columns = ("free us", "N-1 held us", "owner renew us", "owner 1st us")
+    steps: List[Tuple[int, str, Callable[[int], None]]] = []  # (limit, column, one call)
     for limit in sizes:
-        name = f"slots-{limit}"
+        name, busy, renewed = f"slots-{limit}", f"slots-{limit}-busy", f"slots-{limit}-renew"
 
         def acquire(i: int, name: str = name, limit: int = limit) -> None:
             lease = env.held(name, f"t-{i}", limit=limit)
             free_slot(env.client, lease)  # plain commands, not the release script: not counted
 
-        def renew(held: Held, limit: int = limit) -> None:
+        def renew(i: int, held: Held, limit: int = limit) -> None:
             if env.locker.renew_by_owner(held, limits=[limit]):
                 raise BenchError(f"{held[0][0]}: its holder's slot was not renewed")
 
-        def renew_first(held: Held, limit: int = limit) -> None:
+        def renew_first(i: int, held: Held, limit: int = limit) -> None:
             # a locker of its own knows no slot of this owner yet (the scripts are loaded)
             fresh = RedisLocker(
                 env.client, prefix=env.locker.prefix, renewer=Renewer(autostart=False)
@@ -169,24 +172,34 @@ def slots_curve(env: Env, sizes: Sequence[int]) -> Curve:
             finally:
                 fresh.close()
 
-        free = env.server_usec(range(env.samples), acquire)
         for i in range(limit - 1):
-            env.held(name, f"held-{i}", limit=limit)
-        busy = env.server_usec(range(env.samples), acquire)
-        held: Held = [(name, env.held(name, "mine", limit=limit).owner, 300.0)]
-        renew(held)  # the first call finds the owner's slot
-        renewing = env.server_usec([held] * env.samples, renew)
-        first = env.server_usec([held] * env.samples, renew_first)
+            env.held(busy, f"held-{i}", limit=limit)
+            env.held(renewed, f"held-{i}", limit=limit)
+        held: Held = [(renewed, env.held(renewed, "mine", limit=limit).owner, 300.0)]
+        renew(0, held)  # the first call finds the owner's slot
+        steps += [
+            (limit, "free us", acquire),
+            (limit, "N-1 held us", lambda i, busy=busy, limit=limit: acquire(i, busy, limit)),
+            (limit, "owner renew us", lambda i, held=held, renew=renew: renew(i, held)),
+            (limit, "owner 1st us", lambda i, held=held, first=renew_first: first(i, held)),
+        ]
+    # in rounds, every figure a block of calls in turn: a load on the shared machine that comes
+    # and goes weighs on every size alike, so the growth ratios hold
+    spent: Dict[Tuple[int, str], List[int]] = {
+        (limit, c): [0, 0] for limit in sizes for c in columns
+    }
+    block = max(1, env.samples // SLOT_ROUNDS)
+    for start in range(0, env.samples, block):
+        for limit, column, step in steps:
+            env.counters.reset()
+            for i in range(start, min(start + block, env.samples)):
+                step(i)
+            got = env.counters.of("evalsha")
+            spent[limit, column][0] += got.calls
+            spent[limit, column][1] += got.usec
+    for limit in sizes:
         curve.rows.append(
-            (
-                limit,
-                {
-                    "free us": free,
-                    "N-1 held us": busy,
-                    "owner renew us": renewing,
-                    "owner 1st us": first,
-                },
-            )
+            (limit, {c: spent[limit, c][1] / max(spent[limit, c][0], 1) for c in columns})
         )
     return curve
 

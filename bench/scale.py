@@ -461,7 +461,7 @@ def uncontended_curve(env: Env, sizes: Sequence[int]) -> Curve:
         "server microseconds per task",
         "floor: SET NX PX + DEL; mutex: the acquire and release scripts; acks_late: a "
         "fenced acquire with unless_finished,\nreleased with its finish record; lock_limit=3: "
-        "lock_limit=3 (its slot table); queue: on_duplicate='queue', one slot,\nnothing "
+        "its slot table; queue: on_duplicate='queue', one slot,\nnothing "
         "parked; commands sent and their usec (INFO commandstats)",
         labels={1: "floor", 2: "mutex", 3: "acks_late", 4: "lock_limit=3", 5: "queue"},
     )

@@ -20,8 +20,8 @@ log for the longest single call; ``INFO memory``, ``MEMORY USAGE``; see
 5. finished: R finish records of ``acks_late`` tasks: the largest key's elements, bytes per
    record (``used_memory`` growth / R), and the ``DEL`` of the largest key (what its expiry
    blocks);
-6. per uncontended task: the floor (``SET NX PX`` + ``DEL``) beside the mutex and an
-   ``acks_late`` task's lock.
+6. per uncontended task: the floor (``SET NX PX`` + ``DEL``) beside the mutex, an
+   ``acks_late`` task's lock, ``lock_limit=3`` and a one-slot ``queue`` (their slot table).
 
 Then one line per target of issue 29: meets or misses, with the measured figure. The exit code
 is 0 whatever the verdicts (1 if the run did not do what it measured).
@@ -76,6 +76,8 @@ TICKS = 3  # renewal ticks per size (the longest call is the worst of them)
 LOGGED_OVER_USEC = 100
 HELD_LOCKS = 100  # locks held while inspecting
 UNCONTENDED_TASKS = ((300,), (2000,))  # tasks per lock: (--quick, full)
+SLOT_ROUNDS = 10  # the slots curve's calls in this many blocks, every figure in turn
+UNCONTENDED_ROUNDS = 20  # each lock's tasks in this many blocks, the locks in turn
 DEFAULT_CHART_DIR = Path("docs/explanation/img")
 
 #: the targets of issue 29
@@ -146,18 +148,20 @@ def slots_curve(env: Env, sizes: Sequence[int]) -> Curve:
         "(nothing remembered between calls); each the mean of INFO commandstats EVALSHA "
         "usec/calls",
     )
+    columns = ("free us", "N-1 held us", "owner renew us", "owner 1st us")
+    steps: List[Tuple[int, str, Callable[[int], None]]] = []  # (limit, column, one call)
     for limit in sizes:
-        name = f"slots-{limit}"
+        name, busy, renewed = f"slots-{limit}", f"slots-{limit}-busy", f"slots-{limit}-renew"
 
         def acquire(i: int, name: str = name, limit: int = limit) -> None:
             lease = env.held(name, f"t-{i}", limit=limit)
             free_slot(env.client, lease)  # plain commands, not the release script: not counted
 
-        def renew(held: Held, limit: int = limit) -> None:
+        def renew(i: int, held: Held, limit: int = limit) -> None:
             if env.locker.renew_by_owner(held, limits=[limit]):
                 raise BenchError(f"{held[0][0]}: its holder's slot was not renewed")
 
-        def renew_first(held: Held, limit: int = limit) -> None:
+        def renew_first(i: int, held: Held, limit: int = limit) -> None:
             # a locker of its own knows no slot of this owner yet (the scripts are loaded)
             fresh = RedisLocker(
                 env.client, prefix=env.locker.prefix, renewer=Renewer(autostart=False)
@@ -168,24 +172,34 @@ def slots_curve(env: Env, sizes: Sequence[int]) -> Curve:
             finally:
                 fresh.close()
 
-        free = env.server_usec(range(env.samples), acquire)
         for i in range(limit - 1):
-            env.held(name, f"held-{i}", limit=limit)
-        busy = env.server_usec(range(env.samples), acquire)
-        held: Held = [(name, env.held(name, "mine", limit=limit).owner, 300.0)]
-        renew(held)  # the first call finds the owner's slot
-        renewing = env.server_usec([held] * env.samples, renew)
-        first = env.server_usec([held] * env.samples, renew_first)
+            env.held(busy, f"held-{i}", limit=limit)
+            env.held(renewed, f"held-{i}", limit=limit)
+        held: Held = [(renewed, env.held(renewed, "mine", limit=limit).owner, 300.0)]
+        renew(0, held)  # the first call finds the owner's slot
+        steps += [
+            (limit, "free us", acquire),
+            (limit, "N-1 held us", lambda i, busy=busy, limit=limit: acquire(i, busy, limit)),
+            (limit, "owner renew us", lambda i, held=held, renew=renew: renew(i, held)),
+            (limit, "owner 1st us", lambda i, held=held, first=renew_first: first(i, held)),
+        ]
+    # in rounds, every figure a block of calls in turn: a load on the shared machine that comes
+    # and goes weighs on every size alike, so the growth ratios hold
+    spent: Dict[Tuple[int, str], List[int]] = {
+        (limit, c): [0, 0] for limit in sizes for c in columns
+    }
+    block = max(1, env.samples // SLOT_ROUNDS)
+    for start in range(0, env.samples, block):
+        for limit, column, step in steps:
+            env.counters.reset()
+            for i in range(start, min(start + block, env.samples)):
+                step(i)
+            got = env.counters.of("evalsha")
+            spent[limit, column][0] += got.calls
+            spent[limit, column][1] += got.usec
+    for limit in sizes:
         curve.rows.append(
-            (
-                limit,
-                {
-                    "free us": free,
-                    "N-1 held us": busy,
-                    "owner renew us": renewing,
-                    "owner 1st us": first,
-                },
-            )
+            (limit, {c: spent[limit, c][1] / max(spent[limit, c][0], 1) for c in columns})
         )
     return curve
 
@@ -442,13 +456,14 @@ def uncontended_curve(env: Env, sizes: Sequence[int]) -> Curve:
         "uncontended",
         f"server time per uncontended task ({tasks:,} tasks each)",
         "lock",
-        ("server us/task", "commands/task", "x floor"),
+        ("server us/task", "commands/task", "x floor", "x mutex"),
         ("server us/task",),
         "server microseconds per task",
         "floor: SET NX PX + DEL; mutex: the acquire and release scripts; acks_late: a "
-        "fenced acquire with unless_finished,\nreleased with its finish record; commands "
-        "sent and their usec (INFO commandstats)",
-        labels={1: "floor", 2: "mutex", 3: "acks_late"},
+        "fenced acquire with unless_finished,\nreleased with its finish record; lock_limit=3: "
+        "its slot table; queue: on_duplicate='queue', one slot,\nnothing "
+        "parked; commands sent and their usec (INFO commandstats)",
+        labels={1: "floor", 2: "mutex", 3: "acks_late", 4: "lock_limit=3", 5: "queue"},
     )
     prefix, client, locker = env.locker.prefix, env.client, env.locker
 
@@ -463,21 +478,47 @@ def uncontended_curve(env: Env, sizes: Sequence[int]) -> Curve:
         if not isinstance(lease, Lease) or not lease.release():
             raise BenchError("mutex: not acquired and released")
 
+    def limit3(i: int) -> None:
+        lease = locker.try_acquire(f"{prefix}:limit3", ttl=30, renew=False, limit=3)
+        if not isinstance(lease, Lease) or not lease.release():
+            raise BenchError("limit 3: not acquired and released")
+
+    def queue(i: int) -> None:
+        lease = locker.try_acquire(
+            f"{prefix}:queue", ttl=30, owner=Owner(task_id=f"q-{i}"), renew=False, park=b"m"
+        )
+        if not isinstance(lease, Lease):
+            raise BenchError(f"queue: not acquired ({lease!r})")
+        assert locker.queue is not None
+        if not locker.queue.release_handing_on(lease, reservation_ttl=30, limit=1)[0]:
+            raise BenchError("queue: not released")
+
     acks_late = this_layout(client, prefix)
     calls: List[Callable[[int], None]] = [
         floor,
         mutex,
         lambda i: acks_late(f"task-{i}", str(uuid.uuid4())),
+        limit3,
+        queue,
     ]
-    for row, call in enumerate(calls, 1):
+    for call in calls:
         call(-1)  # loads its scripts: not counted
-        spent = env.server_spent(range(tasks), call)
+    # in rounds, each lock a block of tasks in turn: a load on the shared machine that comes and
+    # goes weighs on every lock alike, so their ratios hold (one lock after another did not)
+    spent = [(0, 0)] * len(calls)
+    block = max(1, tasks // UNCONTENDED_ROUNDS)
+    for start in range(0, tasks, block):
+        for row, call in enumerate(calls):
+            got = env.server_spent(range(start, min(start + block, tasks)), call)
+            spent[row] = (spent[row][0] + got.calls, spent[row][1] + got.usec)
+    for row, (calls_sent, usec) in enumerate(spent, 1):
         curve.rows.append(
-            (row, {"server us/task": spent.usec / tasks, "commands/task": spent.calls / tasks})
+            (row, {"server us/task": usec / tasks, "commands/task": calls_sent / tasks})
         )
-    floor_us = curve.rows[0][1]["server us/task"]
+    floor_us, mutex_us = (curve.rows[i][1]["server us/task"] for i in (0, 1))
     for _, figures in curve.rows:
         figures["x floor"] = figures["server us/task"] / floor_us
+        figures["x mutex"] = figures["server us/task"] / mutex_us
     return curve
 
 
@@ -549,6 +590,10 @@ def verdicts(curves: Dict[str, Curve]) -> List[str]:
         f"server time per uncontended task: mutex {rows[2]['server us/task']:.1f} us, "
         f"acks_late {rows[3]['server us/task']:.1f} us, floor {rows[1]['server us/task']:.1f} "
         f"us ({rows[2]['x floor']:.2f}x, {rows[3]['x floor']:.2f}x the floor; shown, no target)"
+    )
+    lines.append(
+        f"a small limit per uncontended task: lock_limit=3 {rows[4]['x mutex']:.2f}x the mutex, "
+        f"a one-slot queue {rows[5]['x mutex']:.2f}x (shown, no target)"
     )
     return lines
 

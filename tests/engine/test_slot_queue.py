@@ -413,3 +413,24 @@ def test_the_last_queue_slot_released_takes_its_slot_table_out_of_the_held_index
 ) -> None:
     release(locker, lease(attempt(locker, "a")))
     assert redis_client.zcard("t:held") == 0
+
+
+def test_an_acquire_and_release_of_a_free_queue_with_nothing_parked_run_at_most_15_commands(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    release(locker, lease(attempt(locker, "warm", limit=1)), limit=1)  # loads the scripts
+    redis_client.config_resetstat()
+    release(locker, lease(attempt(locker, "a", limit=1)), limit=1)
+    stats = redis_client.info("commandstats")
+    counted = {k: int(stat["calls"]) for k, stat in stats.items() if "resetstat" not in k}
+    # no table, nothing parked: slot 1 written unread; the last release deletes the table
+    assert sum(counted.values()) - counted["cmdstat_evalsha"] <= 15
+
+
+def test_a_call_finding_no_slot_taken_but_an_older_call_parked_does_not_overtake_it(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    lease(attempt(locker, "a", limit=1))
+    assert isinstance(attempt(locker, "b", limit=1), Parked)
+    redis_client.delete(*locker.keys("job").slot_table)  # as if "a" expired and was given back
+    assert isinstance(attempt(locker, "c", limit=1), Parked)

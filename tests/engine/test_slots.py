@@ -241,6 +241,53 @@ def test_an_acquire_with_999_of_1000_slots_held_sends_as_many_commands_as_with_1
     assert commands_of_one_acquire(1000) == commands_of_one_acquire(10)
 
 
+def commands_of_a_cycle(locker: RedisLocker, redis_client: redis.Redis, limit: int) -> int:
+    """The commands the scripts of one acquire and release of a free lock run."""
+    name = f"cycle-{limit}"
+    first = locker.try_acquire(name, 30, limit=limit, renew=False)
+    assert isinstance(first, Lease) and first.release()  # loads the scripts: not counted
+    redis_client.config_resetstat()
+    lease = locker.try_acquire(name, 30, owner=Owner(task_id="t"), limit=limit, renew=False)
+    assert isinstance(lease, Lease) and lease.release()
+    stats = redis_client.info("commandstats")
+    counted = {k: int(stat["calls"]) for k, stat in stats.items() if "resetstat" not in k}
+    return sum(counted.values()) - counted["cmdstat_evalsha"]
+
+
+def test_an_acquire_and_release_of_a_free_small_limit_run_at_most_13_commands(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    # the table is missing: slot 1 written unread; the last release deletes the table unread
+    assert commands_of_a_cycle(locker, redis_client, 3) <= 13
+
+
+def test_the_release_of_the_last_live_slot_beside_an_expired_one_frees_every_number(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    dead, alive = take(locker, 3, task_id="dead", renew=False), take(locker, 3, renew=False)
+    assert isinstance(dead, Lease) and isinstance(alive, Lease)
+    shorten(locker, dead, 0.05)
+    deadline = time.monotonic() + 30
+    while any(h.task_id == "dead" for h in locker.inspect.holders("job", 3)):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert alive.release()
+    assert [h.task_id for h in locker.inspect.holders("job", 3)] == []
+    again = take(locker, 3, task_id="again", renew=False)
+    assert isinstance(again, Lease) and again.key == dead.key  # slot 1
+
+
+def test_a_release_by_a_token_whose_slot_expired_is_refused(locker: RedisLocker) -> None:
+    lease = take(locker, 3, renew=False)
+    assert isinstance(lease, Lease)
+    shorten(locker, lease, 0.05)
+    deadline = time.monotonic() + 30
+    while locker.inspect.holders("job", 3):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert not lease.release()
+
+
 def test_the_slot_of_an_expired_holder_is_taken_again(locker: RedisLocker) -> None:
     dead = take(locker, 2, task_id="dead", renew=False)
     take(locker, 2, task_id="alive", renew=False)

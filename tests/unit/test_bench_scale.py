@@ -36,7 +36,7 @@ def test_each_curve_has_a_row_per_quick_size(output: str, key: str) -> None:
 
 
 def test_the_uncontended_task_is_shown_beside_the_floor(output: str) -> None:
-    assert table(output, "uncontended") == ["floor", "mutex", "acks_late"]
+    assert table(output, "uncontended") == ["floor", "mutex", "acks_late", "lock_limit=3", "queue"]
 
 
 def test_every_target_of_issue_29_gets_a_verdict(output: str) -> None:

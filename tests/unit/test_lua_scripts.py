@@ -71,6 +71,21 @@ def test_an_include_named_twice_is_expanded_once(monkeypatch: pytest.MonkeyPatch
     assert text.index("local function f()") < text.index("local function g()")
 
 
+def test_a_script_leaves_out_the_included_functions_it_never_calls() -> None:
+    text = lua_scripts._used_only(
+        "-- g's comment names h\nlocal function h()\nend\n"
+        "local function g()\n  return 1  -- h\nend\n"
+        "local function f()\n  return g()\nend\n"
+        "return f()\n"
+    )
+    assert (text.count("local function"), "local function h" in text) == (2, False)
+
+
+def test_an_unused_function_is_left_out_with_the_comment_above_it() -> None:
+    text = lua_scripts._used_only("-- why h\nlocal function h()\nend\nreturn 1\n")
+    assert text == "return 1\n"
+
+
 def test_a_missing_include_is_refused_by_name() -> None:
     with pytest.raises(LockError, match=r"lua/includes/nothing\.lua, included by x\.lua,"):
         lua_scripts._expand('--- @include "nothing"\n', "x", stack=(), done=set())

@@ -9,7 +9,8 @@
 -- KEYS[6]     optional: the task's live rule (includes/live_rule.lua: a cap, at most that
 --             many slots taken at once whatever N, and a pause)
 -- KEYS[#KEYS] with ARGV[9] '1': the held index (includes/held_index.lua; one server only):
---             the slot table's key written there (scored by the latest lease's end)
+--             the slot table's key written there when this acquire makes the table (scored
+--             by its lease's end)
 -- ARGV[1]     ttl in ms
 -- ARGV[2]     the lock value with an empty fence: '<token>||<acquired_at>|<pid>|<host>|<task_id>'
 -- ARGV[3]     '1' to hand out a fence (from KEYS[3]), '0' not to
@@ -42,7 +43,9 @@ if ARGV[8] ~= '' and is_finished(KEYS[5], ARGV[7]) then
   return -1
 end
 local S, now = slot_keys(1, held), now_ms()
-local mine, v = slot_by(S, string.sub(ARGV[2], 1, 32), now)
+local token = string.sub(ARGV[2], 1, 32)
+local k, there = slot_find(S, token)
+local mine, v = slot_named(S, token, k, now)
 if mine then
   return {tonumber(mine), fence_of(v)}
 end
@@ -50,12 +53,13 @@ local cap, paused = live_rule(cap_key)
 if paused then
   return {0, paused, 1}
 end
-local taken = slots_taken(S, now)
+-- no table: every slot free, and slot 1 the smallest number (slot_put_first writes it)
+local taken = there and slots_taken(S, now) or 0
 local free = taken < n
 if cap and taken >= cap then
   free = false
 end
-local slot = free and slot_number(S, n, now)
+local slot = free and (there and slot_number(S, n, now) or '1')
 if slot and rate then
   local wait = rate_wait(KEYS[4], rate, tonumber(ARGV[6]), now)
   if wait > 0 then
@@ -66,7 +70,13 @@ if slot and rate then
 end
 if slot then
   local value, fence = fenced(ARGV[2], ARGV[3], KEYS[3])
-  slot_put(S, slot, value, now, tonumber(ARGV[1]), nil)
+  if there then
+    -- the table's held-index entry, written when it was made, stays while it lives, and its
+    -- score is read by no one (includes/held_index.lua): not written again per slot
+    slot_put(slot_keys(1, nil), slot, value, now, tonumber(ARGV[1]), nil)
+  else
+    slot_put_first(S, value, now, tonumber(ARGV[1]))
+  end
   return {tonumber(slot), fence}
 end
 local first, pttl = slot_first(S, now)

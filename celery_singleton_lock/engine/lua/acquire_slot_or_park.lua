@@ -63,8 +63,19 @@ if records and is_finished(records, id) then
   return -1
 end
 local now = now_ms()
+local mine, there = slot_find(q.S, token)
+-- the usual call of a queue nobody waits in: no table (every slot free) and nothing parked,
+-- so slot 1 is taken with nothing more read and nothing to schedule (the hand-off index entry,
+-- the rule and the rounds are deleted with the last parked id, includes/slot_queue.lua)
+if not there and not q.paused and not q.rate and (q.cap or 1) >= 1
+    and redis.call('ZCARD', q.parked) == 0 then
+  local value, fence = fenced(ARGV[2], ARGV[3], KEYS[3])
+  slot_put_first(q.S, value, now, tonumber(ARGV[1]))
+  return {1, fence}
+end
 slot_trim(q.S, now, 16)
-local mine, v = slot_by(q.S, token, now)
+local v
+mine, v = slot_named(q.S, token, mine, now)
 if mine then
   return {tonumber(mine), fence_of(v)}
 end

@@ -57,7 +57,19 @@ q.cap, q.paused = live_rule(c == 1 and KEYS[11] or nil)
 local now = now_ms()
 local done, max = 1, n
 if mode == 'release' then
-  local slot, v = slot_by(q.S, ARGV[5], now)
+  local slot, v = redis.call('HGET', q.S.data, ARGV[5]), nil
+  -- the last holder leaving, no cooldown, nothing parked (a queue nobody waits in): the table
+  -- deleted, nothing to hand on or schedule (as release_slot.lua's last holder)
+  if slot and ARGV[9] == '' and slot_alone(q.S, slot, now)
+      and redis.call('ZCARD', q.parked) == 0 then
+    if records then
+      record_finished(records, ARGV[11], ARGV[12])
+    end
+    slot_drop(q.S)
+    announce(ARGV[6], q.S.slots)
+    return {1}
+  end
+  slot, v = slot_named(q.S, ARGV[5], slot, now)
   if not slot then
     return {0}
   end

@@ -20,14 +20,24 @@
 local records = ARGV[5] and KEYS[#KEYS]
 local held = #KEYS == (records and 4 or 3) and KEYS[3] or nil  -- held index
 local S, now = slot_keys(1, held), now_ms()
-local slot, v = slot_by(S, ARGV[1], now)
-if not slot then
-  return 0
+local slot, v = redis.call('HGET', S.data, ARGV[1]), nil
+-- the last holder leaving without a cooldown (a small limit's usual release) deletes the
+-- table: its slot needs no value read nor index entry dropped. The token's entry is exact (a
+-- slot's entries are written with its value and dropped when it is given back or written
+-- again), so the slot it names, still live, is this token's.
+local last = slot and ARGV[3] == '' and slot_alone(S, slot, now)
+if not last then
+  slot, v = slot_named(S, ARGV[1], slot, now)
+  if not slot then
+    return 0
+  end
 end
 if records then
   record_finished(records, ARGV[4], ARGV[5])
 end
-if ARGV[3] ~= '' then
+if last then
+  slot_drop(S)
+elseif ARGV[3] ~= '' then
   slot_put(S, slot, cooled(v), now, tonumber(ARGV[3]), v)
 else
   slot_clear(S, slot, v)

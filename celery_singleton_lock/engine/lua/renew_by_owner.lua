@@ -2,6 +2,9 @@
 -- (it cannot know their tokens): a child whose body holds the GIL in one long C call cannot
 -- renew its own lease. Each lock is looked for as a lock key, then as a slot of its slot table
 -- (a lock_limit, includes/slot_table.lua), found by its owner in O(1) either way.
+-- The held index (includes/held_index.lua) is left as it is: no reader uses its scores (they
+-- ZSCAN it and drop an entry only once its key is gone, trim_held.lua), and the entry written
+-- when the lock was taken stays while its key lives, however late its score says it ends.
 -- KEYS[3i-2..3i] the i-th lock's key and its two slot table keys (slots, slot-data)
 -- ARGV[1..N]     '<pid>|<host>|<task_id>' of the owner of each lock, in order, host
 --                escaped as in the lock value

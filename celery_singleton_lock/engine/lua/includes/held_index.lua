@@ -9,6 +9,9 @@
 -- readers SCAN each primary instead (engine/reading.py).
 -- The same functions keep the marker index (P:queued, engine/keys.py's marker_index: the queued
 -- markers of enqueue.lua, scored by their expiry), passed in their `index` argument.
+-- The score is for an operator reading the index by hand: no reader or trim uses it (readers
+-- ZSCAN, and trim by the key's existence), so a write that only extends a lease (the main
+-- process's renewal by owner, renew_by_owner.lua) need not touch it.
 -- An entry may outlive its lock (a holder that died, a key that expired): readers drop it when
 -- they find the key gone (trim_held.lua). A lock that is held is always in the index, once
 -- the script that took it indexes (or, for a script that does not, from the first renewal).

@@ -20,7 +20,8 @@
 -- index (includes/held_index.lua; one server only), a write that takes or renews a slot
 -- writes the table's slots key there, scored by that lease's end (a slot has no key of its
 -- own: readers expand the entry into its live slots and drop it once the table key is gone),
--- and slot_tidy takes it out.
+-- and slot_tidy takes it out (acquire_slot.lua writes it only when it makes the table: the
+-- entry lives as long as the table, and its score is read by no one).
 --- @include "lock_value"
 --- @include "handoff"
 --- @include "held_index"
@@ -81,12 +82,8 @@ local function slot_keep(S, now, ms)
   end
 end
 
--- Write slot `k` (a string) with the lock value `v` for `ms` ms from `now` (server clock);
--- `old`: the value it held, or nil when it was free.
-local function slot_put(S, k, v, now, ms, old)
-  if old then
-    slot_unindex(S, k, old, nil)
-  end
+-- Write the value `v` of slot `k` and its index entries (slot_fields) in the hash.
+local function slot_write(S, k, v)
   -- '#': the hash never empties (Redis would delete it, and a later HSET would make it again
   -- without the TTL that slot_keep reads off the slots key alone)
   local write = {'v' .. k, v, '#', '1'}
@@ -98,8 +95,36 @@ local function slot_put(S, k, v, now, ms, old)
     end
   end
   redis.call('HSET', S.data, unpack(write))
+end
+
+-- Write slot `k` (a string) with the lock value `v` for `ms` ms from `now` (server clock);
+-- `old`: the value it held, or nil when it was free.
+local function slot_put(S, k, v, now, ms, old)
+  if old then
+    slot_unindex(S, k, old, nil)
+  end
+  slot_write(S, k, v)
   redis.call('ZADD', S.slots, now + ms, k)
   slot_keep(S, now, ms)
+  if S.held then
+    redis.call('ZADD', S.held, now + ms, S.slots)
+  end
+end
+
+-- Take slot 1 of a table that is not there (slot_find said so): a small limit's holders
+-- mostly find their table empty, deleted by the last release (slot_tidy), so this is the
+-- common acquire, and it writes without reading: no number to look for, no TTL to compare.
+local function slot_put_first(S, v, now, ms)
+  if redis.call('ZADD', S.slots, 'NX', now + ms, '1') == 0 then
+    -- a slots key without its hash: never by construction (both are written, expire and are
+    -- deleted together), and its slots could not be named any more: started afresh
+    redis.call('DEL', S.slots)
+    redis.call('ZADD', S.slots, now + ms, '1')
+  end
+  slot_write(S, '1', v)
+  local at = string.format('%d', now + 2 * ms)
+  redis.call('PEXPIREAT', S.slots, at)
+  redis.call('PEXPIREAT', S.data, at)
   if S.held then
     redis.call('ZADD', S.held, now + ms, S.slots)
   end
@@ -141,9 +166,9 @@ local function slot_read(S, k, now)
   return redis.call('HGET', S.data, 'v' .. k), score - now
 end
 
--- The live slot the index `field` names and its value, or nil.
-local function slot_by(S, field, now)
-  local k = redis.call('HGET', S.data, field)
+-- The live slot `k` (a string from the index `field`, or nil) and its value, or nil unless
+-- the value still says what the index does.
+local function slot_named(S, field, k, now)
   if not k then
     return nil
   end
@@ -152,6 +177,33 @@ local function slot_by(S, field, now)
     return nil
   end
   return k, v
+end
+
+-- The live slot the index `field` names and its value, or nil.
+local function slot_by(S, field, now)
+  return slot_named(S, field, redis.call('HGET', S.data, field), now)
+end
+
+-- The slot the index `field` names, unchecked (a string, or nil), and whether the table is
+-- there at all ('#' is in every table's hash), in one read: an acquire that finds no table
+-- takes slot 1 (slot_put_first) with nothing more read.
+local function slot_find(S, field)
+  local at = redis.call('HMGET', S.data, field, '#')
+  return at[1] or nil, at[2] ~= false
+end
+
+-- Whether slot `k` (a string) is live and the only one in the table, numbers given back and
+-- expired slots included (one read of its first two members by score): the last holder
+-- leaving, whose release deletes the table (slot_drop) instead of giving its number back.
+local function slot_alone(S, k, now)
+  local first = redis.call('ZRANGE', S.slots, 0, 1, 'WITHSCORES')
+  return #first == 2 and first[1] == k and tonumber(first[2]) > now
+end
+
+-- Delete both keys (and the table's held-index entry): its last slot given back.
+local function slot_drop(S)
+  redis.call('DEL', S.slots, S.data)
+  unindex_held(S.held, S.slots)
 end
 
 -- How many slots are taken now (held, cooling or reserved).
@@ -194,7 +246,6 @@ end
 -- Delete both keys when no slot is taken: the end of a writer that gave one back.
 local function slot_tidy(S, now)
   if slots_taken(S, now) == 0 then
-    redis.call('DEL', S.slots, S.data)
-    unindex_held(S.held, S.slots)
+    slot_drop(S)
   end
 end

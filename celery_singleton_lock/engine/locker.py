@@ -29,6 +29,7 @@ from celery_singleton_lock.engine.backend import ReleaseSubscription
 from celery_singleton_lock.engine.capabilities import Capabilities
 from celery_singleton_lock.engine.keys import (
     LockKeys,
+    SharedKeys,
     held_index,
     marker_index,
     validate_prefix,
@@ -54,7 +55,6 @@ from celery_singleton_lock.engine.redis_server import RedisServer
 from celery_singleton_lock.engine.releases import Releases
 from celery_singleton_lock.engine.renewer import Renewer, process_renewer
 from celery_singleton_lock.engine.server_renewal import ServerRenewal
-from celery_singleton_lock.engine.shared_keys import SharedKeys
 from celery_singleton_lock.errors import LockError
 
 #: One Redis server, or a Sentinel group's primary: everything is supported.
@@ -68,7 +68,7 @@ SINGLE_SERVER = Capabilities(
 )
 #: A Redis Cluster: a lock's keys share one slot, and so do the keys many locks share there
 #: (the fence counter, the finish records, the indexes of due locks: one of each per slot,
-#: see shared_keys.py); but WAIT must follow the acquire on one connection, the live cap of
+#: see keys.py); but WAIT must follow the acquire on one connection, the live cap of
 #: ``celery locks limit`` is one key per task, and a sweeper reads the due locks of a window
 #: of slots per tick, not all of them (see slot_sweep.py).
 CLUSTER = Capabilities(

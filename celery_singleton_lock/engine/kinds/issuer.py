@@ -6,10 +6,9 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from celery_singleton_lock.engine.acquire_request import AcquireRequest
-from celery_singleton_lock.engine.keys import LockKeys
+from celery_singleton_lock.engine.keys import LockKeys, SharedKeys
 from celery_singleton_lock.engine.lease import Lease, LeaseKeeper, Owner
 from celery_singleton_lock.engine.renewer import Renewer
-from celery_singleton_lock.engine.shared_keys import SharedKeys
 
 
 class Issuer:

@@ -7,8 +7,8 @@ queues, latest wins, the queued markers), the releases (:mod:`.releases`) and th
 (:mod:`.server_renewal`) hold it and run their own scripts through it. :class:`RedisLocker`
 builds them, answers the leases of :mod:`.backend` with them, and hands out the parts beside
 the leases (the queue, latest wins, the queued markers, the cooldown) as they are. Acquire and
-release run on connections kept checked out of the client's pool (:mod:`.pinned`); renewal
-runs through the client itself.
+release run on connections kept checked out of the client's pool
+(:class:`.redis_server.PinnedConnections`); renewal runs through the client itself.
 
 On a Redis Cluster (a redis-py ``RedisCluster`` client) every script runs through the client,
 which sends it to the primary of its keys' slot (each lock's keys share one hash tag) and

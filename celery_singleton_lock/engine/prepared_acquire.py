@@ -29,7 +29,7 @@ from celery_singleton_lock.engine.acquire_request import AcquireOutcome, Acquire
 from celery_singleton_lock.engine.keys import LockKeys
 from celery_singleton_lock.engine.kinds.mutex import Mutex
 from celery_singleton_lock.engine.lease import Owner, new_token
-from celery_singleton_lock.engine.script_calls import _ms
+from celery_singleton_lock.engine.redis_server import _ms
 
 log = logging.getLogger("celery_singleton_lock.acquire")
 

@@ -3,11 +3,11 @@
 read later (:meth:`Releases.release_later`), and a dead owner's lock released by its owner's
 name.
 
-A deferred release script is sent on a kept connection (:mod:`.pinned`) without waiting: its
-reply is read with the next command on that connection (normally the next task's acquire), by
-the renewer when none followed within :data:`.renewer.SETTLE_WITHIN` (an idle worker), or when
-the locker is closed, and the caller's ``then`` reports it then. Saves the release's wait
-(~100 us per task, see docs/explanation/benchmarks.md).
+A deferred release script is sent on a kept connection (:class:`.redis_server.PinnedConnections`)
+without waiting: its reply is read with the next command on that connection (normally the next
+task's acquire), by the renewer when none followed within :data:`.renewer.SETTLE_WITHIN` (an idle
+worker), or when the locker is closed, and the caller's ``then`` reports it then. Saves the
+release's wait (~100 us per task, see docs/explanation/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -17,13 +17,12 @@ from typing import Any, Callable, Optional
 
 from redis.commands.core import Script
 
-from celery_singleton_lock.engine import fork_safety, script_calls, server_errors
+from celery_singleton_lock.engine import fork_safety, redis_server, server_errors
 from celery_singleton_lock.engine import lease as _lease
 from celery_singleton_lock.engine.kinds.issuer import Issuer
 from celery_singleton_lock.engine.lease import Lease, Owner
 from celery_singleton_lock.engine.lua_scripts import source
-from celery_singleton_lock.engine.redis_server import RedisServer
-from celery_singleton_lock.engine.script_calls import _ms
+from celery_singleton_lock.engine.redis_server import RedisServer, _ms
 from celery_singleton_lock.errors import LockError
 
 log_release = logging.getLogger("celery_singleton_lock.release")
@@ -201,10 +200,10 @@ class Releases:
         held = self.issuer.held
         if lease.slot:
             script, script_keys, args = self._release_call(lease, remember_for)
-            start = connections.start("EVAL", script_calls.compact(script.script))
+            start = connections.start("EVAL", redis_server.compact(script.script))
             command = connections.pack(len(script_keys), *script_keys, *args, start=start)
         elif (remember_for is None or not lease.owner.task_id) and held is not None:
-            start = connections.start("EVAL", script_calls.compact(self._release.script))
+            start = connections.start("EVAL", redis_server.compact(self._release.script))
             # EVAL script 2 key held token channel: the script's start is packed once
             encoding, errors = connections.encoding
             key = lease.key.encode(encoding, errors)
@@ -224,7 +223,7 @@ class Releases:
             )
         else:
             _, script_keys, args = self._release_call(lease, remember_for)
-            start = connections.start("EVAL", script_calls.compact(self._release.script))
+            start = connections.start("EVAL", redis_server.compact(self._release.script))
             command = connections.pack(len(script_keys), *script_keys, *args, start=start)
         if not connections.send_later(command, settle):
             lease.released = False

@@ -12,8 +12,7 @@ from celery_singleton_lock.engine import lease as _lease
 from celery_singleton_lock.engine import server_errors
 from celery_singleton_lock.engine.kinds.issuer import Issuer
 from celery_singleton_lock.engine.lua_scripts import source
-from celery_singleton_lock.engine.redis_server import RedisServer
-from celery_singleton_lock.engine.script_calls import _ms
+from celery_singleton_lock.engine.redis_server import RedisServer, _ms
 
 
 class Markers:

@@ -12,7 +12,7 @@ from typing import Any, Optional, Protocol
 
 from redis.commands.core import Script
 
-from celery_singleton_lock.engine import script_calls, server_errors
+from celery_singleton_lock.engine import redis_server, server_errors
 from celery_singleton_lock.engine.acquire_request import (
     AcquireOutcome,
     AcquireRequest,
@@ -29,8 +29,7 @@ from celery_singleton_lock.engine.lease import (
     new_token,
 )
 from celery_singleton_lock.engine.lua_scripts import source
-from celery_singleton_lock.engine.redis_server import RedisServer
-from celery_singleton_lock.engine.script_calls import Acknowledged, _ms
+from celery_singleton_lock.engine.redis_server import Acknowledged, RedisServer, _ms
 from celery_singleton_lock.errors import AlreadySuperseded, ReplicasUnavailable
 
 log_acquire = logging.getLogger("celery_singleton_lock.acquire")
@@ -53,7 +52,7 @@ def send(
     connections = server.connections
     assert connections is not None  # refused on a cluster by its capabilities
     sender: Any = Acknowledged(connections, min_replicas, request.replica_timeout)
-    reply, acknowledged = script_calls.run(script, keys.lock, script_keys, args, sender)
+    reply, acknowledged = redis_server.run(script, keys.lock, script_keys, args, sender)
     return reply, acknowledged
 
 

@@ -33,9 +33,8 @@ from celery_singleton_lock.engine.lease import (
     new_token,
 )
 from celery_singleton_lock.engine.lua_scripts import source
-from celery_singleton_lock.engine.redis_server import RedisServer
+from celery_singleton_lock.engine.redis_server import RedisServer, _ms
 from celery_singleton_lock.engine.releases import Releases
-from celery_singleton_lock.engine.script_calls import _ms
 from celery_singleton_lock.engine.slot_sweep import SlotSweep
 
 log_acquire = logging.getLogger("celery_singleton_lock.acquire")

@@ -15,8 +15,7 @@ from celery_singleton_lock.engine.kinds.issuer import Issuer
 from celery_singleton_lock.engine.kinds.mutex import confirm_replicas, send
 from celery_singleton_lock.engine.lease import LockHolder, Owner, already_finished, new_token
 from celery_singleton_lock.engine.lua_scripts import source
-from celery_singleton_lock.engine.redis_server import RedisServer
-from celery_singleton_lock.engine.script_calls import _ms
+from celery_singleton_lock.engine.redis_server import RedisServer, _ms
 
 log_acquire = logging.getLogger("celery_singleton_lock.acquire")
 

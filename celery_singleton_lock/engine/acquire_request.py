@@ -1,13 +1,25 @@
-"""What one acquire asks of a backend (:class:`AcquireRequest`) and what it answers.
+"""What one acquire asks of a backend (:class:`AcquireRequest`) and what it answers, and the
+acquire prepared once for many calls (:class:`PreparedAcquire`).
 
 Apart from the seam (:mod:`.backend`) because the engine's own modules build and read these
-on the hot path (:mod:`.locker`, :mod:`.kinds`), while the protocols are
-read by the Celery layer.
+on the hot path (:mod:`.locker`, :mod:`.kinds`), while the protocols are read by the Celery
+layer.
+
+A task's calls differ in their lock name, owner and time limit only; the rest of their
+:class:`AcquireRequest` (TTL, fencing, finish records, queued markers) is the task's.
+``backend.prepare(request)`` checks that request once against the backend and returns a
+:class:`PreparedAcquire`, whose ``acquire(name, owner, max_lifetime)`` is the hot path of every
+call. Two implementations, side by side, chosen by the backend:
+
+* :class:`GeneralAcquire`: any backend, any request: ``backend.acquire`` of the request with
+  the call's fields.
+* ``PackedMutex`` (:mod:`.kinds.mutex`): one Redis server (or a Sentinel group's primary) with
+  kept connections, a mutex: the hot path of a plain lock.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Union
+from typing import NamedTuple, Optional, Protocol, Union
 
 from celery_singleton_lock.engine.latest import Latest
 from celery_singleton_lock.engine.lease import Lease, LockHolder, LostCallback, Owner, Parked
@@ -78,3 +90,46 @@ class AcquireRequest(NamedTuple):
 
 
 _new = tuple.__new__
+
+
+class PreparedAcquire(Protocol):
+    """The acquire of one kind of call, checked once (``backend.prepare(request)``)."""
+
+    #: the request every call starts from (its name, owner and time limit unset)
+    request: AcquireRequest
+
+    def acquire(
+        self, name: str, owner: Owner, max_lifetime: Optional[float] = None
+    ) -> AcquireOutcome:
+        """Take the lock ``name`` for ``owner``, as ``backend.acquire(request)`` with those
+        fields would (the same outcomes and errors)."""
+        ...
+
+
+def check_call(request: AcquireRequest, owner: Owner, max_lifetime: Optional[float]) -> None:
+    """What ``backend.acquire`` checks of a call's own fields (the rest was checked once)."""
+    if max_lifetime is not None and not max_lifetime > 0:
+        raise ValueError(f"max_lifetime must be positive or None, got {max_lifetime!r}")
+    if (request.unless_finished or request.take_queued or request.park is not None) and not (
+        owner.task_id
+    ):
+        raise ValueError("unless_finished, take_queued and park need an owner with a task_id")
+
+
+class Acquires(Protocol):
+    """What :class:`GeneralAcquire` needs of a backend."""
+
+    def acquire(self, request: AcquireRequest) -> AcquireOutcome: ...
+
+
+class GeneralAcquire:
+    """``backend.acquire`` of ``request`` with each call's name, owner and time limit."""
+
+    def __init__(self, backend: Acquires, request: AcquireRequest) -> None:
+        self.backend = backend
+        self.request = request
+
+    def acquire(
+        self, name: str, owner: Owner, max_lifetime: Optional[float] = None
+    ) -> AcquireOutcome:
+        return self.backend.acquire(self.request.for_call(name, owner, max_lifetime))

@@ -24,7 +24,13 @@ import time
 from typing import Callable, Optional, Sequence
 
 from celery_singleton_lock.engine import checks, waiting
-from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
+from celery_singleton_lock.engine.acquire_request import (
+    AcquireOutcome,
+    AcquireRequest,
+    GeneralAcquire,
+    PreparedAcquire,
+    check_call,
+)
 from celery_singleton_lock.engine.backend import ReleaseSubscription
 from celery_singleton_lock.engine.capabilities import Capabilities
 from celery_singleton_lock.engine.keys import (
@@ -39,17 +45,11 @@ from celery_singleton_lock.engine.kinds.cooldown import Cooldown
 from celery_singleton_lock.engine.kinds.issuer import Issuer
 from celery_singleton_lock.engine.kinds.latest import LatestWins
 from celery_singleton_lock.engine.kinds.markers import Markers
-from celery_singleton_lock.engine.kinds.mutex import Mutex
+from celery_singleton_lock.engine.kinds.mutex import Mutex, PackedMutex
 from celery_singleton_lock.engine.kinds.slot_queue import SlotQueue
 from celery_singleton_lock.engine.kinds.slots import Slots
 from celery_singleton_lock.engine.lease import Lease, Owner
 from celery_singleton_lock.engine.live_rules import RedisLiveRules
-from celery_singleton_lock.engine.prepared_acquire import (
-    GeneralAcquire,
-    PackedMutex,
-    PreparedAcquire,
-    check_call,
-)
 from celery_singleton_lock.engine.reading import Client, LockInspector
 from celery_singleton_lock.engine.redis_server import RedisServer
 from celery_singleton_lock.engine.releases import Releases
@@ -194,7 +194,7 @@ class RedisLocker:
 
     def prepare(self, request: AcquireRequest) -> PreparedAcquire:
         """``request`` checked once for many calls that each set its name, owner and time
-        limit (see :mod:`.prepared_acquire`): packed once when it is a mutex on one server
+        limit (see :mod:`.acquire_request`): packed once when it is a mutex on one server
         with kept connections."""
         checks.check(request, self.capabilities, self.prefix)
         connections = self.connections

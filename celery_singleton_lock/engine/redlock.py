@@ -44,16 +44,17 @@ from typing import Any, Callable, Optional, Sequence, Union, cast
 import redis
 
 from celery_singleton_lock.engine import checks
-from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
-from celery_singleton_lock.engine.fan_out import FanOut
-from celery_singleton_lock.engine.keys import LockKeys, validate_prefix
-from celery_singleton_lock.engine.lease import Lease, LockHolder, Owner, new_token
-from celery_singleton_lock.engine.locker import RedisLocker
-from celery_singleton_lock.engine.prepared_acquire import (
+from celery_singleton_lock.engine.acquire_request import (
+    AcquireOutcome,
+    AcquireRequest,
     GeneralAcquire,
     PreparedAcquire,
     check_call,
 )
+from celery_singleton_lock.engine.fan_out import FanOut
+from celery_singleton_lock.engine.keys import LockKeys, validate_prefix
+from celery_singleton_lock.engine.lease import Lease, LockHolder, Owner, new_token
+from celery_singleton_lock.engine.locker import RedisLocker
 from celery_singleton_lock.engine.quorum_reading import QUORUM, QuorumInspector, QuorumSubscription
 from celery_singleton_lock.engine.renewer import Renewer, process_renewer
 from celery_singleton_lock.errors import (
@@ -155,7 +156,7 @@ class QuorumLocker:
 
     def prepare(self, request: AcquireRequest) -> PreparedAcquire:
         """``request``, checked once, for many calls that each set its name, owner and time
-        limit (see :mod:`.prepared_acquire`)."""
+        limit (see :mod:`.acquire_request`)."""
         checks.check(request, QUORUM, self.prefix)
         return GeneralAcquire(self, request)
 

@@ -35,7 +35,13 @@ import time
 from typing import Any, Callable, Optional, Sequence
 
 from celery_singleton_lock.engine import checks
-from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
+from celery_singleton_lock.engine.acquire_request import (
+    AcquireOutcome,
+    AcquireRequest,
+    GeneralAcquire,
+    PreparedAcquire,
+    check_call,
+)
 from celery_singleton_lock.engine.keys import LockKeys, validate_prefix
 from celery_singleton_lock.engine.lease import (
     Lease,
@@ -60,11 +66,6 @@ from celery_singleton_lock.engine.postgres.rows import announced, row_name, slot
 from celery_singleton_lock.engine.postgres.schema import Schema
 from celery_singleton_lock.engine.postgres.slots import PostgresSlots
 from celery_singleton_lock.engine.postgres.statements import Statements
-from celery_singleton_lock.engine.prepared_acquire import (
-    GeneralAcquire,
-    PreparedAcquire,
-    check_call,
-)
 from celery_singleton_lock.engine.renewer import Renewer, process_renewer
 from celery_singleton_lock.errors import LockError
 
@@ -156,7 +157,7 @@ class PostgresLocker:
     # -- acquire ------------------------------------------------------------------------------
 
     def prepare(self, request: AcquireRequest) -> PreparedAcquire:
-        """``request``, checked once, for many calls (see :mod:`..prepared_acquire`)."""
+        """``request``, checked once, for many calls (see :mod:`..acquire_request`)."""
         checks.check(request, POSTGRES, self.prefix)
         return GeneralAcquire(self, request)
 

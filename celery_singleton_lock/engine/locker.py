@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from typing import Callable, Optional, Sequence
 
-from celery_singleton_lock.engine import checks, waiting
+from celery_singleton_lock.engine import acquire_request, checks, waiting
 from celery_singleton_lock.engine.acquire_request import (
     AcquireOutcome,
     AcquireRequest,
@@ -180,7 +180,7 @@ class RedisLocker:
         """Take the lock ``request.name`` (see :func:`~.checks.try_acquire` for each field),
         after checking the request against this backend's capabilities, in one round trip: a
         mutex, one of N slots (a limit or a rate), or parked behind either."""
-        checks.check(request, self.capabilities, self.prefix)
+        acquire_request.check(request, self.capabilities, self.prefix)
         owner = request.owner or Owner()
         check_call(request, owner, request.max_lifetime)
         if request.park is not None:
@@ -196,7 +196,7 @@ class RedisLocker:
         """``request`` checked once for many calls that each set its name, owner and time
         limit (see :mod:`.acquire_request`): packed once when it is a mutex on one server
         with kept connections."""
-        checks.check(request, self.capabilities, self.prefix)
+        acquire_request.check(request, self.capabilities, self.prefix)
         connections = self.connections
         if (
             connections is not None

@@ -43,7 +43,7 @@ from typing import Any, Callable, Optional, Sequence, Union, cast
 
 import redis
 
-from celery_singleton_lock.engine import checks
+from celery_singleton_lock.engine import acquire_request, checks
 from celery_singleton_lock.engine.acquire_request import (
     AcquireOutcome,
     AcquireRequest,
@@ -157,7 +157,7 @@ class QuorumLocker:
     def prepare(self, request: AcquireRequest) -> PreparedAcquire:
         """``request``, checked once, for many calls that each set its name, owner and time
         limit (see :mod:`.acquire_request`)."""
-        checks.check(request, QUORUM, self.prefix)
+        acquire_request.check(request, QUORUM, self.prefix)
         return GeneralAcquire(self, request)
 
     def acquire(self, request: AcquireRequest) -> AcquireOutcome:
@@ -169,7 +169,7 @@ class QuorumLocker:
             LockBackendUnavailable: fewer than a majority answered, or the majority came
                 too late (no validity left); nothing is held.
         """
-        checks.check(request, QUORUM, self.prefix)
+        acquire_request.check(request, QUORUM, self.prefix)
         owner = request.owner or Owner()
         check_call(request, owner, request.max_lifetime)
         ttl = request.ttl

@@ -34,7 +34,7 @@ import logging
 import time
 from typing import Any, Callable, Optional, Sequence
 
-from celery_singleton_lock.engine import checks
+from celery_singleton_lock.engine import acquire_request, checks
 from celery_singleton_lock.engine.acquire_request import (
     AcquireOutcome,
     AcquireRequest,
@@ -158,7 +158,7 @@ class PostgresLocker:
 
     def prepare(self, request: AcquireRequest) -> PreparedAcquire:
         """``request``, checked once, for many calls (see :mod:`..acquire_request`)."""
-        checks.check(request, POSTGRES, self.prefix)
+        acquire_request.check(request, POSTGRES, self.prefix)
         return GeneralAcquire(self, request)
 
     def acquire(self, request: AcquireRequest) -> AcquireOutcome:
@@ -169,7 +169,7 @@ class PostgresLocker:
             LockBackendUnavailable: the database could not be reached.
             LockConfigurationError: an option :data:`POSTGRES` excludes.
         """
-        checks.check(request, POSTGRES, self.prefix)
+        acquire_request.check(request, POSTGRES, self.prefix)
         owner = request.owner or Owner()
         check_call(request, owner, request.max_lifetime)
         if not self._ready:

@@ -3,7 +3,7 @@
 Knows nothing of Celery. One round trip to acquire, one to release, one per tick to renew
 every lease of the process (see :mod:`.renewer`). :class:`~.redis_server.RedisServer` talks
 to the server; each kind of lock (:mod:`.kinds`: the mutex, the slots, the cooldown, the
-queues, latest wins, the queued markers), the releases (:mod:`.releases`) and the renewal
+queues, latest wins, the queued markers), the releases (:mod:`.server_leases`) and the renewal
 (:mod:`.server_renewal`) hold it and run their own scripts through it. :class:`RedisLocker`
 builds them, answers the leases of :mod:`.backend` with them, and hands out the parts beside
 the leases (the queue, latest wins, the queued markers, the cooldown) as they are. Acquire and
@@ -42,7 +42,6 @@ from celery_singleton_lock.engine.keys import (
 )
 from celery_singleton_lock.engine.kinds.cancels import Cancels
 from celery_singleton_lock.engine.kinds.cooldown import Cooldown
-from celery_singleton_lock.engine.kinds.issuer import Issuer
 from celery_singleton_lock.engine.kinds.latest import LatestWins
 from celery_singleton_lock.engine.kinds.markers import Markers
 from celery_singleton_lock.engine.kinds.mutex import Mutex, PackedMutex
@@ -52,8 +51,8 @@ from celery_singleton_lock.engine.lease import Lease, Owner
 from celery_singleton_lock.engine.live_rules import RedisLiveRules
 from celery_singleton_lock.engine.reading import Client, LockInspector
 from celery_singleton_lock.engine.redis_server import RedisServer
-from celery_singleton_lock.engine.releases import Releases
 from celery_singleton_lock.engine.renewer import Renewer, process_renewer
+from celery_singleton_lock.engine.server_leases import Issuer, Releases
 from celery_singleton_lock.engine.server_renewal import ServerRenewal
 from celery_singleton_lock.errors import LockError
 
@@ -214,7 +213,7 @@ class RedisLocker:
     # -- release ------------------------------------------------------------------------------
 
     def release(self, lease: Lease, *, remember_for: Optional[float] = None) -> bool:
-        """See :meth:`.releases.Releases.release`."""
+        """See :meth:`.server_leases.Releases.release`."""
         return self.releases.release(lease, remember_for=remember_for)
 
     def release_later(
@@ -224,17 +223,17 @@ class RedisLocker:
         *,
         remember_for: Optional[float] = None,
     ) -> bool:
-        """See :meth:`.releases.Releases.release_later`."""
+        """See :meth:`.server_leases.Releases.release_later`."""
         return self.releases.release_later(lease, then, remember_for=remember_for)
 
     def settle(self) -> None:
-        """See :meth:`.releases.Releases.settle`."""
+        """See :meth:`.server_leases.Releases.settle`."""
         self.releases.settle()
 
     def release_abandoned(
         self, name: str, *, task_id: str, host: str, pid: int, slot: Optional[int] = None
     ) -> bool:
-        """See :meth:`.releases.Releases.release_abandoned`."""
+        """See :meth:`.server_leases.Releases.release_abandoned`."""
         return self.releases.release_abandoned(name, task_id=task_id, host=host, pid=pid, slot=slot)
 
     def release_all(self) -> int:

@@ -15,10 +15,10 @@ from typing import Any, Optional, Sequence
 from redis.commands.core import Script
 
 from celery_singleton_lock.engine import redis_server
-from celery_singleton_lock.engine.kinds.issuer import Issuer
 from celery_singleton_lock.engine.lease import Lease, Owner
 from celery_singleton_lock.engine.lua_scripts import source
 from celery_singleton_lock.engine.redis_server import EachKey, RedisServer, _ms
+from celery_singleton_lock.engine.server_leases import Issuer
 
 #: leases per script call: 2-4 us each (more as the keyspace grows), plus ~2-4 us each for its
 #: entry in the held index (a sorted set of every held lock: O(log n) per update), so a call

@@ -15,7 +15,6 @@ from redis.commands.core import Script
 from celery_singleton_lock.engine import redis_server, server_errors
 from celery_singleton_lock.engine.acquire_request import AcquireRequest
 from celery_singleton_lock.engine.keys import LockKeys
-from celery_singleton_lock.engine.kinds.issuer import Issuer
 from celery_singleton_lock.engine.latest import SUPERSEDED_GRACE, debounce_key, superseded_keys
 from celery_singleton_lock.engine.lease import (
     Lease,
@@ -27,7 +26,7 @@ from celery_singleton_lock.engine.lease import (
 )
 from celery_singleton_lock.engine.lua_scripts import source
 from celery_singleton_lock.engine.redis_server import RedisServer
-from celery_singleton_lock.engine.releases import Releases
+from celery_singleton_lock.engine.server_leases import Issuer, Releases
 from celery_singleton_lock.engine.slot_sweep import SlotSweep
 
 

@@ -29,7 +29,6 @@ from celery_singleton_lock.engine.acquire_request import (
     check_call,
 )
 from celery_singleton_lock.engine.keys import LockKeys
-from celery_singleton_lock.engine.kinds.issuer import Issuer
 from celery_singleton_lock.engine.lease import (
     Lease,
     LockHolder,
@@ -40,6 +39,7 @@ from celery_singleton_lock.engine.lease import (
 )
 from celery_singleton_lock.engine.lua_scripts import source
 from celery_singleton_lock.engine.redis_server import Acknowledged, RedisServer, _ms
+from celery_singleton_lock.engine.server_leases import Issuer
 from celery_singleton_lock.errors import AlreadySuperseded, ReplicasUnavailable
 
 log_acquire = logging.getLogger("celery_singleton_lock.acquire")

@@ -22,8 +22,7 @@ from celery_singleton_lock.celery import LockedTask
 from celery_singleton_lock.celery.config.lockers import forget_locker
 from celery_singleton_lock.celery.config.servers import make_client
 from celery_singleton_lock.engine import Lease, Owner, QuorumLocker, RedisLocker, Renewer
-from celery_singleton_lock.engine.checks import check
-from celery_singleton_lock.engine.prepared_acquire import GeneralAcquire
+from celery_singleton_lock.engine.acquire_request import GeneralAcquire, check
 
 from ._common import BenchError, RoundTripCounter, counting_connection_class
 from ._paired import Call

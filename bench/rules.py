@@ -20,7 +20,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from celery_singleton_lock.engine import Lease, RedisLocker, Renewer
-from celery_singleton_lock.engine.shared_keys import SharedKeys
+from celery_singleton_lock.engine.keys import SharedKeys
 
 from ._common import delete_matching, med_iqr, new_prefix, redis_target, rounds_and_cycles
 from ._paired import rotated

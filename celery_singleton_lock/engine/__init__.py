@@ -4,7 +4,7 @@ Imports nothing from Celery. This module is the engine's one surface: the Celery
 (:mod:`celery_singleton_lock.celery`) imports the engine only from here (a test pins it).
 """
 
-from .acquire_request import AcquireOutcome, AcquireRequest, AcquireResult
+from .acquire_request import AcquireOutcome, AcquireRequest, AcquireResult, PreparedAcquire
 from .backend import (
     CooldownRelease,
     LatestQueue,
@@ -27,7 +27,6 @@ from .lease import Lease, LockHolder, Owner, Parked, new_token
 from .locker import CLUSTER, SINGLE_SERVER, RedisLocker
 from .postgres import POSTGRES, postgres_locker
 from .postgres import SCHEMES as POSTGRES_SCHEMES
-from .prepared_acquire import PreparedAcquire
 from .quorum_reading import QUORUM
 from .reading import Client, LockInspector
 from .redlock import MIN_SERVERS, QuorumLocker

@@ -17,13 +17,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, NamedTuple, Optional, Protocol, Sequence, Union, runtime_checkable
 
-from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
+from celery_singleton_lock.engine.acquire_request import (
+    AcquireOutcome,
+    AcquireRequest,
+    PreparedAcquire,
+)
 from celery_singleton_lock.engine.cancel_watch import CancelSignal
 from celery_singleton_lock.engine.capabilities import Capabilities
 from celery_singleton_lock.engine.keys import LockKeys
 from celery_singleton_lock.engine.kinds.slot_queue import Due
 from celery_singleton_lock.engine.lease import Lease, LeaseKeeper, LockHolder, Owner
-from celery_singleton_lock.engine.prepared_acquire import PreparedAcquire
 from celery_singleton_lock.engine.renewer import Renewer
 
 

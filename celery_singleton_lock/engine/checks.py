@@ -1,49 +1,25 @@
-"""What both backends (:mod:`.locker`, :mod:`.redlock`) do alike, written once as functions
-they call: the checks of a request against a backend's :class:`~.capabilities.Capabilities`
-(as redis-py's ``lock.py``, a public method validates, then delegates), the keyword form of
-an acquire (:func:`try_acquire`), and the release of every lease at shutdown
-(:func:`release_all`).
-"""
+"""What every backend (:mod:`.locker`, :mod:`.redlock`, :mod:`.postgres.locker`) does alike
+over the seam, written once as functions they call: the part of a backend a caller needs
+(:func:`required`: its queue, markers..., or the error naming the backend and the option), the
+keyword form of an acquire (:func:`try_acquire`), and the release of every lease at shutdown
+(:func:`release_all`). The checks of a request against a backend's capabilities are the
+request's (:func:`.acquire_request.check`)."""
 
 from __future__ import annotations
 
 import logging
 from typing import Optional, TypeVar
 
-from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
+from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest, unsupported
 from celery_singleton_lock.engine.backend import LockBackend
-from celery_singleton_lock.engine.capabilities import Capabilities
-from celery_singleton_lock.engine.keys import LockKeys
 from celery_singleton_lock.engine.latest import Latest
 from celery_singleton_lock.engine.lease import LostCallback, Owner
-from celery_singleton_lock.errors import LockConfigurationError, LockError
+from celery_singleton_lock.errors import LockError
 
 log_release = logging.getLogger("celery_singleton_lock.release")
 
 
-#: field of the request -> the capability it needs, and the option it comes from (for people)
-_NEEDS = (
-    ("fencing", "fencing", "lock_fencing (a fencing token)"),
-    ("min_replicas", "replica_acks", "lock_min_replicas"),
-    ("take_queued", "enqueue_markers", "dedupe_on_enqueue (queued markers)"),
-    ("park", "parking", "on_duplicate='queue' (parked messages)"),
-)
-#: what a parked request needs beside ``parking``: the ordered queue, or latest wins with a
-#: debounce (for people, as above)
-_ORDERED = ("ordered_queue", "on_duplicate='queue' (calls parked in order)")
-_DEBOUNCED = ("debounce", "lock_debounce")
-
-
 T = TypeVar("T")
-
-
-def unsupported(capabilities: Capabilities, what: str, feature: str, name: str) -> LockError:
-    """The error for asking ``capabilities`` for ``feature`` (said to people as ``what``)."""
-    return LockConfigurationError(
-        f"{what} is not supported on {capabilities.kind}: {capabilities.why_not(feature)}; "
-        f"{capabilities.instead} for it",
-        name,
-    )
 
 
 def required(part: Optional[T], backend: LockBackend, what: str, feature: str) -> T:
@@ -171,60 +147,6 @@ def try_acquire(
             slotted=slotted,
         )
     )
-
-
-def check(request: AcquireRequest, capabilities: Capabilities, prefix: str) -> None:
-    """Refuse what no call of ``request`` could do on a backend of ``capabilities`` under
-    ``prefix`` (whatever its name and owner)."""
-    ttl = request.ttl
-    if not ttl > 0:
-        raise ValueError(f"ttl must be a positive number of seconds, got {ttl!r}")
-    if request.latest is not None and request.park is None:
-        raise ValueError("latest needs park: the waiting call's message")
-    if request.fair and (request.park is None or request.latest is not None):
-        raise ValueError("fair needs park without latest: it orders the parked calls")
-    if request.fencing or request.min_replicas or request.take_queued or request.park:
-        for option, feature, what in _NEEDS:
-            if getattr(request, option) and not getattr(capabilities, feature):
-                raise unsupported(capabilities, what, feature, _named(request, prefix))
-        latest = request.latest
-        if request.park is not None:
-            feature, what = (
-                _ORDERED if latest is None else _DEBOUNCED if latest.debounce else ("", "")
-            )
-            if feature and not getattr(capabilities, feature):
-                raise unsupported(capabilities, what, feature, _named(request, prefix))
-    if request.limit != 1 or request.rate is not None:
-        _check_limit(request, capabilities, prefix)
-
-
-def _named(request: AcquireRequest, prefix: str) -> str:
-    """The lock key an error about ``request`` names (its prefix for a prepared request,
-    which has no name yet)."""
-    return LockKeys.build(prefix, request.name).lock if request.name else prefix
-
-
-def _check_limit(request: AcquireRequest, capabilities: Capabilities, prefix: str) -> None:
-    limit = request.limit
-    if type(limit) is not int or limit < 1:
-        raise ValueError(f"limit must be an integer >= 1, got {limit!r}")
-    if limit != 1 and not capabilities.slots:
-        raise unsupported(capabilities, "lock_limit > 1", "slots", _named(request, prefix))
-    if request.rate is not None and not capabilities.rate:
-        raise unsupported(capabilities, "lock_rate", "rate", _named(request, prefix))
-    if request.park is not None and not capabilities.parking_slots:
-        raise unsupported(
-            capabilities,
-            "on_duplicate='queue' with lock_limit > 1 or lock_rate",
-            "parking_slots",
-            _named(request, prefix),
-        )
-    if request.latest is not None or request.take_queued or request.min_replicas:
-        raise LockConfigurationError(
-            "a limit above 1 or a rate does not combine with latest wins, queued markers "
-            "or replica acknowledgements (each of them is about one lock key)",
-            _named(request, prefix),
-        )
 
 
 def release_all(backend: LockBackend) -> int:

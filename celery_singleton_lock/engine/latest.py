@@ -42,5 +42,5 @@ def debounce_key(keys: LockKeys) -> str:
 def superseded_keys(keys: LockKeys, index: str) -> list[str]:
     """Keys of the lock's superseded ids, of its calls left to mark, and ``index``, the index
     of those that holds the lock (the prefix's, or its slot's on a Cluster: see
-    shared_keys.py; lua/includes/displace.lua)."""
+    keys.py; lua/includes/displace.lua)."""
     return [f"{keys.lock}:superseded", f"{keys.lock}:superseded-left", index]

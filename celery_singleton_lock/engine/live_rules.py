@@ -9,7 +9,7 @@ ends (so a parked call wakes then, and nothing polls meanwhile).
 On a Redis Cluster each lock's keys carry their own hash tag (the whole lock name), and a
 script may touch keys of one slot only: one key per family cannot sit beside each of its
 locks. So a cluster keeps a copy of the rule in every one of its 16,384 slots,
-``P:cap:F:{T}`` (``T`` the slot's tag, :func:`.shared_keys.slot_tag`), and an acquire reads
+``P:cap:F:{T}`` (``T`` the slot's tag, :func:`.keys.slot_tag`), and an acquire reads
 the copy in its lock's slot (:meth:`.SharedKeys.rule_of`). A copy per slot, not per slot that
 holds a lock of the family now: the family's next lock may land in any slot. A change writes
 every copy, one cluster pipeline (one round trip per primary): its copies change one by one
@@ -25,13 +25,11 @@ from redis.cluster import RedisCluster
 from redis.commands.core import Script
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS
 
-from celery_singleton_lock.engine import script_calls, server_errors
+from celery_singleton_lock.engine import redis_server, server_errors
 from celery_singleton_lock.engine.backend import LiveRule
-from celery_singleton_lock.engine.keys import cap_key, handoff_index, rule_index
+from celery_singleton_lock.engine.keys import SharedKeys, cap_key, handoff_index, rule_index
 from celery_singleton_lock.engine.lua_scripts import source
-from celery_singleton_lock.engine.redis_server import RedisServer
-from celery_singleton_lock.engine.script_calls import EachKey
-from celery_singleton_lock.engine.shared_keys import SharedKeys
+from celery_singleton_lock.engine.redis_server import EachKey, RedisServer
 
 #: the slots of a Redis Cluster, each with its copy of a family's rule
 _SLOTS = range(REDIS_CLUSTER_HASH_SLOTS)
@@ -78,7 +76,7 @@ class RedisLiveRules:
         handoff, of_slot = handoff_index(prefix), SharedKeys.of_slot
         calls = [([of_slot(key, slot), of_slot(handoff, slot)], args) for slot in _SLOTS]
         # each copy's own server clock: a node reads its copies with it
-        ends = script_calls.run(self._pause, key, [], [], EachKey(server.client, calls))
+        ends = redis_server.run(self._pause, key, [], [], EachKey(server.client, calls))
         return float("inf") if -1 in ends else max(int(end) for end in ends) / 1000.0
 
     def set_cap(self, family: str, cap: Optional[int]) -> None:

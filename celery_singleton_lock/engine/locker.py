@@ -3,12 +3,12 @@
 Knows nothing of Celery. One round trip to acquire, one to release, one per tick to renew
 every lease of the process (see :mod:`.renewer`). :class:`~.redis_server.RedisServer` talks
 to the server; each kind of lock (:mod:`.kinds`: the mutex, the slots, the cooldown, the
-queues, latest wins, the queued markers), the releases (:mod:`.releases`) and the renewal
+queues, latest wins, the queued markers), the releases (:mod:`.server_leases`) and the renewal
 (:mod:`.server_renewal`) hold it and run their own scripts through it. :class:`RedisLocker`
 builds them, answers the leases of :mod:`.backend` with them, and hands out the parts beside
 the leases (the queue, latest wins, the queued markers, the cooldown) as they are. Acquire and
-release run on connections kept checked out of the client's pool (:mod:`.pinned`); renewal
-runs through the client itself.
+release run on connections kept checked out of the client's pool
+(:class:`.redis_server.PinnedConnections`); renewal runs through the client itself.
 
 On a Redis Cluster (a redis-py ``RedisCluster`` client) every script runs through the client,
 which sends it to the primary of its keys' slot (each lock's keys share one hash tag) and
@@ -23,38 +23,37 @@ from __future__ import annotations
 import time
 from typing import Callable, Optional, Sequence
 
-from celery_singleton_lock.engine import checks, waiting
-from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
+from celery_singleton_lock.engine import acquire_request, checks, waiting
+from celery_singleton_lock.engine.acquire_request import (
+    AcquireOutcome,
+    AcquireRequest,
+    GeneralAcquire,
+    PreparedAcquire,
+    check_call,
+)
 from celery_singleton_lock.engine.backend import ReleaseSubscription
 from celery_singleton_lock.engine.capabilities import Capabilities
 from celery_singleton_lock.engine.keys import (
     LockKeys,
+    SharedKeys,
     held_index,
     marker_index,
     validate_prefix,
 )
 from celery_singleton_lock.engine.kinds.cancels import Cancels
 from celery_singleton_lock.engine.kinds.cooldown import Cooldown
-from celery_singleton_lock.engine.kinds.issuer import Issuer
 from celery_singleton_lock.engine.kinds.latest import LatestWins
 from celery_singleton_lock.engine.kinds.markers import Markers
-from celery_singleton_lock.engine.kinds.mutex import Mutex
+from celery_singleton_lock.engine.kinds.mutex import Mutex, PackedMutex
 from celery_singleton_lock.engine.kinds.slot_queue import SlotQueue
 from celery_singleton_lock.engine.kinds.slots import Slots
 from celery_singleton_lock.engine.lease import Lease, Owner
 from celery_singleton_lock.engine.live_rules import RedisLiveRules
-from celery_singleton_lock.engine.prepared_acquire import (
-    GeneralAcquire,
-    PackedMutex,
-    PreparedAcquire,
-    check_call,
-)
 from celery_singleton_lock.engine.reading import Client, LockInspector
 from celery_singleton_lock.engine.redis_server import RedisServer
-from celery_singleton_lock.engine.releases import Releases
 from celery_singleton_lock.engine.renewer import Renewer, process_renewer
+from celery_singleton_lock.engine.server_leases import Issuer, Releases
 from celery_singleton_lock.engine.server_renewal import ServerRenewal
-from celery_singleton_lock.engine.shared_keys import SharedKeys
 from celery_singleton_lock.errors import LockError
 
 #: One Redis server, or a Sentinel group's primary: everything is supported.
@@ -68,7 +67,7 @@ SINGLE_SERVER = Capabilities(
 )
 #: A Redis Cluster: a lock's keys share one slot, and so do the keys many locks share there
 #: (the fence counter, the finish records, the indexes of due locks: one of each per slot,
-#: see shared_keys.py); but WAIT must follow the acquire on one connection, the live cap of
+#: see keys.py); but WAIT must follow the acquire on one connection, the live cap of
 #: ``celery locks limit`` is one key per task, and a sweeper reads the due locks of a window
 #: of slots per tick, not all of them (see slot_sweep.py).
 CLUSTER = Capabilities(
@@ -179,7 +178,7 @@ class RedisLocker:
         """Take the lock ``request.name`` (see :func:`~.checks.try_acquire` for each field),
         after checking the request against this backend's capabilities, in one round trip: a
         mutex, one of N slots (a limit or a rate), or parked behind either."""
-        checks.check(request, self.capabilities, self.prefix)
+        acquire_request.check(request, self.capabilities, self.prefix)
         owner = request.owner or Owner()
         check_call(request, owner, request.max_lifetime)
         if request.park is not None:
@@ -193,9 +192,9 @@ class RedisLocker:
 
     def prepare(self, request: AcquireRequest) -> PreparedAcquire:
         """``request`` checked once for many calls that each set its name, owner and time
-        limit (see :mod:`.prepared_acquire`): packed once when it is a mutex on one server
+        limit (see :mod:`.acquire_request`): packed once when it is a mutex on one server
         with kept connections."""
-        checks.check(request, self.capabilities, self.prefix)
+        acquire_request.check(request, self.capabilities, self.prefix)
         connections = self.connections
         if (
             connections is not None
@@ -213,7 +212,7 @@ class RedisLocker:
     # -- release ------------------------------------------------------------------------------
 
     def release(self, lease: Lease, *, remember_for: Optional[float] = None) -> bool:
-        """See :meth:`.releases.Releases.release`."""
+        """See :meth:`.server_leases.Releases.release`."""
         return self.releases.release(lease, remember_for=remember_for)
 
     def release_later(
@@ -223,17 +222,17 @@ class RedisLocker:
         *,
         remember_for: Optional[float] = None,
     ) -> bool:
-        """See :meth:`.releases.Releases.release_later`."""
+        """See :meth:`.server_leases.Releases.release_later`."""
         return self.releases.release_later(lease, then, remember_for=remember_for)
 
     def settle(self) -> None:
-        """See :meth:`.releases.Releases.settle`."""
+        """See :meth:`.server_leases.Releases.settle`."""
         self.releases.settle()
 
     def release_abandoned(
         self, name: str, *, task_id: str, host: str, pid: int, slot: Optional[int] = None
     ) -> bool:
-        """See :meth:`.releases.Releases.release_abandoned`."""
+        """See :meth:`.server_leases.Releases.release_abandoned`."""
         return self.releases.release_abandoned(name, task_id=task_id, host=host, pid=pid, slot=slot)
 
     def release_all(self) -> int:

@@ -21,6 +21,7 @@ from redis.commands.core import Script
 from celery_singleton_lock.engine import server_errors, slots
 from celery_singleton_lock.engine.keys import (
     LockKeys,
+    SharedKeys,
     handoff_index,
     held_index,
     marker_index,
@@ -29,7 +30,6 @@ from celery_singleton_lock.engine.keys import (
 from celery_singleton_lock.engine.latest import debounce_key
 from celery_singleton_lock.engine.lease import LockHolder, as_int, as_text
 from celery_singleton_lock.engine.lua_scripts import source
-from celery_singleton_lock.engine.shared_keys import SharedKeys
 from celery_singleton_lock.errors import LockBackendUnavailable
 
 #: What the engine talks to: one Redis (or a Sentinel group's master), or a Redis Cluster
@@ -111,7 +111,7 @@ class LockInspector:
     def fence(self, name: str) -> int:
         """The counter the fences of ``name`` come from (0 if none yet): every fence handed out
         for ``name`` is at most this and the next is above it. The counter is shared by many
-        names (see :mod:`.shared_keys`), so it is ``name``'s last fence only if no other name
+        names (see :mod:`.keys`), so it is ``name``'s last fence only if no other name
         was fenced since."""
         lock = LockKeys.build(self.prefix, name).lock
         shared = SharedKeys(self.prefix, cluster=isinstance(self.client, RedisCluster))
@@ -156,7 +156,7 @@ class LockInspector:
 
     def shared_counts(self) -> Optional[tuple[int, int]]:
         """``(fence counters, finish records)`` on one server, read from the shared keys by
-        name (:mod:`.shared_keys`: one counter, ``SHARDS`` finish-record sets) in one
+        name (:mod:`.keys`: one counter, ``SHARDS`` finish-record sets) in one
         pipelined round trip: no SCAN. None on a Redis Cluster (their names depend on the
         slots in use: SCAN them there)."""
         if isinstance(self.client, RedisCluster):

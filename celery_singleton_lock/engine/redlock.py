@@ -43,17 +43,18 @@ from typing import Any, Callable, Optional, Sequence, Union, cast
 
 import redis
 
-from celery_singleton_lock.engine import checks
-from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
-from celery_singleton_lock.engine.fan_out import FanOut
-from celery_singleton_lock.engine.keys import LockKeys, validate_prefix
-from celery_singleton_lock.engine.lease import Lease, LockHolder, Owner, new_token
-from celery_singleton_lock.engine.locker import RedisLocker
-from celery_singleton_lock.engine.prepared_acquire import (
+from celery_singleton_lock.engine import acquire_request, checks
+from celery_singleton_lock.engine.acquire_request import (
+    AcquireOutcome,
+    AcquireRequest,
     GeneralAcquire,
     PreparedAcquire,
     check_call,
 )
+from celery_singleton_lock.engine.fan_out import FanOut
+from celery_singleton_lock.engine.keys import LockKeys, validate_prefix
+from celery_singleton_lock.engine.lease import Lease, LockHolder, Owner, new_token
+from celery_singleton_lock.engine.locker import RedisLocker
 from celery_singleton_lock.engine.quorum_reading import QUORUM, QuorumInspector, QuorumSubscription
 from celery_singleton_lock.engine.renewer import Renewer, process_renewer
 from celery_singleton_lock.errors import (
@@ -155,8 +156,8 @@ class QuorumLocker:
 
     def prepare(self, request: AcquireRequest) -> PreparedAcquire:
         """``request``, checked once, for many calls that each set its name, owner and time
-        limit (see :mod:`.prepared_acquire`)."""
-        checks.check(request, QUORUM, self.prefix)
+        limit (see :mod:`.acquire_request`)."""
+        acquire_request.check(request, QUORUM, self.prefix)
         return GeneralAcquire(self, request)
 
     def acquire(self, request: AcquireRequest) -> AcquireOutcome:
@@ -168,7 +169,7 @@ class QuorumLocker:
             LockBackendUnavailable: fewer than a majority answered, or the majority came
                 too late (no validity left); nothing is held.
         """
-        checks.check(request, QUORUM, self.prefix)
+        acquire_request.check(request, QUORUM, self.prefix)
         owner = request.owner or Owner()
         check_call(request, owner, request.max_lifetime)
         ttl = request.ttl

@@ -107,7 +107,7 @@ class Renewer:
                 self._start_locked()
 
     def settle_soon(self, connections: Any) -> None:
-        """Watch ``connections`` (:class:`.pinned.PinnedConnections`), which just sent a
+        """Watch ``connections`` (:class:`.redis_server.PinnedConnections`), which just sent a
         release without waiting: a reply still owed at two looks :data:`SETTLE_WITHIN` apart
         is read here (``connections.settle_idle()``), so an idle worker reports its release
         within that time. A busy worker's next acquire reads the reply first: the looks find

@@ -14,12 +14,11 @@ from typing import Any, Optional, Sequence
 
 from redis.commands.core import Script
 
-from celery_singleton_lock.engine import script_calls
-from celery_singleton_lock.engine.kinds.issuer import Issuer
+from celery_singleton_lock.engine import redis_server
 from celery_singleton_lock.engine.lease import Lease, Owner
 from celery_singleton_lock.engine.lua_scripts import source
-from celery_singleton_lock.engine.redis_server import RedisServer
-from celery_singleton_lock.engine.script_calls import EachKey, _ms
+from celery_singleton_lock.engine.redis_server import EachKey, RedisServer, _ms
+from celery_singleton_lock.engine.server_leases import Issuer
 
 #: leases per script call: 2-4 us each (more as the keyspace grows), plus ~2-4 us each for its
 #: entry in the held index (a sorted set of every held lock: O(log n) per update), so a call
@@ -121,7 +120,7 @@ class ServerRenewal:
 
     def _run_chunks(self, script: Script, calls: Calls, size: int) -> list[int]:
         """Run ``script`` once per chunk (of ``size`` leases or locks) of ``calls`` in one round
-        trip (one pipeline of raw EVALSHA commands, :class:`~.script_calls.EachKey`; a lone
+        trip (one pipeline of raw EVALSHA commands, :class:`~.redis_server.EachKey`; a lone
         chunk as one call); each reply lists the 1-based indices of its chunk's leases not
         renewed: returned as indices over every chunk."""
         if len(calls) == 1:
@@ -129,7 +128,7 @@ class ServerRenewal:
             replies = [self.server.run(script, keys[0], keys, args)]
         else:
             client = EachKey(self.server.client, calls)
-            replies = script_calls.run(script, calls[0][0][0], [], [], client)
+            replies = redis_server.run(script, calls[0][0][0], [], [], client)
         return [
             chunk * size + int(index) - 1 for chunk, reply in enumerate(replies) for index in reply
         ]

@@ -2,7 +2,7 @@
 
 A script touches the keys of one slot, so the index of locks a sweeper should look at (the
 hand-off index of the queue and latest wins, the index of displaced calls left to mark) is
-one sorted set per slot there (:mod:`.shared_keys`). Reading all 16,384 at every tick would
+one sorted set per slot there (:mod:`.keys`). Reading all 16,384 at every tick would
 cost a worker ~0.3 s of CPU (measured on 3 primaries on loopback), so each tick reads those
 of a window of :data:`WINDOW` slots, in one cluster pipeline (one round trip per primary):
 every slot is read every 16 ticks (16 s at the default sweep interval). That bounds how late
@@ -22,9 +22,9 @@ import time
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS
 
 from celery_singleton_lock.engine import server_errors
+from celery_singleton_lock.engine.keys import SharedKeys
 from celery_singleton_lock.engine.lease import as_text
 from celery_singleton_lock.engine.redis_server import RedisServer
-from celery_singleton_lock.engine.shared_keys import SharedKeys
 
 #: slots whose index one tick reads
 WINDOW = 1024

@@ -11,9 +11,8 @@ import pytest
 from celery import Celery
 
 from celery_singleton_lock import LockConfigurationError, LockedTask
-from celery_singleton_lock.celery.config.quorum_settings import quorum_urls
 from celery_singleton_lock.celery.config.servers import choose_url
-from celery_singleton_lock.celery.config.urls import redact
+from celery_singleton_lock.celery.config.urls import quorum_urls, redact
 from celery_singleton_lock.engine import Lease, Owner, Renewer
 from celery_singleton_lock.engine.redlock import QuorumLease, QuorumLocker
 from celery_singleton_lock.testing import RedisServer

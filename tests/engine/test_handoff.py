@@ -134,7 +134,7 @@ def test_releases_hand_the_lock_on_in_arrival_order(locker: RedisLocker) -> None
         lease = attempt(locker, next_id)
     assert ran == ["a", "b", "c", "d", "e"]
     assert held(locker) is None
-    assert locker.client.zscore(locker.keys("job").handoff_due, "job") is None
+    assert locker.client.zscore(locker.shared.handoff_index(locker.keys("job").lock), "job") is None
 
 
 def test_a_release_with_nothing_parked_frees_the_lock(locker: RedisLocker) -> None:
@@ -190,7 +190,7 @@ def test_the_sweeper_leaves_a_held_lock_and_looks_again_at_its_ttl(locker: Redis
     assert locker.queue.hand_off_due().names == ["job"]
     assert sweep(locker, reservation_ttl=5) is None
     assert locker.queue.hand_off_due().names == []
-    score = locker.client.zscore(locker.keys("job").handoff_due, "job")
+    score = locker.client.zscore(locker.shared.handoff_index(locker.keys("job").lock), "job")
     assert score is not None and score > time.time() * 1000 + 20_000
 
 
@@ -217,7 +217,7 @@ def test_a_published_hand_off_makes_its_short_reservation_live_the_whole_timeout
     assert ttl_left(locker) <= 3
     assert locker.queue.handed("job", "b", reservation_ttl=60) is True
     assert ttl_left(locker) > 50
-    score = locker.client.zscore(locker.keys("job").handoff_due, "job")
+    score = locker.client.zscore(locker.shared.handoff_index(locker.keys("job").lock), "job")
     assert score is not None and score > time.time() * 1000 + 50_000  # looked at when it ends
 
 

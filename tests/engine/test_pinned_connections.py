@@ -13,7 +13,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from celery_singleton_lock.engine.pinned import PinnedConnections
+from celery_singleton_lock.engine.redis_server import PinnedConnections
 from celery_singleton_lock.testing import RedisServer
 
 

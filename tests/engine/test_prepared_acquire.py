@@ -17,7 +17,8 @@ from celery_singleton_lock.engine import (
     RedisLocker,
     Renewer,
 )
-from celery_singleton_lock.engine.prepared_acquire import GeneralAcquire, PackedMutex
+from celery_singleton_lock.engine.acquire_request import GeneralAcquire
+from celery_singleton_lock.engine.kinds.mutex import PackedMutex
 from tests.engine.conftest import stop_renewing, stored_fields
 from tests.support import CountingConnection
 

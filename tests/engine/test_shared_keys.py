@@ -17,7 +17,7 @@ from redis.crc import key_slot
 from redis.exceptions import ResponseError
 
 from celery_singleton_lock.engine import Latest, Lease, Owner, RedisLocker
-from celery_singleton_lock.engine.shared_keys import SHARDS, slot_tag
+from celery_singleton_lock.engine.keys import SHARDS, slot_tag
 from celery_singleton_lock.errors import AlreadyFinished
 
 #: finish records a set holds at 1,000 finished tasks/s kept 1 h (3.6M over SHARDS sets)

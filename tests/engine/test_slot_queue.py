@@ -216,7 +216,7 @@ def test_the_index_forgets_a_lock_once_nothing_is_parked(locker: RedisLocker) ->
     lease(attempt(locker, "b", limit=1, rate=(5, 1.0)))
     client = locker.client
     keys = locker.keys("job")
-    assert client.zscore(keys.handoff_due, "job") is None
+    assert client.zscore(locker.shared.handoff_index(keys.lock), "job") is None
     assert client.exists(keys.parked_rule) == 0
 
 

@@ -213,7 +213,7 @@ def test_scan_lists_every_held_slot(locker: RedisLocker) -> None:
 def test_every_key_of_a_limited_rated_lock_shares_one_cluster_slot(locker: RedisLocker) -> None:
     from redis.crc import key_slot
 
-    from celery_singleton_lock.engine.shared_keys import SharedKeys
+    from celery_singleton_lock.engine.keys import SharedKeys
     from celery_singleton_lock.engine.slots import acquire_call
 
     keys = locker.keys("job")

@@ -30,5 +30,5 @@ def test_a_traced_call_passes_through_the_engine_and_the_celery_layer() -> None:
         )
     assert run.returncode == 0, run.stderr
     assert "celery.task.locked_task: " in run.stdout and "before_start" in run.stdout
-    assert "engine.releases: " in run.stdout
+    assert "engine.server_leases: " in run.stdout
     assert "skip: " in run.stdout and "queue: " in run.stdout and "limit3: " in run.stdout

@@ -8,7 +8,6 @@ from typing import Any, Callable, Mapping, Optional, TypeVar
 import click
 import redis
 
-from celery_singleton_lock.celery.config.quorum_settings import quorum_urls
 from celery_singleton_lock.celery.config.resolution import lock_prefix
 from celery_singleton_lock.celery.config.servers import (
     DEFAULT_URL,
@@ -18,7 +17,12 @@ from celery_singleton_lock.celery.config.servers import (
     make_client,
     transport_options,
 )
-from celery_singleton_lock.celery.config.urls import is_postgres, redact, redact_loosely
+from celery_singleton_lock.celery.config.urls import (
+    is_postgres,
+    quorum_urls,
+    redact,
+    redact_loosely,
+)
 from celery_singleton_lock.celery.worker.server_probe import probe
 from celery_singleton_lock.engine import (
     Client,

@@ -389,7 +389,7 @@ def check_counts(target: Target) -> list[Finding]:
             Finding("info", "keys", f"{records} finish records under prefix {prefix!r}"),
         ]
     found = []
-    # the shared keys (engine/shared_keys.py): one counter per server or Cluster slot, finish
+    # the shared keys (engine/keys.py): one counter per server or Cluster slot, finish
     # records as task ids in sorted sets (sharded by task id)
     for what, match, type_ in (
         ("fence counters", f"{prefix}:fence*", "string"),

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Optional
 
-from celery_singleton_lock.celery.config.quorum_settings import quorum_urls
-from celery_singleton_lock.celery.config.urls import is_postgres
+from celery_singleton_lock.celery.config.urls import is_postgres, quorum_urls
 from celery_singleton_lock.celery.duplicates.policies import POLICIES
 from celery_singleton_lock.engine import POSTGRES, QUORUM, Capabilities
 from celery_singleton_lock.errors import LockConfigurationError

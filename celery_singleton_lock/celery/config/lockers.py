@@ -10,14 +10,13 @@ import weakref
 from typing import Any, Mapping, Optional
 
 from celery_singleton_lock.celery.config.app_settings import lock_prefix
-from celery_singleton_lock.celery.config.quorum_settings import quorum_urls
 from celery_singleton_lock.celery.config.servers import (
     choose_url,
     cluster_setting,
     make_client,
     transport_options,
 )
-from celery_singleton_lock.celery.config.urls import is_postgres
+from celery_singleton_lock.celery.config.urls import is_postgres, quorum_urls
 from celery_singleton_lock.engine import (
     ForkSafeLock,
     LockBackend,
@@ -99,7 +98,7 @@ def make_locker(
 ) -> LockBackend:
     """The locker of the server(s) ``url`` names: a PostgreSQL one for a ``postgresql://``
     URL, a :class:`QuorumLocker` over a client per server for a quorum (see
-    :mod:`.quorum_settings`), else a ``RedisLocker`` over :func:`make_client`.
+    :mod:`.urls`), else a ``RedisLocker`` over :func:`make_client`.
 
     Raises:
         LockConfigurationError: ``singleton_lock_cluster = True`` with a quorum or PostgreSQL;

@@ -111,7 +111,7 @@ class LockOptions:
     #: the other AMQP brokers); -1, lower first (kombu's Redis transport: 0 is the highest)
     priority_sign: int = 1
     #: a worker's call takes the key alone, without parking (``lock_limit`` 1, a policy other
-    #: than ``queue`` and ``replace``): the task's prepared acquire (see acquire_plan)
+    #: than ``queue`` and ``replace``): the task's prepared acquire (see execution.prepared)
     mutex: bool = field(init=False)
     #: every call's lock lives in its slot table (engine/slots.py), whatever the call's limit:
     #: a ``lock_limit`` other than the static 1 (a callable one too), a rate, or a policy

@@ -30,7 +30,7 @@ class SentinelMasterConnection(redis.sentinel.SentinelManagedConnection):
     redis-py's own class asks them only in ``connect()``. In recent redis-py (8.1; not 4.5) a
     disconnected connection reconnects from ``send_packed_command`` through
     ``connect_check_health()`` instead, to the address it had: a connection that the locker
-    keeps checked out (see ``engine/pinned.py``) and that was dropped because its master was
+    keeps checked out (see ``engine/redis_server.py``) and that was dropped because its master was
     demoted (``READONLY``) went back to the demoted master at every retry and never reached
     the new one.
     """

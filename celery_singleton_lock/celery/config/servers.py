@@ -31,7 +31,6 @@ from redis.cluster import RedisCluster
 from redis.retry import Retry
 
 from celery_singleton_lock.celery.config.app_settings import celery_setting
-from celery_singleton_lock.celery.config.quorum_settings import as_url, quorum_urls
 from celery_singleton_lock.celery.config.sentinel import (
     SentinelMasterConnection,
     SentinelMasterSSLConnection,
@@ -41,8 +40,10 @@ from celery_singleton_lock.celery.config.sentinel import (
 )
 from celery_singleton_lock.celery.config.urls import (
     REDIS_SCHEMES,
+    as_url,
     is_postgres,
     is_sentinel,
+    quorum_urls,
     redact,
     redact_loosely,
 )

@@ -2,7 +2,7 @@
 already queued or running publishes nothing and gets that task's ``AsyncResult``. With
 ``"until_started"`` only a queued call that has not started counts (``Dedupe.
 running_is_duplicate`` False); a call that will run later (a lock retry, a wait) stays queued
-while the lock is held, as its acquire keeps the marker then (see ``acquire_plan``).
+while the lock is held, as its acquire keeps the marker then (see ``execution.request_base``).
 
 At ``apply_async()`` one script call (``ENQUEUE``, see :mod:`..engine.scripts`) both checks
 the lock name and, when it is free, writes a "queued" marker holding the new task id; only then

@@ -372,8 +372,6 @@ class Restart(Replace):
 POLICIES: dict[str, type[DuplicatePolicy]] = {
     policy.name: policy for policy in (Skip, Retry, Wait, Fail, Join, Queue, Replace, Restart)
 }
-#: the names of the policies that park
-PARKING = tuple(name for name, policy in POLICIES.items() if policy.parks)
 _WAIT, _SKIP = Wait(), Skip()
 
 

@@ -36,10 +36,6 @@ from celery_singleton_lock.errors import LockError
 
 log = logging.getLogger("celery_singleton_lock.duplicate")
 
-#: Seconds a running call asked to stop has before its pool child is terminated (prefork), when
-#: ``lock_cancel_grace`` is not set.
-CANCEL_GRACE = 5.0
-
 
 def stop_holder_and_wait(duplicate: Duplicate, parked: Parked) -> NoReturn:
     """This call waits behind the lock as the newest (parked by the acquire itself): ask the

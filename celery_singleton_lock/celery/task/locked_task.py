@@ -25,7 +25,7 @@ from celery_singleton_lock.celery.duplicates.policies import on_held
 from celery_singleton_lock.celery.duplicates.redelivery import already_ran, is_marked_copy
 from celery_singleton_lock.celery.observe import events
 from celery_singleton_lock.celery.signals import lock_acquired, lock_lost
-from celery_singleton_lock.celery.task import acquire_plan
+from celery_singleton_lock.celery.task import execution
 from celery_singleton_lock.celery.task.execution import (
     LockScope,
     body_releasing,
@@ -127,11 +127,11 @@ class LockedTask(Task):  # type: ignore[misc]
     lock_debounce_max: Any = UNSET
 
     _lock_options: Optional[LockOptions] = None
-    #: (options, the acquire request a worker's call starts from): see acquire_plan
+    #: (options, the acquire request a worker's call starts from): see execution.request_base
     _acquire_base: Optional[tuple[LockOptions, AcquireRequest]] = None
-    #: the locker and prepared acquire of a worker's mutex call: see acquire_plan.prepared
-    _prepared_acquire: Optional[acquire_plan.PreparedMutex] = None
-    #: ``lock_locker`` is this class's own: the app's locker (see acquire_plan.prepared)
+    #: the locker and prepared acquire of a worker's mutex call: see execution.prepared
+    _prepared_acquire: Optional[execution.PreparedMutex] = None
+    #: ``lock_locker`` is this class's own: the app's locker (see execution.prepared)
     _app_locker = True
 
     if not celery_api.PUSH_REQUEST_COPIES:  # Celery < 5.5: see there
@@ -272,7 +272,7 @@ class LockedTask(Task):  # type: ignore[misc]
                 max_lifetime = celery_api.hard_time_limit(request) or options.default_time_limit
                 try:
                     # the first call in a process makes the locker: the server is asked then
-                    plan = acquire_plan.prepared(self, options)
+                    plan = execution.prepared(self, options)
                     first: Any = plan.acquire.acquire(name, owner, max_lifetime)
                 except (LockBackendUnavailable, AlreadyFinished, AlreadySuperseded) as exc:
                     first = exc  # handled in _acquire, as the general way's
@@ -330,7 +330,7 @@ class LockedTask(Task):  # type: ignore[misc]
         # A parking policy (queue, replace): the acquire parks the message when the lock is
         # held. A limit above 1: each call takes a slot (a callable caps each call).
         policy = options.policy
-        wanted = acquire_plan.request_base(self, options, bool(task_id), request.is_eager)
+        wanted = execution.request_base(self, options, bool(task_id), request.is_eager)
         wanted = wanted.for_call(name, owner, max_lifetime)
         if worker_call and policy.parks:
             wanted = policy.park(self, request, options, wanted)

@@ -41,7 +41,6 @@ from celery_singleton_lock.celery.config.backend_support import (
 from celery_singleton_lock.celery.config.group_agreement import check_groups
 from celery_singleton_lock.celery.config.lockers import locker_for
 from celery_singleton_lock.celery.config.options import KNOWN_SETTINGS, LISTED_IN
-from celery_singleton_lock.celery.config.quorum_settings import quorum_urls
 from celery_singleton_lock.celery.config.resolution import lock_prefix, suggest, unknown_settings
 from celery_singleton_lock.celery.config.servers import (
     choose_url,
@@ -50,7 +49,7 @@ from celery_singleton_lock.celery.config.servers import (
     make_client,
     transport_options,
 )
-from celery_singleton_lock.celery.config.urls import is_postgres, redact
+from celery_singleton_lock.celery.config.urls import is_postgres, quorum_urls, redact
 from celery_singleton_lock.celery.observe import metrics
 from celery_singleton_lock.celery.task.locked_task import LockedTask
 from celery_singleton_lock.celery.worker.server_probe import (

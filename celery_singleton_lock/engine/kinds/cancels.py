@@ -19,10 +19,9 @@ from celery_singleton_lock.engine import lease as _lease
 from celery_singleton_lock.engine import server_errors
 from celery_singleton_lock.engine.cancel_watch import CancelSignal, CancelWatch
 from celery_singleton_lock.engine.keys import LockKeys
-from celery_singleton_lock.engine.kinds.issuer import Issuer
 from celery_singleton_lock.engine.lua_scripts import source
-from celery_singleton_lock.engine.redis_server import RedisServer
-from celery_singleton_lock.engine.script_calls import _ms
+from celery_singleton_lock.engine.redis_server import RedisServer, _ms
+from celery_singleton_lock.engine.server_leases import Issuer
 
 #: Seconds a cancel flag lives: it names one task id, so it only has to outlive that call's
 #: run; a body that has not looked by then is no longer told (its worker's grace ended it).

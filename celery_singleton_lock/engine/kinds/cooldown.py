@@ -18,7 +18,7 @@ from redis.commands.core import Script
 from celery_singleton_lock.engine.lease import Lease
 from celery_singleton_lock.engine.lua_scripts import source
 from celery_singleton_lock.engine.redis_server import RedisServer
-from celery_singleton_lock.engine.releases import Releases
+from celery_singleton_lock.engine.server_leases import Releases
 
 
 class Cooldown:

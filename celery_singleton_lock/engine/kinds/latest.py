@@ -12,10 +12,9 @@ from typing import Any, Optional, Sequence
 
 from redis.commands.core import Script
 
-from celery_singleton_lock.engine import script_calls, server_errors
+from celery_singleton_lock.engine import redis_server, server_errors
 from celery_singleton_lock.engine.acquire_request import AcquireRequest
 from celery_singleton_lock.engine.keys import LockKeys
-from celery_singleton_lock.engine.kinds.issuer import Issuer
 from celery_singleton_lock.engine.latest import SUPERSEDED_GRACE, debounce_key, superseded_keys
 from celery_singleton_lock.engine.lease import (
     Lease,
@@ -27,7 +26,7 @@ from celery_singleton_lock.engine.lease import (
 )
 from celery_singleton_lock.engine.lua_scripts import source
 from celery_singleton_lock.engine.redis_server import RedisServer
-from celery_singleton_lock.engine.releases import Releases
+from celery_singleton_lock.engine.server_leases import Issuer, Releases
 from celery_singleton_lock.engine.slot_sweep import SlotSweep
 
 
@@ -140,7 +139,7 @@ class LatestWins:
             names = self._window.due(limit)
         else:
             index = self.issuer.shared.superseded
-            due = script_calls.run(self._handoff_due, index, [index], [limit], self.server.client)
+            due = redis_server.run(self._handoff_due, index, [index], [limit], self.server.client)
             names = [as_text(name) for name in due[1:]]  # due[0]: when the next falls due
         left = []
         for name in names:
@@ -159,7 +158,7 @@ class LatestWins:
         keys = self.issuer.keys(name)
         _, left, index = superseded_keys(keys, self.issuer.shared.superseded_index(keys.lock))
         args = [name, _ms(look_again_in), *task_ids]
-        reply = script_calls.run(
+        reply = redis_server.run(
             self._clear_superseded, left, [left, index], args, self.server.client
         )
         return int(reply)

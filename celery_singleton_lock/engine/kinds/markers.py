@@ -10,10 +10,9 @@ from redis.commands.core import Script
 
 from celery_singleton_lock.engine import lease as _lease
 from celery_singleton_lock.engine import server_errors
-from celery_singleton_lock.engine.kinds.issuer import Issuer
 from celery_singleton_lock.engine.lua_scripts import source
-from celery_singleton_lock.engine.redis_server import RedisServer
-from celery_singleton_lock.engine.script_calls import _ms
+from celery_singleton_lock.engine.redis_server import RedisServer, _ms
+from celery_singleton_lock.engine.server_leases import Issuer
 
 
 class Markers:

@@ -23,7 +23,6 @@ from celery_singleton_lock.engine import lease as _lease
 from celery_singleton_lock.engine import server_errors
 from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
 from celery_singleton_lock.engine.keys import handoff_index
-from celery_singleton_lock.engine.kinds.issuer import Issuer
 from celery_singleton_lock.engine.kinds.mutex import confirm_replicas, send
 from celery_singleton_lock.engine.lease import (
     Lease,
@@ -35,9 +34,8 @@ from celery_singleton_lock.engine.lease import (
     new_token,
 )
 from celery_singleton_lock.engine.lua_scripts import source
-from celery_singleton_lock.engine.redis_server import RedisServer
-from celery_singleton_lock.engine.releases import Releases
-from celery_singleton_lock.engine.script_calls import _ms
+from celery_singleton_lock.engine.redis_server import RedisServer, _ms
+from celery_singleton_lock.engine.server_leases import Issuer, Releases
 from celery_singleton_lock.engine.slot_sweep import SlotSweep
 
 log_acquire = logging.getLogger("celery_singleton_lock.acquire")

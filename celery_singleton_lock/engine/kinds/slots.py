@@ -11,12 +11,11 @@ from redis.commands.core import Script
 from celery_singleton_lock.engine import lease as _lease
 from celery_singleton_lock.engine import server_errors, slots
 from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
-from celery_singleton_lock.engine.kinds.issuer import Issuer
 from celery_singleton_lock.engine.kinds.mutex import confirm_replicas, send
 from celery_singleton_lock.engine.lease import LockHolder, Owner, already_finished, new_token
 from celery_singleton_lock.engine.lua_scripts import source
-from celery_singleton_lock.engine.redis_server import RedisServer
-from celery_singleton_lock.engine.script_calls import _ms
+from celery_singleton_lock.engine.redis_server import RedisServer, _ms
+from celery_singleton_lock.engine.server_leases import Issuer
 
 log_acquire = logging.getLogger("celery_singleton_lock.acquire")
 

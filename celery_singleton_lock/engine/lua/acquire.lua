@@ -8,7 +8,7 @@
 -- lock's slot, no index):
 -- KEYS[2]  the shared fence counter (see includes/take_lock.lua)
 -- KEYS[3]  the finish-record set of the owner's task id (includes/finish_records.lua; its
---          name: shared_keys.py)
+--          name: keys.py)
 -- KEYS[4]  the lock's queued marker (see enqueue.lua)
 -- KEYS[2] of the short form, KEYS[5] of the long: the held index (includes/held_index.lua),
 --          on one server only (left out on a Redis Cluster)

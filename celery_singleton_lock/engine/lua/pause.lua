@@ -3,7 +3,7 @@
 -- KEYS[1]  the live rule (hash, keys.py's cap_key; on a Redis Cluster one of its copies, one
 --          per slot, each set by a call of its own: see live_rules.py)
 -- KEYS[2]  the hand-off index (sorted set, keys.py's handoff_index; on a Cluster the copy's
---          slot's, shared_keys.py): set from the command line
+--          slot's, keys.py' SharedKeys): set from the command line
 --          (resumed, shortened), the family's parked locks are due now, so a sweeper re-reads
 --          the rule at once (and hands their slots on, or looks again when the pause ends)
 -- KEYS[3]  optional: the rule index (set, keys.py's rule_index): the family is added, so that

@@ -34,8 +34,14 @@ import logging
 import time
 from typing import Any, Callable, Optional, Sequence
 
-from celery_singleton_lock.engine import checks
-from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
+from celery_singleton_lock.engine import acquire_request, checks
+from celery_singleton_lock.engine.acquire_request import (
+    AcquireOutcome,
+    AcquireRequest,
+    GeneralAcquire,
+    PreparedAcquire,
+    check_call,
+)
 from celery_singleton_lock.engine.keys import LockKeys, validate_prefix
 from celery_singleton_lock.engine.lease import (
     Lease,
@@ -59,11 +65,6 @@ from celery_singleton_lock.engine.postgres.rows import announced, row_name, slot
 from celery_singleton_lock.engine.postgres.schema import Schema
 from celery_singleton_lock.engine.postgres.slots import PostgresSlots
 from celery_singleton_lock.engine.postgres.statements import Statements
-from celery_singleton_lock.engine.prepared_acquire import (
-    GeneralAcquire,
-    PreparedAcquire,
-    check_call,
-)
 from celery_singleton_lock.engine.renewer import Renewer, process_renewer
 from celery_singleton_lock.errors import LockError
 
@@ -158,8 +159,8 @@ class PostgresLocker:
     # -- acquire ------------------------------------------------------------------------------
 
     def prepare(self, request: AcquireRequest) -> PreparedAcquire:
-        """``request``, checked once, for many calls (see :mod:`..prepared_acquire`)."""
-        checks.check(request, POSTGRES, self.prefix)
+        """``request``, checked once, for many calls (see :mod:`..acquire_request`)."""
+        acquire_request.check(request, POSTGRES, self.prefix)
         return GeneralAcquire(self, request)
 
     def acquire(self, request: AcquireRequest) -> AcquireOutcome:
@@ -170,7 +171,7 @@ class PostgresLocker:
             LockBackendUnavailable: the database could not be reached.
             LockConfigurationError: an option :data:`POSTGRES` excludes.
         """
-        checks.check(request, POSTGRES, self.prefix)
+        acquire_request.check(request, POSTGRES, self.prefix)
         owner = request.owner or Owner()
         check_call(request, owner, request.max_lifetime)
         if not self._ready:

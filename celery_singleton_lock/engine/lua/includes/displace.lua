@@ -14,7 +14,7 @@
 --                           message. The worker that displaced them marks them and clears them
 --                           (clear_superseded.lua); one that dies first leaves them to a sweeper.
 --   P:superseded-due        (one per prefix, as the hand-off index; one per slot on a Redis
---                           Cluster, P:superseded-due:{T}: engine/shared_keys.py) lock names
+--                           Cluster, P:superseded-due:{T}: engine/keys.py) lock names
 --                           with calls left to mark, scored by when a sweeper should mark them:
 --                           a grace after the displacement, for the worker to do it first.
 -- Why the record is written by the script that displaces: the worker marks the displaced call

@@ -1,5 +1,5 @@
 -- Finish records: the task ids that ran to the end under a lock (acks_late). A record is a
--- member of one of many small sorted sets, the one shared_keys.py picks from the task id (a
+-- member of one of many small sorted sets, the one keys.py picks from the task id (a
 -- key of the script's KEYS), scored by the server ms at which the record expires. A write
 -- drops its set's expired members and moves the set's expiry to its newest member's: a set
 -- holds about throughput x lifetime / shards records (small enough for Redis's compact

@@ -1,4 +1,4 @@
--- Take a free lock, with its fence. The fence counter is shared by many locks (shared_keys.py):
+-- Take a free lock, with its fence. The fence counter is shared by many locks (keys.py):
 -- strictly increasing overall, hence per lock name, and it never expires (a counter that
 -- reset would hand out fences lower than ones a store has already seen).
 

@@ -10,7 +10,7 @@ from celery import Celery
 
 from celery_singleton_lock import LockedTask
 from celery_singleton_lock.celery.config.lockers import forget_locker, locker_for
-from celery_singleton_lock.celery.task import acquire_plan
+from celery_singleton_lock.celery.task import execution
 from celery_singleton_lock.engine import Lease, Owner, RedisLocker
 from celery_singleton_lock.testing import RedisServer
 
@@ -26,29 +26,29 @@ def task(own_app: Celery) -> Iterator[Any]:
 
 
 def test_a_tasks_prepared_acquire_is_made_once(task: Any) -> None:
-    first = acquire_plan.prepared(task, task.lock_options)
-    assert acquire_plan.prepared(task, task.lock_options) is first
+    first = execution.prepared(task, task.lock_options)
+    assert execution.prepared(task, task.lock_options) is first
 
 
 def test_it_goes_through_the_apps_locker(task: Any) -> None:
-    assert acquire_plan.prepared(task, task.lock_options).locker is locker_for(task.app)
+    assert execution.prepared(task, task.lock_options).locker is locker_for(task.app)
 
 
 def test_a_dropped_locker_is_never_used_again(task: Any) -> None:
-    dropped = acquire_plan.prepared(task, task.lock_options).locker
+    dropped = execution.prepared(task, task.lock_options).locker
     forget_locker(task.app)
-    plan = acquire_plan.prepared(task, task.lock_options)
+    plan = execution.prepared(task, task.lock_options)
     assert plan.locker is not dropped
     assert plan.locker is locker_for(task.app)
 
 
 def test_options_resolved_again_prepare_it_again(task: Any) -> None:
-    first = acquire_plan.prepared(task, task.lock_options)
-    assert acquire_plan.prepared(task, task.resolve_lock_options()) is not first
+    first = execution.prepared(task, task.lock_options)
+    assert execution.prepared(task, task.resolve_lock_options()) is not first
 
 
 def test_it_takes_the_lock_the_call_names(task: Any) -> None:
-    plan = acquire_plan.prepared(task, task.lock_options)
+    plan = execution.prepared(task, task.lock_options)
     name = task.lock_options.keyer.name((7,), {})
     lease = plan.acquire.acquire(name, Owner(task_id="t-1"))
     assert isinstance(lease, Lease)
@@ -70,6 +70,6 @@ def test_a_subclass_with_a_locker_of_its_own_goes_through_it(
 
     task = own_app.tasks[planned_own.name]
     try:
-        assert acquire_plan.prepared(task, task.lock_options).locker is own
+        assert execution.prepared(task, task.lock_options).locker is own
     finally:
         own.close()

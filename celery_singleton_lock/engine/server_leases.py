@@ -1,13 +1,15 @@
-"""Releases of leases on one server, of every kind (each releases through
-:meth:`Releases.release_with`): waited (:meth:`Releases.release`), or sent now with the reply
-read later (:meth:`Releases.release_later`), and a dead owner's lock released by its owner's
-name.
+"""The leases of one server, handed out and taken back: :class:`Issuer` (what every kind of lock on
+the server shares: the names of its keys, and the leases it hands out, each referring to the
+backend that releases and renews it) and :class:`Releases`, the releases of leases of every kind
+(each releases through :meth:`Releases.release_with`): waited (:meth:`Releases.release`), or sent
+now with the reply read later (:meth:`Releases.release_later`), and a dead owner's lock released by
+its owner's name.
 
-A deferred release script is sent on a kept connection (:mod:`.pinned`) without waiting: its
-reply is read with the next command on that connection (normally the next task's acquire), by
-the renewer when none followed within :data:`.renewer.SETTLE_WITHIN` (an idle worker), or when
-the locker is closed, and the caller's ``then`` reports it then. Saves the release's wait
-(~100 us per task, see docs/explanation/benchmarks.md).
+A deferred release script is sent on a kept connection (:class:`.redis_server.PinnedConnections`)
+without waiting: its reply is read with the next command on that connection (normally the next
+task's acquire), by the renewer when none followed within :data:`.renewer.SETTLE_WITHIN` (an idle
+worker), or when the locker is closed, and the caller's ``then`` reports it then. Saves the
+release's wait (~100 us per task, see docs/explanation/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -17,14 +19,78 @@ from typing import Any, Callable, Optional
 
 from redis.commands.core import Script
 
-from celery_singleton_lock.engine import fork_safety, script_calls, server_errors
+from celery_singleton_lock.engine import fork_safety, redis_server, server_errors
 from celery_singleton_lock.engine import lease as _lease
-from celery_singleton_lock.engine.kinds.issuer import Issuer
-from celery_singleton_lock.engine.lease import Lease, Owner
+from celery_singleton_lock.engine.acquire_request import AcquireRequest
+from celery_singleton_lock.engine.keys import LockKeys, SharedKeys
+from celery_singleton_lock.engine.lease import Lease, LeaseKeeper, Owner
 from celery_singleton_lock.engine.lua_scripts import source
-from celery_singleton_lock.engine.redis_server import RedisServer
-from celery_singleton_lock.engine.script_calls import _ms
+from celery_singleton_lock.engine.redis_server import RedisServer, _ms
+from celery_singleton_lock.engine.renewer import Renewer
 from celery_singleton_lock.errors import LockError
+
+
+class Issuer:
+    """Key names under ``prefix`` and the leases of ``keeper``: what every kind of lock on one
+    server shares (see the module docstring)."""
+
+    def __init__(
+        self,
+        keeper: LeaseKeeper,
+        prefix: str,
+        shared: SharedKeys,
+        renewer: Renewer,
+        wall_clock: Callable[[], float],
+        held: Optional[str] = None,
+        markers: Optional[str] = None,
+    ) -> None:
+        self.keeper = keeper
+        #: the held index key (keys.held_index) every script that takes, renews or releases a
+        #: lock writes; None on a Redis Cluster, where no lock's script may write it
+        self.held = held
+        #: ``[held]``, or ``[]`` without it: the KEYS scripts append (see their contracts)
+        self.held_keys: list[str] = [] if held is None else [held]
+        #: ``[marker index]`` (keys.marker_index), or ``[]`` on a Redis Cluster
+        self.marker_keys: list[str] = [] if markers is None else [markers]
+        self.prefix = prefix
+        self.shared = shared
+        self.renewer = renewer
+        self.wall_clock = wall_clock
+
+    def keys(self, name: str) -> LockKeys:
+        """Key names of the lock called ``name`` under this prefix."""
+        return LockKeys.build(self.prefix, name)
+
+    def lease(
+        self,
+        request: AcquireRequest,
+        keys: LockKeys,
+        token: str,
+        owner: Owner,
+        fence: Optional[int],
+        sent_at: float,
+        max_lifetime: Optional[float] = None,
+        slot: int = 0,
+    ) -> Lease:
+        """The lease an acquire took, renewed from now if ``request`` asks; ``max_lifetime``:
+        the call's, else the request's; ``slot``: the slot of the lock's slot table it holds
+        (0: the lock key)."""
+        if max_lifetime is None:
+            max_lifetime = request.max_lifetime
+        return Lease(
+            locker=self.keeper,
+            keys=keys,
+            token=token,
+            ttl=request.ttl,
+            owner=owner,
+            fence=fence,
+            confirmed_at=sent_at,
+            deadline=None if max_lifetime is None else sent_at + max_lifetime,
+            on_lost=request.on_lost,
+            renewer=self.renewer if request.renew else None,
+            slot=slot,
+        )
+
 
 log_release = logging.getLogger("celery_singleton_lock.release")
 
@@ -201,10 +267,10 @@ class Releases:
         held = self.issuer.held
         if lease.slot:
             script, script_keys, args = self._release_call(lease, remember_for)
-            start = connections.start("EVAL", script_calls.compact(script.script))
+            start = connections.start("EVAL", redis_server.compact(script.script))
             command = connections.pack(len(script_keys), *script_keys, *args, start=start)
         elif (remember_for is None or not lease.owner.task_id) and held is not None:
-            start = connections.start("EVAL", script_calls.compact(self._release.script))
+            start = connections.start("EVAL", redis_server.compact(self._release.script))
             # EVAL script 2 key held token channel: the script's start is packed once
             encoding, errors = connections.encoding
             key = lease.key.encode(encoding, errors)
@@ -224,7 +290,7 @@ class Releases:
             )
         else:
             _, script_keys, args = self._release_call(lease, remember_for)
-            start = connections.start("EVAL", script_calls.compact(self._release.script))
+            start = connections.start("EVAL", redis_server.compact(self._release.script))
             command = connections.pack(len(script_keys), *script_keys, *args, start=start)
         if not connections.send_later(command, settle):
             lease.released = False

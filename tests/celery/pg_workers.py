@@ -20,7 +20,7 @@ from typing import Any, Iterator, Optional
 import pytest
 from celery import Celery
 
-from tests.celery.workers import Servers, unique
+from tests.celery.workers import Servers, WorkerGroup, unique, worker_group
 from tests.postgres_support import postgres_schema
 from tests.support import wait_until
 
@@ -141,6 +141,15 @@ def postgres_setup(lock_url: Optional[str] = None) -> Iterator[Setup]:
             setup.delete_queues()
             client.close()
             admin.close()
+
+
+@contextlib.contextmanager
+def two_prefork_workers(setup: Setup) -> Iterator[tuple[WorkerGroup, str]]:
+    """Two prefork workers (-c 2) on one queue: a module's, shared by its tests."""
+    queue = setup.queue()
+    with worker_group(setup.servers) as group:
+        group.start(2, queue=queue, concurrency=2, app=APP)
+        yield group, queue
 
 
 def never_two_at_once(rows: list[tuple[Any, ...]]) -> None:

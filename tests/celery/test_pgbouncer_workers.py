@@ -21,6 +21,7 @@ from tests.celery.pg_workers import (
     never_two_at_once,
     postgres_setup,
     rabbitmq_answers,
+    two_prefork_workers,
 )
 from tests.celery.workers import WorkerGroup, unique, worker_group
 from tests.postgres_servers import PrivatePgBouncer, private_pgbouncer
@@ -49,10 +50,8 @@ def setup(bouncer: PrivatePgBouncer) -> Iterator[Setup]:
 @pytest.fixture(scope="module")
 def workers(setup: Setup) -> Iterator[tuple[WorkerGroup, str]]:
     """Two prefork workers (-c 2) on one queue, their locks through PgBouncer."""
-    queue = setup.queue()
-    with worker_group(setup.servers) as group:
-        group.start(2, queue=queue, concurrency=2, app=APP)
-        yield group, queue
+    with two_prefork_workers(setup) as shared:
+        yield shared
 
 
 def test_the_workers_lock_url_goes_through_pgbouncer(

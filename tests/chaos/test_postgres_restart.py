@@ -29,8 +29,9 @@ from tests.celery.pg_workers import (
     Setup,
     postgres_setup,
     rabbitmq_answers,
+    two_prefork_workers,
 )
-from tests.celery.workers import WorkerGroup, unique, worker_group
+from tests.celery.workers import WorkerGroup, unique
 from tests.postgres_servers import PrivatePostgres, private_postgres
 from tests.support import wait_until
 
@@ -54,10 +55,8 @@ def setup(server: PrivatePostgres) -> Iterator[Setup]:
 @pytest.fixture(scope="module")
 def workers(setup: Setup) -> Iterator[tuple[WorkerGroup, str]]:
     """Two prefork workers (-c 2) on one queue, shared by the tests of the module."""
-    queue = setup.queue()
-    with worker_group(setup.servers) as group:
-        group.start(2, queue=queue, concurrency=2, app=APP)
-        yield group, queue
+    with two_prefork_workers(setup) as shared:
+        yield shared
 
 
 @pytest.fixture(autouse=True)

@@ -12,6 +12,7 @@ import pytest
 import redis
 
 from celery_singleton_lock import DuplicateTaskSkipped
+from celery_singleton_lock.engine import RedisLocker
 from tests.celery.tasks import pausing
 from tests.celery.test_cli import run_cli
 from tests.celery.workers import (
@@ -53,8 +54,14 @@ def starts(store: redis.Redis, key: str) -> list[float]:
 
 
 @pytest.fixture
-def resumed(servers: Servers) -> Iterator[None]:
+def resumed(locker: RedisLocker) -> Iterator[None]:
+    """Every task of tests/celery/tasks/pausing.py resumed after the test, through the lock
+    server's live rules in this process (the same keys the workers read: lockapp's settings).
+    Not through ``celery locks resume``: that command is what the tests pin, and five ``celery``
+    processes here cost about 20 s a test on 2 loaded cores."""
     yield
+    rules = locker.live_rules
+    assert rules is not None, "the workers' lock server has live rules (one Redis server)"
     for task in (
         "paused_skip",
         "paused_queue",
@@ -62,7 +69,7 @@ def resumed(servers: Servers) -> Iterator[None]:
         "rate_limited_api",
         "paused_by_priority",
     ):
-        locks(servers, "resume", f"tests.celery.tasks.pausing.{task}")
+        rules.resume(f"tests.celery.tasks.pausing.{task}")
 
 
 def test_a_paused_skip_task_is_skipped_with_reason_paused(

@@ -1,10 +1,17 @@
-"""The app of the PostgreSQL acceptance (tests/celery/test_postgres_workers.py): RabbitMQ as
-the broker, PostgreSQL for the locks and for the bodies' records, no Redis URL anywhere.
+"""The app of every test on ``celery worker`` processes with PostgreSQL locks: RabbitMQ as
+the broker, PostgreSQL for the locks and for the bodies' records, no Redis URL anywhere
+(tests/celery/test_postgres_*workers.py, tests/celery/test_pgbouncer_workers.py,
+tests/chaos/test_postgres_kills.py, tests/chaos/test_postgres_restart.py).
 
 Configured by the environment: ``CSL_BROKER_URL`` (AMQP), ``CSL_PG_URL`` (the lock URL, with
-the test's ``?schema=``), ``CSL_QUEUE``, and ``CSL_RESULT_BACKEND`` where a test reads
-states. Each body writes a row of ``<schema>.records``: its key, pid, fence, and its start and
-end by the database's clock (one clock for every worker), from inside the lock."""
+the test's ``?schema=``), ``CSL_QUEUE``, ``CSL_RESULT_BACKEND`` where a test reads states, and
+``CSL_RECORDS_URL`` where the records live in ANOTHER database than the locks (the outage
+tests: the lock server can then be stopped under a running body without the body's own writes
+failing; unset, the records share the lock URL's schema). Each body writes a row of
+``<schema>.records``: its key, pid, fence, and its start and end by the database's clock (one
+clock for every worker), from inside the lock; the outage tasks (``pg_hold``, ``pg_retry``,
+``pg_wait``) also whether their lease was reported lost (``self.request.lock.lost``) and when
+they first saw that."""
 
 from __future__ import annotations
 
@@ -19,7 +26,9 @@ from celery_singleton_lock import LockedTask
 from celery_singleton_lock.engine.postgres.connections import split_url
 
 LOCK_URL = os.environ.get("CSL_PG_URL", "postgresql://postgres@127.0.0.1:5432/test")
-CONNINFO, SCHEMA = split_url(LOCK_URL)
+CONNINFO, SCHEMA = split_url(os.environ.get("CSL_RECORDS_URL") or LOCK_URL)
+#: the lock_ttl of the outage tasks (pg_hold, pg_retry, pg_wait)
+OUTAGE_TTL = 10.0
 
 app = Celery("postgresapp")
 app.conf.update(
@@ -50,7 +59,8 @@ def record_table(connection: psycopg.Connection[Any], schema: str) -> None:
     """Create the records table in ``schema`` (the test does, before any worker starts)."""
     connection.execute(
         f"CREATE TABLE IF NOT EXISTS {schema}.records (id bigserial PRIMARY KEY, key text, "
-        "n integer, pid integer, fence bigint, started timestamptz, ended timestamptz)"
+        "n integer, pid integer, fence bigint, started timestamptz, ended timestamptz, "
+        "lost boolean, lost_seen timestamptz)"
     )
     connection.execute(f"CREATE TABLE IF NOT EXISTS {schema}.gates (key text PRIMARY KEY)")
 
@@ -244,3 +254,75 @@ def pg_queue_late(self: Any, key: str, n: int, seconds: float) -> None:
 )
 def pg_debounced(self: Any, key: str, n: int, seconds: float) -> None:
     run_recorded(key, n, None, seconds)
+
+
+# -- PostgreSQL outages (the lock server stopped or restarted under running bodies) ----------
+
+
+def run_watched(task: Any, key: str, n: int, seconds: float) -> None:
+    """Record the start, run ``seconds`` in 0.1 s steps noting when the lease is first seen
+    lost, record the end."""
+    connection, lock = records(), task.request.lock
+    (row_id,) = connection.execute(
+        f"INSERT INTO {SCHEMA}.records (key, n, pid, fence, started) "
+        "VALUES (%s, %s, %s, %s, clock_timestamp()) RETURNING id",
+        (key, n, os.getpid(), lock.fence),
+    ).fetchone() or (0,)
+    deadline = time.monotonic() + seconds
+    seen = False
+    for _ in range(int(seconds * 10) + 1):
+        if lock.lost and not seen:
+            seen = True
+            connection.execute(
+                f"UPDATE {SCHEMA}.records SET lost_seen = clock_timestamp() WHERE id = %s",
+                (row_id,),
+            )
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+    connection.execute(
+        f"UPDATE {SCHEMA}.records SET ended = clock_timestamp(), lost = %s WHERE id = %s",
+        (lock.lost, row_id),
+    )
+
+
+@app.task(
+    base=LockedTask,
+    bind=True,
+    on_duplicate="skip",
+    lock_fencing=True,
+    lock_ttl=OUTAGE_TTL,
+    lock_on=["key"],
+    lock_retry_backoff=0.5,
+    lock_retry_backoff_max=1.0,
+)
+def pg_hold(self: Any, key: str, n: int, seconds: float) -> None:
+    run_watched(self, key, n, seconds)
+
+
+@app.task(
+    base=LockedTask,
+    bind=True,
+    on_duplicate="retry",
+    lock_fencing=True,
+    lock_ttl=OUTAGE_TTL,
+    lock_on=["key"],
+    lock_retry_backoff=0.5,
+    lock_retry_backoff_max=1.0,
+    lock_max_retries=1000,
+)
+def pg_retry(self: Any, key: str, n: int, seconds: float) -> None:
+    run_watched(self, key, n, seconds)
+
+
+@app.task(
+    base=LockedTask,
+    bind=True,
+    on_duplicate="wait",
+    lock_fencing=True,
+    lock_ttl=OUTAGE_TTL,
+    lock_on=["key"],
+    lock_wait_timeout=120,
+)
+def pg_wait(self: Any, key: str, n: int, seconds: float) -> None:
+    run_watched(self, key, n, seconds)

@@ -57,8 +57,14 @@ def starts(store: redis.Redis, key: str) -> list[float]:
 
 
 @pytest.fixture
-def resumed(servers: Servers) -> Iterator[None]:
+def resumed(locker: RedisLocker) -> Iterator[None]:
+    """Every task of tests/celery/tasks/pausing.py resumed after the test, through the lock
+    server's live rules in this process (the same keys the workers read: lockapp's settings).
+    Not through ``celery locks resume``: that command is what the tests pin, and five ``celery``
+    processes here cost about 20 s a test on 2 loaded cores."""
     yield
+    rules = locker.live_rules
+    assert rules is not None, "the workers' lock server has live rules (one Redis server)"
     for task in (
         "paused_skip",
         "paused_queue",
@@ -67,7 +73,7 @@ def resumed(servers: Servers) -> Iterator[None]:
         "paused_by_priority",
         "paused_fair_by_priority",
     ):
-        locks(servers, "resume", f"tests.celery.tasks.pausing.{task}")
+        rules.resume(f"tests.celery.tasks.pausing.{task}")
 
 
 def test_a_paused_skip_task_is_skipped_with_reason_paused(
@@ -178,10 +184,13 @@ LATEST_TASKS = ("paused_replace", "paused_restart", "paused_queue_log")
 
 
 @pytest.fixture
-def resumed_latest(servers: Servers) -> Iterator[None]:
+def resumed_latest(locker: RedisLocker) -> Iterator[None]:
+    """As ``resumed``, for the tasks of the tests below."""
     yield
+    rules = locker.live_rules
+    assert rules is not None, "the workers' lock server has live rules (one Redis server)"
     for task in LATEST_TASKS:
-        locks(servers, "resume", f"tests.celery.tasks.pausing.{task}")
+        rules.resume(f"tests.celery.tasks.pausing.{task}")
 
 
 def waiting(store: redis.Redis, task: Any, key: str) -> list[bytes]:

@@ -2,7 +2,7 @@
 processes (issue 34: "works through PgBouncer in transaction mode").
 
 A private ``pgbouncer`` (tests/postgres_servers.py; Debian's package, the tests skip without
-it) stands in front of the shared PostgreSQL; the workers (tests/celery/pgrestartapp.py) take
+it) stands in front of the shared PostgreSQL; the workers (tests/celery/postgresapp.py) take
 their locks through it and write their records to PostgreSQL directly. Each statement of the
 backend is one transaction, so any server connection may run it; only the ``LISTEN`` of a
 waiting duplicate needs a session, which PgBouncer's transaction pooling does not keep: the
@@ -15,19 +15,20 @@ from typing import Iterator
 
 import pytest
 
-from tests.celery.pg_outage_support import (
+from tests.celery.pg_workers import (
     APP,
-    OutageSetup,
+    Setup,
     never_two_at_once,
-    outage_setup,
+    postgres_setup,
     rabbitmq_answers,
+    two_prefork_workers,
 )
 from tests.celery.workers import WorkerGroup, unique, worker_group
 from tests.postgres_servers import PrivatePgBouncer, private_pgbouncer
 from tests.postgres_support import postgres_schema
 from tests.support import wait_until
 
-TTL = 10.0  # pgrestartapp's lock_ttl
+TTL = 10.0  # postgresapp.OUTAGE_TTL
 
 pytestmark = pytest.mark.skipif(not rabbitmq_answers(), reason="no RabbitMQ at 127.0.0.1:5672")
 
@@ -39,30 +40,28 @@ def bouncer() -> Iterator[PrivatePgBouncer]:
 
 
 @pytest.fixture(scope="module")
-def setup(bouncer: PrivatePgBouncer) -> Iterator[OutageSetup]:
+def setup(bouncer: PrivatePgBouncer) -> Iterator[Setup]:
     with postgres_schema() as direct:
         schema = direct.rsplit("?schema=", 1)[1]
-        with outage_setup(f"{bouncer.url}?schema={schema}") as made:
+        with postgres_setup(f"{bouncer.url}?schema={schema}") as made:
             yield made
 
 
 @pytest.fixture(scope="module")
-def workers(setup: OutageSetup) -> Iterator[tuple[WorkerGroup, str]]:
+def workers(setup: Setup) -> Iterator[tuple[WorkerGroup, str]]:
     """Two prefork workers (-c 2) on one queue, their locks through PgBouncer."""
-    queue = setup.queue()
-    with worker_group(setup.servers) as group:
-        group.start(2, queue=queue, concurrency=2, app=APP)
-        yield group, queue
+    with two_prefork_workers(setup) as shared:
+        yield shared
 
 
 def test_the_workers_lock_url_goes_through_pgbouncer(
-    bouncer: PrivatePgBouncer, setup: OutageSetup
+    bouncer: PrivatePgBouncer, setup: Setup
 ) -> None:
     assert f":{bouncer.port}/" in setup.servers.lock_url
 
 
 def test_100_skip_calls_on_2_workers_never_run_two_at_once(
-    setup: OutageSetup, workers: tuple[WorkerGroup, str]
+    setup: Setup, workers: tuple[WorkerGroup, str]
 ) -> None:
     _, queue = workers
     key = unique("skip")
@@ -75,7 +74,7 @@ def test_100_skip_calls_on_2_workers_never_run_two_at_once(
 
 
 def test_30_fenced_retry_calls_on_2_workers_run_once_each_with_increasing_fences(
-    setup: OutageSetup, workers: tuple[WorkerGroup, str]
+    setup: Setup, workers: tuple[WorkerGroup, str]
 ) -> None:
     _, queue = workers
     key = unique("retry")
@@ -89,7 +88,7 @@ def test_30_fenced_retry_calls_on_2_workers_run_once_each_with_increasing_fences
 
 
 def test_a_body_longer_than_the_lease_keeps_it_renewed_and_its_duplicate_is_skipped(
-    setup: OutageSetup, workers: tuple[WorkerGroup, str]
+    setup: Setup, workers: tuple[WorkerGroup, str]
 ) -> None:
     _, queue = workers
     key = unique("renew")
@@ -103,7 +102,7 @@ def test_a_body_longer_than_the_lease_keeps_it_renewed_and_its_duplicate_is_skip
     assert rows[0][5] is False  # never reported lost
 
 
-def handoff(setup: OutageSetup, queue: str, key: str, hold: float) -> float:
+def handoff(setup: Setup, queue: str, key: str, hold: float) -> float:
     """Seconds from the end of a ``wait`` holder's body (``hold`` s) to the start of its
     waiting duplicate's."""
     setup.client.send_task(f"{APP}.pg_wait", args=[key, 0, hold], queue=queue)
@@ -115,7 +114,7 @@ def handoff(setup: OutageSetup, queue: str, key: str, hold: float) -> float:
 
 
 def test_a_waiting_duplicate_hears_no_release_and_takes_the_lock_at_the_holders_ttl(
-    setup: OutageSetup, workers: tuple[WorkerGroup, str]
+    setup: Setup, workers: tuple[WorkerGroup, str]
 ) -> None:
     _, queue = workers
     gap = handoff(setup, queue, unique("wait"), hold=1.0)
@@ -128,7 +127,7 @@ def test_a_waiting_duplicate_hears_no_release_and_takes_the_lock_at_the_holders_
 
 def test_direct_a_waiting_duplicate_is_woken_by_the_release(bouncer: PrivatePgBouncer) -> None:
     """The same hand-off with the locks on PostgreSQL directly: woken by the NOTIFY."""
-    with postgres_schema() as direct, outage_setup(direct) as made:
+    with postgres_schema() as direct, postgres_setup(direct) as made:
         queue = made.queue()
         with worker_group(made.servers) as group:
             group.start(1, queue=queue, concurrency=2, app=APP)

@@ -12,7 +12,8 @@ from celery import Celery
 
 from celery_singleton_lock import LockedTask
 from celery_singleton_lock.celery.config.lockers import forget_locker
-from tests.celery.test_postgres_workers import APP, Setup, drained, setup  # noqa: F401
+from tests.celery.pg_workers import APP, Setup, drained
+from tests.celery.test_postgres_workers import setup  # noqa: F401 - the fixture
 from tests.celery.workers import unique, worker_group
 from tests.support import wait_until
 

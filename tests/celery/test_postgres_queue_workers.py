@@ -19,20 +19,20 @@ import pytest
 from celery import Celery
 
 from celery_singleton_lock.testing import RedisServer
-from tests.celery.test_postgres_workers import (  # noqa: F401 - setup is a fixture
+from tests.celery.pg_workers import (
     APP,
     BROKER_URL,
     PostgresServers,
     Setup,
-    _rabbitmq_answers,
     drained,
     never_two_at_once,
-    setup,
+    rabbitmq_answers,
 )
+from tests.celery.test_postgres_workers import setup  # noqa: F401 - the fixture
 from tests.celery.workers import CeleryWorkerProcess, unique, worker_group
 from tests.support import wait_until
 
-pytestmark = pytest.mark.skipif(not _rabbitmq_answers(), reason="no RabbitMQ at 127.0.0.1:5672")
+pytestmark = pytest.mark.skipif(not rabbitmq_answers(), reason="no RabbitMQ at 127.0.0.1:5672")
 
 
 @pytest.fixture

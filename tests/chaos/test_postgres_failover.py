@@ -21,7 +21,7 @@ from celery_singleton_lock.engine.lease import Lease
 from celery_singleton_lock.engine.postgres.locker import PostgresLocker
 from celery_singleton_lock.engine.renewer import Renewer
 from celery_singleton_lock.errors import LockBackendUnavailable
-from tests.celery.pg_outage_support import APP, outage_setup, rabbitmq_answers
+from tests.celery.pg_workers import APP, postgres_setup, rabbitmq_answers
 from tests.celery.workers import unique, worker_group
 from tests.postgres_servers import PrivatePostgres, private_postgres, private_standby
 from tests.support import wait_until
@@ -120,7 +120,7 @@ def test_a_worker_holding_a_lock_through_a_failover_keeps_it_and_its_duplicate_i
     chaos_figures: Callable[[dict[str, Any]], None],
 ) -> None:
     primary, standby = pair
-    with outage_setup(both_hosts(primary, standby, "locks")) as setup:
+    with postgres_setup(both_hosts(primary, standby, "locks")) as setup:
         queue, key = setup.queue(), unique("failover")
         with worker_group(setup.servers) as group:
             group.start(2, queue=queue, concurrency=2, app=APP)

@@ -9,29 +9,21 @@ the duplicate may start only once that ran out, and must within ``lock_ttl`` + 3
 
 from __future__ import annotations
 
-import contextlib
 import os
-import socket
 from typing import Any, Callable
 
 import pytest
 
-from tests.celery.test_postgres_workers import Setup, setup  # noqa: F401 - the fixture
+from tests.celery.pg_workers import APP, Setup, rabbitmq_answers
+from tests.celery.test_postgres_workers import setup  # noqa: F401 - the fixture
 from tests.celery.workers import CeleryWorkerProcess, unique, worker_group
 from tests.support import wait_until
 
-APP = "tests.celery.postgresapp"
 TTL = 3.0  # pg_long's lock_ttl
 ROUNDS = int(os.environ.get("CSL_PG_KILL_ROUNDS", "3"))
 
 
-def _rabbitmq_answers() -> bool:
-    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", 5672), 2):
-        return True
-    return False
-
-
-pytestmark = pytest.mark.skipif(not _rabbitmq_answers(), reason="no RabbitMQ at 127.0.0.1:5672")
+pytestmark = pytest.mark.skipif(not rabbitmq_answers(), reason="no RabbitMQ at 127.0.0.1:5672")
 
 
 @pytest.mark.timeout(600)

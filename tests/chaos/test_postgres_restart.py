@@ -2,7 +2,7 @@
 restart while locks are held: no call runs twice at once; what the docs promise holds").
 
 The lock server is a private PostgreSQL (tests/postgres_servers.py) that each test stops and
-starts; the workers (tests/celery/pgrestartapp.py, ``lock_ttl=10``, renewed every ~3.3 s) keep
+starts; the workers (tests/celery/postgresapp.py, ``lock_ttl=10``, renewed every ~3.3 s) keep
 their records in the shared PostgreSQL, which stays up. What is pinned:
 
 * down for less than the lease: the holder's renewal reconnects and keeps the lease (never
@@ -24,17 +24,18 @@ import pytest
 
 from celery_singleton_lock.engine.acquire_request import AcquireRequest
 from celery_singleton_lock.engine.postgres.locker import PostgresLocker
-from tests.celery.pg_outage_support import (
+from tests.celery.pg_workers import (
     APP,
-    OutageSetup,
-    outage_setup,
+    Setup,
+    postgres_setup,
     rabbitmq_answers,
+    two_prefork_workers,
 )
-from tests.celery.workers import WorkerGroup, unique, worker_group
+from tests.celery.workers import WorkerGroup, unique
 from tests.postgres_servers import PrivatePostgres, private_postgres
 from tests.support import wait_until
 
-TTL = 10.0  # pgrestartapp's lock_ttl
+TTL = 10.0  # postgresapp.OUTAGE_TTL
 
 pytestmark = pytest.mark.skipif(not rabbitmq_answers(), reason="no RabbitMQ at 127.0.0.1:5672")
 
@@ -46,18 +47,16 @@ def server() -> Iterator[PrivatePostgres]:
 
 
 @pytest.fixture(scope="module")
-def setup(server: PrivatePostgres) -> Iterator[OutageSetup]:
-    with outage_setup(f"{server.url}?schema=locks") as made:
+def setup(server: PrivatePostgres) -> Iterator[Setup]:
+    with postgres_setup(f"{server.url}?schema=locks") as made:
         yield made
 
 
 @pytest.fixture(scope="module")
-def workers(setup: OutageSetup) -> Iterator[tuple[WorkerGroup, str]]:
+def workers(setup: Setup) -> Iterator[tuple[WorkerGroup, str]]:
     """Two prefork workers (-c 2) on one queue, shared by the tests of the module."""
-    queue = setup.queue()
-    with worker_group(setup.servers) as group:
-        group.start(2, queue=queue, concurrency=2, app=APP)
-        yield group, queue
+    with two_prefork_workers(setup) as shared:
+        yield shared
 
 
 @pytest.fixture(autouse=True)
@@ -96,7 +95,7 @@ def restart(server: PrivatePostgres, down_for: float, mode: str = "fast") -> tup
 @pytest.mark.timeout(300)
 def test_down_for_less_than_the_lease_the_holder_keeps_it_and_a_duplicate_is_skipped(
     server: PrivatePostgres,
-    setup: OutageSetup,
+    setup: Setup,
     workers: tuple[WorkerGroup, str],
     chaos_figures: Callable[[dict[str, Any]], None],
 ) -> None:
@@ -128,7 +127,7 @@ def test_down_for_less_than_the_lease_the_holder_keeps_it_and_a_duplicate_is_ski
 @pytest.mark.timeout(300)
 def test_down_for_longer_than_the_lease_it_is_reported_lost_before_a_duplicate_runs(
     server: PrivatePostgres,
-    setup: OutageSetup,
+    setup: Setup,
     workers: tuple[WorkerGroup, str],
     chaos_figures: Callable[[dict[str, Any]], None],
 ) -> None:
@@ -197,7 +196,7 @@ def test_fences_after_a_restart_are_above_every_fence_before_it(
 @pytest.mark.timeout(300)
 def test_down_when_a_task_starts_it_is_retried_with_the_server_named_and_runs_once_back(
     server: PrivatePostgres,
-    setup: OutageSetup,
+    setup: Setup,
     workers: tuple[WorkerGroup, str],
     chaos_figures: Callable[[dict[str, Any]], None],
 ) -> None:

@@ -1,8 +1,9 @@
 """ "Latest wins" on one Redis server or a Redis Cluster (policy ``replace``, and
-``lock_debounce``): at most one call waits behind a lock, the newest; a debounced call is held until its due time. Scripts in
-``lua/`` (acquire_or_replace, release_latest, clear_superseded; the keys in
-lua/includes/displace.lua); the parked set, the hand-off index and the sweeper are those of
-policy ``queue`` (:mod:`.slot_queue`, with one slot).
+``lock_debounce``, not on a Cluster): at most one call waits behind a lock, the newest; a
+debounced call is held until its due time. Scripts in ``lua/`` (acquire_or_replace,
+release_latest, clear_superseded; the keys in lua/includes/displace.lua); the parked set, the
+hand-off index and the sweeper are those of policy ``queue`` (:mod:`.slot_queue`, with one
+slot).
 """
 
 from __future__ import annotations

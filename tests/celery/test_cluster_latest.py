@@ -25,6 +25,7 @@ from celery.result import AsyncResult
 
 from celery_singleton_lock.testing import RedisServer
 from tests.celery.tasks import restart
+from tests.celery.test_cli import run_cli
 from tests.celery.test_cluster import ClusterServers
 from tests.celery.workers import CeleryWorkerProcess, client_app, close_client, unique, worker_group
 from tests.cluster_topology import ClusterGroup
@@ -189,3 +190,40 @@ def test_the_new_calls_worker_killed_on_a_cluster_after_it_parked_the_call_lets_
     assert v2.get(timeout=90) == v2.id
     assert cluster.listed("started", key) == [v1.id, v2.id]  # v2 ran once
     assert cluster.overlaps(key) == 0
+
+
+def test_a_finished_replace_call_sent_again_on_a_cluster_is_not_run_again(
+    cluster: Cluster,
+) -> None:
+    key = unique("f")
+    v1 = cluster.send(restart.newest_waits, key)
+    assert v1.get(timeout=60) == v1.id
+    # the same message again, unmarked (no redelivery flag, no copy header): only the finish
+    # record the release wrote under the lock tells the worker it ran to the end
+    cluster.client.send_task(
+        restart.newest_waits.name, args=(key,), queue=cluster.worker.queue, task_id=v1.id
+    )
+    ran = f"[{v1.id}]: not run: this task id already ran"
+    wait_until(lambda: ran in cluster.worker.log(), timeout=30)
+    assert cluster.listed("started", key) == [v1.id]
+
+
+@pytest.fixture
+def paused(cluster: Cluster) -> Iterator[Any]:
+    """``restart.newest_waits`` paused on the cluster (``celery locks pause``); resumed after."""
+    task = restart.newest_waits
+    url = cluster.servers.group.url  # type: ignore[union-attr]
+    assert run_cli("--url", url, "pause", task.name).returncode == 0
+    yield lambda: run_cli("--url", url, "resume", task.name)
+    run_cli("--url", url, "resume", task.name)
+
+
+def test_a_paused_replace_task_on_a_cluster_starts_nothing_until_resumed(
+    cluster: Cluster, paused: Any
+) -> None:
+    key = unique("p")
+    v1 = cluster.send(restart.newest_waits, key)
+    wait_until(lambda: cluster.waiting(lock_of(restart.newest_waits, key)) == [v1.id], timeout=30)
+    assert cluster.listed("started", key) == []
+    assert paused().returncode == 0
+    assert v1.get(timeout=60) == v1.id  # handed the lock by a sweeper once resumed

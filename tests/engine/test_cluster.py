@@ -323,15 +323,18 @@ def test_a_stop_asked_on_a_cluster_reaches_the_running_call_on_its_shard_channel
     wait_until(lambda: not shard_subscribed())
 
 
-def newest(locker: RedisLocker, name: str, task_id: str) -> Union[Lease, LockHolder, Parked]:
+def newest(
+    locker: RedisLocker, name: str, task_id: str, **kwargs: object
+) -> Union[Lease, LockHolder, Parked]:
     """An acquire of ``name`` by ``task_id`` whose newest call wins (``replace``)."""
-    return locker.try_acquire(
+    return locker.try_acquire(  # type: ignore[misc]
         name,
         TTL,
         owner=Owner(task_id=task_id),
         park=f"{task_id}\nmsg".encode(),
         reservation_ttl=30,
         latest=Latest(),
+        **kwargs,  # type: ignore[arg-type]
     )
 
 
@@ -346,6 +349,60 @@ def test_the_newest_call_waits_alone_on_a_cluster_and_is_handed_the_lock(
     assert isinstance(v3, Parked) and v3.displaced == (b"v2\nmsg",)
     assert locker.latest is not None
     assert locker.latest.release_latest(v1, reservation_ttl=30) == (True, b"v3\nmsg")
+
+
+def test_a_finished_replace_call_on_a_cluster_is_refused_when_redelivered(
+    locker: RedisLocker,
+) -> None:
+    name = fresh("latest-done")
+    done = dict(unless_finished=True, finished_ttl=60)
+    lease = newest(locker, name, "v1", **done)
+    assert isinstance(lease, Lease)
+    assert locker.latest is not None
+    assert locker.latest.release_latest(lease, reservation_ttl=30, remember_for=60) == (True, None)
+    with pytest.raises(AlreadyFinished):
+        newest(locker, name, "v1", **done)
+
+
+def test_a_replace_call_on_a_cluster_writes_no_lock_into_the_finish_record_set(
+    locker: RedisLocker, client: RedisCluster
+) -> None:
+    name = fresh("latest-records")
+    lock = locker.keys(name).lock
+    assert isinstance(newest(locker, name, "v1", unless_finished=True, finished_ttl=60), Lease)
+    assert client.zscore(locker.shared.of(lock, "v1")[1], lock) is None
+
+
+def test_a_paused_replace_task_on_a_cluster_starts_nothing_until_resumed(
+    locker: RedisLocker,
+) -> None:
+    family = fresh("latest-paused")
+    cap = f"t:cap:{family}"
+    locker.live_rules.pause(family, None)
+    (name,) = in_slots(family, 1)
+    waits = newest(locker, name, "v1", cap_key=cap)
+    assert isinstance(waits, Parked) and waits.paused
+    locker.live_rules.resume(family)
+    queue = locker.queue
+    assert queue is not None
+    assert queue.hand_on(name, reservation_ttl=30) == [b"v1\nmsg"]
+    assert isinstance(newest(locker, name, "v1", cap_key=cap), Lease)
+
+
+def test_a_replace_acquire_on_a_cluster_names_the_rules_copy_in_its_own_slot(
+    locker: RedisLocker,
+) -> None:
+    family = fresh("latest-slot")
+    (name,) = in_slots(family, 1)
+    assert locker.latest is not None
+    keys, _ = locker.latest.acquire_call(
+        AcquireRequest(name, TTL, cap_key=f"t:cap:{family}", latest=Latest(), park=b"m"),
+        locker.keys(name),
+        "v",
+        Owner(task_id="v1"),
+    )
+    assert f"t:cap:{family}:{{" in " ".join(keys)
+    assert len({key_slot(key.encode()) for key in keys}) == 1
 
 
 def test_a_sweeper_finds_the_lock_of_a_dead_holder_on_a_cluster_within_a_pass_of_the_slots(

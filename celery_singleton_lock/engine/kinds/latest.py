@@ -1,8 +1,9 @@
-""" "Latest wins" on one server (policy ``replace``, and ``lock_debounce``): at most one call
-waits behind a lock, the newest; a debounced call is held until its due time. Scripts in
-``lua/`` (acquire_or_replace, release_latest, clear_superseded; the keys in
-lua/includes/displace.lua); the parked set, the hand-off index and the sweeper are those of
-policy ``queue`` (:mod:`.slot_queue`, with one slot).
+""" "Latest wins" on one Redis server or a Redis Cluster (policy ``replace``, and
+``lock_debounce``, not on a Cluster): at most one call waits behind a lock, the newest; a
+debounced call is held until its due time. Scripts in ``lua/`` (acquire_or_replace,
+release_latest, clear_superseded; the keys in lua/includes/displace.lua); the parked set, the
+hand-off index and the sweeper are those of policy ``queue`` (:mod:`.slot_queue`, with one
+slot).
 """
 
 from __future__ import annotations
@@ -80,13 +81,19 @@ class LatestWins:
             _ms(SUPERSEDED_GRACE),
             latest.sent,
         ]
-        script_keys += self.issuer.held_keys  # KEYS[10]: latest wins runs on one server only
-        cap_key = "" if self.server.cluster else request.cap_key  # live_rules.py: no cluster's
-        args.append("1" if cap_key else "")
-        if cap_key:
-            script_keys.append(cap_key)
+        # each optional key has its flag in ARGV: on a cluster there is no held index, so a
+        # key found by its place would be another's (the contract in acquire_or_replace.lua)
+        held = self.issuer.held_keys
+        if request.cap_key:  # a cluster's: the rule's copy in the lock's slot
+            script_keys.append(shared.rule_of(request.cap_key, keys.lock))
         if request.unless_finished:
             script_keys.append(finished)
+        script_keys += held
+        args += (
+            "1" if request.cap_key else "",
+            "1" if request.unless_finished else "",
+            "1" if held else "",
+        )
         return script_keys, args
 
     @staticmethod
@@ -114,15 +121,22 @@ class LatestWins:
         is due). Returns whether the lock was still ours, and the message the caller must now
         publish (None when nothing was handed on)."""
         keys = lease.keys
+        held = self.issuer.held_keys
         script_keys = [
             lease.key,
             keys.parked,
             keys.parked_messages,
             self.issuer.shared.handoff_index(keys.lock),
             debounce_key(keys),
-            *self.issuer.held_keys,  # KEYS[6]: latest wins runs on one server only
+            *held,  # none on a cluster: ARGV[5] says (the finish-record set, if any, is last)
         ]
-        args: list[Any] = [lease.token, keys.channel, keys.name, _ms(reservation_ttl)]
+        args: list[Any] = [
+            lease.token,
+            keys.channel,
+            keys.name,
+            _ms(reservation_ttl),
+            "1" if held else "",
+        ]
         reply = self.releases.release_with(
             lease, self._release_latest, script_keys, args, remember_for
         )

@@ -7,13 +7,15 @@
 -- KEYS[7]  the lock's superseded task ids (sorted set)
 -- KEYS[8]  the lock's superseded calls left to mark (hash)
 -- KEYS[9]  the prefix's index of calls left to mark (sorted set)
--- KEYS[10] the held index (includes/held_index.lua: latest wins runs on one server only)
--- KEYS[11] with ARGV[13] '1': the task's live rule (includes/live_rule.lua): while it pauses
+-- KEYS[10] with ARGV[13] '1': the task's live rule (includes/live_rule.lua; on a Redis Cluster
+--          its copy in the lock's slot, shared_keys.py's rule_of): while it pauses
 --          the task, no call takes the lock, not even one it was reserved for (the reservation
 --          is given up; a newer waiting call then supersedes this one), and the waiting call
 --          is looked at again when the pause ends (a resume makes it due at once, pause.lua)
--- KEYS[11+c] optional: the finish-record set to look in (as acquire.lua's KEYS[3]); c is 1
---          with the live rule, else 0
+-- KEYS[10+c] with ARGV[14] '1': the finish-record set to look in (as acquire.lua's KEYS[3]);
+--          c is 1 with the live rule, else 0
+-- KEYS[#KEYS] with ARGV[15] '1': the held index (includes/held_index.lua; one server only,
+--          left out on a Redis Cluster)
 -- ARGV[1]  ttl in ms              ARGV[2]  the lock value with an empty fence (as acquire.lua)
 -- ARGV[3]  '1' to hand out a fence, '0' not
 -- ARGV[4]  the owner's task id (not empty)
@@ -26,7 +28,11 @@
 -- ARGV[11] ms after a displacement at which a sweeper marks the calls still left to mark
 -- ARGV[12] when this call was sent (its stamp, compared as a string: 16 digits of epoch
 --          microseconds, then a tie-breaker); '' for none (no order by sending kept)
--- ARGV[13] '1' when KEYS[11] is the live rule; '' none
+-- ARGV[13] '1' when KEYS[10] is the live rule; '' none
+-- ARGV[14] '1' when KEYS[10+c] is the finish-record set; '' none (no finish record looked for)
+-- ARGV[15] '1' when KEYS[#KEYS] is the held index; '' none
+-- (Each optional key has its flag: on a Cluster, with no held index, a key found by its place
+-- would be another's.)
 -- Returns  integer >= 0: acquired, as acquire.lua: the lock was free with nothing waiting (no
 --                   debounce), or reserved for this id (a call waiting behind it stays).
 --          integer -1: the finish record exists; nothing changed.
@@ -58,8 +64,9 @@ local id, name, sent = ARGV[4], ARGV[6], ARGV[12]
 local keep_ms = tonumber(ARGV[10])
 local debounce, debounce_max = tonumber(ARGV[8]), tonumber(ARGV[9])
 local c = ARGV[13] == '1' and 1 or 0
-local _, paused = live_rule(c == 1 and KEYS[11] or nil)
-local records = KEYS[11 + c]
+local _, paused = live_rule(c == 1 and KEYS[10] or nil)
+local records = ARGV[14] == '1' and KEYS[10 + c] or nil
+local held = ARGV[15] == '1' and KEYS[#KEYS] or nil  -- held index
 if records and is_finished(records, id) then
   return -1
 end
@@ -108,7 +115,7 @@ if take and paused then
   take = false
   if reserved == id then
     redis.call('DEL', lock)
-    unindex_held(KEYS[10], lock)  -- held index
+    unindex_held(held, lock)  -- held index
     reserved, holder = false, ''
     if redis.call('ZCARD', parked) > 1 then
       unpark(parked, messages, id)
@@ -127,7 +134,7 @@ if take then
   else  -- a newer call waits: a sweeper looks when this lease could run out, not before due
     redis.call('ZADD', index, 'GT', now_ms() + tonumber(ARGV[1]), name)
   end
-  index_held(KEYS[10], lock, ARGV[1])  -- held index
+  index_held(held, lock, ARGV[1])  -- held index
   return take_lock(lock, ARGV[2], ARGV[1], ARGV[3], KEYS[2])
 end
 -- while paused, a sweeper looks at the waiting call when the pause ends (until resumed: after

@@ -4,14 +4,16 @@
 -- KEYS[1]  lock key               KEYS[2]  parked task ids (sorted set)
 -- KEYS[3]  parked messages (hash) KEYS[4]  hand-off index
 -- KEYS[5]  the lock's debounce hash
--- KEYS[6]  the held index (includes/held_index.lua: latest wins runs on one server only)
--- KEYS[7]  optional: the finish-record set (as release.lua's)
+-- KEYS[6]  with ARGV[5] '1': the held index (includes/held_index.lua; one server only, left
+--          out on a Redis Cluster)
+-- KEYS[#KEYS] with ARGV[6..7]: the finish-record set (as release.lua's)
 -- ARGV[1]  token of the releasing owner
 -- ARGV[2]  channel to publish the release on
 -- ARGV[3]  the lock name (member of the index)
 -- ARGV[4]  ms the reservation lives
--- ARGV[5..6]  with KEYS[6]: as release.lua's ARGV[3..4] (record lifetime in ms, the owner's
---          task id)
+-- ARGV[5]  '1' when KEYS[6] is the held index; '' none
+-- ARGV[6..7]  with the finish-record set: as release.lua's ARGV[3..4] (record lifetime in ms,
+--          the owner's task id)
 -- Returns  0: not ours (expired, taken over): nothing released.
 --          1: released; nothing waits, or the waiting call is not due yet.
 --          string: released and reserved for the waiting call; its message, to publish.
@@ -21,10 +23,12 @@
 
 local lock, parked, messages, index, burst = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local name, reserve_ms = ARGV[3], ARGV[4]
-if not release_lock(lock, ARGV[1], ARGV[2], KEYS[7], ARGV[5], ARGV[6]) then
+local held = ARGV[5] == '1' and KEYS[6] or nil  -- held index
+local records = ARGV[7] and KEYS[#KEYS] or nil
+if not release_lock(lock, ARGV[1], ARGV[2], records, ARGV[6], ARGV[7]) then
   return 0
 end
-unindex_held(KEYS[6], lock)  -- held index
+unindex_held(held, lock)  -- held index
 local due = tonumber(redis.call('HGET', burst, 'due') or '0')
 if due > now_ms() and redis.call('ZCARD', parked) > 0 then
   redis.call('ZADD', index, due, name)
@@ -34,5 +38,5 @@ local handed = hand_off(lock, parked, messages, index, name, reserve_ms)
 if not handed then
   return 1
 end
-index_held(KEYS[6], lock, reserve_ms)  -- held index: the reservation
+index_held(held, lock, reserve_ms)  -- held index: the reservation
 return handed

@@ -277,7 +277,7 @@ def test_a_server_that_refuses_info_is_taken_for_a_single_server(
 def test_an_acquire_asking_for_what_a_cluster_lacks_is_refused_naming_it(
     locker: RedisLocker,
 ) -> None:
-    with pytest.raises(LockConfigurationError, match="lock_min_replicas.*Redis Cluster"):
+    with pytest.raises(LockConfigurationError, match=r"lock_min_replicas.*Redis Cluster"):
         locker.try_acquire(fresh("refused"), TTL, owner=Owner(task_id="t-1"), min_replicas=1)
 
 

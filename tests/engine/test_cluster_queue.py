@@ -3,23 +3,25 @@ order, and the summary of due slots (engine/slot_sweep.py's ``DueSlots``, ``P:du
 through which a sweeper finds a lock whose holder died at its next tick rather than after a
 whole rotation of the windows of slots.
 
-The fixtures are tests/engine/test_cluster.py's (prefix "t", a fresh locker per test, so its
-window of slots starts at slot 0 in every test).
+One cluster for the module (tests/cluster_topology.py); a fresh locker per test (prefix "t"),
+so its window of slots starts at slot 0 in every test.
 """
 
 from __future__ import annotations
 
 import itertools
 import time
-from typing import Any, Union
+from typing import Any, Iterator, Union
 
+import pytest
 from redis.cluster import RedisCluster
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
-from celery_singleton_lock.engine import Lease, LockHolder, Owner, Parked, RedisLocker
+from celery_singleton_lock.celery.config.servers import close_client, make_client
+from celery_singleton_lock.engine import Lease, LockHolder, Owner, Parked, RedisLocker, Renewer
 from celery_singleton_lock.engine.kinds.slot_queue import SlotQueue
 from celery_singleton_lock.engine.slot_sweep import WINDOW, DueSlots
-from tests.engine.test_cluster import client, clock, cluster, locker  # noqa: F401 (fixtures)
+from tests.cluster_topology import ClusterGroup
 from tests.support import wait_until
 
 TTL = 30.0
@@ -27,6 +29,22 @@ SUMMARY = "t:due-slots"
 _names = itertools.count()
 
 Outcome = Union[Lease, LockHolder, Parked]
+
+
+@pytest.fixture(scope="module")
+def client() -> Iterator[RedisCluster]:
+    with ClusterGroup.running() as group:
+        made = make_client(group.url, {}, cluster=None)
+        assert isinstance(made, RedisCluster)
+        yield made
+        close_client(made)
+
+
+@pytest.fixture
+def locker(client: RedisCluster) -> Iterator[RedisLocker]:
+    made = RedisLocker(client, prefix="t", renewer=Renewer(autostart=False))
+    yield made
+    made.cancels.close()
 
 
 def far_name(prefix: str) -> str:

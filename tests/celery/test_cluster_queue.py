@@ -9,6 +9,8 @@ which a sweeper finds its lock at its next tick when its holder died or its paus
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -149,6 +151,20 @@ def test_a_timed_pause_on_a_cluster_wakes_its_parked_call_when_it_ends(cluster: 
     # woken then, by the sweeper that the summary of due slots sends to its slot); 0.1 s for
     # the clocks' rounding to ms
     assert float(run.split(b"|")[2]) >= asked_at + 3.0 - 0.1
+
+
+def test_a_parked_call_whose_holders_pool_child_was_killed_runs_on_a_cluster(
+    cluster: Cluster,
+) -> None:
+    key, task = unique("k"), queueing.queued_in_order
+    cluster.send(task, key, 0, 60.0)
+    wait_until(lambda: cluster.records.llen(f"order:{key}") == 1, timeout=20)
+    parked = cluster.send(task, key, 1)
+    wait_until(lambda: cluster.parked(task, key, 0) == 1, timeout=20)
+    (run,) = cluster.records.lrange(f"runs:{key}", 0, -1)
+    os.kill(int(run.split(b"|")[1]), signal.SIGKILL)  # its worker's main process reclaims it
+    assert parked.get(timeout=RESULT_TIMEOUT) == 1
+    assert cluster.records.lrange(f"order:{key}", 0, -1) == [b"0", b"1"]
 
 
 def test_a_parked_call_whose_holders_worker_was_killed_runs_after_the_ttl_on_a_cluster(

@@ -47,6 +47,8 @@ Layout, for prefix ``P`` and lock name ``N``::
                      pause``, ``pause_for``), see live_rules.py
     P:rules          (one per prefix, no hash tag) the families F that have had a live rule
                      (a set), so that listing them needs no SCAN
+    P:due-slots      (one per prefix, no hash tag; a Redis Cluster only) the slots whose
+                     hand-off index a sweeper should read, scored by when (slot_sweep.py)
 
 Keys shared by many locks: the fence counter and the finish-record sets, so the number of
 keys is bounded whatever the number of distinct lock names:
@@ -142,6 +144,13 @@ def rule_index(prefix: str) -> str:
 def handoff_index(prefix: str) -> str:
     """Key of the sorted set of lock names a hand-off sweeper looks at (lua/handoff_due.lua)."""
     return f"{prefix}:handoff-due"
+
+
+def due_slots(prefix: str) -> str:
+    """Key of a Redis Cluster's summary of its hand-off indexes (slot_sweep.py's
+    :class:`~.slot_sweep.DueSlots`): the slot numbers whose index a sweeper should read,
+    scored by when. No hash tag: one key, written by the client after a script, never by one."""
+    return f"{prefix}:due-slots"
 
 
 class LockKeys(NamedTuple):

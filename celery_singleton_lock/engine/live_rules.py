@@ -30,6 +30,7 @@ from celery_singleton_lock.engine.backend import LiveRule
 from celery_singleton_lock.engine.keys import SharedKeys, cap_key, handoff_index, rule_index
 from celery_singleton_lock.engine.lua_scripts import source
 from celery_singleton_lock.engine.redis_server import EachKey, RedisServer
+from celery_singleton_lock.engine.slot_sweep import DueSlots
 
 #: the slots of a Redis Cluster, each with its copy of a family's rule
 _SLOTS = range(REDIS_CLUSTER_HASH_SLOTS)
@@ -44,6 +45,11 @@ class RedisLiveRules:
         self.prefix = prefix
         self._pause: Script = server.register(source("pause"))
         self._trim: Script = server.register(source("trim_rules"))
+        #: a Cluster's summary of its due slots (slot_sweep.py), marked where a pause or a
+        #: resume made parked locks due now
+        self._due_slots: Optional[DueSlots] = None
+        if server.cluster:
+            self._due_slots = DueSlots(server, prefix, handoff_index(prefix))
 
     def key(self, family: str) -> str:
         """The rule's key of ``family`` (a task's or group's name)."""
@@ -68,7 +74,7 @@ class RedisLiveRules:
         args = [ms, "1" if lengthen else "", f"{family}:"]
         if not server.cluster:
             keys = [key, handoff_index(prefix), rule_index(prefix)]
-            till = int(server.run(self._pause, key, keys, args))
+            till = int(server.run(self._pause, key, keys, args)[0])
             return float("inf") if till == -1 else till / 1000.0
         if ms != 0:  # in another slot than the copies: listed apart, before them
             index = rule_index(prefix)
@@ -76,8 +82,13 @@ class RedisLiveRules:
         handoff, of_slot = handoff_index(prefix), SharedKeys.of_slot
         calls = [([of_slot(key, slot), of_slot(handoff, slot)], args) for slot in _SLOTS]
         # each copy's own server clock: a node reads its copies with it
-        ends = redis_server.run(self._pause, key, [], [], EachKey(server.client, calls))
-        return float("inf") if -1 in ends else max(int(end) for end in ends) / 1000.0
+        replies = redis_server.run(self._pause, key, [], [], EachKey(server.client, calls))
+        ends = [int(end) for end, _ in replies]
+        # the slots whose parked locks were made due now: a sweeper reads them at its next
+        # tick (a resume, or a pause it must look at to schedule its end)
+        assert self._due_slots is not None
+        self._due_slots.mark_slots(slot for slot, (_, moved) in enumerate(replies) if moved)
+        return float("inf") if -1 in ends else max(ends) / 1000.0
 
     def set_cap(self, family: str, cap: Optional[int]) -> None:
         """Set ``family``'s live cap (None: remove it)."""

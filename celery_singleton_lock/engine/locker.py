@@ -67,9 +67,10 @@ SINGLE_SERVER = Capabilities(
 )
 #: A Redis Cluster: a lock's keys share one slot, and so do the keys many locks share there
 #: (the fence counter, the finish records, the indexes of due locks: one of each per slot,
-#: see keys.py); but WAIT must follow the acquire on one connection, the live cap of
-#: ``celery locks limit`` is one key per task, and a sweeper reads the due locks of a window
-#: of slots per tick, not all of them (see slot_sweep.py).
+#: see keys.py); but WAIT must follow the acquire on one connection, and a sweeper reads the
+#: due locks of a window of slots per tick, not all of them, plus the slots the summary of
+#: due slots names (see slot_sweep.py): the queue's scripts mark that summary, latest wins'
+#: debounce does not yet.
 CLUSTER = Capabilities(
     fencing=True,
     replica_acks=False,
@@ -77,21 +78,15 @@ CLUSTER = Capabilities(
     enqueue_markers=True,
     cluster=True,
     kind="a Redis Cluster",
-    ordered_queue=False,
     debounce=False,
     reasons=(
         ("replica_acks", "WAIT must follow the acquire on one connection"),
         (
-            "ordered_queue",
-            "a call parked in order is woken by a sweeper when a pause ends or a holder dies, "
-            "and on a Cluster a sweep reads the due locks of 1,024 slots per tick (all of them "
-            "every 16 ticks): it would start seconds late",
-        ),
-        (
             "debounce",
             "a debounced call is handed the lock by a sweeper at its due time, and on a "
             "Cluster a sweep reads the due locks of 1,024 slots per tick (all of them every "
-            "16 ticks): a debounce would end seconds late",
+            "16 ticks) besides the slots marked due, which a debounce does not mark: it "
+            "would end seconds late",
         ),
     ),
     instead="use one Redis server or Sentinel",
@@ -114,8 +109,7 @@ class RedisLocker:
     Attributes:
         inspect: reads the locks under the same prefix (:class:`~.reading.LockInspector`).
         capabilities: :data:`SINGLE_SERVER`, or :data:`CLUSTER` for a cluster client.
-        queue: calls parked behind a lock (:class:`~.kinds.slot_queue.SlotQueue`; on a
-            cluster it hands on latest wins' calls, policy ``queue`` is refused there).
+        queue: calls parked behind a lock (:class:`~.kinds.slot_queue.SlotQueue`).
         latest: the newest call wins (:class:`~.kinds.latest.LatestWins`).
         cancels: the running call asked to stop (:class:`~.kinds.cancels.Cancels`).
         markers: queued markers (:class:`~.kinds.markers.Markers`).
@@ -154,9 +148,8 @@ class RedisLocker:
         self.cooldown = Cooldown(server, releases)
         self.markers = Markers(server, issuer)
         # every key of a lock's parked calls, latest wins and cancel flag shares the lock's
-        # hash tag, and the indexes of due locks are one per slot on a Cluster: all of them
-        # run there (the queue policy itself is refused there by CLUSTER, its hand-off
-        # machinery serving latest wins)
+        # hash tag, and the indexes of due locks are one per slot on a Cluster (with a
+        # summary of the slots due, slot_sweep.py): all of them run there
         self.queue: Optional[SlotQueue] = SlotQueue(server, issuer, releases)
         self.latest: Optional[LatestWins] = LatestWins(server, issuer, releases)
         self.cancels = Cancels(server, issuer)

@@ -43,6 +43,9 @@ class ClusterServers(Servers):
     """Broker, results and records on ``lock`` (a plain server); locks on ``group``."""
 
     group: Optional[ClusterGroup] = None
+    #: the policy of the queue tasks (tests/celery/tasks/queueing.py's QUEUE): "retry" for the
+    #: streams of this module, "queue" where the queue on a Cluster is what is tested
+    queue_policy: str = "retry"
 
     def env(self, queue: str, **extra: str) -> dict[str, str]:
         assert self.group is not None
@@ -50,8 +53,8 @@ class ClusterServers(Servers):
             queue,
             CSL_LOCK_URL=self.group.url,
             CSL_RECORDS_URL=self.lock.url.replace("/0", "/2"),
-            # a Cluster refuses on_duplicate="queue" and lock_min_replicas at worker start
-            CSL_QUEUE_POLICY="retry",
+            CSL_QUEUE_POLICY=self.queue_policy,
+            # a Cluster refuses lock_min_replicas at worker start
             CSL_MIN_REPLICAS="0",
             **extra,
         )

@@ -87,11 +87,13 @@ def test_the_newest_call_wins_on_a_redis_cluster(registration_app: Celery, polic
     refuse_unsupported(task.name, requested(task.lock_options), CLUSTER)  # nothing refused
 
 
-def test_the_queue_is_refused_from_a_redis_clusters_capabilities(registration_app: Celery) -> None:
-    task = register(registration_app, on_duplicate="queue")
-    with pytest.raises(
-        LockConfigurationError,
-        match=r"billing\.job: on_duplicate='queue' is not supported on a Redis Cluster: the "
-        r"queue's live cap",
-    ):
-        refuse_unsupported(task.name, requested(task.lock_options), CLUSTER)
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"lock_limit": 3}, {"lock_fair_by": ("account_id",)}, {"lock_rate": "2/s"}],
+    ids=["mutex", "limit", "fair", "rate"],
+)
+def test_the_queue_is_served_on_a_redis_cluster(
+    registration_app: Celery, options: dict[str, object]
+) -> None:
+    task = register(registration_app, on_duplicate="queue", **options)
+    refuse_unsupported(task.name, requested(task.lock_options), CLUSTER)  # nothing refused

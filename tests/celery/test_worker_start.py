@@ -148,14 +148,15 @@ INVALID = {
         before='app.conf.singleton_lock_url = "redis://127.0.0.1:6379/abc"',
         words=("singleton_lock_url", "database 'abc' is not a number"),
     ),
-    "queue policy on a Redis Cluster": Invalid(
+    "debounce on a Redis Cluster": Invalid(
         before="app.conf.singleton_lock_cluster = True",
         after=(
-            '@app.task(base=LockedTask, name="billing.queued", on_duplicate="queue")\n'
-            "def queued(account_id: int) -> None:\n"
+            '@app.task(base=LockedTask, name="billing.debounced", on_duplicate="replace", '
+            "lock_debounce=1)\n"
+            "def debounced(account_id: int) -> None:\n"
             "    return None"
         ),
-        words=("task billing.queued", "on_duplicate='queue'", "Redis Cluster"),
+        words=("task billing.debounced", "lock_debounce=1.0", "Redis Cluster"),
     ),
     # registered without being bound (Celery's registry binds nothing): the check sees it
     "misspelt option of a class-based task": Invalid(

@@ -9,7 +9,10 @@ lua/includes/handoff.lua, lua/includes/park_priority.lua and lua/includes/fair_q
 The parked calls of a lock are a sorted set by arrival (finding, re-parking or dropping one
 costs O(log n)) and a hash of their messages. A sweeper (:meth:`SlotQueue.hand_off_due`, then
 :meth:`SlotQueue.hand_on`) hands on a slot whose holder died or whose reservation ran out; it
-reads the lock's rule (its slots and rate), written when a call is parked.
+reads the lock's rule (its slots and rate), written when a call is parked. On a Redis
+Cluster, a call parked and a release that leaves calls parked mark their slot in the summary of
+due slots (:class:`~..slot_sweep.DueSlots`, one more round trip on those paths only), so a
+sweeper finds the lock at its next tick.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from celery_singleton_lock.engine.lease import (
 from celery_singleton_lock.engine.lua_scripts import source
 from celery_singleton_lock.engine.redis_server import RedisServer, _ms
 from celery_singleton_lock.engine.server_leases import Issuer, Releases
-from celery_singleton_lock.engine.slot_sweep import SlotSweep
+from celery_singleton_lock.engine.slot_sweep import DueSlots, SlotSweep
 
 log_acquire = logging.getLogger("celery_singleton_lock.acquire")
 
@@ -88,8 +91,14 @@ class SlotQueue:
         self._slot_or_park: Script = server.register(source("acquire_slot_or_park"))
         self._hand_on_slots: Script = server.register(source("hand_on_slots"))
         self._handoff_due: Script = server.register(source("handoff_due"))
-        #: the windows of slots a sweeper reads on a Cluster (see :mod:`..slot_sweep`)
-        self._window = SlotSweep(server, issuer.shared.handoff) if server.cluster else None
+        #: a Cluster's summary of its due slots, and the windows of slots a sweeper reads
+        #: there (see :mod:`..slot_sweep`); None on one server (one index)
+        self.due_slots: Optional[DueSlots] = None
+        self._window: Optional[SlotSweep] = None
+        if server.cluster:
+            handoff = issuer.shared.handoff
+            self.due_slots = DueSlots(server, issuer.prefix, handoff)
+            self._window = SlotSweep(server, handoff, self.due_slots)
         self._hand_on_lock: Script = server.register(source("hand_on_lock"))
 
     def acquire(self, request: AcquireRequest, owner: Owner) -> AcquireOutcome:
@@ -130,6 +139,8 @@ class SlotQueue:
             log_acquire.debug("acquired %s (fence=%s)", lease.key, lease.fence)
             return lease
         fields, position, paused, *handed = reply
+        if self.due_slots is not None:  # its lock is due in its slot's index: say so
+            self.due_slots.mark(keys.lock)
         messages = tuple(as_bytes(message) for message in handed)
         return Parked(
             key=keys.lock,
@@ -171,6 +182,8 @@ class SlotQueue:
         done, *handed = self.releases.release_with(
             lease, self._hand_on_slots, script_keys, args, remember_for
         ) or [0]
+        if done == 2 and self.due_slots is not None:  # calls left parked, due in the index
+            self.due_slots.mark(keys.lock)
         return bool(done), [as_bytes(message) for message in handed]
 
     def _hand_on_call(
@@ -265,11 +278,14 @@ class SlotQueue:
     def hand_off_soon(self, name: str) -> int:
         """After the lock ``name`` was released without a hand-off (by hand, or at shutdown):
         how many task ids are parked behind it; if any, the name is made due in the hand-off
-        index now, so a sweeper hands the lock on at its next tick (within a pass of the
-        slots on a Cluster, see slot_sweep.py) instead of at the old holder's TTL."""
+        index now, so a sweeper hands the lock on at its next tick (its slot marked in the
+        summary of due slots on a Cluster, see slot_sweep.py) instead of at the old holder's
+        TTL."""
         keys = self.issuer.keys(name)
         parked = int(server_errors.call(lambda: self.server.client.zcard(keys.parked), keys.parked))
         if parked:
             index = self.issuer.shared.handoff_index(keys.lock)
             server_errors.call(lambda: self.server.client.zadd(index, {keys.name: 0}), index)
+            if self.due_slots is not None:
+                self.due_slots.mark(keys.lock)
         return parked

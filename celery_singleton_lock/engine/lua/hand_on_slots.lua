@@ -32,7 +32,8 @@
 -- parked call) names fewer: a limit lowered while calls are parked (a callable lock_limit)
 -- frees no slot above it, and its releases hand on none.
 -- Returns     {done, handed...}: done 1 when released ('release': 0 if the token held no
---             slot: nothing released), dropped ('drop': 0 if the id was neither parked nor
+--             slot: nothing released; 2 released with calls left parked, whose lock the
+--             hand-off index names at its next due time: slot_sweep.py's summary is marked), dropped ('drop': 0 if the id was neither parked nor
 --             reserved for), swept, or 'sent' (0 if no slot is reserved for the id: it took
 --             its slot already, or its reservation ran out); then the messages of the ids
 --             just handed a slot, to publish. 'drop' hands at most one slot (the sweeper does
@@ -113,7 +114,9 @@ if rule then
   n = math.min(n, tonumber(string.match(rule, '^(%d+)|')) or n)
 end
 local handed = hand_slots(n, q, room(q, n, now), now, max, nil)
-schedule(n, q, now)
+if schedule(n, q, now) and mode == 'release' and done == 1 then
+  done = 2  -- calls are left parked: their next due time is in the index
+end
 local reply = {done}
 for _, message in ipairs(handed) do
   reply[#reply + 1] = message

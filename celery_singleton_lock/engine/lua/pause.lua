@@ -12,7 +12,9 @@
 -- ARGV[2]  '1': only lengthen a pause (a body's pause_for: a shorter one never cuts a longer
 --          one short); '' set as asked (the command line)
 -- ARGV[3]  the family's lock names' start (the family and a colon) in the hand-off index
--- Returns  the pause's end in server ms (-1: until resumed; 0: not paused)
+-- Returns  {the pause's end in server ms (-1: until resumed; 0: not paused), how many parked
+--          locks were made due now (on a Cluster the caller marks their slot in the summary
+--          of due slots, slot_sweep.py)}
 --- @include "now_ms"
 
 local rule, index = KEYS[1], KEYS[2]
@@ -25,7 +27,7 @@ end
 if ARGV[2] == '1' then
   local old = tonumber(redis.call('HGET', rule, 'until'))
   if old == -1 or (old and old >= till and till ~= -1) then
-    return old
+    return {old, 0}
   end
 end
 if till == 0 then
@@ -37,15 +39,16 @@ else
   end
 end
 if ARGV[2] == '1' then
-  return till  -- lengthened: every parked lock's next look is at or before its end already
+  return {till, 0}  -- lengthened: every parked lock's next look is at or before its end already
 end
 -- the family's parked locks are looked at now: a sweeper re-reads the rule and schedules the
 -- next look at the pause's end (includes/slot_queue.lua's schedule); O(index) for a command
 -- that is rare, never on an acquire
-local start = ARGV[3]
+local start, moved = ARGV[3], 0
 for _, name in ipairs(redis.call('ZRANGE', index, 0, -1)) do
   if string.sub(name, 1, #start) == start then
     redis.call('ZADD', index, 'XX', now, name)
+    moved = moved + 1
   end
 end
-return till
+return {till, moved}

@@ -116,7 +116,7 @@ rate2_skip = limited_task("rate2_skip", lock_rate="2/m", on_duplicate="skip")
 
 # -- on_duplicate="queue" with them -----------------------------------------------------------
 
-# QUEUE: "retry" on a Redis Cluster, whose workers refuse to start with a queue task
+# QUEUE: "retry" in the Redis Cluster streams (tests/celery/test_cluster.py's ClusterServers)
 limit3_queue = limited_task("limit3_queue", lock_limit=3, on_duplicate=QUEUE, lock_ttl=5)
 
 

@@ -9,8 +9,9 @@ import os
 from celery_singleton_lock import LockedTask
 from tests.celery.tasks.core import app, body, gated_body, keyed_task, store
 
-#: The policy of the queue tasks below: a worker whose locks are on a Redis Cluster refuses
-#: to start with a queue task (tests/celery/test_cluster.py sets "retry").
+#: The policy of the queue tasks below: "retry" for the streams of tests/celery/test_cluster.py
+#: and test_cluster_pause.py (ClusterServers' default), "queue" everywhere else, a Redis
+#: Cluster's tests/celery/test_cluster_queue.py included.
 QUEUE = os.environ.get("CSL_QUEUE_POLICY", "queue")
 
 hold_queue = keyed_task(__name__, "hold_queue", on_duplicate=QUEUE, lock_ttl=5)

@@ -122,6 +122,7 @@ end
 
 -- Write when a sweeper should next look at the lock (see above), or take it out of the index
 -- (and drop its rule) when nothing is parked; the slot table goes when no slot is taken.
+-- Returns whether the index names the lock now (calls are parked).
 local function schedule(n, q, now)
   local waiting = redis.call('ZCARD', q.parked)
   if waiting == 0 then
@@ -140,4 +141,5 @@ local function schedule(n, q, now)
     redis.call('ZADD', q.index, due or (now + q.reserve), q.name)
   end
   slot_tidy(q.S, now)
+  return waiting > 0
 end

@@ -1,9 +1,10 @@
 """Tasks of ``on_duplicate="restart"`` (tests/celery/test_restart_workers.py), and two of
-``"replace"``, one debounced (tests/celery/test_cluster_latest.py runs them on a Redis Cluster). Each body
-records ``<task id>|<pid>`` in ``started:<key>`` as it starts, counts in ``overlaps:<key>`` a
-start while an earlier body of the key is not over (not unwound, and its process alive), and
-records how it ended in ``ended:<key>`` (ran to its end) or ``stopped:<key>`` (stopped when
-asked); ``over:<key>`` lists the bodies that are over, however they ended."""
+``"replace"``, one debounced (tests/celery/test_cluster_latest.py runs them on a Redis
+Cluster). Each body records ``<task id>|<pid>`` in ``started:<key>`` as it starts, counts in
+``overlaps:<key>`` a start while an earlier body of the key is not over (not unwound, and its
+process alive), and records how it ended in ``ended:<key>`` (ran to its end) or
+``stopped:<key>`` (stopped when asked); ``over:<key>`` lists the bodies that are over, however
+they ended."""
 
 from __future__ import annotations
 

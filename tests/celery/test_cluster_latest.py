@@ -2,8 +2,9 @@
 keeps only the newest waiting call (with ``lock_debounce``, the newest of a burst runs once
 at its due time, found by the sweeper from the summary of due slots), ``restart`` stops the
 running call for it (cooperatively, and past ``lock_cancel_grace`` by terminating its pool
-child), never two bodies of a key at once; nor when a ``kill -9`` comes while a restart is under way (of the old call's pool child,
-of the whole worker that received the new call): the newest call still runs exactly once.
+child), never two bodies of a key at once; nor when a ``kill -9`` comes while a restart is
+under way (of the old call's pool child, of the whole worker that received the new call): the
+newest call still runs exactly once.
 
 A real cluster of 3 primaries on loopback (tests/cluster_topology.py) holds the locks; broker,
 results and the bodies' records are on a plain Redis server (as in tests/celery/test_cluster.py).

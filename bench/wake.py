@@ -1,16 +1,18 @@
-"""How late a sweeper wakes a parked call on a Redis Cluster: with the summary of due slots
-(``P:due-slots``, engine/slot_sweep.py) against the window rotation alone.
+"""How late a sweeper wakes a parked (or debounced) call on a Redis Cluster: with the summary
+of due slots (``P:due-slots``, engine/slot_sweep.py) against the window rotation alone.
 
 ``python -m bench wake [--quick] [--rounds N]``: a throwaway 3-primary cluster on loopback (or
-``$REDIS_CLUSTER_URL``). Each round parks 4 calls at once, each behind a lock of its own (a
+``$REDIS_CLUSTER_URL``). Each round parks 6 calls at once, each behind a lock of its own (a
 random name, so a random slot): two behind a holder that "dies" (a 1 s lease never renewed),
-two behind a family paused for 1 s. One of each pair has its slot's mark taken out of the
+two behind a family paused for 1 s, and two of latest wins held back by a 1 s
+``lock_debounce`` (policy ``replace``). One of each pair has its slot's mark taken out of the
 summary right after it parked (what a sweeper without the summary sees: only the rotation of
 windows of 1,024 slots finds it). One sweeper (the worker's, engine side: ``hand_off_due`` then
 ``hand_on`` of each name) ticks every second, the default
 ``singleton_lock_handoff_sweep_interval``, from a random phase of the ends (a worker's sweeper
-ticks whenever it started), until all 4 are handed on. The figure is the time
-from the holder's TTL end (or the pause's end) to the tick that hands the call its slot.
+ticks whenever it started), until all 6 are handed on. The figure is the time from the
+holder's TTL end (the pause's end, the debounce's due time) to the tick that hands the call its
+slot.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
 
-from celery_singleton_lock.engine import Lease, Owner, Parked, RedisLocker, Renewer
+from celery_singleton_lock.engine import Latest, Lease, Owner, Parked, RedisLocker, Renewer
 
 from ._common import med_iqr, new_prefix
 from .engine import cluster_url
@@ -35,6 +37,8 @@ TICK = 1.0
 ENDS_AFTER = 1.0
 #: ticks at most per round (the rotation reads every slot within 16)
 MAX_TICKS = 25
+#: calls parked per round
+CALLS = 6
 
 
 def _queue(locker: RedisLocker, name: str, task_id: str, ttl: float = 30, cap_key: str = "") -> Any:
@@ -50,8 +54,21 @@ def _queue(locker: RedisLocker, name: str, task_id: str, ttl: float = 30, cap_ke
     )
 
 
+def _debounced(locker: RedisLocker, name: str, task_id: str) -> Any:
+    """An acquire of latest wins with a debounce of :data:`ENDS_AFTER`: the call held back."""
+    return locker.try_acquire(
+        name,
+        30,
+        owner=Owner(task_id=task_id),
+        renew=False,
+        park=task_id.encode(),
+        reservation_ttl=30,
+        latest=Latest(debounce=ENDS_AFTER),
+    )
+
+
 def _round(locker: RedisLocker, client: RedisCluster, prefix: str) -> Dict[str, float]:
-    """One round: the 4 calls' wake latencies (seconds), by case."""
+    """One round: the 6 calls' wake latencies (seconds), by case."""
     tag = secrets.token_hex(4)
     family = f"bench.wake{tag}"
     ends: Dict[str, float] = {}
@@ -67,6 +84,10 @@ def _round(locker: RedisLocker, client: RedisCluster, prefix: str) -> Dict[str, 
         parked = _queue(locker, name, case, cap_key=f"{prefix}:cap:{family}")
         assert isinstance(parked, Parked)
         ends[case] = pause_end
+    for case in ("debounce due, summary", "debounce due, window only"):
+        name = names[case] = f"bench.debounced{tag}:{case[-4:]}"
+        ends[case] = time.time() + ENDS_AFTER  # due no earlier than this
+        assert isinstance(_debounced(locker, name, case), Parked)
     for case, name in names.items():
         if case.endswith("window only"):  # as if no client marked it
             client.zrem(f"{prefix}:due-slots", str(key_slot(f"{prefix}:{{{name}}}".encode())))
@@ -102,12 +123,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         missed = 0
         for _ in range(rounds):
             woken = _round(locker, client, prefix)
-            missed += 4 - len(woken)
+            missed += CALLS - len(woken)
             for case, late in woken.items():
                 found.setdefault(case, []).append(late)
         print(
             f"a parked call's wake on a 3-primary Redis Cluster: seconds from its holder's "
-            f"TTL end (or its pause's end) to the sweep that hands it on, a tick every "
+            f"TTL end (its pause's end, its debounce's due time) to the sweep that hands it "
+            f"on, a tick every "
             f"{TICK:g} s ({rounds} rounds, median [IQR], max)"
         )
         for case in sorted(found):

@@ -67,10 +67,9 @@ SINGLE_SERVER = Capabilities(
 )
 #: A Redis Cluster: a lock's keys share one slot, and so do the keys many locks share there
 #: (the fence counter, the finish records, the indexes of due locks: one of each per slot,
-#: see keys.py); but WAIT must follow the acquire on one connection, and a sweeper reads the
-#: due locks of a window of slots per tick, not all of them, plus the slots the summary of
-#: due slots names (see slot_sweep.py): the queue's scripts mark that summary, latest wins'
-#: debounce does not yet.
+#: see keys.py); but WAIT must follow the acquire on one connection. A sweeper reads the due
+#: locks of a window of slots per tick, not all of them, plus the slots the summary of due
+#: slots names (see slot_sweep.py), which the queue's and latest wins' scripts' callers mark.
 CLUSTER = Capabilities(
     fencing=True,
     replica_acks=False,
@@ -78,17 +77,7 @@ CLUSTER = Capabilities(
     enqueue_markers=True,
     cluster=True,
     kind="a Redis Cluster",
-    debounce=False,
-    reasons=(
-        ("replica_acks", "WAIT must follow the acquire on one connection"),
-        (
-            "debounce",
-            "a debounced call is handed the lock by a sweeper at its due time, and on a "
-            "Cluster a sweep reads the due locks of 1,024 slots per tick (all of them every "
-            "16 ticks) besides the slots marked due, which a debounce does not mark: it "
-            "would end seconds late",
-        ),
-    ),
+    reasons=(("replica_acks", "WAIT must follow the acquire on one connection"),),
     instead="use one Redis server or Sentinel",
 )
 
@@ -150,8 +139,10 @@ class RedisLocker:
         # every key of a lock's parked calls, latest wins and cancel flag shares the lock's
         # hash tag, and the indexes of due locks are one per slot on a Cluster (with a
         # summary of the slots due, slot_sweep.py): all of them run there
-        self.queue: Optional[SlotQueue] = SlotQueue(server, issuer, releases)
-        self.latest: Optional[LatestWins] = LatestWins(server, issuer, releases)
+        queue = SlotQueue(server, issuer, releases)
+        self.queue: Optional[SlotQueue] = queue
+        # latest wins' waiting calls share the queue's hand-off indexes, and so its summary
+        self.latest: Optional[LatestWins] = LatestWins(server, issuer, releases, queue.due_slots)
         self.cancels = Cancels(server, issuer)
         #: the families' live caps and pauses (one key per family; on a cluster a copy per
         #: slot)

@@ -10,14 +10,14 @@ every slot is read every 16 ticks (16 s at the default sweep interval).
 That rotation is the backstop. The hand-off indexes also have a summary (:class:`DueSlots`,
 ``P:due-slots``): the slots a sweeper should read, scored by when. A client marks a slot
 there after a script call that may have put a lock due earlier than the summary says (a call
-parked, a release that handed on or left calls parked, a pause set or ended); each tick reads
+parked or waiting as latest wins' newest, a release that handed on or left calls parked or a
+debounced call waiting, a pause set or ended); each tick reads
 the slots due now in it first, and re-scores each to its index's next due time once looked at
 (removed when the index is empty), unless a client marked it since. So a lock whose holder
 died (after its TTL), whose reservation ran out or whose pause ended is found at the next
 tick, not up to 16 s late; a mark lost (a client that died between its script and the mark)
-is still found by the rotation. An uncontended acquire or release marks nothing. A debounce,
-whose end only a sweeper acts on and whose scripts mark nothing yet, is refused on a Cluster
-(``locker.CLUSTER``).
+is still found by the rotation. An uncontended acquire or release marks nothing. So a
+debounced call, whose due time only a sweeper acts on, runs at its next tick after that time.
 
 The reads compare scores with this process's clock (the scripts use the server's, a mark the
 marking client's): a lock found a little early is looked at and left as it is by the hand-on

@@ -1,8 +1,10 @@
 """The newest call wins on a Redis Cluster, from a real prefork ``celery worker``: ``replace``
-keeps only the newest waiting call, ``restart`` stops the running call for it (cooperatively,
-and past ``lock_cancel_grace`` by terminating its pool child), never two bodies of a key at
-once; nor when a ``kill -9`` comes while a restart is under way (of the old call's pool child,
-of the whole worker that received the new call): the newest call still runs exactly once.
+keeps only the newest waiting call (with ``lock_debounce``, the newest of a burst runs once
+at its due time, found by the sweeper from the summary of due slots), ``restart`` stops the
+running call for it (cooperatively, and past ``lock_cancel_grace`` by terminating its pool
+child), never two bodies of a key at once; nor when a ``kill -9`` comes while a restart is
+under way (of the old call's pool child, of the whole worker that received the new call): the
+newest call still runs exactly once.
 
 A real cluster of 3 primaries on loopback (tests/cluster_topology.py) holds the locks; broker,
 results and the bodies' records are on a plain Redis server (as in tests/celery/test_cluster.py).
@@ -123,6 +125,51 @@ def test_replace_on_a_cluster_keeps_only_the_newest_waiting_call(cluster: Cluste
             displaced.get(timeout=30)
     assert cluster.listed("started", key) == [v1.id, waiting[-1].id]
     assert cluster.overlaps(key) == 0
+
+
+@dataclasses.dataclass
+class Burst:
+    """Three calls of ``restart.debounced`` on ``key``, each sent once the one before waits
+    (its debounce starts again): the newest came between ``sent`` and ``waits``."""
+
+    key: str
+    calls: list[AsyncResult]
+    sent: float
+    waits: float
+
+    @classmethod
+    def send(cls, cluster: Cluster) -> Burst:
+        key = unique("d")
+        lock = lock_of(restart.debounced, key)
+        calls, sent = [], 0.0
+        for _ in range(3):
+            sent = time.time()
+            call = cluster.send(restart.debounced, key)
+            wait_until(lambda c=call: cluster.waiting(lock) == [c.id], timeout=30)
+            calls.append(call)
+        return cls(key, calls, sent, time.time())
+
+
+def test_debounced_bursts_on_a_cluster_run_their_newest_call_once_at_its_due_time(
+    cluster: Cluster,
+) -> None:
+    # three keys (three slots): the rotation alone would read a slot 0 to 16 ticks after its
+    # call is due, all three within 4 s of it about once in 60 runs; from the summary of due
+    # slots each is read at the sweeper's next tick (1 s)
+    bursts = [Burst.send(cluster) for _ in range(3)]
+    late = []
+    for burst in bursts:
+        *displaced, newest = burst.calls
+        assert newest.get(timeout=60) == newest.id
+        for call in displaced:
+            with pytest.raises(TaskRevokedError, match="superseded"):
+                call.get(timeout=30)
+        assert cluster.listed("started", burst.key) == [newest.id]
+        (ran_at,) = (float(at) for at in cluster.records.lrange(f"ran-at:{burst.key}", 0, -1))
+        assert ran_at >= burst.sent + 2  # not before its due time
+        late.append(ran_at - (burst.waits + 2))
+    print(f"\ndebounced on a Cluster: ran at most {max(late):.2f}s after its due time")
+    assert max(late) < 4
 
 
 def test_a_cooperative_call_on_a_cluster_is_stopped_by_the_push_for_the_newest(

@@ -148,16 +148,6 @@ INVALID = {
         before='app.conf.singleton_lock_url = "redis://127.0.0.1:6379/abc"',
         words=("singleton_lock_url", "database 'abc' is not a number"),
     ),
-    "debounce on a Redis Cluster": Invalid(
-        before="app.conf.singleton_lock_cluster = True",
-        after=(
-            '@app.task(base=LockedTask, name="billing.debounced", on_duplicate="replace", '
-            "lock_debounce=1)\n"
-            "def debounced(account_id: int) -> None:\n"
-            "    return None"
-        ),
-        words=("task billing.debounced", "lock_debounce=1.0", "Redis Cluster"),
-    ),
     # registered without being bound (Celery's registry binds nothing): the check sees it
     "misspelt option of a class-based task": Invalid(
         after=(

@@ -1,7 +1,9 @@
 """Policy ``queue`` on a real Redis Cluster (3 primaries on loopback): parked calls, the fair
 order, and the summary of due slots (engine/slot_sweep.py's ``DueSlots``, ``P:due-slots``)
 through which a sweeper finds a lock whose holder died at its next tick rather than after a
-whole rotation of the windows of slots.
+whole rotation of the windows of slots; and latest wins' marks of the same summary (a waiting
+``replace`` call, a release that hands on or leaves a debounced call waiting), through which
+a debounced call is handed the lock at its due time.
 
 One cluster for the module (tests/cluster_topology.py); a fresh locker per test (prefix "t"),
 so its window of slots starts at slot 0 in every test.
@@ -18,7 +20,16 @@ from redis.cluster import RedisCluster
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
 from celery_singleton_lock.celery.config.servers import close_client, make_client
-from celery_singleton_lock.engine import Lease, LockHolder, Owner, Parked, RedisLocker, Renewer
+from celery_singleton_lock.engine import (
+    Latest,
+    Lease,
+    LockHolder,
+    Owner,
+    Parked,
+    RedisLocker,
+    Renewer,
+)
+from celery_singleton_lock.engine.kinds.latest import LatestWins
 from celery_singleton_lock.engine.kinds.slot_queue import SlotQueue
 from celery_singleton_lock.engine.slot_sweep import WINDOW, DueSlots
 from tests.cluster_topology import ClusterGroup
@@ -84,6 +95,31 @@ def due_slots(locker: RedisLocker) -> DueSlots:
     return summary
 
 
+def newest(
+    locker: RedisLocker, name: str, task_id: str, *, debounce: float = 0.0, **options: Any
+) -> Outcome:
+    """:func:`attempt` of a call whose newest wins (``replace``, with ``debounce`` seconds of
+    debounce if given)."""
+    return attempt(locker, name, task_id, latest=Latest(debounce=debounce), **options)
+
+
+def latest_of(locker: RedisLocker) -> LatestWins:
+    assert locker.latest is not None
+    return locker.latest
+
+
+def release_queue(locker: RedisLocker, lease: Lease) -> tuple[bool, object]:
+    return queue_of(locker).release_handing_on(lease, limit=1, reservation_ttl=TTL)
+
+
+def release_newest(locker: RedisLocker, lease: Lease) -> tuple[bool, object]:
+    return latest_of(locker).release_latest(lease, reservation_ttl=TTL)
+
+
+#: policy -> its acquire (or wait) and its release: queue's and latest wins' mark the summary
+POLICIES = {"queue": (attempt, release_queue), "replace": (newest, release_newest)}
+
+
 def slot_of(locker: RedisLocker, name: str) -> str:
     return str(key_slot(locker.keys(name).lock.encode()))
 
@@ -103,6 +139,19 @@ def summary_slots(client: RedisCluster) -> set[str]:
     return {slot.decode() for slot in client.zrange(SUMMARY, 0, -1)}
 
 
+def sweep_until_handed(locker: RedisLocker, client: RedisCluster, name: str) -> list[bytes]:
+    """The messages handed on by a sweeper's ticks, each when the summary says the slot of
+    ``name`` is due, at most 4: never the rotation (its slot is 4,096 or beyond: a 5th tick)."""
+    queue, slot, handed = queue_of(locker), slot_of(locker, name), []
+    for _ in range(4):
+        wait_until(lambda: (client.zscore(SUMMARY, slot) or 0) <= time.time() * 1000)
+        for found in queue.hand_off_due().names:
+            handed += queue.hand_on(found, reservation_ttl=TTL)
+        if handed:
+            break
+    return handed
+
+
 def test_calls_parked_on_a_cluster_are_handed_the_lock_in_arrival_order(
     locker: RedisLocker,
 ) -> None:
@@ -118,24 +167,28 @@ def test_calls_parked_on_a_cluster_are_handed_the_lock_in_arrival_order(
     assert queue.release_handing_on(p1, limit=1, reservation_ttl=TTL) == (True, [b"msg-p2"])
 
 
-def test_a_call_parked_on_a_cluster_marks_its_slot_in_the_summary_of_due_slots(
-    locker: RedisLocker, client: RedisCluster
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_a_call_waiting_on_a_cluster_marks_its_slot_in_the_summary_of_due_slots(
+    locker: RedisLocker, client: RedisCluster, policy: str
 ) -> None:
-    name = far_name("mark")
-    assert isinstance(attempt(locker, name, "h"), Lease)
+    acquire, _ = POLICIES[policy]
+    name = far_name(f"mark-{policy}")
+    assert isinstance(acquire(locker, name, "h"), Lease)
     client.zrem(SUMMARY, slot_of(locker, name))  # another test's mark of the slot, if any
-    assert isinstance(attempt(locker, name, "p1"), Parked)
+    assert isinstance(acquire(locker, name, "p1"), Parked)
     assert slot_of(locker, name) in summary_slots(client)
 
 
-def test_an_uncontended_acquire_on_a_cluster_marks_nothing(
-    locker: RedisLocker, client: RedisCluster
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_an_uncontended_acquire_and_release_on_a_cluster_mark_nothing(
+    locker: RedisLocker, client: RedisCluster, policy: str
 ) -> None:
-    name = far_name("alone")
+    acquire, release = POLICIES[policy]
+    name = far_name(f"alone-{policy}")
     client.zrem(SUMMARY, slot_of(locker, name))
-    holder = attempt(locker, name, "h")
+    holder = acquire(locker, name, "h")
     assert isinstance(holder, Lease)
-    assert queue_of(locker).release_handing_on(holder, limit=1, reservation_ttl=TTL) == (True, [])
+    assert release(locker, holder)[0]
     assert slot_of(locker, name) not in summary_slots(client)
 
 
@@ -224,27 +277,18 @@ def test_resuming_a_paused_family_on_a_cluster_marks_the_slots_of_its_parked_loc
     assert queue_of(locker).hand_on(name, reservation_ttl=TTL) == [b"msg-p1"]
 
 
-def test_a_timed_pause_on_a_cluster_wakes_its_parked_call_when_it_ends(
-    locker: RedisLocker, client: RedisCluster
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_a_timed_pause_on_a_cluster_wakes_its_waiting_call_when_it_ends(
+    locker: RedisLocker, client: RedisCluster, policy: str
 ) -> None:
+    acquire, _ = POLICIES[policy]
     family = f"fam{next(_names)}"
     name = far_name(f"{family}:x")
-    cap = f"t:cap:{family}"
     locker.live_rules.pause(family, 1.0)
-    assert isinstance(attempt(locker, name, "p1", cap_key=cap), Parked)
-    queue = queue_of(locker)
-    assert queue.hand_off_due().names == []  # its slot is read: due at the pause's end
-    handed: list[bytes] = []
-    # a tick each time the summary says the slot is due (at the pause's end by its node's
-    # clock), at most 4: never the rotation (slot 4,096 or beyond: a 5th tick)
-    slot = slot_of(locker, name)
-    for _ in range(4):
-        wait_until(lambda: (client.zscore(SUMMARY, slot) or 0) <= time.time() * 1000)
-        for found in queue.hand_off_due().names:
-            handed += queue.hand_on(found, reservation_ttl=TTL)
-        if handed:
-            break
-    assert handed == [b"msg-p1"]
+    waits = acquire(locker, name, "p1", cap_key=f"t:cap:{family}")
+    assert isinstance(waits, Parked) and waits.paused
+    assert queue_of(locker).hand_off_due().names == []  # its slot is read: due at the end
+    assert sweep_until_handed(locker, client, name) == [b"msg-p1"]
 
 
 def test_fairly_parked_calls_on_a_cluster_are_handed_the_lock_round_robin(
@@ -284,3 +328,51 @@ def test_the_rotation_still_finds_a_due_lock_whose_slot_was_never_marked(
     for _ in range(REDIS_CLUSTER_HASH_SLOTS // WINDOW + 1):  # one pass over the slots
         seen += queue.hand_off_due().names
     assert seen.count(name) == 1
+
+
+# -- latest wins (replace, lock_debounce) ------------------------------------------------------
+
+
+def test_a_replace_release_on_a_cluster_that_hands_the_lock_on_marks_its_slot(
+    locker: RedisLocker, client: RedisCluster
+) -> None:
+    name = far_name("latest-handed")
+    holder = newest(locker, name, "v1")
+    assert isinstance(holder, Lease)
+    assert isinstance(newest(locker, name, "v2"), Parked)
+    client.zrem(SUMMARY, slot_of(locker, name))
+    assert latest_of(locker).release_latest(holder, reservation_ttl=TTL) == (True, b"msg-v2")
+    assert slot_of(locker, name) in summary_slots(client)
+
+
+def test_a_release_on_a_cluster_leaving_a_debounced_call_waiting_marks_its_slot(
+    locker: RedisLocker, client: RedisCluster
+) -> None:
+    name = far_name("latest-debounced")
+    holder = newest(locker, name, "v1")
+    assert isinstance(holder, Lease)
+    assert isinstance(newest(locker, name, "v2", debounce=60), Parked)
+    client.zrem(SUMMARY, slot_of(locker, name))
+    assert latest_of(locker).release_latest(holder, reservation_ttl=TTL) == (True, None)
+    assert slot_of(locker, name) in summary_slots(client)
+
+
+def test_a_debounced_burst_on_a_cluster_hands_its_newest_call_the_lock_from_the_summary(
+    locker: RedisLocker, client: RedisCluster
+) -> None:
+    name = far_name("latest-burst")
+    for task_id in ("v1", "v2", "v3"):
+        assert isinstance(newest(locker, name, task_id, debounce=1.0), Parked)
+    queue = queue_of(locker)
+    assert queue.hand_off_due().names == []  # its slot is read: due at the debounce's end
+    assert sweep_until_handed(locker, client, name) == [b"msg-v3"]
+
+
+def test_a_replace_call_waiting_behind_a_dead_holder_on_a_cluster_is_found_from_the_summary(
+    locker: RedisLocker, client: RedisCluster
+) -> None:
+    name = far_name("latest-dead")
+    assert isinstance(newest(locker, name, "v1", ttl=1.0), Lease)  # never renewed: it "dies"
+    assert isinstance(newest(locker, name, "v2"), Parked)
+    assert queue_of(locker).hand_off_due().names == []  # its holder's TTL is not over
+    assert sweep_until_handed(locker, client, name) == [b"msg-v2"]

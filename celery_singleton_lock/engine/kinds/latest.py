@@ -1,9 +1,15 @@
 """ "Latest wins" on one Redis server or a Redis Cluster (policy ``replace``, and
-``lock_debounce``, not on a Cluster): at most one call waits behind a lock, the newest; a
-debounced call is held until its due time. Scripts in ``lua/`` (acquire_or_replace,
-release_latest, clear_superseded; the keys in lua/includes/displace.lua); the parked set, the
-hand-off index and the sweeper are those of policy ``queue`` (:mod:`.slot_queue`, with one
-slot).
+``lock_debounce``): at most one call waits behind a lock, the newest; a debounced call is held
+until its due time. Scripts in ``lua/`` (acquire_or_replace, release_latest, clear_superseded;
+the keys in lua/includes/displace.lua); the parked set, the hand-off index and the sweeper are
+those of policy ``queue`` (:mod:`.slot_queue`, with one slot).
+
+On a Redis Cluster, a call that waits and a release that hands the lock on or leaves its
+waiting call to its debounce mark their slot in the summary of due slots
+(:class:`~..slot_sweep.DueSlots`, one more round trip on those paths only), as the queue's do:
+a sweeper finds the lock at its next tick when its debounce, a pause or its holder's TTL ends,
+not up to a whole rotation of the windows of slots later. An uncontended acquire or release
+marks nothing.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from celery_singleton_lock.engine.lease import (
 from celery_singleton_lock.engine.lua_scripts import source
 from celery_singleton_lock.engine.redis_server import RedisServer
 from celery_singleton_lock.engine.server_leases import Issuer, Releases
-from celery_singleton_lock.engine.slot_sweep import SlotSweep
+from celery_singleton_lock.engine.slot_sweep import DueSlots, SlotSweep
 
 
 def _ms(seconds: Optional[float]) -> int:
@@ -36,12 +42,20 @@ def _ms(seconds: Optional[float]) -> int:
 
 
 class LatestWins:
-    """The newest waiting call wins, on ``server``."""
+    """The newest waiting call wins, on ``server``; on a Cluster it marks its slots in
+    ``due_slots``, the summary the queue's sweeper reads (see the module docstring)."""
 
-    def __init__(self, server: RedisServer, issuer: Issuer, releases: Releases) -> None:
+    def __init__(
+        self,
+        server: RedisServer,
+        issuer: Issuer,
+        releases: Releases,
+        due_slots: Optional[DueSlots] = None,
+    ) -> None:
         self.server = server
         self.issuer = issuer
         self.releases = releases
+        self.due_slots = due_slots
         self.acquire_script: Script = server.register(source("acquire_or_replace"))
         self._release_latest: Script = server.register(source("release_latest"))
         self._clear_superseded: Script = server.register(source("clear_superseded"))
@@ -96,10 +110,13 @@ class LatestWins:
         )
         return script_keys, args
 
-    @staticmethod
-    def parked(keys: LockKeys, reply: list[Any]) -> Parked:
-        """The reply of ACQUIRE_OR_REPLACE when the call waits, as :class:`Parked`."""
+    def parked(self, keys: LockKeys, reply: list[Any]) -> Parked:
+        """The reply of ACQUIRE_OR_REPLACE when the call waits, as :class:`Parked`; on a
+        Cluster its slot is marked due (the script may have put its lock due earlier in its
+        slot's index: a debounce's due time, a pause's end, its holder's end)."""
         fields, position, displaced, paused = reply
+        if self.due_slots is not None:
+            self.due_slots.mark(keys.lock)
         holder = None
         if fields:
             pttl, _, rest = as_text(fields).partition("|")
@@ -140,8 +157,13 @@ class LatestWins:
         reply = self.releases.release_with(
             lease, self._release_latest, script_keys, args, remember_for
         )
-        # 0 not ours, 1 released with nothing handed on, or the message handed the lock
-        if isinstance(reply, (bytes, str)):
+        # 0 not ours, 1 released with nothing waiting, 2 released with the waiting call's
+        # debounce running on, or the message handed the lock (its reservation due in the
+        # index): a Cluster marks the slot of the last two, due earlier than it may say
+        handed = isinstance(reply, (bytes, str))
+        if self.due_slots is not None and (handed or reply == 2):
+            self.due_slots.mark(keys.lock)
+        if handed:
             return True, as_bytes(reply)
         return bool(reply), None
 

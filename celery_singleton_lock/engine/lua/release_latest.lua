@@ -15,7 +15,9 @@
 -- ARGV[6..7]  with the finish-record set: as release.lua's ARGV[3..4] (record lifetime in ms,
 --          the owner's task id)
 -- Returns  0: not ours (expired, taken over): nothing released.
---          1: released; nothing waits, or the waiting call is not due yet.
+--          1: released; nothing waits.
+--          2: released; the waiting call is not due yet (its debounce runs on): the hand-off
+--             index names the lock at its due time (slot_sweep.py's summary is marked).
 --          string: released and reserved for the waiting call; its message, to publish.
 --- @include "handoff"
 --- @include "release_lock"
@@ -32,7 +34,7 @@ unindex_held(held, lock)  -- held index
 local due = tonumber(redis.call('HGET', burst, 'due') or '0')
 if due > now_ms() and redis.call('ZCARD', parked) > 0 then
   redis.call('ZADD', index, due, name)
-  return 1
+  return 2
 end
 local handed = hand_off(lock, parked, messages, index, name, reserve_ms)
 if not handed then

@@ -1,9 +1,10 @@
-"""Tasks of ``on_duplicate="restart"`` (tests/celery/test_restart_workers.py), and one of
-``"replace"`` (tests/celery/test_cluster_latest.py runs both on a Redis Cluster). Each body
-records ``<task id>|<pid>`` in ``started:<key>`` as it starts, counts in ``overlaps:<key>`` a
-start while an earlier body of the key is not over (not unwound, and its process alive), and
-records how it ended in ``ended:<key>`` (ran to its end) or ``stopped:<key>`` (stopped when
-asked); ``over:<key>`` lists the bodies that are over, however they ended."""
+"""Tasks of ``on_duplicate="restart"`` (tests/celery/test_restart_workers.py), and two of
+``"replace"``, one debounced (tests/celery/test_cluster_latest.py runs them on a Redis
+Cluster). Each body records ``<task id>|<pid>`` in ``started:<key>`` as it starts, counts in
+``overlaps:<key>`` a start while an earlier body of the key is not over (not unwound, and its
+process alive), and records how it ended in ``ended:<key>`` (ran to its end) or
+``stopped:<key>`` (stopped when asked); ``over:<key>`` lists the bodies that are over, however
+they ended."""
 
 from __future__ import annotations
 
@@ -82,3 +83,11 @@ def short_ttl(self: LockedTask, key: str, seconds: float = 30.0) -> str:
 def newest_waits(self: LockedTask, key: str, seconds: float = 0.0) -> str:
     """``replace``: runs to its end (``seconds``); only the newest call waits behind it."""
     return ignoring_the_stop(key, str(self.request.id), seconds)
+
+
+@app.task(bind=True, base=LockedTask, lock_on=("key",), on_duplicate="replace", lock_debounce=2)
+def debounced(self: LockedTask, key: str) -> str:
+    """``replace`` with ``lock_debounce=2``: the newest of a burst runs 2 s after it came; the
+    time its body started is recorded in ``ran-at:<key>``."""
+    store().rpush(f"ran-at:{key}", str(time.time()))
+    return ignoring_the_stop(key, str(self.request.id), 0.0)

@@ -152,10 +152,6 @@ _NEEDS = (
     ("take_queued", "enqueue_markers", "dedupe_on_enqueue (queued markers)"),
     ("park", "parking", "on_duplicate='queue' (parked messages)"),
 )
-#: what a parked request needs beside ``parking``: the ordered queue, or latest wins with a
-#: debounce (for people, as above)
-_ORDERED = ("ordered_queue", "on_duplicate='queue' (calls parked in order)")
-_DEBOUNCED = ("debounce", "lock_debounce")
 
 
 def unsupported(capabilities: Capabilities, what: str, feature: str, name: str) -> LockError:
@@ -180,13 +176,6 @@ def check(request: AcquireRequest, capabilities: Capabilities, prefix: str) -> N
     if request.fencing or request.min_replicas or request.take_queued or request.park:
         for option, feature, what in _NEEDS:
             if getattr(request, option) and not getattr(capabilities, feature):
-                raise unsupported(capabilities, what, feature, _named(request, prefix))
-        latest = request.latest
-        if request.park is not None:
-            feature, what = (
-                _ORDERED if latest is None else _DEBOUNCED if latest.debounce else ("", "")
-            )
-            if feature and not getattr(capabilities, feature):
                 raise unsupported(capabilities, what, feature, _named(request, prefix))
     if request.limit != 1 or request.rate is not None:
         _check_limit(request, capabilities, prefix)

@@ -36,12 +36,6 @@ class Capabilities:
     cooldown: bool = True
     #: at most N acquisitions per sliding window (``lock_rate``, :mod:`.slots`)
     rate: bool = True
-    #: every duplicate parked in order over the lock's slots, a rate or a cooldown
-    #: (``on_duplicate='queue'``; beside ``parking``, which the newest-call-wins policies
-    #: ``replace`` and ``restart`` need alone)
-    ordered_queue: bool = True
-    #: a waiting call handed the lock by a sweeper at its due time (``lock_debounce``)
-    debounce: bool = True
     #: parking behind several slots, a rate or a cooldown (``on_duplicate='queue'`` with
     #: ``lock_limit`` > 1, ``lock_rate`` or ``lock_cooldown``, :mod:`.kinds.slot_queue`)
     parking_slots: bool = True

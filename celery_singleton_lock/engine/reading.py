@@ -12,11 +12,13 @@ every primary (O(keys in the database)).
 
 from __future__ import annotations
 
+import time
 from typing import Any, Iterator, Optional, Union
 
 import redis
 from redis.cluster import RedisCluster
 from redis.commands.core import Script
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS
 
 from celery_singleton_lock.engine import server_errors, slots
 from celery_singleton_lock.engine.keys import (
@@ -139,20 +141,45 @@ class LockInspector:
     def parked_locks(self, limit: int = 10_000) -> list[tuple[str, int, bool]]:
         """``(lock name, calls parked, lock key held)`` of at most ``limit`` locks with calls
         parked (policies ``queue`` and ``replace``), from the hand-off index (every lock with a
-        parked call is in it, see lua/includes/handoff.lua), in two round trips: no SCAN.
-        Empty on a Redis Cluster, where nothing is parked (parking is refused there)."""
-        if isinstance(self.client, RedisCluster):
-            return []
+        parked call is in it, see lua/includes/handoff.lua), in two round trips: no SCAN. On
+        a Redis Cluster the index is one per slot: all 16,384 are read in one cluster
+        pipeline (one round trip per primary, ~0.1-0.3 s of this process's CPU)."""
         index = handoff_index(self.prefix)
-        names = [
-            as_text(name)
-            for name in server_errors.call(lambda: self.client.zrange(index, 0, limit - 1), index)
-        ]
-        lock_keys = [LockKeys.build(self.prefix, name).lock for name in names]
-        replies = self._each_lock(lock_keys, ("zcard", ":parked"), ("exists", ""))
+        if isinstance(self.client, RedisCluster):
+            names = self._per_slot(index, limit)
+        else:
+            reply = server_errors.call(lambda: self.client.zrange(index, 0, limit - 1), index)
+            names = [as_text(name) for name in reply]
+        keys = [LockKeys.build(self.prefix, name) for name in names]
+        now_ms = int(time.time() * 1000)
+
+        def fetch() -> list[Any]:
+            # held: the lock key, or a slot of its table (a queue's, a limit's) not yet free
+            pipe = self.client.pipeline(transaction=False)
+            for lock in keys:
+                pipe.zcard(lock.parked)
+                pipe.exists(lock.lock)
+                pipe.zcount(lock.slot_table[0], now_ms, "+inf")
+            return pipe.execute()
+
+        replies = server_errors.call(fetch, keys[0].lock) if keys else []
         return [
-            (name, int(count), bool(held)) for name, (count, held) in zip(names, replies) if count
+            (name, int(count), bool(held or slots))
+            for name, count, held, slots in zip(names, *(replies[i::3] for i in range(3)))
+            if count
         ]
+
+    def _per_slot(self, index: str, limit: int) -> list[str]:
+        """At most ``limit`` members of the cluster's per-slot copies of ``index``."""
+
+        def fetch() -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            for slot in range(REDIS_CLUSTER_HASH_SLOTS):
+                pipe.zrange(SharedKeys.of_slot(index, slot), 0, limit - 1)
+            return pipe.execute()
+
+        names = [as_text(name) for reply in server_errors.call(fetch, index) for name in reply]
+        return names[:limit]
 
     def shared_counts(self) -> Optional[tuple[int, int]]:
         """``(fence counters, finish records)`` on one server, read from the shared keys by

@@ -376,3 +376,26 @@ def test_a_replace_call_waiting_behind_a_dead_holder_on_a_cluster_is_found_from_
     assert isinstance(newest(locker, name, "v2"), Parked)
     assert queue_of(locker).hand_off_due().names == []  # its holder's TTL is not over
     assert sweep_until_handed(locker, client, name) == [b"msg-v2"]
+
+
+def test_the_locks_with_calls_parked_on_a_cluster_are_read_from_every_slots_index(
+    locker: RedisLocker,
+) -> None:
+    """What `celery locks doctor` and the metrics' parked gauge read: one lock far from slot 0
+    (its index beyond the first windows), its holder and 2 parked calls."""
+    name = far_name("inspect")
+    assert isinstance(attempt(locker, name, "holder"), Lease)
+    for task_id in ("p1", "p2"):
+        assert isinstance(attempt(locker, name, task_id), Parked)
+    assert [count for found, count, _ in locker.inspect.parked_locks() if found == name] == [2]
+
+
+def test_a_queue_lock_held_by_its_slot_table_is_read_as_held_not_free(
+    locker: RedisLocker,
+) -> None:
+    """A queue keeps its holder in its slot table, not the lock key: `locks doctor` warns of
+    calls parked behind a FREE lock, so a held one must read as held."""
+    name = far_name("held")
+    assert isinstance(attempt(locker, name, "holder"), Lease)
+    assert isinstance(attempt(locker, name, "p1"), Parked)
+    assert [held for found, _, held in locker.inspect.parked_locks() if found == name] == [True]

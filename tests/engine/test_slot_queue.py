@@ -209,6 +209,24 @@ def test_a_release_into_a_cooldown_hands_the_slot_on_when_the_cooldown_ends(
     assert time.monotonic() - started >= 0.45  # not before the cooldown's end
 
 
+def test_a_lock_whose_slots_are_taken_reads_as_held_beside_its_parked_calls(
+    locker: RedisLocker,
+) -> None:
+    """The slot table holds the holders, not the lock key: `locks doctor` warns of calls
+    parked behind a free lock, so this one must read as held."""
+    full_with_parked(locker, "c", "d")
+    assert locker.inspect.parked_locks() == [("job", 2, True)]
+
+
+def test_a_lock_whose_slots_all_freed_reads_as_free_beside_its_parked_calls(
+    locker: RedisLocker,
+) -> None:
+    """Its holders' TTLs over, nobody handed the slots on yet: what the doctor reports."""
+    lease(attempt(locker, "a", limit=1, ttl=0.2))
+    assert isinstance(attempt(locker, "b", limit=1), Parked)
+    wait_until(lambda: locker.inspect.parked_locks() == [("job", 1, False)], timeout=10)
+
+
 def test_the_index_forgets_a_lock_once_nothing_is_parked(locker: RedisLocker) -> None:
     first = lease(attempt(locker, "a", limit=1, rate=(5, 1.0)))
     attempt(locker, "b", limit=1, rate=(5, 1.0))

@@ -33,7 +33,6 @@ NEEDS: dict[str, tuple[Callable[[Any], tuple[str, ...]], Callable[[Any], bool], 
     "lock_limit": (lambda _: ("slots",), lambda limit: limit != 1, "limit"),
     "lock_cooldown": (lambda _: ("cooldown",), bool, "cooldown"),
     "lock_rate": (lambda _: ("rate",), lambda rate: rate is not None, "rate"),
-    "lock_debounce": (lambda _: ("debounce",), bool, "debounce"),
 }
 
 #: options that, beside a parking policy, need ``parking_slots`` (calls parked behind several

@@ -190,7 +190,7 @@ class Queue(DuplicatePolicy):
 
     name = "queue"
     parks = True
-    needs: ClassVar[tuple[str, ...]] = ("parking", "ordered_queue")
+    needs: ClassVar[tuple[str, ...]] = ("parking",)
     parks_behind_slots = True
     waits_when_eager = True
     stores_state = True

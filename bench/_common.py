@@ -256,6 +256,28 @@ def fill_defaults(
             parser.error(f"--{name} must be at least 1")
 
 
+def sized_options(
+    module: str,
+    description: Optional[str],
+    argv: Optional[Sequence[str]],
+    option: str,
+    sizes: tuple[int, int],
+    *extra: tuple[str, int, str],
+) -> argparse.Namespace:
+    """``--quick`` and ``--<option>`` (how many; ``sizes`` is (quick, full)) of a counting
+    benchmark (the module ``bench.NAME``), and ``extra`` integer options as (name, default,
+    help)."""
+    prog = f"python -m bench {module.rsplit('.', 1)[-1]}"
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument(f"--{option}", type=int, help=f"default {sizes[1]:,}; --quick {sizes[0]:,}")
+    parser.add_argument("--quick", action="store_true", help=f"{option}: {sizes[0]:,}")
+    for name, default, text in extra:
+        parser.add_argument(f"--{name}", type=int, default=default, help=f"{text} ({default})")
+    args = parser.parse_args(argv)
+    fill_defaults(parser, args, {option: sizes}, (option,))
+    return args
+
+
 def rounds_and_cycles(
     prog: str, description: Optional[str], argv: Sequence[str], rounds: tuple[int, int]
 ) -> argparse.Namespace:
@@ -276,3 +298,18 @@ def stop_workers(group: Any, failed: bool) -> None:
     if failed:
         print(group.logs(), file=sys.stderr)
     shutil.rmtree(group.log_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def worker_group(servers: Any) -> Iterator[Any]:
+    """A ``tests.celery.workers.WorkerGroup`` of ``servers``, stopped at the end: its logs are
+    printed only if the run failed (the tests' own ``worker_group`` prints them always)."""
+    from tests.celery.workers import WorkerGroup
+
+    group = WorkerGroup(servers)
+    failed = True
+    try:
+        yield group
+        failed = False
+    finally:
+        stop_workers(group, failed)

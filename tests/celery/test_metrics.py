@@ -23,10 +23,10 @@ from celery_singleton_lock.celery.observe import metrics
 from celery_singleton_lock.celery.signals import lock_acquired, lock_duplicate, lock_released
 from celery_singleton_lock.engine import Lease, Owner, RedisLocker
 from celery_singleton_lock.errors import LockConfigurationError
-from celery_singleton_lock.testing import RedisServer, free_port
+from celery_singleton_lock.testing import RedisServer
 from tests.celery.tasks import policies, runtime
 from tests.celery.workers import (
-    Servers,
+    MetricsServers,
     children_of,
     client_app,
     close_client,
@@ -39,20 +39,6 @@ prometheus_parser = pytest.importorskip("prometheus_client.parser")
 
 SKIP_TASK = policies.hold_skip.name
 SKIPS, ACQUIRES = 7, 20
-
-
-@dataclass
-class MetricsServers(Servers):
-    metrics_port: int = 0
-    metrics_dir: str = ""
-
-    def env(self, queue: str, **extra: str) -> dict[str, str]:
-        return super().env(
-            queue,
-            CSL_METRICS_PORT=str(self.metrics_port),
-            CSL_METRICS_DIR=self.metrics_dir,
-            **extra,
-        )
 
 
 def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -116,13 +102,7 @@ def metrics_worker(
 ) -> Iterator[tuple[Any, Any, int]]:
     """A real worker of ``metricsapp`` (the metrics on, served on a free port): the worker, a
     client app sending to its queue, and the port."""
-    servers = MetricsServers(
-        broker_url=broker.url,
-        lock=lock,
-        app="tests.celery.metricsapp",
-        metrics_port=free_port(),
-        metrics_dir=metrics_dir,
-    )
+    servers = MetricsServers.of(broker, lock, metrics_dir)
     with worker_group(servers) as group:
         (worker,) = group.start(concurrency=concurrency, extra_args=extra_args)
         client = client_app(servers, worker.queue)

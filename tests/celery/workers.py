@@ -31,7 +31,7 @@ from typing import Any, Iterator, Optional, Sequence
 from celery import Celery
 
 from celery_singleton_lock.engine.keys import LockKeys
-from celery_singleton_lock.testing import RedisServer
+from celery_singleton_lock.testing import RedisServer, free_port
 from tests.support import BROKER_POLLING_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,6 +112,34 @@ class Servers:
             env["CSL_VISIBILITY_TIMEOUT"] = str(self.visibility_timeout)
         env.update(extra)
         return env
+
+
+@dataclass
+class MetricsServers(Servers):
+    """:class:`Servers` of workers of ``tests.celery.metricsapp``: the port they serve
+    ``/metrics`` on and their multiprocess folder."""
+
+    metrics_port: int = 0
+    metrics_dir: str = ""
+
+    @classmethod
+    def of(cls, broker: RedisServer, lock: RedisServer, metrics_dir: str) -> MetricsServers:
+        """Workers of ``metricsapp`` on these servers, serving ``/metrics`` on a free port."""
+        return cls(
+            broker_url=broker.url,
+            lock=lock,
+            app="tests.celery.metricsapp",
+            metrics_port=free_port(),
+            metrics_dir=metrics_dir,
+        )
+
+    def env(self, queue: str, **extra: str) -> dict[str, str]:
+        return super().env(
+            queue,
+            CSL_METRICS_PORT=str(self.metrics_port),
+            CSL_METRICS_DIR=self.metrics_dir,
+            **extra,
+        )
 
 
 class CeleryWorkerProcess:

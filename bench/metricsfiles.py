@@ -57,8 +57,10 @@ def run(tasks: int, scrapes: int, per_child: int) -> None:
     from tests.celery.tasks import policies
     from tests.celery.workers import MetricsServers, children_of, client_app, close_client, unique
 
-    directory = tempfile.mkdtemp(prefix="bench-metricsfiles-")
-    with RedisServer.running() as server:
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-metricsfiles-") as directory,
+        RedisServer.running() as server,
+    ):
         servers = MetricsServers.of(server, server, directory)
         with worker_group(servers) as group:
             (worker,) = group.start(

@@ -48,7 +48,7 @@ from celery_singleton_lock.celery.config.servers import choose_url
 from celery_singleton_lock.celery.config.urls import redact_loosely
 from celery_singleton_lock.celery.duplicates import enqueue
 from celery_singleton_lock.celery.task.locked_task import LockedTask
-from celery_singleton_lock.engine import LockBackend, LockKeys
+from celery_singleton_lock.engine import LockBackend, LockKeys, PartsReader
 from celery_singleton_lock.errors import DuplicateTaskError as _DuplicateTaskError
 from celery_singleton_lock.errors import LockConfigurationError, LockError
 
@@ -350,11 +350,12 @@ def clear_locks(app: Any) -> int:
     if not starts:
         return 0
     locker = locker_for(app)
-    markers = locker.markers
-    if markers is None:  # a backend that keeps no markers has none to clear
+    markers, inspector = locker.markers, locker.inspect
+    # a backend that keeps no markers (a quorum) has none to clear
+    if markers is None or not isinstance(inspector, PartsReader):
         return 0
     cleared = 0
-    for name in list(locker.inspect.queued_names()):
+    for name in list(inspector.queued_names()):
         if not name.startswith(starts):
             continue
         task_id = markers.queued(name)

@@ -41,7 +41,11 @@ class ReleaseSubscription(Protocol):
 
 
 class LockReader(Protocol):
-    """Reads of the locks under a backend's prefix (:class:`~.reading.LockInspector`)."""
+    """Reads of the locks under a backend's prefix (:class:`~.reading.LockInspector`): who
+    holds them, their fences. The reads of the parts a backend may not have are
+    :class:`PartsReader` and :class:`KeyspaceReader`: a reader declares them only where the
+    parts exist, and a caller asks for them (``isinstance``) rather than read a stub's
+    "none"."""
 
     @property
     def prefix(self) -> str: ...
@@ -54,6 +58,15 @@ class LockReader(Protocol):
 
     def fence(self, name: str) -> int: ...
 
+    def scan(self, count: int = 500) -> Iterator[LockHolder]: ...
+
+
+@runtime_checkable
+class PartsReader(LockReader, Protocol):
+    """Reads of the parts beside the leases: the calls parked behind a lock (policies
+    ``queue``, ``replace``), a rate's window (``lock_rate``), the queued markers
+    (``dedupe_on_enqueue``). Redis and PostgreSQL; not a quorum, which refuses those parts."""
+
     def parked(self, name: str) -> list[str]: ...
 
     def waiting_newest(self, name: str) -> Optional[tuple[str, Optional[float]]]: ...
@@ -62,13 +75,17 @@ class LockReader(Protocol):
 
     def parked_locks(self, limit: int = 10_000) -> list[tuple[str, int, bool]]: ...
 
-    def shared_counts(self) -> Optional[tuple[int, int]]: ...
-
     def rate_use(self, lock_keys: list[str]) -> list[tuple[int, Optional[float]]]: ...
 
-    def scan(self, count: int = 500) -> Iterator[LockHolder]: ...
-
     def queued_names(self, count: int = 500) -> Iterator[str]: ...
+
+
+@runtime_checkable
+class KeyspaceReader(PartsReader, Protocol):
+    """Reads of the keys themselves, for ``locks doctor``: Redis only (one server, Sentinel,
+    a Cluster), whose markers and shared counters are keys."""
+
+    def shared_counts(self) -> Optional[tuple[int, int]]: ...
 
     def marker_keys(self, count: int = 500) -> Iterator[str]: ...
 
@@ -203,8 +220,8 @@ class LockBackend(LeaseKeeper, Protocol):
     cooldown are parts beside them (:class:`ParkingQueue`, :class:`LatestQueue`,
     :class:`QueuedMarkers`, :class:`CooldownRelease`), None on a backend that has none:
     nothing there answers with a stub. An acquire its :class:`Capabilities` exclude (with
-    ``fencing``, ``park``...) is refused with ``LockConfigurationError``; the reads of parked
-    calls and queued markers answer "none" there, which is true: none can be made.
+    ``fencing``, ``park``...) is refused with ``LockConfigurationError``; its reader declares
+    no reads of the parts it has not (:class:`LockReader`).
     """
 
     @property

@@ -17,7 +17,7 @@ from typing import (
 
 import redis
 
-from celery_singleton_lock.engine import absent_reads, server_errors
+from celery_singleton_lock.engine import server_errors
 from celery_singleton_lock.engine.capabilities import Capabilities
 from celery_singleton_lock.engine.fan_out import FanOut
 from celery_singleton_lock.engine.lease import LockHolder
@@ -123,16 +123,6 @@ class QuorumInspector:
         refused on a quorum, so this is 0 unless the servers were used singly before."""
         futures = self._quorum.each(lambda server: server.inspect.fence(name))
         return max(value or 0 for value in self._quorum.answers(futures, name))
-
-    # the parts this backend does not have read as none (see :mod:`.absent_reads`)
-    waiting_newest = absent_reads.no_waiting_newest
-    parked = absent_reads.nothing_parked
-    parked_counts = absent_reads.no_parked_counts
-    parked_locks = absent_reads.no_parked_locks
-    shared_counts = absent_reads.no_shared_counts
-    rate_use = absent_reads.no_rate_use
-    queued_names = absent_reads.no_queued_names
-    marker_keys = absent_reads.no_marker_keys
 
     def scan(self, count: int = 500) -> Iterator[LockHolder]:
         """Every lock held on a majority (SCAN on each server)."""

@@ -24,8 +24,8 @@ layer, the renewer and the CLI take it where they take a ``RedisLocker``) that c
 
 What it cannot do is said, each with its reason, by its capabilities (:data:`QUORUM`), and
 refused with ``LockConfigurationError`` when asked for: fencing tokens, waiting for replicas,
-the queued markers of enqueue deduplication and parking. Reads of parked calls and queued
-markers answer "none", which is true: none can be made here.
+the queued markers of enqueue deduplication and parking. Its reader reads only who holds a
+lock (no :class:`~.backend.PartsReader`: nothing is parked nor marked here).
 
 Safety rests on timing assumptions (bounded clock drift, bounded process pauses and network
 delays); see docs/explanation/redlock-safety.md: the fence, not the quorum, protects data,

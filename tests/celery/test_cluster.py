@@ -29,7 +29,7 @@ from celery.result import AsyncResult
 from celery_singleton_lock.testing import RedisServer
 from tests.celery.streams import most_inside_at_once, ran, starts, wait_for
 from tests.celery.tasks import expiry
-from tests.celery.workers import Servers, client_app, close_client, unique, worker_group
+from tests.celery.workers import LocksApart, client_app, close_client, unique, worker_group
 from tests.chaos.conftest import chaos_figures  # noqa: F401 (fixture)
 from tests.cluster_topology import ClusterGroup, Failover
 
@@ -39,25 +39,21 @@ LONG_BODY = 1.5  # seconds, past short_ttl_retry's lock_ttl of 1 s
 
 
 @dataclass
-class ClusterServers(Servers):
-    """Broker, results and records on ``lock`` (a plain server); locks on ``group``."""
+class ClusterServers(LocksApart):
+    """Locks on ``group``."""
 
     group: Optional[ClusterGroup] = None
     #: the policy of the queue tasks (tests/celery/tasks/queueing.py's QUEUE): "retry" for the
     #: streams of this module, "queue" where the queue on a Cluster is what is tested
     queue_policy: str = "retry"
 
-    def env(self, queue: str, **extra: str) -> dict[str, str]:
+    def lock_env(self) -> dict[str, str]:
         assert self.group is not None
-        return super().env(
-            queue,
-            CSL_LOCK_URL=self.group.url,
-            CSL_RECORDS_URL=self.lock.url.replace("/0", "/2"),
-            CSL_QUEUE_POLICY=self.queue_policy,
-            # a Cluster refuses lock_min_replicas at worker start
-            CSL_MIN_REPLICAS="0",
-            **extra,
-        )
+        return {
+            "CSL_LOCK_URL": self.group.url,
+            "CSL_QUEUE_POLICY": self.queue_policy,
+            "CSL_MIN_REPLICAS": "0",  # a Cluster refuses lock_min_replicas at worker start
+        }
 
 
 @dataclass
@@ -108,7 +104,7 @@ def run(request: pytest.FixtureRequest) -> Iterator[Run]:
             group=group,
         )
         client = client_app(servers)
-        records = redis.Redis.from_url(servers.lock.url.replace("/0", "/2"), socket_timeout=5)
+        records = servers.records()
         errors: list[Exception] = []
         try:
             with worker_group(servers) as workers:

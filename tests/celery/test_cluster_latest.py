@@ -62,7 +62,7 @@ def cluster(celery_app: Any) -> Iterator[Cluster]:
         servers = ClusterServers(broker_url=plain.url, lock=plain, group=group)
         hourly = HourlyReads(servers.broker_url, servers.lock, group=group)
         client = client_app(hourly)
-        records = redis.Redis.from_url(plain.url.replace("/0", "/2"), socket_timeout=5)
+        records = servers.records()
         locks = group.client()
         try:
             with worker_group(hourly) as workers:

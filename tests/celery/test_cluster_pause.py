@@ -63,7 +63,7 @@ def cluster(celery_app: Any) -> Iterator[Cluster]:
     with ClusterGroup.running() as group, RedisServer.running() as plain:
         servers = ClusterServers(broker_url=plain.url, lock=plain, group=group)
         client = client_app(servers)
-        records = redis.Redis.from_url(plain.url.replace("/0", "/2"), socket_timeout=5)
+        records = servers.records()
         try:
             with worker_group(servers) as workers:
                 (worker,) = workers.start(1, pool="prefork", concurrency=3)

@@ -83,7 +83,7 @@ def cluster_of(group: ClusterGroup, plain: RedisServer, workers: WorkerGroup) ->
     servers = workers.servers
     assert isinstance(servers, ClusterServers)
     client = client_app(servers)
-    records = redis.Redis.from_url(plain.url.replace("/0", "/2"), socket_timeout=5)
+    records = servers.records()
     locks = RedisCluster.from_url(group.url)
     try:
         # two workers on one queue: a call parked by one may be handed to the other

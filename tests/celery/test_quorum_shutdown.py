@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Iterator
 
 import pytest
-import redis
 
 from tests.celery.test_quorum_workers import (
     APP,
@@ -65,7 +64,7 @@ def cold_shutdown(servers: QuorumServers, pool: str, signals: int) -> Shutdown:
     the worker said it handled the first), and watch the locks until the worker exited."""
     with ExitStack() as stack:
         client = stack.enter_context(_closing(client_app(servers)))
-        records = redis.Redis.from_url(servers.lock.url.replace("/0", "/2"), socket_timeout=5)
+        records = servers.records()
         stack.callback(records.close)
         with worker_group(servers) as workers:
             (worker,) = workers.start(1, pool=pool, concurrency=2)

@@ -26,7 +26,7 @@ from celery.result import AsyncResult
 
 from celery_singleton_lock.testing import RedisServer
 from tests.celery.streams import ran, starts, wait_for
-from tests.celery.workers import Servers, client_app, close_client, unique, worker_group
+from tests.celery.workers import LocksApart, client_app, close_client, unique, worker_group
 from tests.chaos.conftest import chaos_figures  # noqa: F401 (fixture)
 
 APP = "tests.celery.quorumapp"
@@ -36,18 +36,13 @@ DRAIN_BUDGET = 60.0
 
 
 @dataclass
-class QuorumServers(Servers):
-    """Broker, results and records on ``lock`` (a plain server); locks on ``quorum``."""
+class QuorumServers(LocksApart):
+    """Locks on ``quorum``."""
 
     quorum: list[RedisServer] = field(default_factory=list)
 
-    def env(self, queue: str, **extra: str) -> dict[str, str]:
-        return super().env(
-            queue,
-            CSL_LOCK_URLS=",".join(server.url for server in self.quorum),
-            CSL_RECORDS_URL=self.lock.url.replace("/0", "/2"),
-            **extra,
-        )
+    def lock_env(self) -> dict[str, str]:
+        return {"CSL_LOCK_URLS": ",".join(server.url for server in self.quorum)}
 
 
 @dataclass
@@ -103,7 +98,7 @@ def stream(request: pytest.FixtureRequest) -> Iterator[Stream]:
             quorum=quorum,
         )
         client = client_app(servers)
-        records = redis.Redis.from_url(plain.url.replace("/0", "/2"), socket_timeout=5)
+        records = servers.records()
         try:
             with worker_group(servers) as workers:
                 yield run_stream(size, quorum, workers, client, records)
@@ -249,9 +244,9 @@ def running_quorum() -> Iterator[QuorumServers]:
 def test_a_pool_child_killed_holding_a_quorum_lock_has_it_freed_on_every_server() -> None:
     with ExitStack() as stack:
         servers = stack.enter_context(running_quorum())
-        plain, quorum = servers.lock, servers.quorum
+        quorum = servers.quorum
         client = stack.enter_context(_closing(client_app(servers)))
-        records = redis.Redis.from_url(plain.url.replace("/0", "/2"), socket_timeout=5)
+        records = servers.records()
         stack.callback(records.close)
         with worker_group(servers) as workers:
             (worker,) = workers.start(1, pool="prefork", concurrency=2)

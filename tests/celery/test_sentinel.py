@@ -34,7 +34,7 @@ from celery.result import AsyncResult
 from celery_singleton_lock.testing import RedisServer
 from tests.celery.streams import most_inside_at_once, ran, starts, wait_for
 from tests.celery.tasks import expiry
-from tests.celery.workers import Servers, client_app, close_client, unique, worker_group
+from tests.celery.workers import LocksApart, client_app, close_client, unique, worker_group
 from tests.chaos.conftest import chaos_figures  # noqa: F401 (fixture)
 from tests.sentinel_topology import Failover, SentinelGroup
 
@@ -43,20 +43,17 @@ DRAIN_BUDGET = 90.0
 
 
 @dataclass
-class SentinelServers(Servers):
-    """Broker, results and records on ``lock`` (a plain server); locks on ``group``."""
+class SentinelServers(LocksApart):
+    """Locks on ``group``."""
 
     group: Optional[SentinelGroup] = None
 
-    def env(self, queue: str, **extra: str) -> dict[str, str]:
+    def lock_env(self) -> dict[str, str]:
         assert self.group is not None
-        return super().env(
-            queue,
-            CSL_LOCK_URL=self.group.url,
-            CSL_LOCK_TRANSPORT_OPTIONS=json.dumps(self.group.transport_options),
-            CSL_RECORDS_URL=self.lock.url.replace("/0", "/2"),
-            **extra,
-        )
+        return {
+            "CSL_LOCK_URL": self.group.url,
+            "CSL_LOCK_TRANSPORT_OPTIONS": json.dumps(self.group.transport_options),
+        }
 
 
 @dataclass
@@ -119,7 +116,7 @@ def stream(request: pytest.FixtureRequest) -> Iterator[Stream]:
             group=group,
         )
         client = client_app(servers)
-        records = redis.Redis.from_url(servers.lock.url.replace("/0", "/2"), socket_timeout=5)
+        records = servers.records()
         try:
             with worker_group(servers) as workers:
                 yield run_stream(size, group, workers, client, records, TASKS[request.param])

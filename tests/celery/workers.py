@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
+import redis
 from celery import Celery
 
 from celery_singleton_lock.engine.keys import LockKeys
@@ -140,6 +141,28 @@ class MetricsServers(Servers):
             CSL_METRICS_DIR=self.metrics_dir,
             **extra,
         )
+
+
+class LocksApart(Servers):
+    """Broker, results and the bodies' records on ``lock`` (a plain server, records in its
+    db 2); the locks on the servers :meth:`lock_env` names (a Sentinel group, a Cluster, a
+    quorum), which the tests fail over or stop."""
+
+    @property
+    def records_url(self) -> str:
+        return self.lock.url.replace("/0", "/2")
+
+    def records(self) -> redis.Redis:
+        """A client of the records (the caller closes it)."""
+        return redis.Redis.from_url(self.records_url, socket_timeout=5)
+
+    def lock_env(self) -> dict[str, str]:
+        """The workers' settings of the lock servers."""
+        raise NotImplementedError
+
+    def env(self, queue: str, **extra: str) -> dict[str, str]:
+        settings = {"CSL_RECORDS_URL": self.records_url, **self.lock_env(), **extra}
+        return super().env(queue, **settings)
 
 
 class CeleryWorkerProcess:

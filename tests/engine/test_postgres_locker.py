@@ -12,7 +12,14 @@ from typing import Any, Iterator
 
 import pytest
 
-from celery_singleton_lock.engine import Lease, LockHolder, Owner, Renewer
+from celery_singleton_lock.engine import (
+    KeyspaceReader,
+    Lease,
+    LockHolder,
+    Owner,
+    PartsReader,
+    Renewer,
+)
 from celery_singleton_lock.errors import AlreadyFinished, LockConfigurationError
 from tests.engine.conftest import stop_renewing
 from tests.postgres_support import postgres_schema
@@ -21,6 +28,7 @@ from tests.support import wait_until
 pytest.importorskip("psycopg")
 
 from celery_singleton_lock.engine.postgres.locker import PostgresLocker
+from celery_singleton_lock.engine.postgres.schema import FUNCTION_FILES
 
 
 @pytest.fixture
@@ -261,5 +269,12 @@ def test_a_schema_set_up_again_leaves_its_functions_as_they_are(locker: Postgres
     locker.ensure_schema()
     before = locker.connections.run(functions, None)
     locker.ensure_schema()
-    assert len(before) == 5
+    assert len(before) == len(FUNCTION_FILES)
     assert locker.connections.run(functions, None) == before
+
+
+def test_a_postgres_reader_reads_the_parts_but_declares_no_reads_of_redis_keys(
+    locker: PostgresLocker,
+) -> None:
+    inspect = locker.inspect
+    assert isinstance(inspect, PartsReader) and not isinstance(inspect, KeyspaceReader)

@@ -8,7 +8,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from celery_singleton_lock.engine import QUORUM, AcquireRequest, Owner, Renewer
+from celery_singleton_lock.engine import QUORUM, AcquireRequest, Owner, PartsReader, Renewer
 from celery_singleton_lock.engine.redlock import QuorumLease, QuorumLocker
 from celery_singleton_lock.errors import LockConfigurationError
 from celery_singleton_lock.testing import RedisServer
@@ -87,9 +87,10 @@ def test_a_quorum_declares_no_queue_latest_wins_markers_or_cooldown(quorum: Quor
     assert (quorum.queue, quorum.latest, quorum.markers, quorum.cooldown) == (None,) * 4
 
 
-def test_a_quorums_reads_find_nothing_parked(quorum: QuorumLocker) -> None:
-    held(quorum, "a")
-    assert quorum.inspect.parked("a") == []
+def test_a_quorums_reader_declares_no_reads_of_parked_calls_rates_or_markers(
+    quorum: QuorumLocker,
+) -> None:
+    assert not isinstance(quorum.inspect, PartsReader)
 
 
 @pytest.mark.parametrize(

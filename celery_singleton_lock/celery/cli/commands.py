@@ -55,7 +55,7 @@ from celery_singleton_lock.celery.cli.lock_release import (
     release_lock,
 )
 from celery_singleton_lock.celery.config.urls import redact_loosely
-from celery_singleton_lock.engine import LiveRule, LockKeys
+from celery_singleton_lock.engine import LiveRule, LockKeys, PartsReader
 from celery_singleton_lock.errors import LockConfigurationError, LockError
 
 
@@ -302,8 +302,10 @@ def show(
             slot_holders, starts, empty_in = read_slots(target, name)
             inspector = target.inspector
             views = inspector.per_server(name) if target.quorum else None
-            parked = asking(target, lambda: inspector.parked(name))
-            newest = asking(target, lambda: inspector.waiting_newest(name)) if parked else None
+            parked, newest = [], None
+            if isinstance(inspector, PartsReader):  # a backend where calls can be parked
+                parked = asking(target, lambda: inspector.parked(name))
+                newest = asking(target, lambda: inspector.waiting_newest(name)) if parked else None
             rule: Optional[LiveRule] = None
             rules = None if target.quorum else target.backend.live_rules
             if rules is not None:  # one server, Sentinel or PostgreSQL: a live cap or pause

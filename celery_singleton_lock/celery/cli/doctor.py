@@ -37,7 +37,7 @@ from celery_singleton_lock.celery.worker.start_checks import (
     eviction_finding,
     locked_tasks,
 )
-from celery_singleton_lock.engine import Client, slot_of
+from celery_singleton_lock.engine import Client, KeyspaceReader, PartsReader, slot_of
 from celery_singleton_lock.errors import LockConfigurationError, LockError
 
 #: No SCAN of the doctor looks at more than this many matching keys.
@@ -295,11 +295,12 @@ def _marker_age(app: Any, name: str, ttl_left: float) -> Optional[float]:
 def check_markers(target: Target, app: Any, invocation: str = INVOCATION) -> list[Finding]:
     """Enqueue markers (dedupe_on_enqueue) with no TTL, or naming a task that already ran:
     either blocks new calls of its lock name."""
-    if target.quorum:
+    inspector = target.inspector
+    if not isinstance(inspector, KeyspaceReader):  # markers are not keys there (a quorum)
         return []
-    client, prefix = target.client, target.inspector.prefix
+    client, prefix = target.client, inspector.prefix
     # from the marker index on one server (no SCAN), by SCAN on a Cluster
-    keys = list(itertools.islice(target.inspector.marker_keys(), SCAN_LIMIT))
+    keys = list(itertools.islice(inspector.marker_keys(), SCAN_LIMIT))
     if not keys:
         return []
     pipe = client.pipeline(transaction=False)
@@ -344,9 +345,9 @@ def check_markers(target: Target, app: Any, invocation: str = INVOCATION) -> lis
     return found
 
 
-def _parked_behind_free(target: Target) -> dict[str, int]:
+def _parked_behind_free(inspector: PartsReader) -> dict[str, int]:
     # from the hand-off index (no SCAN): every lock with a parked call is in it
-    parked = target.inspector.parked_locks(SCAN_LIMIT)
+    parked = inspector.parked_locks(SCAN_LIMIT)
     return {name: count for name, count, held in parked if not held}
 
 
@@ -355,14 +356,15 @@ def check_parked(
 ) -> list[Finding]:
     """Calls parked behind a lock that is free: a hand-off sweeper should have sent the oldest.
     Looked at twice, a sweep interval apart, so a hand-off under way is not reported."""
-    if target.quorum:
+    inspector = target.inspector
+    if not isinstance(inspector, PartsReader):  # nothing is parked there (a quorum)
         return []
-    first = _parked_behind_free(target)
+    first = _parked_behind_free(inspector)
     if not first:
         return []
     interval = handoff_settings(app.conf)[0] if app is not None else 1.0
     sleep(min(interval, 5.0) + 0.5)
-    still = _parked_behind_free(target)
+    still = _parked_behind_free(inspector)
     return [
         Finding(
             "warning",
@@ -378,10 +380,11 @@ def check_parked(
 
 
 def check_counts(target: Target) -> list[Finding]:
-    if target.quorum:
+    inspector = target.inspector
+    if not isinstance(inspector, KeyspaceReader):  # no shared keys there (a quorum)
         return []
-    client, prefix = target.client, target.inspector.prefix
-    counted_by_name = target.inspector.shared_counts()  # one server: by name, no SCAN
+    client, prefix = target.client, inspector.prefix
+    counted_by_name = inspector.shared_counts()  # one server: by name, no SCAN
     if counted_by_name is not None:
         counters, records = counted_by_name
         return [

@@ -23,6 +23,7 @@ from celery_singleton_lock.engine import (
     LockHolder,
     LockInspector,
     LockKeys,
+    PartsReader,
     slot_of,
 )
 from celery_singleton_lock.errors import LockConfigurationError, LockError
@@ -130,6 +131,8 @@ class LockStream:
         # a slot's key (``...}:slot:k``): its lock's parked calls and rate window
         keys = [holder.key[: holder.key.rindex("}") + 1] for holder in holders]
         inspector = self.target.inspector
+        if not isinstance(inspector, PartsReader):  # no parked calls nor rates (a quorum)
+            return ListedPage(holders, [0] * len(keys), [(0, None)] * len(keys))
         parked = asking(self.target, lambda: inspector.parked_counts(keys))
         rates = asking(self.target, lambda: inspector.rate_use(keys))
         return ListedPage(holders, parked, rates)
@@ -289,6 +292,8 @@ def read_slots(target: Target, name: str) -> tuple[list[LockHolder], int, Option
     inspector = target.inspector
     key = LockKeys.build(inspector.prefix, name).lock
     holders = asking(target, lambda: inspector.holders(name, SHOWN_SLOTS))
+    if not isinstance(inspector, PartsReader):  # no rate (a quorum)
+        return holders, 0, None
     ((starts, empty_in),) = asking(target, lambda: inspector.rate_use([key]))
     return holders, starts, empty_in
 

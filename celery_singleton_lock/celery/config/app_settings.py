@@ -3,7 +3,7 @@ the servers and the policy ``queue``'s hand-offs need without a task's options."
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Optional
 
 from celery_singleton_lock.celery.config.options import APP_SETTINGS, MAX_TTL
 from celery_singleton_lock.errors import LockConfigurationError
@@ -21,6 +21,23 @@ def lock_prefix(conf: Mapping[str, Any]) -> Any:
     """The configured key prefix (validated by the caller); the default when unset."""
     prefix = conf.get("singleton_lock_prefix")
     return APP_SETTINGS["singleton_lock_prefix"].default if prefix is None else prefix
+
+
+def metrics_port(conf: Mapping[str, Any]) -> Optional[int]:
+    """The port the worker serves ``/metrics`` on (``singleton_lock_metrics_port``), None for
+    none.
+
+    Raises:
+        LockConfigurationError: naming the setting.
+    """
+    port = conf.get("singleton_lock_metrics_port")
+    if port is not None and (
+        isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535
+    ):
+        raise LockConfigurationError(
+            f"singleton_lock_metrics_port must be None or a TCP port (0-65535), got {port!r}"
+        )
+    return port
 
 
 #: Policies ``queue`` and ``replace``: seconds a slot handed to a parked call stays reserved

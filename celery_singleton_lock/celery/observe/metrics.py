@@ -43,6 +43,7 @@ from typing import Any, Iterator, Optional
 
 from redis.exceptions import RedisError
 
+from celery_singleton_lock.celery.config.app_settings import metrics_port
 from celery_singleton_lock.celery.config.lockers import locker_for
 from celery_singleton_lock.celery.observe import timing
 from celery_singleton_lock.celery.observe.serving import quiet_server
@@ -81,13 +82,7 @@ def check_settings(conf: Any) -> None:
     Raises:
         LockConfigurationError: naming the setting, or the missing extra.
     """
-    port = conf.get("singleton_lock_metrics_port")
-    if port is not None and (
-        isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535
-    ):
-        raise LockConfigurationError(
-            f"singleton_lock_metrics_port must be None or a TCP port (0-65535), got {port!r}"
-        )
+    metrics_port(conf)
     if not enabled(conf):
         return
     try:
@@ -356,7 +351,7 @@ def serve(app: Any) -> None:
     """Serve ``/metrics`` on ``singleton_lock_metrics_port`` from the worker's main process
     (``worker_ready``); nothing when the port is None or the metrics are off."""
     global _server
-    port = app.conf.get("singleton_lock_metrics_port")
+    port = metrics_port(app.conf)
     if _metrics is None or port is None or _server is not None:
         return
     from prometheus_client import CollectorRegistry, make_wsgi_app
@@ -365,7 +360,7 @@ def serve(app: Any) -> None:
     register_collectors(registry, app)
     address = app.conf.get("singleton_lock_metrics_address") or "127.0.0.1"
     try:
-        _server = quiet_server(address, int(port), make_wsgi_app(registry))
+        _server = quiet_server(address, port, make_wsgi_app(registry))
     except OSError as exc:
         log.error("lock metrics not served on %s:%s: %s", address, port, exc)
         return

@@ -44,7 +44,11 @@ _get_current_span: Any = None
 
 
 def _recording_span() -> Any:
+    """The span current and recording in this thread, or None (always None in a process with
+    no tracer provider, whose receivers are disconnected then: see :func:`_no_provider`)."""
     global _get_current_span
+    if _provider_set is None and _no_provider():
+        return None
     if _get_current_span is None:
         from opentelemetry.trace import get_current_span
 
@@ -85,8 +89,6 @@ def _no_provider() -> bool:
 def _on_acquired(
     task_id: Optional[str] = None, key: str = "", fence: Optional[int] = None, **_: Any
 ) -> None:
-    if _provider_set is None and _no_provider():
-        return
     span = _recording_span()
     if span is None:
         return
@@ -105,8 +107,6 @@ def _on_acquired(
 def _on_duplicate(
     key: str = "", holder: Any = None, action: str = "", reason: str = "held", **_: Any
 ) -> None:
-    if _provider_set is None and _no_provider():
-        return
     span = _recording_span()
     if span is None:
         return

@@ -23,7 +23,7 @@ from celery_singleton_lock.celery.cli.lock_listing import (
     rule_json,
     waiting_line,
 )
-from celery_singleton_lock.engine import LiveRule, LockHolder
+from celery_singleton_lock.engine import LiveRule, LockHolder, PartsReader
 
 #: Locks listed at most (the page says when there are more).
 LIST_LIMIT = 500
@@ -116,8 +116,10 @@ def read_overview(target: Target, app: Any, ping_timeout: float) -> Overview:
         row = _row(target, holder, parked, rate, answering, now, said)
         said.add(row.name)
         held.append(row)
-    names = asking(
-        target, lambda: list(itertools.islice(inspector.queued_names(), QUEUED_LIMIT + 1))
+    names = (
+        asking(target, lambda: list(itertools.islice(inspector.queued_names(), QUEUED_LIMIT + 1)))
+        if isinstance(inspector, PartsReader)
+        else []  # a backend with no queued markers (a quorum)
     )
     queued = [
         row for row in (_queued(target, name) for name in sorted(names[:QUEUED_LIMIT])) if row
@@ -166,9 +168,11 @@ def _row(
     shown = holder_json(holder, target.inspector.prefix)
     name = str(shown["name"])
     waiting = ""
-    if parked and name not in said:  # said once per lock, on its first row
-        ids = asking(target, lambda: target.inspector.parked(name))
-        newest = asking(target, lambda: target.inspector.waiting_newest(name))
+    inspector = target.inspector
+    # said once per lock, on its first row; parked calls are counted only where they exist
+    if parked and name not in said and isinstance(inspector, PartsReader):
+        ids = asking(target, lambda: inspector.parked(name))
+        newest = asking(target, lambda: inspector.waiting_newest(name))
         waiting = waiting_line(ids[:PARKED_NAMED], newest, now)
         if len(ids) > PARKED_NAMED:
             waiting += f" ... ({len(ids)} in all)"

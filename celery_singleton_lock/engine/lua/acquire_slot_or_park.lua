@@ -53,12 +53,7 @@ local c = ARGV[12] == '1' and 1 or 0
 local id, token = ARGV[7], string.sub(ARGV[2], 1, 32)
 local held = ARGV[14] == '1' and KEYS[#KEYS] or nil  -- held index
 local records = #KEYS > 11 + c + (held and 1 or 0) and KEYS[12 + c] or nil
-local q = {S = slot_keys(1, held), starts = KEYS[4], parked = KEYS[5], messages = KEYS[6],
-           index = KEYS[7], rule = KEYS[8], rounds = KEYS[9], fair = KEYS[10],
-           fair_ids = KEYS[11], name = ARGV[9],
-           reserve = tonumber(ARGV[10]), rate = tonumber(ARGV[5]), window = tonumber(ARGV[6]),
-           cap = nil, paused = nil}
-q.cap, q.paused = live_rule(c == 1 and KEYS[12] or nil)
+local q = queue_of(4, held, ARGV[9], ARGV[10], ARGV[5], ARGV[6], c == 1 and KEYS[12] or nil)
 if records and is_finished(records, id) then
   return -1
 end

@@ -49,12 +49,7 @@ local n, mode = tonumber(ARGV[1]), ARGV[4]
 local c = ARGV[10] == '1' and 1 or 0
 local records = ARGV[12] and KEYS[#KEYS]
 local held = #KEYS == 11 + c + (records and 1 or 0) and KEYS[11 + c] or nil  -- held index
-local q = {S = slot_keys(1, held), starts = KEYS[3], parked = KEYS[4], messages = KEYS[5],
-           index = KEYS[6], rule = KEYS[7], rounds = KEYS[8], fair = KEYS[9],
-           fair_ids = KEYS[10], name = ARGV[7],
-           reserve = tonumber(ARGV[8]), rate = tonumber(ARGV[2]), window = tonumber(ARGV[3]),
-           cap = nil, paused = nil}
-q.cap, q.paused = live_rule(c == 1 and KEYS[11] or nil)
+local q = queue_of(3, held, ARGV[7], ARGV[8], ARGV[2], ARGV[3], c == 1 and KEYS[11] or nil)
 local now = now_ms()
 local done, max = 1, n
 if mode == 'release' then

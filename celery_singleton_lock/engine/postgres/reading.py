@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator, Optional
 
-from celery_singleton_lock.engine import absent_reads
 from celery_singleton_lock.engine.keys import LockKeys
 from celery_singleton_lock.engine.lease import LockHolder
 from celery_singleton_lock.engine.postgres.connections import Connections, Row, where
@@ -121,36 +120,28 @@ class PostgresInspector:
         )
         return {str(name): str(value) for name, value in rows}
 
-    # the parts this backend does not have read as none (see engine/absent_reads.py)
-    shared_counts = absent_reads.no_shared_counts
-    marker_keys = absent_reads.no_marker_keys
-
     def scan(self, count: int = 500) -> Iterator[LockHolder]:
         """Every live lease under the prefix, by name, ``count`` rows per SELECT."""
-        after = ""
-        while True:
-            rows = self._connections.read(
-                self._statements.scan,
-                {"prefix": self.prefix, "after": after, "count": count},
-                self.prefix,
-            )
-            for row in rows:
-                yield holder_of(key_of_row(self.prefix, row[0]), row[1:])
-            if len(rows) < count:
-                return
-            after = rows[-1][0]
+        rows = self._by_name(self._statements.scan, count, self._connections.read)
+        return (holder_of(key_of_row(self.prefix, row[0]), row[1:]) for row in rows)
 
     def queued_names(self, count: int = 500) -> Iterator[str]:
         """The names of the locks under the prefix with a live queued marker, by name."""
         self._ready()
+        rows = self._by_name(self._statements.queued_names, count, self._connections.run)
+        return (name for (name,) in rows)
+
+    def _by_name(
+        self, statement: str, count: int, run: Callable[[str, Any, str], list[Row]]
+    ) -> Iterator[Row]:
+        """The rows ``run`` answers to ``statement`` (whose first column is the lock name),
+        ``count`` per SELECT, each page after the last name of the one before."""
         after = ""
         while True:
-            rows = self._connections.run(
-                self._statements.queued_names,
-                {"prefix": self.prefix, "after": after, "count": count},
-                self.prefix,
+            rows = run(
+                statement, {"prefix": self.prefix, "after": after, "count": count}, self.prefix
             )
-            yield from (name for (name,) in rows)
+            yield from rows
             if len(rows) < count:
                 return
             after = rows[-1][0]

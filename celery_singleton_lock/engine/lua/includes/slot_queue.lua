@@ -35,6 +35,20 @@
 --- @include "live_rule"
 --- @include "fair_queue"
 
+-- The queue `q` of a lock whose slot table is KEYS[1..2] and whose other keys are KEYS[k..k+7]
+-- (starts, parked, messages, index, rule, rounds, fair, fair_ids), as its scripts lay them
+-- out: `held` the held index (or nil), the lock `name`, the ARGV texts of `reserve`, `rate`
+-- and `window`, and the live rule read at `rule_key` (nil: none).
+local function queue_of(k, held, name, reserve, rate, window, rule_key)
+  local q = {S = slot_keys(1, held), starts = KEYS[k], parked = KEYS[k + 1],
+             messages = KEYS[k + 2], index = KEYS[k + 3], rule = KEYS[k + 4],
+             rounds = KEYS[k + 5], fair = KEYS[k + 6], fair_ids = KEYS[k + 7], name = name,
+             reserve = tonumber(reserve), rate = tonumber(rate), window = tonumber(window),
+             cap = nil, paused = nil}
+  q.cap, q.paused = live_rule(rule_key)
+  return q
+end
+
 -- How many of the first n slots a call may take now: the free ones, within the live rule's cap
 -- (held, reserved and cooling slots all count as taken); none while the live rule pauses
 -- the lock (q.paused).

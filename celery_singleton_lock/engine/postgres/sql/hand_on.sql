@@ -75,10 +75,8 @@ BEGIN
     WHERE p.prefix = p_prefix AND p.name = p_name
     ORDER BY p.round, p.arrival LIMIT 1;
     IF FOUND THEN
-        UPDATE __schema__.singleton_lock_leases x SET token = handoff, pid = 0, host = '',
-            task_id = head.task_id, acquired_at = now(), fence = NULL,
-            lease_until = now() + p_reserve_ms * interval '1 millisecond'
-        WHERE x.prefix = p_prefix AND x.name = p_name;
+        PERFORM __schema__.singleton_lock_reserve_v1(p_prefix, p_name, head.task_id,
+            p_reserve_ms);
         RETURN QUERY SELECT v_done, head.message;
     ELSE
         RETURN QUERY SELECT v_done, NULL::bytea;

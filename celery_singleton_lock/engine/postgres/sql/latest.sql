@@ -35,6 +35,7 @@ DECLARE
     live boolean;
     take boolean := false;
     held boolean := false;
+    v_ended text;
     v_reserved text;
     v_newest text;
     v_fence bigint;
@@ -44,18 +45,15 @@ DECLARE
     v_due timestamptz;
     v_keep interval := p_keep_ms * interval '1 millisecond';
 BEGIN
-    IF p_unless_finished AND EXISTS (
-        SELECT 1 FROM __schema__.singleton_lock_finished f
-        WHERE f.prefix = p_prefix AND f.name = p_name AND f.task_id = p_task_id
-            AND f.until > now()) THEN
-        RETURN QUERY SELECT 'finished', NULL::bigint, NULL::integer, NULL::text, NULL::text,
-            NULL::float8, NULL::float8, NULL::bigint, NULL::bytea[];
-        RETURN;
-    END IF;
-    IF EXISTS (SELECT 1 FROM __schema__.singleton_lock_superseded s
-               WHERE s.prefix = p_prefix AND s.name = p_name AND s.task_id = p_task_id
-                   AND s.until > now()) THEN
-        RETURN QUERY SELECT 'superseded', NULL::bigint, NULL::integer, NULL::text, NULL::text,
+    v_ended := CASE
+        WHEN p_unless_finished AND EXISTS (SELECT 1 FROM __schema__.singleton_lock_finished f
+            WHERE f.prefix = p_prefix AND f.name = p_name AND f.task_id = p_task_id
+                AND f.until > now()) THEN 'finished'
+        WHEN EXISTS (SELECT 1 FROM __schema__.singleton_lock_superseded s
+            WHERE s.prefix = p_prefix AND s.name = p_name AND s.task_id = p_task_id
+                AND s.until > now()) THEN 'superseded' END;
+    IF v_ended IS NOT NULL THEN
+        RETURN QUERY SELECT v_ended, NULL::bigint, NULL::integer, NULL::text, NULL::text,
             NULL::float8, NULL::float8, NULL::bigint, NULL::bytea[];
         RETURN;
     END IF;
@@ -107,14 +105,8 @@ BEGIN
             until = greatest(x.until, excluded.until);
     END IF;
     IF take THEN
-        DELETE FROM __schema__.singleton_lock_parked p
-        WHERE p.prefix = p_prefix AND p.name = p_name AND p.task_id = p_task_id;
-        UPDATE __schema__.singleton_lock_leases x SET token = p_token, pid = p_pid,
-            host = p_host, task_id = p_task_id, acquired_at = now(),
-            lease_until = now() + p_ttl_ms * interval '1 millisecond',
-            fence = CASE WHEN p_fencing THEN nextval('__schema__.singleton_lock_fence') END
-        WHERE x.prefix = p_prefix AND x.name = p_name
-        RETURNING x.fence INTO v_fence;
+        v_fence := __schema__.singleton_lock_take_v1(p_prefix, p_name, p_token, p_pid, p_host,
+            p_task_id, p_ttl_ms, p_fencing);
         IF NOT EXISTS (SELECT 1 FROM __schema__.singleton_lock_parked p
                        WHERE p.prefix = p_prefix AND p.name = p_name) THEN
             UPDATE __schema__.singleton_lock_latest x SET newest = NULL, first = NULL, due = NULL

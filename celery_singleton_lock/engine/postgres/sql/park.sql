@@ -2,9 +2,7 @@
 -- lua/acquire_slot_or_park.lua is on Redis: take the lock, or park this task id's message
 -- behind it in arrival order, in one statement. A free lock goes to the oldest parked id (it
 -- is reserved for that id here, and its message returned for the caller to publish), not to
--- a newer caller; a lock reserved for this id is taken over.
--- A RESERVATION is a lease row whose token is 'handoff-reserved-for-next-parked' (not hex: no
--- owner has it), pid 0 and the reserved task id, live until its lease_until.
+-- a newer caller; a lock reserved for this id is taken over (a reservation: reserve.sql).
 -- Args     prefix, name; token, pid, host, task_id of the owner; ttl_ms; fencing (draw a
 --          fence); unless_finished (look for the task id's finish record first); message
 --          (stored if parked); reserve_ms (a reservation's life); fair (the fairness value,
@@ -69,22 +67,14 @@ BEGIN
         IF NOT FOUND OR head.task_id = p_task_id THEN
             take := true;
         ELSE
-            UPDATE __schema__.singleton_lock_leases x SET token = handoff, pid = 0, host = '',
-                task_id = head.task_id, acquired_at = now(), fence = NULL,
-                lease_until = now() + p_reserve_ms * interval '1 millisecond'
-            WHERE x.prefix = p_prefix AND x.name = p_name;
+            PERFORM __schema__.singleton_lock_reserve_v1(p_prefix, p_name, head.task_id,
+                p_reserve_ms);
             v_handed := head.message;
         END IF;
     END IF;
     IF take THEN
-        DELETE FROM __schema__.singleton_lock_parked p
-        WHERE p.prefix = p_prefix AND p.name = p_name AND p.task_id = p_task_id;
-        UPDATE __schema__.singleton_lock_leases x SET token = p_token, pid = p_pid,
-            host = p_host, task_id = p_task_id, acquired_at = now(),
-            lease_until = now() + p_ttl_ms * interval '1 millisecond',
-            fence = CASE WHEN p_fencing THEN nextval('__schema__.singleton_lock_fence') END
-        WHERE x.prefix = p_prefix AND x.name = p_name
-        RETURNING x.fence INTO v_fence;
+        v_fence := __schema__.singleton_lock_take_v1(p_prefix, p_name, p_token, p_pid, p_host,
+            p_task_id, p_ttl_ms, p_fencing);
         RETURN QUERY SELECT 'acquired', v_fence, NULL::integer, NULL::text, NULL::text,
             NULL::float8, NULL::float8, NULL::bigint, NULL::bytea;
         RETURN;

@@ -90,14 +90,11 @@ CREATE TABLE IF NOT EXISTS __schema__.singleton_lock_parked (
 CREATE INDEX IF NOT EXISTS singleton_lock_parked_order
     ON __schema__.singleton_lock_parked (prefix, name, round, arrival);
 CREATE SEQUENCE IF NOT EXISTS __schema__.singleton_lock_arrival;
+-- a record per task id until a time, as the finish records are (their key included)
 CREATE TABLE IF NOT EXISTS __schema__.singleton_lock_superseded (
-    prefix text NOT NULL,
-    name text NOT NULL,
-    task_id text NOT NULL,
-    until timestamptz NOT NULL,
+    LIKE __schema__.singleton_lock_finished INCLUDING ALL,
     message bytea,
-    mark_after timestamptz,
-    PRIMARY KEY (prefix, name, task_id)
+    mark_after timestamptz
 );
 CREATE INDEX IF NOT EXISTS singleton_lock_superseded_left
     ON __schema__.singleton_lock_superseded (prefix, mark_after) WHERE message IS NOT NULL;
@@ -111,10 +108,7 @@ CREATE TABLE IF NOT EXISTS __schema__.singleton_lock_latest (
     due timestamptz,
     PRIMARY KEY (prefix, name)
 );
+-- one task id per lock name until a time, as the queued markers are (their key included)
 CREATE TABLE IF NOT EXISTS __schema__.singleton_lock_cancels (
-    prefix text NOT NULL,
-    name text NOT NULL,
-    task_id text NOT NULL,
-    until timestamptz NOT NULL,
-    PRIMARY KEY (prefix, name)
+    LIKE __schema__.singleton_lock_queued INCLUDING ALL
 );

@@ -41,7 +41,6 @@ from celery_singleton_lock.engine import (
     LockHolder,
     Owner,
     Parked,
-    current_pid,
 )
 from celery_singleton_lock.errors import (
     AlreadyFinished,
@@ -57,11 +56,15 @@ log = logging.getLogger("celery_singleton_lock.acquire")
 _HOSTNAME = socket.gethostname()
 
 
-def lock_owner(task_id: str, request: Any, pid: int) -> Owner:
+def lock_owner(task_id: str, request: Any, pid: Optional[int] = None) -> Owner:
     """The owner a lock of this execution names: task id, worker node (else this host) and
-    the pid running the body. The main process's renewal and its reclaim of a dead child's
-    lock match it byte for byte, so it is built here only."""
-    return Owner(task_id=task_id, host=request.hostname or _HOSTNAME, pid=pid)
+    the pid running the body (None: this process's, as the engine keeps it). The main
+    process's renewal and its reclaim of a dead child's lock match it byte for byte, so it is
+    built here only."""
+    host = request.hostname or _HOSTNAME
+    if pid is None:
+        return Owner(task_id=task_id, host=host)
+    return Owner(task_id=task_id, host=host, pid=pid)
 
 
 celery_api.declare_request_attribute("lock")  # self.request.lock: see there why
@@ -268,7 +271,7 @@ class LockedTask(Task):  # type: ignore[misc]
             if options.mutex and task_id and not request.is_eager:
                 # A worker's mutex call, the hot path: through the task's prepared acquire.
                 # Any other outcome goes on in _acquire, as the general way's would.
-                owner = lock_owner(task_id, request, current_pid())
+                owner = lock_owner(task_id, request)
                 max_lifetime = celery_api.hard_time_limit(request) or options.default_time_limit
                 try:
                     # the first call in a process makes the locker: the server is asked then
@@ -325,7 +328,7 @@ class LockedTask(Task):  # type: ignore[misc]
         must not run. ``first``: what a worker's mutex call's prepared acquire gave instead
         of a lease (the holder, or the error), from ``before_start``: not acquired again."""
         worker_call = bool(task_id) and not request.is_eager
-        owner = lock_owner(task_id, request, current_pid())
+        owner = lock_owner(task_id, request)
         max_lifetime = celery_api.hard_time_limit(request) or options.default_time_limit
         # A parking policy (queue, replace): the acquire parks the message when the lock is
         # held. A limit above 1: each call takes a slot (a callable caps each call).

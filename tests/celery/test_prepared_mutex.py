@@ -1,5 +1,6 @@
-"""The acquire a worker's mutex call goes through: prepared once per task, resolved options
-and locker, and never one of a locker the app has dropped."""
+"""What a worker's calls of a task go through: the acquire of a mutex call prepared once per
+task, resolved options and locker, never one of a locker the app has dropped; the request
+every call starts from, with what is the same for every call."""
 
 from __future__ import annotations
 
@@ -73,3 +74,27 @@ def test_a_subclass_with_a_locker_of_its_own_goes_through_it(
         assert execution.prepared(task, task.lock_options).locker is own
     finally:
         own.close()
+
+
+def test_a_static_lock_limit_is_in_the_request_every_call_starts_from(own_app: Celery) -> None:
+    @own_app.task(base=LockedTask, shared=False, lock_limit=3)
+    def limited(x: int) -> int:
+        return x
+
+    task = own_app.tasks[limited.name]
+    try:
+        assert execution.request_base(task, task.lock_options, True, False).limit == 3
+    finally:
+        forget_locker(own_app)
+
+
+def test_a_callable_lock_limit_is_left_to_each_call(own_app: Celery) -> None:
+    @own_app.task(base=LockedTask, shared=False, lock_limit=lambda x: x)
+    def limited_by(x: int) -> int:
+        return x
+
+    task = own_app.tasks[limited_by.name]
+    try:
+        assert execution.request_base(task, task.lock_options, True, False).limit == 1
+    finally:
+        forget_locker(own_app)

@@ -132,8 +132,8 @@ class LockedTask(Task):  # type: ignore[misc]
     _lock_options: Optional[LockOptions] = None
     #: (options, the acquire request a worker's call starts from): see execution.request_base
     _acquire_base: Optional[tuple[LockOptions, AcquireRequest]] = None
-    #: the locker and prepared acquire of a worker's mutex call: see execution.prepared
-    _prepared_acquire: Optional[execution.PreparedMutex] = None
+    #: the locker of a worker's call and the acquire of its mutex calls: see execution.prepared
+    _prepared_acquire: Optional[execution.PreparedCalls] = None
     #: ``lock_locker`` is this class's own: the app's locker (see execution.prepared)
     _app_locker = True
 
@@ -337,7 +337,7 @@ class LockedTask(Task):  # type: ignore[misc]
         wanted = wanted.for_call(name, owner, max_lifetime)
         if worker_call and policy.parks:
             wanted = policy.park(self, request, options, wanted)
-        if options.limit != 1:
+        if type(options.limit) is not int:  # a static limit is in the request already
             keyer = options.keyer
             limit = limit_for(self.name, options.limit, keyer, request.args, request.kwargs)
             wanted = wanted._replace(limit=limit)
@@ -346,8 +346,11 @@ class LockedTask(Task):  # type: ignore[misc]
             try:
                 if isinstance(first, LockError):
                     raise first
-                # the first call in a process makes the locker: the server is first asked then
-                locker = self.lock_locker
+                # the first call in a process makes the locker: the server is first asked then;
+                # a worker's call goes through the one chosen for the task's calls, kept
+                locker = (
+                    execution.prepared(self, options).locker if worker_call else self.lock_locker
+                )
                 outcome: Any = locker.acquire(wanted) if first is None else first
             except LockBackendUnavailable as exc:
                 on_backend_unavailable(self, exc, name, options, request)

@@ -20,9 +20,10 @@ The scope is also the body's view of its lock: ``self.request.lock`` is the scop
 
 The acquire that opens a scope is planned here too: what every call of the task asks (made
 once per resolved options, :func:`request_base`), then the call's own name, owner and time
-limit. A worker's call of a mutex (no parking, one holder) goes through the locker's prepared
-acquire (:func:`prepared`, ``LockBackend.prepare``: checked and packed once); the others add
-their own fields to the request (``AcquireRequest.for_call``), in ``LockedTask._acquire``.
+limit. A worker's call that asks nothing more (no parking, a static ``lock_limit``:
+``LockOptions.prepared``) goes through the locker's prepared acquire (:func:`prepared`,
+``LockBackend.prepare``: checked once, and packed for a plain mutex); the others add their own
+fields to the request (``AcquireRequest.for_call``), in ``LockedTask._acquire``.
 """
 
 from __future__ import annotations
@@ -460,10 +461,10 @@ def request_base(task: Any, options: LockOptions, has_id: bool, eager: bool) -> 
 
 def prepared(task: Any, options: LockOptions) -> PreparedCalls:
     """The locker of a worker's call of ``task`` and the acquire prepared for its calls (what
-    a mutex call goes through), made once per resolved options and locker; kept on the task as
-    ``_prepared_acquire``. A forked child, or a test, makes lockers of its own: the app's
-    locker is known unchanged while ``lockers.generation`` is; a subclass's own
-    ``lock_locker`` is read at every call.
+    a call of ``LockOptions.prepared`` goes through), made once per resolved options and
+    locker; kept on the task as ``_prepared_acquire``. A forked child, or a test, makes lockers
+    of its own: the app's locker is known unchanged while ``lockers.generation`` is; a
+    subclass's own ``lock_locker`` is read at every call.
 
     Raises:
         LockBackendUnavailable: making the locker asked the server, which did not answer.
@@ -494,7 +495,8 @@ def prepared(task: Any, options: LockOptions) -> PreparedCalls:
 
 class PreparedCalls(NamedTuple):
     """What a worker's calls of a task acquire through (see :func:`prepared`): its locker, for
-    every call; the prepared acquire, for a mutex call (the others add fields of their own)."""
+    every call; the prepared acquire, for a call that asks nothing more (``LockOptions.prepared``:
+    the others add fields of their own)."""
 
     options: LockOptions
     generation: int

@@ -132,7 +132,7 @@ class LockedTask(Task):  # type: ignore[misc]
     _lock_options: Optional[LockOptions] = None
     #: (options, the acquire request a worker's call starts from): see execution.request_base
     _acquire_base: Optional[tuple[LockOptions, AcquireRequest]] = None
-    #: the locker of a worker's call and the acquire of its mutex calls: see execution.prepared
+    #: the locker of a worker's call and the task's prepared acquire: see execution.prepared
     _prepared_acquire: Optional[execution.PreparedCalls] = None
     #: ``lock_locker`` is this class's own: the app's locker (see execution.prepared)
     _app_locker = True
@@ -268,8 +268,9 @@ class LockedTask(Task):  # type: ignore[misc]
             return
         acquired: Optional[tuple[Lease, bool, int]]
         try:
-            if options.mutex and task_id and not request.is_eager:
-                # A worker's mutex call, the hot path: through the task's prepared acquire.
+            if options.prepared and task_id and not request.is_eager:
+                # A worker's call of a plain lock (or a static limit), the hot path: through
+                # the task's prepared acquire.
                 # Any other outcome goes on in _acquire, as the general way's would.
                 owner = lock_owner(task_id, request)
                 max_lifetime = celery_api.hard_time_limit(request) or options.default_time_limit
@@ -280,7 +281,7 @@ class LockedTask(Task):  # type: ignore[misc]
                 except (LockBackendUnavailable, AlreadyFinished, AlreadySuperseded) as exc:
                     first = exc  # handled in _acquire, as the general way's
                 if type(first) is Lease:
-                    acquired = first, is_marked_copy(request), 1
+                    acquired = first, is_marked_copy(request), options.limit
                 else:
                     acquired = self._acquire(task_id, name, options, request, first)
             else:
@@ -325,7 +326,7 @@ class LockedTask(Task):  # type: ignore[misc]
         """Take the lock, applying the duplicate policy if it is held: the lease, whether
         this message is a copy of an earlier delivery and the call's lock_limit; None to run
         without the lock. Ends the execution (``Ignore``, retry, or an error) when the body
-        must not run. ``first``: what a worker's mutex call's prepared acquire gave instead
+        must not run. ``first``: what a worker's call's prepared acquire gave instead
         of a lease (the holder, or the error), from ``before_start``: not acquired again."""
         worker_call = bool(task_id) and not request.is_eager
         owner = lock_owner(task_id, request)

@@ -12,7 +12,7 @@ from celery import Celery
 from celery_singleton_lock import LockedTask
 from celery_singleton_lock.celery.config.lockers import forget_locker, locker_for
 from celery_singleton_lock.celery.task import execution
-from celery_singleton_lock.engine import Lease, Owner, RedisLocker
+from celery_singleton_lock.engine import Lease, LockHolder, Owner, RedisLocker
 from celery_singleton_lock.testing import RedisServer
 
 
@@ -96,5 +96,23 @@ def test_a_callable_lock_limit_is_left_to_each_call(own_app: Celery) -> None:
     task = own_app.tasks[limited_by.name]
     try:
         assert execution.request_base(task, task.lock_options, True, False).limit == 1
+    finally:
+        forget_locker(own_app)
+
+
+def test_a_static_lock_limits_prepared_acquire_takes_that_many_holders(own_app: Celery) -> None:
+    @own_app.task(base=LockedTask, shared=False, lock_limit=3)
+    def limited_three(x: int) -> int:
+        return x
+
+    task = own_app.tasks[limited_three.name]
+    try:
+        assert task.lock_options.prepared  # a worker's call goes through it
+        plan = execution.prepared(task, task.lock_options)
+        name = task.lock_options.keyer.name((7,), {})
+        outcomes = [plan.acquire.acquire(name, Owner(task_id=f"t-{n}")) for n in range(4)]
+        assert [type(outcome) for outcome in outcomes] == [Lease, Lease, Lease, LockHolder]
+        for outcome in outcomes[:3]:
+            assert outcome.release()
     finally:
         forget_locker(own_app)

@@ -4,7 +4,7 @@ every call starts from, with what is the same for every call."""
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 from celery import Celery
@@ -76,43 +76,37 @@ def test_a_subclass_with_a_locker_of_its_own_goes_through_it(
         own.close()
 
 
-def test_a_static_lock_limit_is_in_the_request_every_call_starts_from(own_app: Celery) -> None:
-    @own_app.task(base=LockedTask, shared=False, lock_limit=3)
-    def limited(x: int) -> int:
-        return x
+@pytest.fixture
+def limited(own_app: Celery) -> Iterator[Callable[[Any], Any]]:
+    """Registers a task of the ``lock_limit`` given (once per test)."""
 
-    task = own_app.tasks[limited.name]
-    try:
-        assert execution.request_base(task, task.lock_options, True, False).limit == 3
-    finally:
-        forget_locker(own_app)
+    def register(limit: Any) -> Any:
+        @own_app.task(base=LockedTask, shared=False, lock_limit=limit)
+        def limited_calls(x: int) -> int:
+            return x
 
+        return own_app.tasks[limited_calls.name]
 
-def test_a_callable_lock_limit_is_left_to_each_call(own_app: Celery) -> None:
-    @own_app.task(base=LockedTask, shared=False, lock_limit=lambda x: x)
-    def limited_by(x: int) -> int:
-        return x
-
-    task = own_app.tasks[limited_by.name]
-    try:
-        assert execution.request_base(task, task.lock_options, True, False).limit == 1
-    finally:
-        forget_locker(own_app)
+    yield register
+    forget_locker(own_app)
 
 
-def test_a_static_lock_limits_prepared_acquire_takes_that_many_holders(own_app: Celery) -> None:
-    @own_app.task(base=LockedTask, shared=False, lock_limit=3)
-    def limited_three(x: int) -> int:
-        return x
+def test_a_static_lock_limit_is_in_the_request_every_call_starts_from(limited: Any) -> None:
+    task = limited(3)
+    assert execution.request_base(task, task.lock_options, True, False).limit == 3
 
-    task = own_app.tasks[limited_three.name]
-    try:
-        assert task.lock_options.prepared  # a worker's call goes through it
-        plan = execution.prepared(task, task.lock_options)
-        name = task.lock_options.keyer.name((7,), {})
-        outcomes = [plan.acquire.acquire(name, Owner(task_id=f"t-{n}")) for n in range(4)]
-        assert [type(outcome) for outcome in outcomes] == [Lease, Lease, Lease, LockHolder]
-        for outcome in outcomes[:3]:
-            assert outcome.release()
-    finally:
-        forget_locker(own_app)
+
+def test_a_callable_lock_limit_is_left_to_each_call(limited: Any) -> None:
+    task = limited(lambda x: x)
+    assert execution.request_base(task, task.lock_options, True, False).limit == 1
+
+
+def test_a_static_lock_limits_prepared_acquire_takes_that_many_holders(limited: Any) -> None:
+    task = limited(3)
+    assert task.lock_options.prepared  # a worker's call goes through it
+    plan = execution.prepared(task, task.lock_options)
+    name = task.lock_options.keyer.name((7,), {})
+    outcomes = [plan.acquire.acquire(name, Owner(task_id=f"t-{n}")) for n in range(4)]
+    assert [type(outcome) for outcome in outcomes] == [Lease, Lease, Lease, LockHolder]
+    for outcome in outcomes[:3]:
+        assert outcome.release()

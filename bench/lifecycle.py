@@ -4,7 +4,8 @@
 ``queue``: ``on_duplicate="queue"``; ``limit3``: ``lock_limit=3``), warms each up with one
 call, then traces a second call from the worker's side: Celery's own tracer (what a pool
 runs per message: ``before_start``, the body, ``after_return``), one tick of the renewer
-(the lease's renewal) and the settling of the deferred release (its reply read). Every
+(the lease's renewal) and the settling of the deferred release (its reply read as an idle
+worker's renewer reads it, :func:`read_release_reply`). Every
 function of ``celery_singleton_lock`` entered meanwhile is counted (``sys.setprofile``), by
 module.
 
@@ -58,6 +59,18 @@ def traced(call: Callable[[], Any]) -> Counter[Tuple[str, str]]:
     return seen
 
 
+def read_release_reply(locker: Any) -> None:
+    """Read the reply of the release sent without waiting as a worker does: an idle worker's
+    renewer, at its look, has the kept connections read what they owe (``settle_idle``); a
+    busy worker's next acquire reads it first, on the same connection. Not
+    ``locker.settle()``: a worker calls that only as it closes the locker."""
+    connections = getattr(locker, "connections", None)
+    if connections is None:  # no kept connections (a cluster): every release was waited
+        locker.settle()
+    else:
+        connections.settle_idle()
+
+
 def life(shape: str, url: str) -> Counter[Tuple[str, str]]:
     """The trace of one call of ``shape``'s task after a warm-up call."""
     options, _ = SHAPES[shape]
@@ -82,7 +95,7 @@ def life(shape: str, url: str) -> Counter[Tuple[str, str]]:
     def call_renew_settle() -> None:
         one_call()
         locker.renewer.run_once()
-        locker.settle()
+        read_release_reply(locker)
 
     try:
         call_renew_settle()  # warm-up: connections, scripts loaded, caches filled

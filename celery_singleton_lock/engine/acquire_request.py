@@ -13,6 +13,8 @@ call. Two implementations, side by side, chosen by the backend:
 
 * :class:`GeneralAcquire`: any backend, any request: ``backend.acquire`` of the request with
   the call's fields.
+* :class:`ChosenAcquire`: a backend that chooses the kind of lock a request takes (one Redis
+  server or Cluster: a mutex, slots, parked): chosen once, each call goes to it directly.
 * ``PackedMutex`` (:mod:`.kinds.mutex`): one Redis server (or a Sentinel group's primary) with
   kept connections, a mutex: the hot path of a plain lock.
 
@@ -23,7 +25,7 @@ a call's own fields (:func:`check_call`) at each call.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional, Protocol, Union
+from typing import Callable, NamedTuple, Optional, Protocol, Union
 
 from celery_singleton_lock.engine.capabilities import Capabilities
 from celery_singleton_lock.engine.keys import LockKeys
@@ -141,6 +143,26 @@ class GeneralAcquire:
         self, name: str, owner: Owner, max_lifetime: Optional[float] = None
     ) -> AcquireOutcome:
         return self.backend.acquire(self.request.for_call(name, owner, max_lifetime))
+
+
+#: One kind of lock's acquire of a checked request, for its owner (e.g. ``Slots.acquire``).
+Take = Callable[[AcquireRequest, Owner], AcquireOutcome]
+
+
+class ChosenAcquire:
+    """``take`` of ``request`` with each call's name, owner and time limit: the request was
+    checked, and the kind of lock that takes it chosen, once; a call checks its own fields."""
+
+    def __init__(self, take: Take, request: AcquireRequest) -> None:
+        self.take = take
+        self.request = request
+
+    def acquire(
+        self, name: str, owner: Owner, max_lifetime: Optional[float] = None
+    ) -> AcquireOutcome:
+        request = self.request.for_call(name, owner, max_lifetime)
+        check_call(request, owner, max_lifetime)
+        return self.take(request, owner)
 
 
 # -- checks of a request against a backend's capabilities ---------------------------------------

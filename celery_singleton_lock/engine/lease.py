@@ -70,7 +70,9 @@ class Owner:
 
     task_id: str = ""
     host: str = field(default_factory=socket.gethostname)
-    pid: int = field(default_factory=os.getpid)
+    #: this process's, unless given (a supervisor naming its child): kept by fork_safety, so
+    #: an owner made per call costs no system call
+    pid: int = field(default_factory=lambda: fork_safety.pid)
 
     @property
     def fields(self) -> str:

@@ -21,14 +21,16 @@ Reading locks is :mod:`.reading`'s job, waiting for a release :mod:`.waiting`'s.
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Callable, Optional, Sequence
 
 from celery_singleton_lock.engine import acquire_request, checks, waiting
 from celery_singleton_lock.engine.acquire_request import (
     AcquireOutcome,
     AcquireRequest,
-    GeneralAcquire,
+    ChosenAcquire,
     PreparedAcquire,
+    Take,
     check_call,
 )
 from celery_singleton_lock.engine.backend import ReleaseSubscription
@@ -165,19 +167,24 @@ class RedisLocker:
         acquire_request.check(request, self.capabilities, self.prefix)
         owner = request.owner or Owner()
         check_call(request, owner, request.max_lifetime)
+        return self._kind(request)(request, owner)
+
+    def _kind(self, request: AcquireRequest) -> Take:
+        """The kind of lock that takes ``request``: a mutex, one of N slots (a limit or a
+        rate), or parked behind either."""
         if request.park is not None:
             assert self.queue is not None and self.latest is not None
             if request.latest is not None:
-                return self.mutex.acquire(request, owner, self.latest)
-            return self.queue.acquire(request, owner)
+                return partial(self.mutex.acquire, queue=self.latest)
+            return self.queue.acquire
         if request.slotted or request.limit != 1 or request.rate is not None:
-            return self.slots.acquire(request, owner)
-        return self.mutex.acquire(request, owner)
+            return self.slots.acquire
+        return self.mutex.acquire
 
     def prepare(self, request: AcquireRequest) -> PreparedAcquire:
         """``request`` checked once for many calls that each set its name, owner and time
-        limit (see :mod:`.acquire_request`): packed once when it is a mutex on one server
-        with kept connections."""
+        limit (see :mod:`.acquire_request`), and the kind of lock that takes it chosen once:
+        packed once when it is a mutex on one server with kept connections."""
         acquire_request.check(request, self.capabilities, self.prefix)
         connections = self.connections
         if (
@@ -191,7 +198,7 @@ class RedisLocker:
             and request.token is None
         ):
             return PackedMutex(self.mutex, request)
-        return GeneralAcquire(self, request)
+        return ChosenAcquire(self._kind(request), request)
 
     # -- release ------------------------------------------------------------------------------
 

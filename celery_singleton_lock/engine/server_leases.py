@@ -188,7 +188,7 @@ class Releases:
         # Lease.releasing, written out: the waited release adds no call to the mutex path.
         if lease.pid != fork_safety.pid:  # inherited from the parent: never touched here
             return 0
-        with _lease._state_lock:
+        with _lease._state_lock.lock:
             if lease.released:
                 return 0
             lease.released = True  # from here a failed renewal is not reported as a loss

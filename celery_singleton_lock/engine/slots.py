@@ -23,12 +23,11 @@ Which locks live here is chosen once per task (``AcquireRequest.slotted``, the C
 it returns for a call), a rate (``lock_rate``: the same script counts the starts of the lock in
 a sorted set, ``P:{N}:starts``, by the server's clock), or the duplicates queue (policy
 ``queue`` parks behind the slots at any N, :mod:`.kinds.slot_queue`); any other lock is the
-mutex of :mod:`.locker` and its lock key. The script: lua/acquire_slot.lua.
+mutex of :mod:`.locker` and its lock key. The script: lua/acquire_slot.lua, sent by
+:mod:`.kinds.slots` (what is here: the names of slots, which reading and PostgreSQL use too).
 """
 
 from __future__ import annotations
-
-from typing import Any, Optional, Sequence
 
 from celery_singleton_lock.engine.keys import LockKeys
 from celery_singleton_lock.engine.lease import slot_name
@@ -52,31 +51,3 @@ def slot_of(key: str) -> int:
     """The 1-based slot of a lock key or slot name."""
     head, _, slot = key.rpartition(":slot:")
     return int(slot) if head.endswith("}") and slot.isdigit() else 1
-
-
-def acquire_call(
-    keys: LockKeys,
-    limit: int,
-    ttl_ms: int,
-    value: str,
-    fencing: bool,
-    rate: Optional[tuple[int, float]],
-    shared: tuple[str, str],
-    task_id: str,
-    unless_finished: bool,
-    cap_key: str = "",
-    held: Sequence[str] = (),
-) -> tuple[list[str], list[Any]]:
-    """KEYS and ARGV of lua/acquire_slot.lua (``rate``: at most that many starts per that many
-    seconds, or None; ``shared``: the fence counter and the finish-record set of ``task_id``
-    on the lock's server or slot; ``unless_finished``: to look for that record; ``cap_key``:
-    the task's live cap, or "")."""
-    counter, finished = shared
-    script_keys = [*keys.slot_table, counter, keys.starts, finished]
-    if cap_key:
-        script_keys.append(cap_key)
-    args: list[Any] = [ttl_ms, value, "1" if fencing else "0", limit]
-    args += ("", "") if rate is None else (rate[0], max(1, int(rate[1] * 1000)))
-    args += (task_id, "1" if unless_finished else "", "1" if held else "")
-    script_keys += held  # the held index, last (ARGV[9])
-    return script_keys, args

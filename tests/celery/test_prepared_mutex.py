@@ -1,9 +1,10 @@
-"""The acquire a worker's mutex call goes through: prepared once per task, resolved options
-and locker, and never one of a locker the app has dropped."""
+"""What a worker's calls of a task go through: the acquire of a mutex call prepared once per
+task, resolved options and locker, never one of a locker the app has dropped; the request
+every call starts from, with what is the same for every call."""
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 from celery import Celery
@@ -11,7 +12,7 @@ from celery import Celery
 from celery_singleton_lock import LockedTask
 from celery_singleton_lock.celery.config.lockers import forget_locker, locker_for
 from celery_singleton_lock.celery.task import execution
-from celery_singleton_lock.engine import Lease, Owner, RedisLocker
+from celery_singleton_lock.engine import Lease, LockHolder, Owner, RedisLocker
 from celery_singleton_lock.testing import RedisServer
 
 
@@ -73,3 +74,39 @@ def test_a_subclass_with_a_locker_of_its_own_goes_through_it(
         assert execution.prepared(task, task.lock_options).locker is own
     finally:
         own.close()
+
+
+@pytest.fixture
+def limited(own_app: Celery) -> Iterator[Callable[[Any], Any]]:
+    """Registers a task of the ``lock_limit`` given (once per test)."""
+
+    def register(limit: Any) -> Any:
+        @own_app.task(base=LockedTask, shared=False, lock_limit=limit)
+        def limited_calls(x: int) -> int:
+            return x
+
+        return own_app.tasks[limited_calls.name]
+
+    yield register
+    forget_locker(own_app)
+
+
+def test_a_static_lock_limit_is_in_the_request_every_call_starts_from(limited: Any) -> None:
+    task = limited(3)
+    assert execution.request_base(task, task.lock_options, True, False).limit == 3
+
+
+def test_a_callable_lock_limit_is_left_to_each_call(limited: Any) -> None:
+    task = limited(lambda x: x)
+    assert execution.request_base(task, task.lock_options, True, False).limit == 1
+
+
+def test_a_static_lock_limits_prepared_acquire_takes_that_many_holders(limited: Any) -> None:
+    task = limited(3)
+    assert task.lock_options.prepared  # a worker's call goes through it
+    plan = execution.prepared(task, task.lock_options)
+    name = task.lock_options.keyer.name((7,), {})
+    outcomes = [plan.acquire.acquire(name, Owner(task_id=f"t-{n}")) for n in range(4)]
+    assert [type(outcome) for outcome in outcomes] == [Lease, Lease, Lease, LockHolder]
+    for outcome in outcomes[:3]:
+        assert outcome.release()

@@ -17,7 +17,7 @@ from celery_singleton_lock.engine import (
     RedisLocker,
     Renewer,
 )
-from celery_singleton_lock.engine.acquire_request import GeneralAcquire
+from celery_singleton_lock.engine.acquire_request import ChosenAcquire
 from celery_singleton_lock.engine.kinds.mutex import PackedMutex
 from tests.engine.conftest import stop_renewing, stored_fields
 from tests.support import CountingConnection
@@ -39,18 +39,18 @@ def test_a_mutex_on_one_server_is_packed_once(locker: RedisLocker) -> None:
     [{"limit": 3}, {"rate": (5, 1.0)}, {"min_replicas": 1}],
     ids=["slots", "rate", "replica acks"],
 )
-def test_a_request_beyond_the_mutex_goes_the_general_way(
+def test_a_request_beyond_the_mutex_goes_to_the_kind_chosen_for_it(
     locker: RedisLocker, fields: dict[str, Any]
 ) -> None:
-    assert isinstance(locker.prepare(AcquireRequest("", 5, **fields)), GeneralAcquire)
+    assert isinstance(locker.prepare(AcquireRequest("", 5, **fields)), ChosenAcquire)
 
 
-def test_a_blocking_pool_goes_the_general_way(redis_client: redis.Redis) -> None:
+def test_a_blocking_pool_goes_to_the_kind_chosen_for_it(redis_client: redis.Redis) -> None:
     pool = redis.BlockingConnectionPool(port=redis_client.connection_pool.connection_kwargs["port"])
     blocking = RedisLocker(redis.Redis(connection_pool=pool), prefix="t")
     try:
         prepared = blocking.prepare(AcquireRequest("", 5, renew=False))
-        assert isinstance(prepared, GeneralAcquire)
+        assert isinstance(prepared, ChosenAcquire)
         assert leased(prepared.acquire("job", OWNER)).release()
     finally:
         blocking.close()

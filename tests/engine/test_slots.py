@@ -214,7 +214,7 @@ def test_every_key_of_a_limited_rated_lock_shares_one_cluster_slot(locker: Redis
     from redis.crc import key_slot
 
     from celery_singleton_lock.engine.keys import SharedKeys
-    from celery_singleton_lock.engine.slots import acquire_call
+    from celery_singleton_lock.engine.kinds.slots import acquire_call
 
     keys = locker.keys("job")
     shared = SharedKeys("t", cluster=True).of(keys.lock)  # the counter and records of its slot

@@ -110,9 +110,10 @@ class LockOptions:
     #: (policy ``queue``; with ``lock_fair_by``, within a value): 1, higher first (RabbitMQ and
     #: the other AMQP brokers); -1, lower first (kombu's Redis transport: 0 is the highest)
     priority_sign: int = 1
-    #: a worker's call takes the key alone, without parking (``lock_limit`` 1, a policy other
-    #: than ``queue`` and ``replace``): the task's prepared acquire (see execution.prepared)
-    mutex: bool = field(init=False)
+    #: a worker's call asks what every call of the task asks, but for its name, owner and time
+    #: limit (a static ``lock_limit``, a policy other than ``queue`` and ``replace``, which
+    #: park the call): it goes through the task's prepared acquire (see execution.prepared)
+    prepared: bool = field(init=False)
     #: every call's lock lives in its slot table (engine/slots.py), whatever the call's limit:
     #: a ``lock_limit`` other than the static 1 (a callable one too), a rate, or a policy
     #: that parks behind the slots (``queue``); else its lock key. Chosen once, here, so that
@@ -120,8 +121,8 @@ class LockOptions:
     slotted: bool = field(init=False)
 
     def __post_init__(self) -> None:
-        mutex = self.limit == 1 and not self.policy.parks
-        object.__setattr__(self, "mutex", mutex)  # frozen: set once, here
+        prepared = type(self.limit) is int and not self.policy.parks
+        object.__setattr__(self, "prepared", prepared)  # frozen: set once, here
         one = type(self.limit) is int and self.limit == 1
         slotted = not one or self.rate is not None or self.policy.parks_behind_slots
         object.__setattr__(self, "slotted", slotted)

@@ -20,9 +20,10 @@ The scope is also the body's view of its lock: ``self.request.lock`` is the scop
 
 The acquire that opens a scope is planned here too: what every call of the task asks (made
 once per resolved options, :func:`request_base`), then the call's own name, owner and time
-limit. A worker's call of a mutex (no parking, one holder) goes through the locker's prepared
-acquire (:func:`prepared`, ``LockBackend.prepare``: checked and packed once); the others add
-their own fields to the request (``AcquireRequest.for_call``), in ``LockedTask._acquire``.
+limit. A worker's call that asks nothing more (no parking, a static ``lock_limit``:
+``LockOptions.prepared``) goes through the locker's prepared acquire (:func:`prepared`,
+``LockBackend.prepare``: checked once, and packed for a plain mutex); the others add their own
+fields to the request (``AcquireRequest.for_call``), in ``LockedTask._acquire``.
 """
 
 from __future__ import annotations
@@ -450,22 +451,25 @@ def request_base(task: Any, options: LockOptions, has_id: bool, eager: bool) -> 
         rate=options.rate,
         cap_key=options.cap_key,
         slotted=options.slotted,
+        # a static lock_limit is every call's; a callable one is each call's (its _acquire)
+        limit=options.limit if type(options.limit) is int else 1,
     )
     if worker_call:
         task._acquire_base = (options, base)  # per task instance: on_lost is its own
     return base
 
 
-def prepared(task: Any, options: LockOptions) -> PreparedMutex:
-    """The locker and prepared acquire of a worker's mutex call of ``task``, made once per
-    resolved options and locker; kept on the task as ``_prepared_acquire``. A forked child, or
-    a test, makes lockers of its own: the app's locker is known unchanged while
-    ``lockers.generation`` is; a subclass's own ``lock_locker`` is read at every call.
+def prepared(task: Any, options: LockOptions) -> PreparedCalls:
+    """The locker of a worker's call of ``task`` and the acquire prepared for its calls (what
+    a call of ``LockOptions.prepared`` goes through), made once per resolved options and
+    locker; kept on the task as ``_prepared_acquire``. A forked child, or a test, makes lockers
+    of its own: the app's locker is known unchanged while ``lockers.generation`` is; a
+    subclass's own ``lock_locker`` is read at every call.
 
     Raises:
         LockBackendUnavailable: making the locker asked the server, which did not answer.
     """
-    cached: Optional[PreparedMutex] = task._prepared_acquire
+    cached: Optional[PreparedCalls] = task._prepared_acquire
     if task._app_locker:
         if (
             cached is not None
@@ -481,7 +485,7 @@ def prepared(task: Any, options: LockOptions) -> PreparedMutex:
         if cached is not None and cached.options is options and cached.locker is locker:
             return cached
         generation, keep = lockers.generation, True
-    plan = PreparedMutex(
+    plan = PreparedCalls(
         options, generation, locker, locker.prepare(request_base(task, options, True, False))
     )
     if keep:
@@ -489,8 +493,10 @@ def prepared(task: Any, options: LockOptions) -> PreparedMutex:
     return plan
 
 
-class PreparedMutex(NamedTuple):
-    """What a worker's mutex call of a task acquires through (see :func:`prepared`)."""
+class PreparedCalls(NamedTuple):
+    """What a worker's calls of a task acquire through (see :func:`prepared`): its locker, for
+    every call; the prepared acquire, for a call that asks nothing more (``LockOptions.prepared``:
+    the others add fields of their own)."""
 
     options: LockOptions
     generation: int

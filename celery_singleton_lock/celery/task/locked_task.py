@@ -41,7 +41,6 @@ from celery_singleton_lock.engine import (
     LockHolder,
     Owner,
     Parked,
-    current_pid,
 )
 from celery_singleton_lock.errors import (
     AlreadyFinished,
@@ -57,11 +56,15 @@ log = logging.getLogger("celery_singleton_lock.acquire")
 _HOSTNAME = socket.gethostname()
 
 
-def lock_owner(task_id: str, request: Any, pid: int) -> Owner:
+def lock_owner(task_id: str, request: Any, pid: Optional[int] = None) -> Owner:
     """The owner a lock of this execution names: task id, worker node (else this host) and
-    the pid running the body. The main process's renewal and its reclaim of a dead child's
-    lock match it byte for byte, so it is built here only."""
-    return Owner(task_id=task_id, host=request.hostname or _HOSTNAME, pid=pid)
+    the pid running the body (None: this process's, as the engine keeps it). The main
+    process's renewal and its reclaim of a dead child's lock match it byte for byte, so it is
+    built here only."""
+    host = request.hostname or _HOSTNAME
+    if pid is None:
+        return Owner(task_id=task_id, host=host)
+    return Owner(task_id=task_id, host=host, pid=pid)
 
 
 celery_api.declare_request_attribute("lock")  # self.request.lock: see there why
@@ -129,8 +132,8 @@ class LockedTask(Task):  # type: ignore[misc]
     _lock_options: Optional[LockOptions] = None
     #: (options, the acquire request a worker's call starts from): see execution.request_base
     _acquire_base: Optional[tuple[LockOptions, AcquireRequest]] = None
-    #: the locker and prepared acquire of a worker's mutex call: see execution.prepared
-    _prepared_acquire: Optional[execution.PreparedMutex] = None
+    #: the locker of a worker's call and the task's prepared acquire: see execution.prepared
+    _prepared_acquire: Optional[execution.PreparedCalls] = None
     #: ``lock_locker`` is this class's own: the app's locker (see execution.prepared)
     _app_locker = True
 
@@ -265,10 +268,11 @@ class LockedTask(Task):  # type: ignore[misc]
             return
         acquired: Optional[tuple[Lease, bool, int]]
         try:
-            if options.mutex and task_id and not request.is_eager:
-                # A worker's mutex call, the hot path: through the task's prepared acquire.
+            if options.prepared and task_id and not request.is_eager:
+                # A worker's call of a plain lock (or a static limit), the hot path: through
+                # the task's prepared acquire.
                 # Any other outcome goes on in _acquire, as the general way's would.
-                owner = lock_owner(task_id, request, current_pid())
+                owner = lock_owner(task_id, request)
                 max_lifetime = celery_api.hard_time_limit(request) or options.default_time_limit
                 try:
                     # the first call in a process makes the locker: the server is asked then
@@ -277,7 +281,7 @@ class LockedTask(Task):  # type: ignore[misc]
                 except (LockBackendUnavailable, AlreadyFinished, AlreadySuperseded) as exc:
                     first = exc  # handled in _acquire, as the general way's
                 if type(first) is Lease:
-                    acquired = first, is_marked_copy(request), 1
+                    acquired = first, is_marked_copy(request), options.limit
                 else:
                     acquired = self._acquire(task_id, name, options, request, first)
             else:
@@ -322,10 +326,10 @@ class LockedTask(Task):  # type: ignore[misc]
         """Take the lock, applying the duplicate policy if it is held: the lease, whether
         this message is a copy of an earlier delivery and the call's lock_limit; None to run
         without the lock. Ends the execution (``Ignore``, retry, or an error) when the body
-        must not run. ``first``: what a worker's mutex call's prepared acquire gave instead
+        must not run. ``first``: what a worker's call's prepared acquire gave instead
         of a lease (the holder, or the error), from ``before_start``: not acquired again."""
         worker_call = bool(task_id) and not request.is_eager
-        owner = lock_owner(task_id, request, current_pid())
+        owner = lock_owner(task_id, request)
         max_lifetime = celery_api.hard_time_limit(request) or options.default_time_limit
         # A parking policy (queue, replace): the acquire parks the message when the lock is
         # held. A limit above 1: each call takes a slot (a callable caps each call).
@@ -334,7 +338,7 @@ class LockedTask(Task):  # type: ignore[misc]
         wanted = wanted.for_call(name, owner, max_lifetime)
         if worker_call and policy.parks:
             wanted = policy.park(self, request, options, wanted)
-        if options.limit != 1:
+        if type(options.limit) is not int:  # a static limit is in the request already
             keyer = options.keyer
             limit = limit_for(self.name, options.limit, keyer, request.args, request.kwargs)
             wanted = wanted._replace(limit=limit)
@@ -343,8 +347,11 @@ class LockedTask(Task):  # type: ignore[misc]
             try:
                 if isinstance(first, LockError):
                     raise first
-                # the first call in a process makes the locker: the server is first asked then
-                locker = self.lock_locker
+                # the first call in a process makes the locker: the server is first asked then;
+                # a worker's call goes through the one chosen for the task's calls, kept
+                locker = (
+                    execution.prepared(self, options).locker if worker_call else self.lock_locker
+                )
                 outcome: Any = locker.acquire(wanted) if first is None else first
             except LockBackendUnavailable as exc:
                 on_backend_unavailable(self, exc, name, options, request)

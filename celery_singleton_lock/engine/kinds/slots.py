@@ -5,12 +5,14 @@ of N slots taken in one round trip (lua/acquire_slot.lua, on the lock's slot tab
 from __future__ import annotations
 
 import logging
+from typing import Any, Optional, Sequence
 
 from redis.commands.core import Script
 
 from celery_singleton_lock.engine import lease as _lease
-from celery_singleton_lock.engine import server_errors, slots
+from celery_singleton_lock.engine import server_errors
 from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
+from celery_singleton_lock.engine.keys import LockKeys
 from celery_singleton_lock.engine.kinds.mutex import confirm_replicas, send
 from celery_singleton_lock.engine.lease import LockHolder, Owner, already_finished, new_token
 from celery_singleton_lock.engine.lua_scripts import source
@@ -35,7 +37,7 @@ class Slots:
         token = request.token or new_token()
         sent_at = issuer.renewer.clock()
         value = f"{token}||{int(issuer.wall_clock() * 1000)}|{owner.fields}"
-        script_keys, args = slots.acquire_call(
+        script_keys, args = acquire_call(
             keys,
             request.limit,
             _ms(request.ttl),
@@ -67,3 +69,31 @@ class Slots:
         if holder is None:
             raise server_errors.not_a_lock(keys.lock)
         return holder
+
+
+def acquire_call(
+    keys: LockKeys,
+    limit: int,
+    ttl_ms: int,
+    value: str,
+    fencing: bool,
+    rate: Optional[tuple[int, float]],
+    shared: tuple[str, str],
+    task_id: str,
+    unless_finished: bool,
+    cap_key: str = "",
+    held: Sequence[str] = (),
+) -> tuple[list[str], list[Any]]:
+    """KEYS and ARGV of lua/acquire_slot.lua (``rate``: at most that many starts per that many
+    seconds, or None; ``shared``: the fence counter and the finish-record set of ``task_id``
+    on the lock's server or slot; ``unless_finished``: to look for that record; ``cap_key``:
+    the task's live cap, or "")."""
+    counter, finished = shared
+    script_keys = [*keys.slot_table, counter, keys.starts, finished]
+    if cap_key:
+        script_keys.append(cap_key)
+    args: list[Any] = [ttl_ms, value, "1" if fencing else "0", limit]
+    args += ("", "") if rate is None else (rate[0], max(1, int(rate[1] * 1000)))
+    args += (task_id, "1" if unless_finished else "", "1" if held else "")
+    script_keys += held  # the held index, last (ARGV[9])
+    return script_keys, args

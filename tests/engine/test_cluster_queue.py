@@ -36,6 +36,13 @@ from tests.cluster_topology import ClusterGroup
 from tests.support import wait_until
 
 TTL = 30.0
+#: seconds of a timed pause that the test waits out: long enough that the calls and the first
+#: sweep meant to come before its end certainly do, on a loaded machine (a pause writes 16,384
+#: copies of its rule first: seconds there)
+PAUSE = 6.0
+#: seconds of a dying holder's TTL or of a debounce that the test waits out: the same, for a
+#: few round trips
+SHORT = 3.0
 SUMMARY = "t:due-slots"
 _names = itertools.count()
 
@@ -139,12 +146,17 @@ def summary_slots(client: RedisCluster) -> set[str]:
     return {slot.decode() for slot in client.zrange(SUMMARY, 0, -1)}
 
 
-def sweep_until_handed(locker: RedisLocker, client: RedisCluster, name: str) -> list[bytes]:
+def sweep_until_handed(
+    locker: RedisLocker, client: RedisCluster, name: str, *, timeout: float = 10
+) -> list[bytes]:
     """The messages handed on by a sweeper's ticks, each when the summary says the slot of
-    ``name`` is due, at most 4: never the rotation (its slot is 4,096 or beyond: a 5th tick)."""
+    ``name`` is due (within ``timeout`` seconds), at most 4: never the rotation (its slot is
+    4,096 or beyond: a 5th tick)."""
     queue, slot, handed = queue_of(locker), slot_of(locker, name), []
     for _ in range(4):
-        wait_until(lambda: (client.zscore(SUMMARY, slot) or 0) <= time.time() * 1000)
+        wait_until(
+            lambda: (client.zscore(SUMMARY, slot) or 0) <= time.time() * 1000, timeout=timeout
+        )
         for found in queue.hand_off_due().names:
             handed += queue.hand_on(found, reservation_ttl=TTL)
         if handed:
@@ -209,7 +221,7 @@ def test_a_sweeper_finds_a_dead_holders_lock_on_a_cluster_from_the_summary_not_t
     locker: RedisLocker, client: RedisCluster
 ) -> None:
     name = far_name("dead")
-    assert isinstance(attempt(locker, name, "h", ttl=1.0), Lease)  # never renewed: it "dies"
+    assert isinstance(attempt(locker, name, "h", ttl=SHORT), Lease)  # never renewed: it "dies"
     assert isinstance(attempt(locker, name, "p1"), Parked)
     queue = queue_of(locker)
     assert name not in queue.hand_off_due().names  # looked at: its holder's TTL is not over
@@ -284,11 +296,11 @@ def test_a_timed_pause_on_a_cluster_wakes_its_waiting_call_when_it_ends(
     acquire, _ = POLICIES[policy]
     family = f"fam{next(_names)}"
     name = far_name(f"{family}:x")
-    locker.live_rules.pause(family, 1.0)
+    locker.live_rules.pause(family, PAUSE)
     waits = acquire(locker, name, "p1", cap_key=f"t:cap:{family}")
     assert isinstance(waits, Parked) and waits.paused
     assert queue_of(locker).hand_off_due().names == []  # its slot is read: due at the end
-    assert sweep_until_handed(locker, client, name) == [b"msg-p1"]
+    assert sweep_until_handed(locker, client, name, timeout=PAUSE + 10) == [b"msg-p1"]
 
 
 def test_fairly_parked_calls_on_a_cluster_are_handed_the_lock_round_robin(
@@ -320,7 +332,7 @@ def test_the_rotation_still_finds_a_due_lock_whose_slot_was_never_marked(
     locker: RedisLocker, client: RedisCluster
 ) -> None:
     name = far_name("unmarked")
-    assert isinstance(attempt(locker, name, "h", ttl=1.0), Lease)
+    assert isinstance(attempt(locker, name, "h", ttl=SHORT), Lease)
     assert isinstance(attempt(locker, name, "p1"), Parked)
     client.zrem(SUMMARY, slot_of(locker, name))  # as if its marking client died first
     wait_until_due(locker, client, name)
@@ -362,20 +374,20 @@ def test_a_debounced_burst_on_a_cluster_hands_its_newest_call_the_lock_from_the_
 ) -> None:
     name = far_name("latest-burst")
     for task_id in ("v1", "v2", "v3"):
-        assert isinstance(newest(locker, name, task_id, debounce=1.0), Parked)
+        assert isinstance(newest(locker, name, task_id, debounce=SHORT), Parked)
     queue = queue_of(locker)
     assert queue.hand_off_due().names == []  # its slot is read: due at the debounce's end
-    assert sweep_until_handed(locker, client, name) == [b"msg-v3"]
+    assert sweep_until_handed(locker, client, name, timeout=SHORT + 10) == [b"msg-v3"]
 
 
 def test_a_replace_call_waiting_behind_a_dead_holder_on_a_cluster_is_found_from_the_summary(
     locker: RedisLocker, client: RedisCluster
 ) -> None:
     name = far_name("latest-dead")
-    assert isinstance(newest(locker, name, "v1", ttl=1.0), Lease)  # never renewed: it "dies"
+    assert isinstance(newest(locker, name, "v1", ttl=SHORT), Lease)  # never renewed: it "dies"
     assert isinstance(newest(locker, name, "v2"), Parked)
     assert queue_of(locker).hand_off_due().names == []  # its holder's TTL is not over
-    assert sweep_until_handed(locker, client, name) == [b"msg-v2"]
+    assert sweep_until_handed(locker, client, name, timeout=SHORT + 10) == [b"msg-v2"]
 
 
 def test_the_locks_with_calls_parked_on_a_cluster_are_read_from_every_slots_index(

@@ -136,7 +136,7 @@ def test_a_queue_call_parked_behind_taken_slots_is_not_said_paused(locker: Redis
 
 
 def test_a_pause_ended_by_itself_lets_the_latest_call_take_the_lock(locker: RedisLocker) -> None:
-    locker.live_rules.pause("proj.job", 0.2)
+    locker.live_rules.pause("proj.job", 2)  # outlasts the call's parking certainly
     assert isinstance(newest(locker, "a"), Parked)
     deadline = time.monotonic() + 10
     while locker.live_rules.read("proj.job").paused_for is not None:

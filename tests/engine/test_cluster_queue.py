@@ -29,6 +29,7 @@ from celery_singleton_lock.engine import (
     RedisLocker,
     Renewer,
 )
+from celery_singleton_lock.engine.keys import SharedKeys
 from celery_singleton_lock.engine.kinds.latest import LatestWins
 from celery_singleton_lock.engine.kinds.slot_queue import SlotQueue
 from celery_singleton_lock.engine.slot_sweep import WINDOW, DueSlots
@@ -36,10 +37,10 @@ from tests.cluster_topology import ClusterGroup
 from tests.support import wait_until
 
 TTL = 30.0
-#: seconds of a timed pause that the test waits out: long enough that the calls and the first
-#: sweep meant to come before its end certainly do, on a loaded machine (a pause writes 16,384
-#: copies of its rule first: seconds there)
-PAUSE = 6.0
+#: seconds of a timed pause that the test waits out: set once the call is parked (a pause
+#: writes 16,384 copies of its rule, seconds on a loaded machine: a call sent after it could
+#: miss it), so that nothing needs to happen before its end
+PAUSE = 3.0
 #: seconds of a dying holder's TTL or of a debounce that the test waits out: the same, for a
 #: few round trips
 SHORT = 3.0
@@ -149,16 +150,16 @@ def summary_slots(client: RedisCluster) -> set[str]:
 def sweep_until_handed(
     locker: RedisLocker, client: RedisCluster, name: str, *, timeout: float = 10
 ) -> list[bytes]:
-    """The messages handed on by a sweeper's ticks, each when the summary says the slot of
-    ``name`` is due (within ``timeout`` seconds), at most 4: never the rotation (its slot is
-    4,096 or beyond: a 5th tick)."""
+    """The messages of ``name`` handed on by a sweeper's ticks, each when the summary says its
+    slot is due (within ``timeout`` seconds), at most 4: never the rotation (its slot is 4,096
+    or beyond: a 5th tick). Other tests' locks found due meanwhile are left alone."""
     queue, slot, handed = queue_of(locker), slot_of(locker, name), []
     for _ in range(4):
         wait_until(
             lambda: (client.zscore(SUMMARY, slot) or 0) <= time.time() * 1000, timeout=timeout
         )
-        for found in queue.hand_off_due().names:
-            handed += queue.hand_on(found, reservation_ttl=TTL)
+        if name in queue.hand_off_due().names:
+            handed += queue.hand_on(name, reservation_ttl=TTL)
         if handed:
             break
     return handed
@@ -296,11 +297,14 @@ def test_a_timed_pause_on_a_cluster_wakes_its_waiting_call_when_it_ends(
     acquire, _ = POLICIES[policy]
     family = f"fam{next(_names)}"
     name = far_name(f"{family}:x")
-    locker.live_rules.pause(family, PAUSE)
+    locker.live_rules.pause(family, None)  # until resumed: the call parks inside it, whenever
     waits = acquire(locker, name, "p1", cap_key=f"t:cap:{family}")
     assert isinstance(waits, Parked) and waits.paused
-    assert queue_of(locker).hand_off_due().names == []  # its slot is read: due at the end
+    locker.live_rules.pause(family, PAUSE)  # now timed: a sweeper looks, and again at its end
+    rule = SharedKeys.of_slot(locker.live_rules.key(family), int(slot_of(locker, name)))
+    end_ms = int(client.hget(rule, "until"))  # the end read by this lock: its slot's copy
     assert sweep_until_handed(locker, client, name, timeout=PAUSE + 10) == [b"msg-p1"]
+    assert time.time() * 1000 >= end_ms  # not before: the pause's end woke it
 
 
 def test_fairly_parked_calls_on_a_cluster_are_handed_the_lock_round_robin(
@@ -376,7 +380,7 @@ def test_a_debounced_burst_on_a_cluster_hands_its_newest_call_the_lock_from_the_
     for task_id in ("v1", "v2", "v3"):
         assert isinstance(newest(locker, name, task_id, debounce=SHORT), Parked)
     queue = queue_of(locker)
-    assert queue.hand_off_due().names == []  # its slot is read: due at the debounce's end
+    assert name not in queue.hand_off_due().names  # its slot is read: due at the debounce's end
     assert sweep_until_handed(locker, client, name, timeout=SHORT + 10) == [b"msg-v3"]
 
 
@@ -386,7 +390,7 @@ def test_a_replace_call_waiting_behind_a_dead_holder_on_a_cluster_is_found_from_
     name = far_name("latest-dead")
     assert isinstance(newest(locker, name, "v1", ttl=SHORT), Lease)  # never renewed: it "dies"
     assert isinstance(newest(locker, name, "v2"), Parked)
-    assert queue_of(locker).hand_off_due().names == []  # its holder's TTL is not over
+    assert name not in queue_of(locker).hand_off_due().names  # its holder's TTL is not over
     assert sweep_until_handed(locker, client, name, timeout=SHORT + 10) == [b"msg-v2"]
 
 

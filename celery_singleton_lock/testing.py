@@ -156,7 +156,9 @@ class RedisServer:
                     break
                 # answered by another server on this port: ours could not bind it
                 raise redis.exceptions.ConnectionError("port taken")
-            except redis.exceptions.ConnectionError:
+            # a timeout too: on a loaded machine a server just spawned may accept the
+            # connection and answer only after the probe's 0.5 s
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
                 if self.process.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError(f"{self.binary} did not start on port {self.port}") from None
                 time.sleep(0.02)

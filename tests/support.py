@@ -11,6 +11,7 @@ from typing import Any, Callable, Generic, Iterable, Iterator, TypeVar
 import redis
 
 from bench._common import packed_request
+from celery_singleton_lock.engine import RedisLocker
 
 T = TypeVar("T")
 
@@ -89,6 +90,19 @@ def wait_until(predicate: Callable[[], T], timeout: float = 10.0, interval: floa
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s: {predicate}")
         time.sleep(interval)
+
+
+#: seconds of a holder's TTL (or a reservation) that a test waits out: long enough that what it
+#: does meanwhile (park calls behind it, a sweeper's look that finds it held), a few round trips,
+#: certainly comes first on a loaded machine
+SHORT_TTL = 2.0
+
+
+def wait_until_due(locker: RedisLocker, name: str) -> None:
+    """Until a sweeper's look finds the lock ``name`` due (a slot's TTL or reservation over)."""
+    queue = locker.queue
+    assert queue is not None
+    wait_until(lambda: name in queue.hand_off_due().names, timeout=SHORT_TTL + 10)
 
 
 def sleep_for(seconds: float, step: float = 0.05) -> None:

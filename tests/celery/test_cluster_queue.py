@@ -113,14 +113,15 @@ def own_cluster(group: ClusterGroup, plain: RedisServer, celery_app: Any) -> Ite
 def test_parked_calls_of_a_queue_task_on_a_cluster_run_in_order_one_at_a_time(
     cluster: Cluster,
 ) -> None:
-    key, task = unique("k"), queueing.queued_in_order
+    key, task = unique("k"), queueing.gated_in_order
     results = []
     for index in range(4):  # one by one, each once the one before reached the lock
-        results.append(cluster.send(task, key, index, 0.5))
-        if index == 0:
+        results.append(cluster.send(task, key, index))
+        if index == 0:  # it holds the lock at its gate until every other call is parked
             wait_until(lambda: cluster.records.llen(f"order:{key}") == 1, timeout=20)
         else:
             wait_until(lambda index=index: cluster.parked(task, key, 0) == index, timeout=20)
+    cluster.records.rpush(f"gate:{key}", *["open"] * 4)
     assert [result.get(timeout=RESULT_TIMEOUT) for result in results] == list(range(4))
     assert cluster.records.lrange(f"order:{key}", 0, -1) == [str(i).encode() for i in range(4)]
     assert int(cluster.records.get(f"overlaps:{key}") or 0) == 0

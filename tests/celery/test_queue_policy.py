@@ -31,18 +31,20 @@ def _hold(locker: RedisLocker, task: Any, key: str, ttl: float = 30) -> Lease:
 def test_every_duplicate_runs_once_in_arrival_order(
     worker: Any, store: redis.Redis, unique_key: str
 ) -> None:
-    parked = lock_key_of(queueing.queued_in_order, unique_key, 0) + ":parked"
+    task = queueing.gated_in_order
+    parked = lock_key_of(task, unique_key, 0) + ":parked"
     results = []
     for index in range(6):  # one by one, each once the one before reached the lock
-        results.append(queueing.queued_in_order.delay(unique_key, index, 0.5))
-        if index == 0:
-            wait_until(lambda: store.llen(f"order:{unique_key}") == 1, timeout=10)
+        results.append(task.delay(unique_key, index))
+        if index == 0:  # it holds the lock at its gate until every other call is parked
+            wait_until(lambda: store.llen(f"order:{unique_key}") == 1, timeout=20)
         else:
-            wait_until(lambda index=index: store.zcard(parked) == index, timeout=10)
+            wait_until(lambda index=index: store.zcard(parked) == index, timeout=20)
+    store.rpush(f"gate:{unique_key}", *["open"] * 6)
     assert [result.get(timeout=30) for result in results] == list(range(6))
     assert store.lrange(f"order:{unique_key}", 0, -1) == [str(i).encode() for i in range(6)]
     assert int(store.get(f"overlaps:{unique_key}") or 0) == 0
-    assert_released(store, lock_key_of(queueing.queued_in_order, unique_key, 0))
+    assert_released(store, lock_key_of(task, unique_key, 0))
 
 
 def test_a_parked_duplicate_holds_no_worker_slot(

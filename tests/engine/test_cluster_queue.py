@@ -29,6 +29,7 @@ from celery_singleton_lock.engine import (
     RedisLocker,
     Renewer,
 )
+from celery_singleton_lock.engine.keys import SharedKeys
 from celery_singleton_lock.engine.kinds.latest import LatestWins
 from celery_singleton_lock.engine.kinds.slot_queue import SlotQueue
 from celery_singleton_lock.engine.slot_sweep import WINDOW, DueSlots
@@ -36,6 +37,13 @@ from tests.cluster_topology import ClusterGroup
 from tests.support import wait_until
 
 TTL = 30.0
+#: seconds of a timed pause that the test waits out: set once the call is parked (a pause
+#: writes 16,384 copies of its rule, seconds on a loaded machine: a call sent after it could
+#: miss it), so that nothing needs to happen before its end
+PAUSE = 3.0
+#: seconds of a dying holder's TTL or of a debounce that the test waits out: the same, for a
+#: few round trips
+SHORT = 3.0
 SUMMARY = "t:due-slots"
 _names = itertools.count()
 
@@ -139,14 +147,19 @@ def summary_slots(client: RedisCluster) -> set[str]:
     return {slot.decode() for slot in client.zrange(SUMMARY, 0, -1)}
 
 
-def sweep_until_handed(locker: RedisLocker, client: RedisCluster, name: str) -> list[bytes]:
-    """The messages handed on by a sweeper's ticks, each when the summary says the slot of
-    ``name`` is due, at most 4: never the rotation (its slot is 4,096 or beyond: a 5th tick)."""
+def sweep_until_handed(
+    locker: RedisLocker, client: RedisCluster, name: str, *, timeout: float = 10
+) -> list[bytes]:
+    """The messages of ``name`` handed on by a sweeper's ticks, each when the summary says its
+    slot is due (within ``timeout`` seconds), at most 4: never the rotation (its slot is 4,096
+    or beyond: a 5th tick). Other tests' locks found due meanwhile are left alone."""
     queue, slot, handed = queue_of(locker), slot_of(locker, name), []
     for _ in range(4):
-        wait_until(lambda: (client.zscore(SUMMARY, slot) or 0) <= time.time() * 1000)
-        for found in queue.hand_off_due().names:
-            handed += queue.hand_on(found, reservation_ttl=TTL)
+        wait_until(
+            lambda: (client.zscore(SUMMARY, slot) or 0) <= time.time() * 1000, timeout=timeout
+        )
+        if name in queue.hand_off_due().names:
+            handed += queue.hand_on(name, reservation_ttl=TTL)
         if handed:
             break
     return handed
@@ -209,7 +222,7 @@ def test_a_sweeper_finds_a_dead_holders_lock_on_a_cluster_from_the_summary_not_t
     locker: RedisLocker, client: RedisCluster
 ) -> None:
     name = far_name("dead")
-    assert isinstance(attempt(locker, name, "h", ttl=1.0), Lease)  # never renewed: it "dies"
+    assert isinstance(attempt(locker, name, "h", ttl=SHORT), Lease)  # never renewed: it "dies"
     assert isinstance(attempt(locker, name, "p1"), Parked)
     queue = queue_of(locker)
     assert name not in queue.hand_off_due().names  # looked at: its holder's TTL is not over
@@ -277,18 +290,26 @@ def test_resuming_a_paused_family_on_a_cluster_marks_the_slots_of_its_parked_loc
     assert queue_of(locker).hand_on(name, reservation_ttl=TTL) == [b"msg-p1"]
 
 
-@pytest.mark.parametrize("policy", list(POLICIES))
+#: a latest wins call parked under a pause is handed on by a sweeper's look during it
+#: (tests/engine/test_paused_parking.py pins it on one server)
+LATEST_PAUSE_BUG = pytest.mark.xfail(reason="bug: latest wins' hand-on ignores a pause")
+
+
+@pytest.mark.parametrize("policy", ["queue", pytest.param("replace", marks=LATEST_PAUSE_BUG)])
 def test_a_timed_pause_on_a_cluster_wakes_its_waiting_call_when_it_ends(
     locker: RedisLocker, client: RedisCluster, policy: str
 ) -> None:
     acquire, _ = POLICIES[policy]
     family = f"fam{next(_names)}"
     name = far_name(f"{family}:x")
-    locker.live_rules.pause(family, 1.0)
+    locker.live_rules.pause(family, None)  # until resumed: the call parks inside it, whenever
     waits = acquire(locker, name, "p1", cap_key=f"t:cap:{family}")
     assert isinstance(waits, Parked) and waits.paused
-    assert queue_of(locker).hand_off_due().names == []  # its slot is read: due at the end
-    assert sweep_until_handed(locker, client, name) == [b"msg-p1"]
+    locker.live_rules.pause(family, PAUSE)  # now timed: a sweeper looks, and again at its end
+    rule = SharedKeys.of_slot(locker.live_rules.key(family), int(slot_of(locker, name)))
+    end_ms = int(client.hget(rule, "until"))  # the end read by this lock: its slot's copy
+    assert sweep_until_handed(locker, client, name, timeout=PAUSE + 10) == [b"msg-p1"]
+    assert time.time() * 1000 >= end_ms  # not before: the pause's end woke it
 
 
 def test_fairly_parked_calls_on_a_cluster_are_handed_the_lock_round_robin(
@@ -320,7 +341,7 @@ def test_the_rotation_still_finds_a_due_lock_whose_slot_was_never_marked(
     locker: RedisLocker, client: RedisCluster
 ) -> None:
     name = far_name("unmarked")
-    assert isinstance(attempt(locker, name, "h", ttl=1.0), Lease)
+    assert isinstance(attempt(locker, name, "h", ttl=SHORT), Lease)
     assert isinstance(attempt(locker, name, "p1"), Parked)
     client.zrem(SUMMARY, slot_of(locker, name))  # as if its marking client died first
     wait_until_due(locker, client, name)
@@ -362,20 +383,20 @@ def test_a_debounced_burst_on_a_cluster_hands_its_newest_call_the_lock_from_the_
 ) -> None:
     name = far_name("latest-burst")
     for task_id in ("v1", "v2", "v3"):
-        assert isinstance(newest(locker, name, task_id, debounce=1.0), Parked)
+        assert isinstance(newest(locker, name, task_id, debounce=SHORT), Parked)
     queue = queue_of(locker)
-    assert queue.hand_off_due().names == []  # its slot is read: due at the debounce's end
-    assert sweep_until_handed(locker, client, name) == [b"msg-v3"]
+    assert name not in queue.hand_off_due().names  # its slot is read: due at the debounce's end
+    assert sweep_until_handed(locker, client, name, timeout=SHORT + 10) == [b"msg-v3"]
 
 
 def test_a_replace_call_waiting_behind_a_dead_holder_on_a_cluster_is_found_from_the_summary(
     locker: RedisLocker, client: RedisCluster
 ) -> None:
     name = far_name("latest-dead")
-    assert isinstance(newest(locker, name, "v1", ttl=1.0), Lease)  # never renewed: it "dies"
+    assert isinstance(newest(locker, name, "v1", ttl=SHORT), Lease)  # never renewed: it "dies"
     assert isinstance(newest(locker, name, "v2"), Parked)
-    assert queue_of(locker).hand_off_due().names == []  # its holder's TTL is not over
-    assert sweep_until_handed(locker, client, name) == [b"msg-v2"]
+    assert name not in queue_of(locker).hand_off_due().names  # its holder's TTL is not over
+    assert sweep_until_handed(locker, client, name, timeout=SHORT + 10) == [b"msg-v2"]
 
 
 def test_the_locks_with_calls_parked_on_a_cluster_are_read_from_every_slots_index(

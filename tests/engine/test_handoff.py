@@ -12,6 +12,7 @@ import redis
 from celery_singleton_lock import AlreadyFinished
 from celery_singleton_lock.engine import Lease, LockHolder, Owner, RedisLocker
 from celery_singleton_lock.engine.lease import Parked
+from tests.support import SHORT_TTL, wait_until_due
 
 
 def reserved_for(holder: LockHolder) -> Optional[str]:
@@ -157,10 +158,10 @@ def test_a_release_by_a_lease_that_lost_the_lock_hands_off_nothing(locker: Redis
 def test_a_free_lock_with_older_parked_ids_is_handed_to_the_oldest_not_taken(
     locker: RedisLocker,
 ) -> None:
-    lease = attempt(locker, "a", ttl=0.2)
+    lease = attempt(locker, "a", ttl=SHORT_TTL)
     assert isinstance(lease, Lease)
     attempt(locker, "b")
-    time.sleep(0.3)  # the holder died: its lock expired
+    wait_until_due(locker, "job")  # the holder died: its lock expired
     newcomer = attempt(locker, "c")
     assert isinstance(newcomer, Parked)
     assert newcomer.handed == b"msg-b" and newcomer.holder is None
@@ -170,11 +171,10 @@ def test_a_free_lock_with_older_parked_ids_is_handed_to_the_oldest_not_taken(
 def test_the_sweeper_finds_a_dead_holders_lock_once_it_expired_and_hands_it_off(
     locker: RedisLocker,
 ) -> None:
-    assert isinstance(attempt(locker, "a", ttl=0.3), Lease)
+    assert isinstance(attempt(locker, "a", ttl=SHORT_TTL), Lease)
     attempt(locker, "b")
     assert locker.queue.hand_off_due().names == []  # not due before the holder's TTL runs out
-    time.sleep(0.4)
-    assert locker.queue.hand_off_due().names == ["job"]
+    wait_until_due(locker, "job")
     assert sweep(locker, reservation_ttl=5) == b"msg-b"
     assert (
         locker.queue.hand_off_due().names == []
@@ -182,12 +182,11 @@ def test_the_sweeper_finds_a_dead_holders_lock_once_it_expired_and_hands_it_off(
 
 
 def test_the_sweeper_leaves_a_held_lock_and_looks_again_at_its_ttl(locker: RedisLocker) -> None:
-    lease = attempt(locker, "a", ttl=0.3)
+    lease = attempt(locker, "a", ttl=SHORT_TTL)
     assert isinstance(lease, Lease)
     attempt(locker, "b")
     assert locker.renew_by_owner([("job", lease.owner, 30.0)]) == []  # renewed meanwhile
-    time.sleep(0.4)
-    assert locker.queue.hand_off_due().names == ["job"]
+    wait_until_due(locker, "job")  # at its first TTL's end: the sweeper looks, and finds it held
     assert sweep(locker, reservation_ttl=5) is None
     assert locker.queue.hand_off_due().names == []
     score = locker.client.zscore(locker.shared.handoff_index(locker.keys("job").lock), "job")

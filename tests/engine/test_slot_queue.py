@@ -12,7 +12,7 @@ import redis
 from celery_singleton_lock.engine import Lease, LockHolder, Owner, RedisLocker
 from celery_singleton_lock.engine.lease import Parked
 from celery_singleton_lock.errors import LockError
-from tests.support import wait_until
+from tests.support import SHORT_TTL, wait_until, wait_until_due
 
 Outcome = Union[Lease, LockHolder, Parked]
 
@@ -302,10 +302,10 @@ def test_a_live_cap_lowered_while_calls_are_parked_hands_on_no_slot_above_it(
 def test_a_live_cap_is_read_by_the_sweeper_from_the_lock_rule(locker: RedisLocker) -> None:
     cap_key = "singleton-lock:cap:proj.job"
     locker.client.hset(cap_key, "cap", 1)
-    lease(attempt(locker, "a", limit=3, cap_key=cap_key, ttl=0.2))
+    lease(attempt(locker, "a", limit=3, cap_key=cap_key, ttl=SHORT_TTL))
     assert isinstance(attempt(locker, "b", limit=3, cap_key=cap_key), Parked)
     assert isinstance(attempt(locker, "c", limit=3, cap_key=cap_key), Parked)
-    time.sleep(0.3)  # a's holder died: its slot expired
+    wait_until_due(locker, "job")  # a's holder died: its slot expired
     assert locker.queue.hand_on("job", reservation_ttl=30) == [b"msg-b"]  # one, not two
 
 
@@ -381,10 +381,10 @@ def test_a_fair_call_whose_reservation_ran_out_is_handed_the_slot_again_not_its_
 ) -> None:
     holder = lease(attempt(locker, "h", limit=1))
     for task_id, rank in (("a1", 0), ("a2", 5)):
-        attempt(locker, task_id, limit=1, fair="A", priority=rank, reservation_ttl=0.2)
-    locker.queue.release_handing_on(holder, limit=1, reservation_ttl=0.2)  # reserved for a2
+        attempt(locker, task_id, limit=1, fair="A", priority=rank, reservation_ttl=SHORT_TTL)
+    locker.queue.release_handing_on(holder, limit=1, reservation_ttl=SHORT_TTL)  # for a2
     assert isinstance(attempt(locker, "a3", limit=1, fair="A", priority=9), Parked)
-    time.sleep(0.3)  # a2's message was never delivered: its reservation ran out
+    wait_until_due(locker, "job")  # a2's message was never delivered: its reservation ran out
     assert locker.queue.hand_on("job", reservation_ttl=30) == [b"msg-a2"]
 
 

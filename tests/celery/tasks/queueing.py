@@ -7,7 +7,7 @@ import enum
 import os
 
 from celery_singleton_lock import LockedTask
-from tests.celery.tasks.core import app, body, gated_body, keyed_task, store
+from tests.celery.tasks.core import GATE_TIMEOUT, app, body, gated_body, inside, keyed_task, store
 
 #: The policy of the queue tasks below: "retry" for the streams of tests/celery/test_cluster.py
 #: and test_cluster_pause.py (ClusterServers' default), "queue" everywhere else, a Redis
@@ -28,6 +28,19 @@ def queued_in_order(self: LockedTask, key: str, index: int, seconds: float = 0.0
     """Records ``index`` in ``order:<key>`` as its body starts (policy queue)."""
     store().rpush(f"order:{key}", index)
     body(key, seconds, self.request.id)
+    return index
+
+
+@app.task(bind=True, base=LockedTask, lock_on=("key",), on_duplicate=QUEUE, lock_ttl=5)
+def gated_in_order(self: LockedTask, key: str, index: int) -> int:
+    """``queued_in_order`` whose body waits at ``gate:<key>`` (as ``core.gated_body``): the
+    test decides how long each call holds the lock, not a sleep that must outlast the rest."""
+    store().rpush(f"order:{key}", index)
+    with inside(key, self.request.id):
+        # waits of 1 s each: one of GATE_TIMEOUT would outlast the client's socket timeout
+        for _ in range(GATE_TIMEOUT):
+            if store().blpop([f"gate:{key}"], timeout=1):
+                break
     return index
 
 

@@ -116,7 +116,9 @@ def test_parked_calls_of_a_queue_task_on_a_cluster_run_in_order_one_at_a_time(
     key, task = unique("k"), queueing.queued_in_order
     results = []
     for index in range(4):  # one by one, each once the one before reached the lock
-        results.append(cluster.send(task, key, index, 0.5))
+        # the first holds the lock until all 3 others are parked behind it: 0.5 s was too
+        # short on a loaded machine (the next one took the lock free, parked behind none)
+        results.append(cluster.send(task, key, index, 10.0 if index == 0 else 0.5))
         if index == 0:
             wait_until(lambda: cluster.records.llen(f"order:{key}") == 1, timeout=20)
         else:
@@ -130,7 +132,8 @@ def test_a_queue_task_with_a_limit_of_3_on_a_cluster_runs_3_at_once_and_each_cal
     cluster: Cluster,
 ) -> None:
     key, task = unique("k"), limits.limit3_queue
-    results = [cluster.send(task, key, 1.0) for _ in range(7)]
+    # long enough for 3 bodies to overlap however late each worker process picks its call up
+    results = [cluster.send(task, key, 4.0) for _ in range(7)]
     for result in results:
         result.get(timeout=RESULT_TIMEOUT)
     runs = [run.split(b"|")[0] for run in cluster.records.lrange(f"runs:{key}", 0, -1)]

@@ -19,6 +19,11 @@ cd "$(dirname "$0")/.."
 
 PIP=(-m pip install -q --disable-pip-version-check)
 
+# Processes side by side (pytest-xdist), one test module per process at a time: a module's
+# workers and servers are its own fixtures (module- or session-scoped). As in ./dev test.
+TEST_PROCESSES="${TEST_PROCESSES:-3}"
+PARALLEL=(-n "$TEST_PROCESSES" --dist loadfile)
+
 # Real `celery worker` processes, Redis broker: lease renewal on the prefork pool, time limits,
 # revoke(terminate=True), a killed pool child, kill -9 of the whole worker. Left out: the other
 # pools (the in-process worker covers threads), the contention runs (slow), RabbitMQ, and the
@@ -82,8 +87,9 @@ run_corner() {
   log="$(mktemp)"
   started=$SECONDS
   echo "== $corner: $(versions "$venv")"
-  "$venv/bin/python" -m pytest -p no:cacheprovider -q tests/engine tests/unit tests/celery \
-    --ignore=tests/celery/test_real_workers.py "${REDELIVERY_SCENARIOS[@]}" | tee "$log" || status=1
+  "$venv/bin/python" -m pytest -p no:cacheprovider -q "${PARALLEL[@]}" tests/engine tests/unit \
+    tests/celery --ignore=tests/celery/test_real_workers.py "${REDELIVERY_SCENARIOS[@]}" \
+    | tee "$log" || status=1
   local first
   first="$(outcome "$log")"
   "$venv/bin/python" -m pytest -p no:cacheprovider -q tests/celery/test_real_workers.py \

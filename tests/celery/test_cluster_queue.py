@@ -131,7 +131,8 @@ def test_a_queue_task_with_a_limit_of_3_on_a_cluster_runs_3_at_once_and_each_cal
     cluster: Cluster,
 ) -> None:
     key, task = unique("k"), limits.limit3_queue
-    results = [cluster.send(task, key, 1.0) for _ in range(7)]
+    # long enough for 3 bodies to overlap however late each worker process picks its call up
+    results = [cluster.send(task, key, 4.0) for _ in range(7)]
     for result in results:
         result.get(timeout=RESULT_TIMEOUT)
     runs = [run.split(b"|")[0] for run in cluster.records.lrange(f"runs:{key}", 0, -1)]

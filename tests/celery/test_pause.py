@@ -220,7 +220,9 @@ def test_a_call_handed_the_lock_during_a_pause_waits_for_its_end(
     servers: Servers, two: list[CeleryWorkerProcess], store: redis.Redis, resumed_latest: None
 ) -> None:
     key, task = unique("k"), pausing.paused_replace
-    first = task.apply_async((key, 2.0), queue=two[0].queue)
+    # runs while the later call parks and the pause command starts (a `celery` process: some
+    # seconds on a loaded machine); 2 s was too short beside the suite's other processes
+    first = task.apply_async((key, 10.0), queue=two[0].queue)
     wait_until(lambda: len(starts(store, key)) == 1, timeout=30)
     later = task.apply_async((key,), queue=two[1].queue)
     wait_until(lambda: waiting(store, task, key) == [later.id.encode()], timeout=30)

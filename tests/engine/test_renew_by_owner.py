@@ -90,7 +90,7 @@ def test_renewing_many_owners_costs_one_round_trip(counting_client: redis.Redis)
     locker = RedisLocker(counting_client, prefix="t")
     owners = [Owner(task_id=f"t{i}", host="node@h", pid=1000 + i) for i in range(50)]
     for i, owner in enumerate(owners):
-        hold(locker, f"k{i}", owner)
+        hold(locker, f"k{i}", owner, ttl=30)  # none expires while the others are taken
     locker.renew_by_owner([("warm-up", owners[0], 1)])  # loads the script (NOSCRIPT)
     CountingConnection.reset()
     assert locker.renew_by_owner([(f"k{i}", o, 30) for i, o in enumerate(owners)]) == []
@@ -106,7 +106,9 @@ def test_renewing_more_locks_by_owner_than_a_chunk_is_one_round_trip_reporting_e
         for i in range(2 * SLOT_CHUNK + 100)
     ]
     for name, owner, _ in held:
-        hold(locker, name, owner)
+        # 30 s: taking 500 locks one by one outlasts 1 s on a loaded machine, and the first
+        # expired before the renewal, reported lost
+        hold(locker, name, owner, ttl=30)
     lost = [0, SLOT_CHUNK - 1, SLOT_CHUNK, 2 * SLOT_CHUNK + 7]
     counting_client.delete(*(locker.keys(held[index][0]).lock for index in lost))
     locker.renew_by_owner(held[:1])  # loads the script (NOSCRIPT)

@@ -39,12 +39,14 @@ def test_renewing_a_thousand_leases_costs_one_round_trip_per_tick(
     counting_client: redis.Redis, clock: FakeClock
 ) -> None:
     renewer, locker = hand_driven(counting_client, clock)
-    leases = [locker.try_acquire(f"job-{i}", ttl=3.0) for i in range(1000)]
+    # 30 s: the server's clock is real, and taking 1000 locks one by one on a loaded machine
+    # outlasted 3 s (the first expired, reported lost)
+    leases = [locker.try_acquire(f"job-{i}", ttl=30.0) for i in range(1000)]
     assert all(isinstance(lease, Lease) for lease in leases)
-    clock.advance(1.0)
+    clock.advance(10.0)
     renewer.run_once()  # first tick: NOSCRIPT, scripts loaded, EVALSHA; then cached
     for _tick in range(3):
-        clock.advance(1.0)
+        clock.advance(10.0)
         CountingConnection.reset()
         renewer.run_once()
         assert CountingConnection.sent == ["PIPELINE"]  # the chunks' calls, sent together
@@ -107,7 +109,9 @@ def test_loss_is_detected_by_the_renewer_thread(
     lease = locker.try_acquire("job", ttl=0.6, on_lost=lambda _lease: fired.set())
     assert isinstance(lease, Lease)
     redis_client.delete(lease.key)
-    assert fired.wait(timeout=0.6)  # one tick is ttl/3 = 0.2 s
+    # the next tick (ttl/3 = 0.2 s) finds it; undetected, nothing else would set it. The wait
+    # is long: a thread on a loaded 2-core machine has woken 0.7 s late.
+    assert fired.wait(timeout=10)
 
 
 def test_a_foreign_token_cannot_renew(redis_client: redis.Redis, clock: FakeClock) -> None:
@@ -167,7 +171,9 @@ def test_unreachable_server_marks_lost_only_after_the_ttl_has_passed(clock: Fake
 
 def test_renewer_thread_survives_an_outage_and_resumes() -> None:
     with RedisServer.running() as server:
-        client = server.client(socket_timeout=0.3, socket_connect_timeout=0.3)
+        # a stopped server refuses at once: the timeouts only bound a reply a loaded machine
+        # is slow to send
+        client = server.client(socket_timeout=2, socket_connect_timeout=2)
         renewer = Renewer()
         locker = RedisLocker(client, prefix="t", renewer=renewer)
         long_lived = locker.try_acquire("long", ttl=3.0)
@@ -176,9 +182,10 @@ def test_renewer_thread_survives_an_outage_and_resumes() -> None:
         time.sleep(0.5)
         server.start()  # the data is gone: the long lease is lost, and reported as such
         wait_until(long_lived.lost.is_set, timeout=15)
-        fresh = locker.try_acquire("fresh", ttl=0.6)
+        # renewed every 0.67 s, it outlives a renewer kept off the CPU 1.3 s; held past its TTL
+        fresh = locker.try_acquire("fresh", ttl=2.0)
         assert isinstance(fresh, Lease)
-        time.sleep(2.0)
+        time.sleep(3.0)
         assert stored_token(client, fresh.key) == fresh.token.encode()
         assert not fresh.lost.is_set()
 
@@ -224,9 +231,10 @@ def test_a_lease_added_while_the_renewer_sleeps_long_is_renewed_on_time(
     long_lived = locker.try_acquire("long", ttl=60.0)  # the thread now sleeps ~20 s
     assert isinstance(long_lived, Lease)
     time.sleep(0.2)
-    short = locker.try_acquire("short", ttl=0.6)
+    # renewed every 0.67 s, it outlives a renewer kept off the CPU 1.3 s; held past its TTL
+    short = locker.try_acquire("short", ttl=2.0)
     assert isinstance(short, Lease)
-    time.sleep(1.5)
+    time.sleep(3.0)
     assert stored_token(redis_client, short.key) == short.token.encode()
     assert not short.lost.is_set()
 

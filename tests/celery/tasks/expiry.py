@@ -29,7 +29,11 @@ class RecordsAttempts(LockedTask):
         super().before_start(task_id, args, kwargs)
 
 
-short_ttl = keyed_task(__name__, "short_ttl", lock_ttl=1, on_duplicate="skip")
+#: lock_ttl of short_ttl. Its only renewer (threads, solo, gevent pools) renews every third of
+#: it, so the key outlives a renewer kept off the CPU for two thirds of it: with 1 s (0.67 s of
+#: slack) a worker on a loaded 2-core machine lost its lock under a running body.
+SHORT_TTL = 2
+short_ttl = keyed_task(__name__, "short_ttl", lock_ttl=SHORT_TTL, on_duplicate="skip")
 long_short_ttl = keyed_task(
     __name__,
     "long_short_ttl",

@@ -232,9 +232,11 @@ class SlotQueue:
             ]
             script_keys += (keys.parked_rounds, latest)
             # the live rule its waiting call read (its slot's copy on a Cluster): its pause
-            # holds the hand-on too
-            raw = server_errors.call(lambda: self.server.client.hget(latest, "rule"), latest)
-            live = _lease.as_text(raw) if raw else ""
+            # holds the hand-on too ('sent' hands nothing on: no round trip for it)
+            live = ""
+            if mode != "sent":
+                raw = server_errors.call(lambda: self.server.client.hget(latest, "rule"), latest)
+                live = _lease.as_text(raw) if raw else ""
             args = [mode, subject, keys.name, _ms(reservation_ttl), "1" if live else ""]
             if live:
                 script_keys.append(self.issuer.shared.rule_of(live, keys.lock))

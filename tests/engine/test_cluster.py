@@ -436,7 +436,8 @@ def test_a_sweeper_finds_the_displaced_calls_left_to_mark_on_a_cluster(
     left: list[tuple[str, list[bytes]]] = []
     for _ in range(REDIS_CLUSTER_HASH_SLOTS // WINDOW + 1):
         left += latest.superseded_left()
-    assert left == [(name, [b"v2\nmsg"])]
+    # this lock's: an earlier test's displaced call falls due too once its grace (5 s) is over
+    assert [found for found in left if found[0] == name] == [(name, [b"v2\nmsg"])]
     assert latest.clear_superseded(name, ["v2"]) == 0
     assert client.zscore(index, name) is None
 

@@ -290,12 +290,7 @@ def test_resuming_a_paused_family_on_a_cluster_marks_the_slots_of_its_parked_loc
     assert queue_of(locker).hand_on(name, reservation_ttl=TTL) == [b"msg-p1"]
 
 
-#: a latest wins call parked under a pause is handed on by a sweeper's look during it
-#: (tests/engine/test_paused_parking.py pins it on one server)
-LATEST_PAUSE_BUG = pytest.mark.xfail(reason="bug: latest wins' hand-on ignores a pause")
-
-
-@pytest.mark.parametrize("policy", ["queue", pytest.param("replace", marks=LATEST_PAUSE_BUG)])
+@pytest.mark.parametrize("policy", ["queue", "replace"])
 def test_a_timed_pause_on_a_cluster_wakes_its_waiting_call_when_it_ends(
     locker: RedisLocker, client: RedisCluster, policy: str
 ) -> None:

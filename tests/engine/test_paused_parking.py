@@ -135,7 +135,6 @@ def test_a_queue_call_parked_behind_taken_slots_is_not_said_paused(locker: Redis
     assert isinstance(parked, Parked) and not parked.paused
 
 
-@pytest.mark.xfail(strict=True, reason="bug: latest wins' hand-on ignores a pause")
 def test_a_latest_call_parked_under_a_pause_is_not_handed_on_by_a_sweeper_during_it(
     locker: RedisLocker,
 ) -> None:
@@ -156,3 +155,32 @@ def test_a_pause_ended_by_itself_lets_the_latest_call_take_the_lock(locker: Redi
         time.sleep(0.05)
     assert locker.queue.hand_on(NAME, reservation_ttl=30) == [b"a\nmsg"]
     assert isinstance(newest(locker, "a"), Lease)
+
+
+def test_a_sweep_during_a_timed_pause_makes_the_latest_call_due_when_it_ends(
+    locker: RedisLocker, redis_client: redis.Redis
+) -> None:
+    locker.live_rules.pause("proj.job", None)
+    newest(locker, "a")
+    end = locker.live_rules.pause("proj.job", 30)  # the call is due now: a sweeper looks
+    locker.queue.hand_on(NAME, reservation_ttl=5)  # a reservation would be due sooner
+    due = redis_client.zscore("t:handoff-due", NAME)
+    assert due is not None and abs(due / 1000.0 - end) < 0.05
+
+
+def test_a_latest_call_under_a_pause_until_resumed_stays_parked_at_a_sweepers_look(
+    locker: RedisLocker,
+) -> None:
+    locker.live_rules.pause("proj.job", None)
+    newest(locker, "a")
+    assert locker.queue.hand_on(NAME, reservation_ttl=30) == []
+    assert waiting_ids(locker) == [b"a"]
+
+
+def test_a_resume_does_not_hand_on_a_latest_call_before_its_debounce_is_due(
+    locker: RedisLocker,
+) -> None:
+    locker.live_rules.pause("proj.job", None)
+    take(locker, "a", reservation_ttl=30, latest=Latest(debounce=60))
+    locker.live_rules.resume("proj.job")  # makes the lock due now
+    assert locker.queue.hand_on(NAME, reservation_ttl=30) == []

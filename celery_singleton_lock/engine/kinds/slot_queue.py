@@ -27,6 +27,7 @@ from celery_singleton_lock.engine import server_errors
 from celery_singleton_lock.engine.acquire_request import AcquireOutcome, AcquireRequest
 from celery_singleton_lock.engine.keys import handoff_index
 from celery_singleton_lock.engine.kinds.mutex import confirm_replicas, send
+from celery_singleton_lock.engine.latest import debounce_key
 from celery_singleton_lock.engine.lease import (
     Lease,
     LockHolder,
@@ -222,14 +223,23 @@ class SlotQueue:
         rule = self._rule(name)
         if rule is None:
             keys = self.issuer.keys(name)
+            latest = debounce_key(keys)
             script_keys = [
                 keys.lock,
                 keys.parked,
                 keys.parked_messages,
                 self.issuer.shared.handoff_index(keys.lock),
             ]
-            script_keys.append(keys.parked_rounds)
-            args = [mode, subject, keys.name, _ms(reservation_ttl)]
+            script_keys += (keys.parked_rounds, latest)
+            # the live rule its waiting call read (its slot's copy on a Cluster): its pause
+            # holds the hand-on too ('sent' hands nothing on: no round trip for it)
+            live = ""
+            if mode != "sent":
+                raw = server_errors.call(lambda: self.server.client.hget(latest, "rule"), latest)
+                live = _lease.as_text(raw) if raw else ""
+            args = [mode, subject, keys.name, _ms(reservation_ttl), "1" if live else ""]
+            if live:
+                script_keys.append(self.issuer.shared.rule_of(live, keys.lock))
             return list(self.server.run(self._hand_on_lock, keys.lock, script_keys, args))
         script_keys, args = self._hand_on_call(name, rule, mode, subject, reservation_ttl)
         return list(self.server.run(self._hand_on_slots, script_keys[0], script_keys, args))

@@ -11,7 +11,9 @@
 --          its copy in the lock's slot, shared_keys.py's rule_of): while it pauses
 --          the task, no call takes the lock, not even one it was reserved for (the reservation
 --          is given up; a newer waiting call then supersedes this one), and the waiting call
---          is looked at again when the pause ends (a resume makes it due at once, pause.lua)
+--          is looked at again when the pause ends (a resume makes it due at once, pause.lua);
+--          a call that waits names it in the latest-wins hash ('rule'), so that a sweeper's
+--          hand-on reads the same pause (hand_on_lock.lua)
 -- KEYS[10+c] with ARGV[14] '1': the finish-record set to look in (as acquire.lua's KEYS[3]);
 --          c is 1 with the live rule, else 0
 -- KEYS[#KEYS] with ARGV[15] '1': the held index (includes/held_index.lua; one server only,
@@ -129,7 +131,7 @@ if take then
   unpark(parked, messages, id)
   if redis.call('ZCARD', parked) == 0 then
     redis.call('ZREM', index, name)
-    redis.call('HDEL', burst, 'newest', 'first', 'due')
+    redis.call('HDEL', burst, 'newest', 'first', 'due', 'rule')
     redis.call('PEXPIRE', burst, keep_ms)  -- only 'sent' is left
   else  -- a newer call waits: a sweeper looks when this lease could run out, not before due
     redis.call('ZADD', index, 'GT', now_ms() + tonumber(ARGV[1]), name)
@@ -138,8 +140,14 @@ if take then
   return take_lock(lock, ARGV[2], ARGV[1], ARGV[3], KEYS[2])
 end
 -- while paused, a sweeper looks at the waiting call when the pause ends (until resumed: after
--- a reservation's life, and at once on a resume, pause.lua), not before its debounce is due
+-- a reservation's life, and at once on a resume, pause.lua), not before its debounce is due;
+-- the rule is named for that sweeper, which hands the lock on only once no pause holds it
 local function look_after_pause(now)
+  if c == 1 then
+    redis.call('HSET', burst, 'rule', KEYS[10])
+  else
+    redis.call('HDEL', burst, 'rule')
+  end
   if paused then
     local ends = now + (paused > 0 and paused or tonumber(ARGV[7]))
     redis.call('ZADD', index, 'GT', ends, name)  -- never earlier than a debounce's due

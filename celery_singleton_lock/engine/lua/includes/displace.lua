@@ -5,7 +5,10 @@
 --                           'first' (server ms of the burst's first call) and 'due' (server ms
 --                           at which the waiting call may run); 'sent', the stamp of the
 --                           newest call sent that waits, holds or held the lock (kept for the
---                           finish records' lifetime): a call sent before it is superseded
+--                           finish records' lifetime): a call sent before it is superseded;
+--                           'rule', the live rule the waiting call read (its Cluster slot's
+--                           copy), for the sweeper's hand-on to read its pause
+--                           (hand_on_lock.lua)
 --   P:{N}:superseded        sorted set: the task ids displaced by a newer call, scored by
 --                           server ms; an acquire by one of them (a stale copy of its message)
 --                           is refused. Kept for the finish records' lifetime, at most

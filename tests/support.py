@@ -19,15 +19,22 @@ T = TypeVar("T")
 HANDSHAKE = frozenset({"HELLO", "CLIENT", "AUTH", "SELECT", "PING"})
 
 
+def _as_bytes(value: Any) -> bytes:
+    return value if isinstance(value, bytes) else str(value).encode()
+
+
 class CountingConnection(redis.Connection):
     """Counts what the client sends: one entry per round trip, by command name.
 
     A pipeline counts once, as ``PIPELINE`` (one packed send); commands a Lua script runs
-    inside Redis are never seen here.
+    inside Redis are never seen here. :meth:`about` keeps the round trips that name one lock:
+    a test on a worker shared with other tests counts only its own calls' commands (another
+    test's call may still end, and release, while it counts).
     """
 
     lock = threading.Lock()
     sent: list[str] = []
+    payloads: list[bytes] = []
     _single = threading.local()
 
     def send_command(self, *args, **kwargs):  # type: ignore[no-untyped-def]
@@ -38,23 +45,34 @@ class CountingConnection(redis.Connection):
         finally:
             CountingConnection._single.active = False
         if name.upper() not in HANDSHAKE:
-            self._record(name.upper())
+            self._record(name.upper(), b" ".join(_as_bytes(arg) for arg in args))
 
     def send_packed_command(self, command, check_health=True):  # type: ignore[no-untyped-def]
         if not getattr(CountingConnection._single, "active", False):
             # packed by the caller: one command (the hot path's), or a pipeline's batch
-            self._record(packed_request(command))
+            packed = command if isinstance(command, bytes) else b"".join(map(bytes, command))
+            self._record(packed_request(command), packed)
         super().send_packed_command(command, check_health)
 
     @classmethod
-    def _record(cls, name: str) -> None:
+    def _record(cls, name: str, payload: bytes) -> None:
         with cls.lock:
             cls.sent.append(name)
+            cls.payloads.append(payload)
 
     @classmethod
     def reset(cls) -> None:
         with cls.lock:
             cls.sent = []
+            cls.payloads = []
+
+    @classmethod
+    def about(cls, name: str) -> list[str]:
+        """The round trips sent since the last reset whose command names ``name`` (a lock's
+        name: its keys carry it), in order."""
+        needle = name.encode()
+        with cls.lock:
+            return [sent for sent, payload in zip(cls.sent, cls.payloads) if needle in payload]
 
     @classmethod
     def count(cls) -> int:

@@ -193,19 +193,26 @@ class LiveRule(NamedTuple):
 
 
 class LiveRules(Protocol):
-    """The live rule of lock families (a task's or group's name): a cap on the slots of each
-    of its locks taken at once (``celery locks limit``), read by every acquire that names the
-    family's key (:func:`~.keys.cap_key`), and a pause of every start (``celery locks pause``,
-    ``resume``, a body's ``pause_for``). Redis: :class:`~.live_rules.RedisLiveRules`, a hash
-    per family (a copy per slot on a Cluster); PostgreSQL:
-    :class:`~.postgres.live_rules.PostgresLiveRules`, the cap only (its ``pause`` and
-    ``resume`` refuse, naming the backend)."""
+    """The live caps of lock families (a task's or group's name): at most so many slots of
+    each of the family's locks taken at once (``celery locks limit``), read by every acquire
+    that names the family's key (:func:`~.keys.cap_key`). Redis:
+    :class:`~.live_rules.RedisLiveRules`, a hash per family (a copy per slot on a Cluster);
+    PostgreSQL: :class:`~.postgres.live_rules.PostgresLiveRules`, a row per family. A backend
+    whose rules can also pause declares :class:`PausingRules`."""
 
     def read(self, family: str) -> LiveRule: ...
 
     def set_cap(self, family: str, cap: Optional[int]) -> None: ...
 
     def every(self, limit: int = 1000) -> dict[str, LiveRule]: ...
+
+
+@runtime_checkable
+class PausingRules(LiveRules, Protocol):
+    """Live rules that also pause every start of a family (``celery locks pause``,
+    ``resume``, a body's ``pause_for``): Redis only, where the acquire scripts read the pause
+    in the same call. PostgreSQL keeps caps but no pause, and so does not declare this:
+    callers ask with ``isinstance`` and refuse, naming the backend."""
 
     def pause(self, family: str, seconds: Optional[float], *, lengthen: bool = False) -> float: ...
 

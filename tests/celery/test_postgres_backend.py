@@ -222,9 +222,33 @@ def test_locks_limit_reset_removes_a_postgres_live_cap(app: Celery, url: str) ->
 def test_locks_pause_on_postgres_is_refused_naming_the_backend(url: str) -> None:
     result = run_cli("--url", url, "--prefix", "pgt", "pause", "proj.export")
     assert result.returncode != 0
-    assert "the PostgreSQL backend keeps live caps (celery locks limit) but no pause" in (
+    assert "PostgreSQL row leases keeps live caps (celery locks limit) but no pause" in (
         result.stderr
     )
+
+
+def test_locks_resume_on_postgres_is_refused_naming_the_backend(url: str) -> None:
+    result = run_cli("--url", url, "--prefix", "pgt", "resume", "proj.export")
+    assert result.returncode != 0
+    assert "PostgreSQL row leases keeps live caps (celery locks limit) but no pause" in (
+        result.stderr
+    )
+
+
+def test_pause_for_in_a_body_on_postgres_is_refused_naming_the_task_and_the_backend(
+    app: Celery,
+) -> None:
+    @app.task(base=LockedTask, bind=True, shared=False)
+    def pausing(self: Any, x: int) -> str:
+        try:
+            self.request.lock.pause_for(5)
+        except LockConfigurationError as exc:
+            return exc.message
+        return "paused"
+
+    said = pausing.apply(args=(1,)).get()
+    assert said.startswith(f"task {pausing.name}: pause_for needs one Redis server")
+    assert "on PostgreSQL row leases, which keeps no pause" in said
 
 
 def test_locks_list_names_a_postgres_live_cap(url: str) -> None:

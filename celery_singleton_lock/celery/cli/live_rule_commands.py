@@ -5,8 +5,9 @@ of it in every hash slot, all written before the command returns), read by every
 acquire in the same script call: no restart, no round trip more.
 
 Needs one Redis server, a Sentinel group or a Redis Cluster (PostgreSQL: the cap only, kept in
-its caps table; its pause refuses, naming the backend); a Redlock quorum keeps no such key (each
-master's would be a rule of its own), and refuses the commands with that said.
+its caps table; ``pause`` and ``resume`` are refused there, naming the backend); a Redlock quorum
+keeps no such key (each master's would be a rule of its own), and refuses the commands with that
+said.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import click
 
 from celery_singleton_lock.celery.cli.app_target import Target
 from celery_singleton_lock.celery.cli.commands import Settings, _one_line_errors
-from celery_singleton_lock.engine import LiveRule, LiveRules
+from celery_singleton_lock.engine import LiveRule, LiveRules, PausingRules
 from celery_singleton_lock.errors import LockConfigurationError
 
 NOT_HERE = (
@@ -33,6 +34,18 @@ def live_rules_of(target: Target) -> LiveRules:
     rules: Optional[LiveRules] = None if target.quorum else target.backend.live_rules
     if rules is None:
         raise LockConfigurationError(NOT_HERE)
+    return rules
+
+
+def pausing_rules_of(target: Target) -> PausingRules:
+    """The target's live rules that can pause, or a clear error naming its backend."""
+    rules = live_rules_of(target)
+    if not isinstance(rules, PausingRules):
+        raise LockConfigurationError(
+            f"a pause is read by the Redis acquire scripts: {target.backend.capabilities.kind} "
+            "keeps live caps (celery locks limit) but no pause; use one Redis server, Sentinel "
+            "or a Redis Cluster for pausing"
+        )
     return rules
 
 
@@ -125,7 +138,7 @@ def pause(settings: Settings, name: str, seconds: Optional[float]) -> None:
     with _one_line_errors():
         target = settings.target()
         try:
-            rules = live_rules_of(target)
+            rules = pausing_rules_of(target)
             _family_options(settings, name)
             rules.pause(name, seconds)
             now = rules.read(name)
@@ -144,7 +157,7 @@ def resume(settings: Settings, name: str) -> None:
     with _one_line_errors():
         target = settings.target()
         try:
-            rules = live_rules_of(target)
+            rules = pausing_rules_of(target)
             _family_options(settings, name)
             rules.resume(name)
             now = rules.read(name)

@@ -51,6 +51,7 @@ from celery_singleton_lock.engine import (
     CancelSignal,
     Lease,
     LockBackend,
+    PausingRules,
     PreparedAcquire,
     PushedCancelFlags,
     required,
@@ -218,17 +219,16 @@ class LockScope(LockHandle):
     def pause_for(self, seconds: float) -> float:
         """See :meth:`LockHandle.pause_for`: the live rule of the lock's family (the task's or
         group's name, the lock name before its argument digest), lengthened only."""
-        rules = getattr(self.task.lock_locker, "live_rules", None)
-        if rules is None:
+        locker = self.task.lock_locker
+        rules = getattr(locker, "live_rules", None)
+        if not isinstance(rules, PausingRules):
             raise LockConfigurationError(
                 f"task {self.task.name}: pause_for needs one Redis server, Sentinel or a Redis "
-                "Cluster (the pause is one key per task or group, read by every acquire): not "
-                "a Redlock quorum or PostgreSQL"
+                "Cluster (the pause is one key per task or group, read by every acquire in the "
+                f"same script call); this task's locks are on {locker.capabilities.kind}, which "
+                "keeps no pause"
             )
-        try:
-            return float(rules.pause(self.name.rpartition(":")[0], seconds, lengthen=True))
-        except LockConfigurationError as exc:  # a backend that keeps caps but no pause
-            raise LockConfigurationError(f"task {self.task.name}: {exc}") from None
+        return float(rules.pause(self.name.rpartition(":")[0], seconds, lengthen=True))
 
     def running(self) -> bool:
         """Whether the request this scope was opened for is still on its task's request

@@ -1,22 +1,15 @@
 """Live rules on PostgreSQL: the cap only (``celery locks limit``), a row per family's cap key
 (:func:`...keys.cap_key`) in the schema's caps table, read by the slot function (:mod:`.slots`).
-A pause is not kept here: :meth:`PostgresLiveRules.pause` and ``resume`` refuse it."""
+A pause is not kept here, so these rules are not :class:`...backend.PausingRules`."""
 
 from __future__ import annotations
 
-from typing import Callable, NoReturn, Optional
+from typing import Callable, Optional
 
 from celery_singleton_lock.engine.backend import LiveRule
 from celery_singleton_lock.engine.keys import cap_key
 from celery_singleton_lock.engine.postgres.connections import Connections
 from celery_singleton_lock.engine.postgres.schema import Schema
-from celery_singleton_lock.errors import LockConfigurationError
-
-NO_PAUSE = (
-    "a pause (celery locks pause / resume, self.request.lock.pause_for) is read by the Redis "
-    "acquire scripts: the PostgreSQL backend keeps live caps (celery locks limit) but no pause; "
-    "use one Redis server or Sentinel for pausing"
-)
 
 
 class PostgresLiveRules:
@@ -64,11 +57,3 @@ class PostgresLiveRules:
         start = self.key("")
         rows = self._connections.run(self._every, {"start": start, "limit": limit}, start)
         return {str(key)[len(start) :]: LiveRule(int(cap), None) for key, cap in rows}
-
-    def pause(self, family: str, seconds: Optional[float], *, lengthen: bool = False) -> NoReturn:
-        """Refused: PostgreSQL keeps no pause (:data:`NO_PAUSE`)."""
-        raise LockConfigurationError(NO_PAUSE)
-
-    def resume(self, family: str) -> NoReturn:
-        """Refused, as :meth:`pause`."""
-        raise LockConfigurationError(NO_PAUSE)

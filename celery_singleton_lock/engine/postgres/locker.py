@@ -133,7 +133,8 @@ class PostgresLocker:
         self.markers = PostgresMarkers(
             self.connections, self.schema, self.statements, self.prefix, self.ready
         )
-        #: live caps (no pause: its pause and resume refuse, naming this backend)
+        #: live caps only (not PausingRules: the CLI and pause_for refuse a pause, naming this
+        #: backend)
         self.live_rules = PostgresLiveRules(self.connections, self.schema, self.prefix, self.ready)
         # -- end of admission
 

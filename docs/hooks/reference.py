@@ -67,11 +67,11 @@ def task_options_table() -> str:
     """Every task option: the ones with an app setting, then the per-task ones. The setting
     shares the name's cell: five columns of long identifiers do not fit a page."""
     rows = [
-        (f"`{name}`<br>`{o.setting}`", _code(o.default), _cell(o.allowed), _cell(o.meaning))
+        (f"`{name}`<br>`{o.setting}`", _code(o.default), _cell(str(o.allowed)), _cell(o.meaning))
         for name, o in options.TASK_OPTIONS.items()
     ]
     rows += [
-        (f"`{name}`<br>(no setting)", _code(o.default), _cell(o.allowed), _cell(o.meaning))
+        (f"`{name}`<br>(no setting)", _code(o.default), _cell(str(o.allowed)), _cell(o.meaning))
         for name, o in options.TASK_ONLY_OPTIONS.items()
     ]
     header = ("task attribute<br>app setting", "default", "allowed", "meaning")
@@ -81,7 +81,7 @@ def task_options_table() -> str:
 def app_settings_table() -> str:
     """Every app-wide setting that no task attribute overrides."""
     rows = [
-        (f"`{name}`", _code(o.default), _cell(o.allowed), _cell(o.meaning))
+        (f"`{name}`", _code(o.default), _cell(str(o.allowed)), _cell(o.meaning))
         for name, o in options.APP_SETTINGS.items()
     ]
     return _table(("app setting", "default", "allowed", "meaning"), rows)

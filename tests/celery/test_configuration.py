@@ -13,7 +13,7 @@ import pytest
 from celery import Celery
 
 from celery_singleton_lock import LockConfigurationError, LockedTask
-from celery_singleton_lock.celery.config.options import POLICIES
+from celery_singleton_lock.celery.config.options import POLICIES, TASK_OPTIONS, Count, Seconds
 from celery_singleton_lock.celery.duplicates.policies import POLICIES as POLICY_CLASSES
 from celery_singleton_lock.celery.worker.start_checks import check_configuration
 
@@ -52,6 +52,61 @@ def test_every_documented_policy_is_a_registered_class_chosen_once(app: Celery) 
     for name, policy in POLICY_CLASSES.items():
         task = app.task(name=f"billing.{name}", base=LockedTask, shared=False, on_duplicate=name)
         assert type(task(job).lock_options.policy) is policy
+
+
+#: what a duration option needs beside it to be accepted at all
+_BESIDE: dict[str, dict[str, Any]] = {
+    "lock_retry_backoff": {"lock_retry_backoff_max": 86_400},
+    "lock_debounce": {"on_duplicate": "replace"},
+    "lock_debounce_max": {"on_duplicate": "replace", "lock_debounce": 0.05},
+    "lock_cancel_grace": {"on_duplicate": "restart"},
+}
+#: every task option whose allowed values are a declared range of seconds
+_DURATIONS = {
+    name: option.allowed
+    for name, option in TASK_OPTIONS.items()
+    if isinstance(option.allowed, Seconds)
+}
+
+
+@pytest.mark.parametrize("name", sorted(_DURATIONS))
+def test_a_duration_past_its_declared_range_is_refused_naming_that_range(
+    app: Celery, name: str
+) -> None:
+    high = _DURATIONS[name].high
+    with pytest.raises(
+        LockConfigurationError, match=rf"billing\.job: {name}=.*to {high:g} seconds"
+    ):
+        register(app, **_BESIDE.get(name, {}), **{name: high * 2})
+
+
+@pytest.mark.parametrize("name", sorted(_DURATIONS))
+def test_a_duration_at_the_top_of_its_declared_range_is_accepted(app: Celery, name: str) -> None:
+    high = _DURATIONS[name].high
+    task = register(app, **_BESIDE.get(name, {}), **{name: high})
+    assert task.lock_options is not None
+
+
+#: every task option whose allowed values are a declared count
+_COUNTS = {
+    name: option.allowed
+    for name, option in TASK_OPTIONS.items()
+    if isinstance(option.allowed, Count)
+}
+
+
+@pytest.mark.parametrize("name", sorted(_COUNTS))
+def test_a_count_below_its_declared_lowest_is_refused_naming_it(app: Celery, name: str) -> None:
+    low = _COUNTS[name].low
+    with pytest.raises(LockConfigurationError, match=rf"billing\.job: {name} must be .*>= {low}"):
+        register(app, **{name: low - 1})
+
+
+@pytest.mark.parametrize("name", sorted(_COUNTS))
+def test_a_count_at_its_declared_lowest_is_accepted(app: Celery, name: str) -> None:
+    low = _COUNTS[name].low
+    task = register(app, **{name: low})
+    assert task.lock_options is not None
 
 
 @pytest.mark.parametrize("ttl", [0, -1, 0.01, 10**9, math.inf, math.nan, "15", True])

@@ -51,7 +51,7 @@ def test_a_task_option_row_shows_its_setting_default_allowed_values_and_meaning(
         assert table[name] == [
             f"`{name}`<br>`{option.setting}`",
             f"`{option.default!r}`",
-            option.allowed,
+            str(option.allowed),
             option.meaning,
         ]
 
@@ -76,7 +76,7 @@ def test_every_setting_a_worker_accepts_is_in_the_reference(hook: ModuleType) ->
 def test_every_declared_option_has_allowed_values_and_a_one_line_meaning() -> None:
     declared = {**TASK_OPTIONS, **TASK_ONLY_OPTIONS, **APP_SETTINGS}
     for name, option in declared.items():
-        assert option.allowed.strip(), name
+        assert str(option.allowed).strip(), name
         assert option.meaning.strip() and "\n" not in option.meaning, name
 
 

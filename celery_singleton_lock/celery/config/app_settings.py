@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
-from celery_singleton_lock.celery.config.options import APP_SETTINGS, MAX_TTL
+from celery_singleton_lock.celery.config.options import APP_SETTINGS, required_seconds_of
 from celery_singleton_lock.errors import LockConfigurationError
 
 
@@ -54,20 +54,14 @@ def handoff_settings(conf: Mapping[str, Any]) -> tuple[float, float]:
     Raises:
         LockConfigurationError: naming the setting.
     """
-    values = []
-    for setting, low, high in (
-        ("singleton_lock_handoff_sweep_interval", 0.05, 3600.0),
-        ("singleton_lock_handoff_timeout", 1.0, MAX_TTL),
-    ):
-        value = conf.get(setting)
-        value = APP_SETTINGS[setting].default if value is None else value
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or not (low <= value <= high)
-        ):
-            raise LockConfigurationError(
-                f"{setting} must be a number of seconds from {low} to {high}, got {value!r}"
-            )
-        values.append(float(value))
-    return values[0], values[1]
+    sweep, timeout = (
+        required_seconds_of("", setting, _or_default(conf, setting))
+        for setting in ("singleton_lock_handoff_sweep_interval", "singleton_lock_handoff_timeout")
+    )
+    return sweep, timeout
+
+
+def _or_default(conf: Mapping[str, Any], setting: str) -> Any:
+    """``setting``'s value in ``conf``; its declared default when unset or None."""
+    value = conf.get(setting)
+    return APP_SETTINGS[setting].default if value is None else value

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Mapping, Optional
 
-from celery_singleton_lock.celery.config.options import MAX_TTL, UNSET
+from celery_singleton_lock.celery.config.options import UNSET, required_seconds_of, seconds_of
 from celery_singleton_lock.celery.duplicates.policies import DuplicatePolicy, Replace
 from celery_singleton_lock.errors import LockConfigurationError
 
@@ -16,24 +16,6 @@ log = logging.getLogger("celery_singleton_lock.config")
 #: Pools that run bodies in the worker's own process: no child to terminate, so a restart only
 #: asks the running call to stop.
 COOPERATIVE_POOLS = ("threads", "solo", "gevent", "eventlet")
-
-
-def _seconds(task: str, name: str, value: Any, low: float, too_low: str) -> Optional[float]:
-    """``value`` of option ``name``: None, or seconds from ``low`` to MAX_TTL (``too_low``:
-    what is said of a value below ``low``, after ``name=value``)."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value == value:
-        raise LockConfigurationError(
-            f"task {task}: {name} must be None or a number of seconds, got {value!r}"
-        )
-    if value > MAX_TTL:
-        raise LockConfigurationError(
-            f"task {task}: {name}={value!r} is out of range; use {low:g} to {MAX_TTL:g} seconds"
-        )
-    if value < low:
-        raise LockConfigurationError(f"task {task}: {name}={value!r} {too_low}")
-    return float(value)
 
 
 def check_latest_wins(
@@ -46,13 +28,7 @@ def check_latest_wins(
     Raises:
         LockConfigurationError: naming the task and the options that contradict each other.
     """
-    debounce = _seconds(
-        task,
-        "lock_debounce",
-        values.get("lock_debounce"),
-        0.05,
-        f"is out of range; use 0.05 to {MAX_TTL:g} seconds",
-    )
+    debounce = seconds_of(f"task {task}", "lock_debounce", values.get("lock_debounce"))
     debounce_max = values.get("lock_debounce_max")
     if debounce is None and debounce_max is not None:
         raise LockConfigurationError(
@@ -60,14 +36,13 @@ def check_latest_wins(
             "lock_debounce is not set; set lock_debounce too, or remove lock_debounce_max"
         )
     if debounce is not None:
-        debounce_max = _seconds(
-            task,
-            "lock_debounce_max",
-            debounce_max,
-            debounce,
-            f"must be at least lock_debounce={debounce:g}: it bounds how long a stream of calls "
-            "can keep putting the run off, and one call alone puts it off by lock_debounce",
-        )
+        debounce_max = seconds_of(f"task {task}", "lock_debounce_max", debounce_max, low=0.0)
+        if debounce_max is not None and debounce_max < debounce:
+            raise LockConfigurationError(
+                f"task {task}: lock_debounce_max={debounce_max:g} must be at least "
+                f"lock_debounce={debounce:g}: it bounds how long a stream of calls can keep "
+                "putting the run off, and one call alone puts it off by lock_debounce"
+            )
         if not isinstance(policy, Replace):
             raise LockConfigurationError(
                 f"task {task}: lock_debounce={debounce:g} holds each call back and lets the "
@@ -94,12 +69,8 @@ def checked_cancel_grace(
     Raises:
         LockConfigurationError: naming the task, the option and why.
     """
-    value = values["lock_cancel_grace"]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_TTL:
-        raise LockConfigurationError(
-            f"task {task}: lock_cancel_grace must be a number of seconds from 0 to "
-            f"{MAX_TTL:g}, got {value!r}"
-        )
+    value = values["lock_cancel_grace"]  # said as given in the messages below
+    seconds = required_seconds_of(f"task {task}", "lock_cancel_grace", value)
     explicit = attributes.get("lock_cancel_grace", UNSET) is not UNSET
     if explicit and not policy.restarts:
         raise LockConfigurationError(
@@ -117,4 +88,4 @@ def checked_cancel_grace(
             value,
             pool,
         )
-    return float(value)
+    return seconds

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping, Optional
 
-from celery_singleton_lock.celery.config.options import MAX_TTL
+from celery_singleton_lock.celery.config.options import MAX_TTL, declared_count, seconds_of
 from celery_singleton_lock.errors import LockConfigurationError
 
 COOLDOWN_AFTER = ("success", "always")
@@ -79,13 +79,8 @@ def _refuse_combined(
             )
 
 
-def _bad(task: str, what: str, value: Any) -> LockConfigurationError:
-    """``what`` (e.g. "lock_limit must be", "lock_limit's callable must return") a bad
-    ``value`` instead of an integer >= 1."""
-    return LockConfigurationError(
-        f"task {task}: {what} an integer >= 1 (at most that many bodies per lock key at "
-        f"once), got {value!r}"
-    )
+#: ``lock_limit``'s declared values (an integer >= 1, or a callable returning one)
+_LIMIT = declared_count("lock_limit")
 
 
 def checked_limit(task: str, value: Any, others: Mapping[str, Any]) -> Any:
@@ -97,9 +92,7 @@ def checked_limit(task: str, value: Any, others: Mapping[str, Any]) -> Any:
     """
     if callable(value) and not isinstance(value, type):
         pass
-    elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise _bad(task, "lock_limit must be", value)
-    elif value == 1:
+    elif _LIMIT.check(f"task {task}", "lock_limit", value) == 1:
         return 1
     _refuse_combined(task, f"lock_limit={value!r}", _ONE_HOLDER_ONLY, others)
     return value
@@ -117,18 +110,14 @@ def checked_cooldown(task: str, value: Any, after: Any, policy: str) -> Any:
             f"task {task}: lock_cooldown_after={after!r} is not one of "
             f"{', '.join(map(repr, COOLDOWN_AFTER))}"
         )
-    if value is None:
+    seconds = seconds_of(f"task {task}", "lock_cooldown", value)
+    if seconds is None:
         return None, after
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_TTL:
-        raise LockConfigurationError(
-            f"task {task}: lock_cooldown must be None or a number of seconds from 0 to "
-            f"{MAX_TTL:g}, got {value!r}"
-        )
-    if value:
+    if seconds:
         _refuse_combined(
             task, f"lock_cooldown={value!r}", _NOT_WITH_COOLDOWN, {"on_duplicate": policy}
         )
-    return (float(value) or None), after
+    return (seconds or None), after
 
 
 def checked_rate(task: str, value: Any, others: Mapping[str, Any]) -> Optional[tuple[int, float]]:
@@ -175,6 +164,4 @@ def limit_for(task: str, limit: Any, keyer: Any, args: Any, kwargs: Any) -> int:
         raise LockConfigurationError(
             f"task {task}: lock_limit's callable raised {type(exc).__name__}: {exc}"
         ) from exc
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise _bad(task, "lock_limit's callable must return", value)
-    return value
+    return _LIMIT.check(f"task {task}", "lock_limit's callable", value, "must return")

@@ -5,7 +5,9 @@ resolved and checked from them in :mod:`.resolution`.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+import math
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Optional, Union
 
 from celery_singleton_lock.errors import LockConfigurationError
 
@@ -42,11 +44,79 @@ def checked_dedupe(task: str, value: Any) -> tuple[bool, bool]:
     )
 
 
+@dataclass(frozen=True)
+class Seconds:
+    """The values a duration option allows: seconds from ``low`` to ``high``, or None too when
+    ``optional``. Declared with the option, it is both the reference's "allowed" text
+    (``str()``) and the check (:func:`seconds_of`): a range is written nowhere else."""
+
+    low: float
+    high: float
+    optional: bool = False
+    #: the low bound as the docs name it when a call passes another option's value as ``low``
+    low_is: str = ""
+    #: what the docs add after the range ("; needs on_duplicate='replace'")
+    note: str = ""
+
+    def __str__(self) -> str:
+        low = self.low_is or f"{self.low:g}"
+        none = "None or " if self.optional else ""
+        return f"{none}{low} to {self.high:g} seconds{self.note}"
+
+    def check(self, where: str, name: str, value: Any, low: Optional[float] = None) -> float:
+        """``value`` (of ``name``, said of ``where``: "task proj.job", or "" for a setting)
+        as seconds; None is the caller's to handle (:func:`seconds_of`)."""
+        said = f"{where}: {name}" if where else name
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or (isinstance(value, float) and math.isnan(value))
+        ):
+            none = "None or " if self.optional else ""
+            raise LockConfigurationError(f"{said} must be {none}a number of seconds, got {value!r}")
+        bound = f"{self.low:g}" if low is None else f"{self.low_is or 'at least'} ({low:g})"
+        low = self.low if low is None else low
+        if not low <= value <= self.high:
+            raise LockConfigurationError(
+                f"{said}={value!r} is out of range; use {bound} to {self.high:g} seconds"
+            )
+        return float(value)
+
+
+@dataclass(frozen=True)
+class Count:
+    """The values a count option allows: an integer >= ``low``, or None too when
+    ``optional``; as :class:`Seconds`, both the reference's text and the check
+    (:meth:`check`, :func:`count_of`)."""
+
+    low: int
+    optional: bool = False
+    #: what the values mean, said in the error ("0: do not wait for replicas")
+    means: str = ""
+    #: what the docs add after the range (", or callable(**bound arguments) -> int")
+    note: str = ""
+
+    def __str__(self) -> str:
+        return f"{'None or ' if self.optional else ''}an integer >= {self.low}{self.note}"
+
+    def check(self, where: str, name: str, value: Any, verb: str = "must be") -> int:
+        """``value`` (of ``name``, said of ``where`` as :meth:`Seconds.check` says it) as an
+        integer >= ``low``; None is the caller's to handle (:func:`count_of`)."""
+        if isinstance(value, bool) or not isinstance(value, int) or value < self.low:
+            said = f"{where}: {name}" if where else name
+            none = "None or " if self.optional else ""
+            means = f" ({self.means})" if self.means else ""
+            raise LockConfigurationError(
+                f"{said} {verb} {none}an integer >= {self.low}{means}, got {value!r}"
+            )
+        return value
+
+
 class Option(NamedTuple):
     """An option as users meet it; the docs' options reference is generated from these."""
 
     default: Any
-    allowed: str
+    allowed: Union[str, Seconds, Count]
     meaning: str  #: one sentence
 
 
@@ -55,7 +125,7 @@ class TaskOption(NamedTuple):
 
     setting: str
     default: Any
-    allowed: str
+    allowed: Union[str, Seconds, Count]
     meaning: str
 
 
@@ -64,7 +134,7 @@ TASK_OPTIONS: dict[str, TaskOption] = {
     "lock_ttl": TaskOption(
         "singleton_lock_ttl",
         15.0,
-        f"{MIN_TTL:g} to {MAX_TTL:g} seconds",
+        Seconds(MIN_TTL, MAX_TTL),
         "Seconds the lock lives unless renewed; renewed every third of that while the body "
         "runs, it bounds recovery after a crash, not the run time.",
     ),
@@ -83,25 +153,25 @@ TASK_OPTIONS: dict[str, TaskOption] = {
     "lock_retry_backoff": TaskOption(
         "singleton_lock_retry_backoff",
         1.0,
-        f"0.001 to {MAX_TTL:g} seconds",
+        Seconds(0.001, MAX_TTL),
         "Base of a lock retry's exponential backoff (full jitter).",
     ),
     "lock_retry_backoff_max": TaskOption(
         "singleton_lock_retry_backoff_max",
         60.0,
-        f"lock_retry_backoff to {MAX_TTL:g} seconds",
+        Seconds(0.001, MAX_TTL, low_is="lock_retry_backoff"),
         "Cap of a lock retry's backoff.",
     ),
     "lock_max_retries": TaskOption(
         "singleton_lock_max_retries",
         None,
-        "None or an integer >= 0",
+        Count(0, optional=True, means="None: retry until the lock is taken"),
         "Lock-retry budget, apart from Celery's max_retries; None: until the lock is taken.",
     ),
     "lock_wait_timeout": TaskOption(
         "singleton_lock_wait_timeout",
         30.0,
-        "0 to 3600 seconds",
+        Seconds(0.0, 3600.0),
         "How long 'wait' and 'join' block a worker slot before falling back to a lock retry.",
     ),
     "lock_on_backend_error": TaskOption(
@@ -113,21 +183,21 @@ TASK_OPTIONS: dict[str, TaskOption] = {
     "lock_finished_ttl": TaskOption(
         "singleton_lock_finished_ttl",
         3600.0,
-        f"None or {MIN_TTL:g} to {7 * MAX_TTL:g} seconds",
+        Seconds(MIN_TTL, 7 * MAX_TTL, optional=True),
         "acks_late and 'queue' tasks: how long a finished task id is remembered, so a copy of "
         "it delivered again is dropped; keep it >= the broker's visibility_timeout.",
     ),
     "lock_min_replicas": TaskOption(
         "singleton_lock_min_replicas",
         0,
-        "an integer >= 0",
+        Count(0, means="0: do not wait for replicas"),
         "Replicas that must acknowledge the acquire (WAIT) before the body runs; fewer count "
         "as the lock server being unavailable.",
     ),
     "lock_min_replicas_timeout": TaskOption(
         "singleton_lock_min_replicas_timeout",
         1.0,
-        "0.001 to 60 seconds",
+        Seconds(0.001, 60.0),
         "How long to wait for those acknowledgements.",
     ),
     "dedupe_on_enqueue": TaskOption(
@@ -141,28 +211,28 @@ TASK_OPTIONS: dict[str, TaskOption] = {
     "lock_queued_ttl": TaskOption(
         "singleton_lock_queued_ttl",
         3600.0,
-        f"1 to {7 * MAX_TTL:g} seconds",
+        Seconds(1.0, 7 * MAX_TTL),
         "dedupe_on_enqueue: how long a call whose message never reaches a worker blocks "
         "duplicates, counted from its countdown or eta.",
     ),
     "lock_debounce": TaskOption(
         "singleton_lock_debounce",
         None,
-        f"None or 0.05 to {MAX_TTL:g} seconds; needs on_duplicate='replace'",
+        Seconds(0.05, MAX_TTL, optional=True, note="; needs on_duplicate='replace'"),
         "Hold each call back this long (in Redis, not in a worker slot); a newer call of the "
         "same lock within it takes its place and starts it again: one run, newest arguments.",
     ),
     "lock_debounce_max": TaskOption(
         "singleton_lock_debounce_max",
         None,
-        f"None or lock_debounce to {MAX_TTL:g} seconds",
+        Seconds(0.05, MAX_TTL, optional=True, low_is="lock_debounce"),
         "With lock_debounce: a burst's waiting call is due at most this long after the "
         "burst's first call, however many newer calls keep coming; None: no bound.",
     ),
     "lock_cancel_grace": TaskOption(
         "singleton_lock_cancel_grace",
         5.0,
-        f"0 to {MAX_TTL:g} seconds; needs on_duplicate='restart'",
+        Seconds(0.0, MAX_TTL, note="; needs on_duplicate='restart'"),
         "'restart' on a prefork worker: seconds a running call asked to stop has to end before "
         "its pool child is terminated (as revoke(terminate=True) does) and its lock freed; "
         "threads, gevent and solo pools only ask (the body reads self.request.lock.cancelled).",
@@ -170,7 +240,11 @@ TASK_OPTIONS: dict[str, TaskOption] = {
     "lock_limit": TaskOption(
         "singleton_lock_limit",
         1,
-        "an integer >= 1, or callable(**bound arguments) -> int",
+        Count(
+            1,
+            means="at most that many bodies per lock key at once",
+            note=", or callable(**bound arguments) -> int",
+        ),
         "At most this many bodies per lock key at once, across all workers, each holding its "
         "own slot; a callable gives each call's cap (per tenant). With 'queue' a parked call "
         "takes the next freed slot in arrival order. Not with 'join' or 'replace'.",
@@ -178,7 +252,7 @@ TASK_OPTIONS: dict[str, TaskOption] = {
     "lock_cooldown": TaskOption(
         "singleton_lock_cooldown",
         None,
-        f"None or 0 to {MAX_TTL:g} seconds",
+        Seconds(0.0, MAX_TTL, optional=True),
         "After a body ends the key stays taken this long: a call inside it is a duplicate "
         "(reason 'cooldown'), a lock retry is sent for the cooldown's end, a waiting call "
         "('wait') starts then, a parked call "
@@ -268,13 +342,13 @@ APP_SETTINGS: dict[str, Option] = {
     ),
     "singleton_lock_handoff_timeout": Option(
         60.0,
-        f"1 to {MAX_TTL:g} seconds",
+        Seconds(1.0, MAX_TTL),
         "'queue': how long a lock handed to a parked call stays reserved for it while its "
         "message is on its way; a message lost meanwhile is sent again after that.",
     ),
     "singleton_lock_handoff_sweep_interval": Option(
         1.0,
-        "0.05 to 3600 seconds",
+        Seconds(0.05, 3600.0),
         "'queue': seconds between two looks, from each worker, for locks whose holder died "
         "(or whose reservation ran out) with calls parked behind them.",
     ),
@@ -328,3 +402,49 @@ class Unset:
 
 
 UNSET: Any = Unset()
+
+
+def seconds_of(
+    where: str, name: str, value: Any, *, option: str = "", low: Optional[float] = None
+) -> Optional[float]:
+    """``value`` of the task option or app setting ``name``, checked against the
+    :class:`Seconds` declared for it (for ``option``'s, when ``name`` is another name for its
+    value, a compat setting say); ``low`` for a low bound that is another option's value.
+
+    Raises:
+        LockConfigurationError: naming ``where`` (see :meth:`Seconds.check`) and ``name``.
+    """
+    declared = (TASK_OPTIONS.get(option or name) or APP_SETTINGS[option or name]).allowed
+    assert isinstance(declared, Seconds), f"{option or name} is not declared in seconds"
+    if value is None and declared.optional:
+        return None
+    return declared.check(where, name, value, low)
+
+
+def required_seconds_of(
+    where: str, name: str, value: Any, *, option: str = "", low: Optional[float] = None
+) -> float:
+    """:func:`seconds_of` for an option that is never None."""
+    seconds = seconds_of(where, name, value, option=option, low=low)
+    assert seconds is not None, f"{option or name} is optional: use seconds_of"
+    return seconds
+
+
+def declared_count(name: str) -> Count:
+    """The :class:`Count` declared for the task option ``name``."""
+    declared = TASK_OPTIONS[name].allowed
+    assert isinstance(declared, Count), f"{name} is not declared as a count"
+    return declared
+
+
+def count_of(where: str, name: str, value: Any) -> Optional[int]:
+    """``value`` of the task option ``name``, checked against the :class:`Count` declared for
+    it (None where it allows None).
+
+    Raises:
+        LockConfigurationError: naming ``where`` and ``name``.
+    """
+    declared = declared_count(name)
+    if value is None and declared.optional:
+        return None
+    return declared.check(where, name, value)

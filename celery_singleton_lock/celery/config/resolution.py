@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import difflib
 import inspect
-import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional
@@ -34,11 +33,13 @@ from celery_singleton_lock.celery.config.options import (
     CELERY_SINGLETON_SETTINGS,
     KNOWN_SETTINGS,
     LISTED_IN,
-    MAX_TTL,
-    MIN_TTL,
     TASK_OPTIONS,
     UNSET,
     checked_dedupe,
+    count_of,
+    declared_count,
+    required_seconds_of,
+    seconds_of,
 )
 from celery_singleton_lock.celery.duplicates.policies import POLICIES, DuplicatePolicy
 from celery_singleton_lock.engine import LockKeys, cap_key, validate_prefix
@@ -266,21 +267,10 @@ def suggest(name: str, known: list[str]) -> str:
     return f"{name} (did you mean {close}?)" if close else name
 
 
-def _number(task: str, name: str, value: Any, low: float, high: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-        raise LockConfigurationError(
-            f"task {task}: {name} must be a number of seconds, got {value!r}"
-        )
-    if not low <= value <= high:
-        raise LockConfigurationError(
-            f"task {task}: {name}={value!r} is out of range; use {low} to {high} seconds"
-        )
-    return float(value)
-
-
 def queued_seconds(task: str, name: str, value: Any) -> float:
-    """``value`` validated as the seconds a queued marker lives (option or setting ``name``)."""
-    return _number(task, name, value, 1.0, 7 * MAX_TTL)
+    """``value`` validated as the seconds a queued marker lives (option or setting ``name``:
+    ``lock_queued_ttl``'s, or another name for it)."""
+    return required_seconds_of(f"task {task}", name, value, option="lock_queued_ttl")
 
 
 def _choice(task: str, name: str, value: Any, allowed: tuple[str, ...]) -> str:
@@ -329,32 +319,21 @@ def resolve(
             chosen = conf.get(option.setting, option.default)
         value[attribute] = chosen
 
-    ttl = _number(task_name, "lock_ttl", value["lock_ttl"], MIN_TTL, MAX_TTL)
-    backoff = _number(task_name, "lock_retry_backoff", value["lock_retry_backoff"], 0.001, MAX_TTL)
-    backoff_max = _number(
-        task_name, "lock_retry_backoff_max", value["lock_retry_backoff_max"], backoff, MAX_TTL
+    task = f"task {task_name}"
+    ttl = required_seconds_of(task, "lock_ttl", value["lock_ttl"])
+    backoff = required_seconds_of(task, "lock_retry_backoff", value["lock_retry_backoff"])
+    backoff_max = required_seconds_of(
+        task, "lock_retry_backoff_max", value["lock_retry_backoff_max"], low=backoff
     )
-    wait_timeout = _number(task_name, "lock_wait_timeout", value["lock_wait_timeout"], 0.0, 3600)
-    min_replicas = value["lock_min_replicas"]
-    if isinstance(min_replicas, bool) or not isinstance(min_replicas, int) or min_replicas < 0:
-        raise LockConfigurationError(
-            f"task {task_name}: lock_min_replicas must be an integer >= 0 (0: do not wait for "
-            f"replicas), got {min_replicas!r}"
-        )
-    replicas_timeout = _number(
-        task_name, "lock_min_replicas_timeout", value["lock_min_replicas_timeout"], 0.001, 60.0
+    wait_timeout = required_seconds_of(task, "lock_wait_timeout", value["lock_wait_timeout"])
+    min_replicas = declared_count("lock_min_replicas").check(
+        task, "lock_min_replicas", value["lock_min_replicas"]
     )
-    finished_ttl = value["lock_finished_ttl"]
-    if finished_ttl is not None:
-        finished_ttl = _number(task_name, "lock_finished_ttl", finished_ttl, MIN_TTL, 7 * MAX_TTL)
-    max_retries = value["lock_max_retries"]
-    if max_retries is not None and (
-        isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0
-    ):
-        raise LockConfigurationError(
-            f"task {task_name}: lock_max_retries must be None (retry until acquired) or an "
-            f"integer >= 0, got {max_retries!r}"
-        )
+    replicas_timeout = required_seconds_of(
+        task, "lock_min_replicas_timeout", value["lock_min_replicas_timeout"]
+    )
+    finished_ttl = seconds_of(task, "lock_finished_ttl", value["lock_finished_ttl"])
+    max_retries = count_of(task, "lock_max_retries", value["lock_max_retries"])
     fencing = value["lock_fencing"]
     if not isinstance(fencing, bool):
         raise LockConfigurationError(

@@ -30,13 +30,11 @@ from tests.celery.test_celery_locks import (  # noqa: F401 - the fixtures
     the_error,
 )
 from tests.celery.workers import unique
-from tests.support import Call, SideBySide
 
 
 @pytest.fixture(scope="module")
 def celery(celery_process: Celery) -> Celery:
-    """This module's runs, one by one but for the three fixes doctor suggests
-    (test_celery_locks.py's start some side by side)."""
+    """This module's runs, one by one (test_celery_locks.py's start some side by side)."""
     return celery_process
 
 
@@ -155,13 +153,10 @@ def test_doctor_suggests_for_each_orphaned_slot_a_command_that_releases_it(
         if line.startswith("WARNING orphans") and name in line
     ]
     assert len(fixes) == 3, report
-    commands = [shlex.split(fix) for fix in fixes]
-    assert [words[:4] for words in commands] == [["celery", "-A", APP, "locks"]] * 3, fixes
-    # the three fixes, each a celery process of its own, run side by side
-    calls: list[Call] = [((*words[3:], "--ping-timeout", "0.5"), {}) for words in commands]
-    with SideBySide(celery, calls) as runs:
-        for args, _ in calls:
-            no_traceback(runs(*args))
+    for fix in fixes:
+        words = shlex.split(fix)
+        assert words[:4] == ["celery", "-A", APP, "locks"], fix
+        no_traceback(celery(*words[3:], "--ping-timeout", "0.5"))
     assert held(locker, name, keys) == [False, False, False]
 
 

@@ -1,6 +1,12 @@
 """``celery locks --url URL ...``: the lock commands as a user without an app module runs them
-(no ``-A``: Celery's default app), as real ``celery`` subprocesses against a real Redis. With
-an app (``celery -A proj locks``) they are tests/celery/test_celery_locks.py's.
+(no ``-A``: Celery's default app), against a real Redis. With an app (``celery -A proj locks``)
+they are tests/celery/test_celery_locks.py's.
+
+Most run in this process (:func:`cli`: Celery's own ``celery`` click group, as ``celery``
+without ``-A`` runs it, each with a fresh default app): a ``celery`` process adds an import of
+Celery (1-2 s) and nothing these commands read. The tests of what only a process has (the
+entry point, the environment it starts with, an app module in its current directory, its exit
+status) run the real ``celery`` (:func:`run_cli`).
 
 Every bad input must give exactly one ``Error: ...`` line on stderr, no traceback, and a
 non-zero exit; every answer names the server it came from on stderr.
@@ -11,25 +17,35 @@ non-zero exit; every answer names the server it came from on stderr.
 
 from __future__ import annotations
 
+import copy
+import importlib
 import json
 import os
 import subprocess
 import sys
 import textwrap
+import traceback
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Optional
+from unittest import mock
 
+import click
 import pytest
 import redis
+from celery import Celery
+from celery.bin.celery import celery as celery_group
+from click.testing import CliRunner
 
 from celery_singleton_lock.celery import lock_acquired
 from celery_singleton_lock.engine import Owner, RedisLocker, Renewer
 from celery_singleton_lock.testing import RedisServer
 from tests.celery.conftest import lock_key_of
 from tests.celery.tasks import exits
-from tests.celery.test_celery_locks import entry_points_dir  # noqa: F401 - the fixture
+from tests.celery.test_celery_locks import (  # noqa: F401 - the fixture
+    declared_celery_commands,
+    entry_points_dir,
+)
 from tests.celery.workers import results_url
-from tests.support import Call, SideBySide
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -79,7 +95,7 @@ def the_error(result: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
-# -- runs that depend on nothing a test does first, run side by side ---------------------------
+# -- the same commands in this process -----------------------------------------------------------
 
 BAD_URLS = {
     "http-scheme": ("http://x", "not a Redis URL"),
@@ -91,36 +107,44 @@ HELP_OF = ([], ["list"], ["show"], ["release"])
 LOCKAPP = "tests.celery.lockapp:app"
 
 
-def a_run(*args: str, app: Optional[str] = None) -> Call:
-    """The arguments of one ``cli(...)`` call, in the form the fixture's batch keeps."""
-    return args, {"app": app, "cwd": None, "env": None}
+def _celery_with_locks() -> click.Group:
+    """Celery's ``celery`` group with the ``locks`` group pyproject.toml's entry point names (as
+    the ``celery`` of an installed distribution has it), the group of Celery left as it is."""
+    module, _, attribute = declared_celery_commands()["locks"].partition(":")
+    group = copy.copy(celery_group)
+    group.commands = {
+        **celery_group.commands,
+        "locks": getattr(importlib.import_module(module), attribute),
+    }
+    return group
 
 
-Cli = Callable[..., "subprocess.CompletedProcess[str]"]
-
-
-@pytest.fixture(scope="module")
-def cli(_celery_finds_locks: None) -> Iterator[Cli]:
-    """``run_cli``, with the runs that neither read nor write a server a test prepared (bad
-    input, help, the default server) started together at the first ask, three at a time: each
-    is still a ``celery`` process of its own."""
-    batch = [
-        a_run("list"),
-        a_run("show", "--task", "x", "--args", "[1", app=LOCKAPP),
-        *(a_run("--url", url, "list") for url, _ in BAD_URLS.values()),
-        *(a_run(*command, "--help") for command in HELP_OF),
-    ]
-    with SideBySide(run_cli, batch) as runs:
-
-        def cli(
-            *args: str,
-            app: Optional[str] = None,
-            cwd: Optional[Path] = None,
-            env: Optional[dict[str, str]] = None,
-        ) -> subprocess.CompletedProcess[str]:
-            return runs(*args, app=app, cwd=cwd, env=env)
-
-        yield cli
+def cli(*args: str, app: Optional[str] = None) -> subprocess.CompletedProcess[str]:
+    """``celery [-A app] locks *args`` as :func:`run_cli` runs it, in this process: Celery's
+    ``celery`` group with its ``main``'s settings, without ``-A`` a fresh default app (Celery
+    makes one in each new process), ``sys.argv`` as ``celery`` sees it and none of the
+    ``CSL_``/``CELERY_`` settings of the environment. An exception the process would print is
+    a traceback on stderr here too, and the exit status is the one the process would have."""
+    argv = ["celery", *(["-A", app] if app else []), "locks", *args]
+    hidden: dict[str, Optional[str]] = {
+        name: None for name in os.environ if name.startswith(("CSL_", "CELERY_"))
+    }
+    with mock.patch.object(sys, "argv", argv):
+        result = CliRunner().invoke(
+            _celery_with_locks(),
+            argv[1:],
+            prog_name="celery",
+            env=hidden,
+            auto_envvar_prefix="CELERY",
+            default_map=None
+            if app
+            else {"app": Celery("default", fixups=[], set_as_current=False)},
+        )
+    stderr = result.stderr
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        assert result.exc_info is not None
+        stderr += "".join(traceback.format_exception(*result.exc_info))
+    return subprocess.CompletedProcess(argv, result.exit_code, result.stdout, stderr)
 
 
 def _locker(server: RedisServer, prefix: str = "singleton-lock") -> RedisLocker:
@@ -136,7 +160,7 @@ def test_list_shows_every_held_lock_with_its_holder(redis_server: RedisServer) -
     locker.try_acquire(
         "app.job:bb", 30, owner=Owner(task_id="t-2", host="w2", pid=22), fencing=True
     )
-    result = run_cli("--url", redis_server.url, "list")
+    result = cli("--url", redis_server.url, "list")
     assert result.returncode == 0, result.stderr
     assert "singleton-lock:{app.job:aa}  task=t-1  host=w1  pid=11" in result.stdout
     assert "task=t-2" in result.stdout and "fence=1" in result.stdout
@@ -144,20 +168,20 @@ def test_list_shows_every_held_lock_with_its_holder(redis_server: RedisServer) -
 
 
 def test_list_names_the_server_it_queried(redis_server: RedisServer) -> None:
-    result = run_cli("--url", redis_server.url, "list")
+    result = cli("--url", redis_server.url, "list")
     assert result.returncode == 0, result.stderr
     assert f"on {redis_server.url} (from --url)" in result.stderr
 
 
 def test_list_hides_the_password_of_the_server_it_names() -> None:
     with RedisServer.running(password="s3cret-pw") as server:
-        result = run_cli("--url", server.url, "list")
+        result = cli("--url", server.url, "list")
     assert result.returncode == 0, result.stderr
     assert f"redis://:***@127.0.0.1:{server.port}/0" in result.stderr
     assert "s3cret-pw" not in result.stderr + result.stdout
 
 
-def test_list_names_the_default_server_when_given_none(cli: Cli) -> None:
+def test_list_names_the_default_server_when_given_none() -> None:
     # read-only, whatever (if anything) answers on the default address
     result = cli("list")
     assert "redis://localhost:6379/0" in result.stderr
@@ -180,7 +204,7 @@ def test_list_under_the_wrong_prefix_names_the_prefixes_holding_locks(
     _locker(redis_server, prefix="singleton-lock").try_acquire("app.job:ee", 30)
     _locker(redis_server, prefix="other/app").try_acquire("app.job:ff", 30)
     redis_server.client().set("elsewhere:{not-a-lock}", "plain value")
-    result = run_cli("--url", redis_server.url, "--prefix", "mine", "list")
+    result = cli("--url", redis_server.url, "--prefix", "mine", "list")
     assert result.returncode == 0, result.stderr
     assert "0 lock(s) held under prefix 'mine'" in result.stderr
     assert (
@@ -198,14 +222,14 @@ def test_show_of_a_free_lock_exits_1(redis_server: RedisServer) -> None:
 
 def test_show_accepts_the_full_key(redis_server: RedisServer) -> None:
     _locker(redis_server).try_acquire("app.job:cc", 30, owner=Owner(task_id="t-3"))
-    result = run_cli("--url", redis_server.url, "show", "singleton-lock:{app.job:cc}")
+    result = cli("--url", redis_server.url, "show", "singleton-lock:{app.job:cc}")
     assert result.returncode == 0, result.stderr
     assert "task=t-3" in result.stdout
 
 
 def test_show_names_the_server_it_queried(redis_server: RedisServer) -> None:
     _locker(redis_server).try_acquire("app.job:gg", 30)
-    result = run_cli("--url", redis_server.url, "show", "app.job:gg")
+    result = cli("--url", redis_server.url, "show", "app.job:gg")
     assert result.returncode == 0, result.stderr
     assert f"on {redis_server.url} (from --url)" in result.stderr
 
@@ -214,8 +238,8 @@ def test_list_and_show_only_read(redis_server: RedisServer) -> None:
     client: redis.Redis = redis_server.client()
     _locker(redis_server).try_acquire("app.job:dd", 30)
     before = {k: client.pttl(k) for k in client.scan_iter()}
-    run_cli("--url", redis_server.url, "list")
-    run_cli("--url", redis_server.url, "show", "app.job:dd")
+    cli("--url", redis_server.url, "list")
+    cli("--url", redis_server.url, "show", "app.job:dd")
     after = {k: client.pttl(k) for k in client.scan_iter()}
     assert before.keys() == after.keys()
 
@@ -238,7 +262,7 @@ def test_an_app_module_in_the_current_directory_is_found(
     assert f"0 lock(s) held under prefix 'newapp-locks' on {redis_server.url}" in result.stderr
 
 
-def test_help_text_is_plain(cli: Cli) -> None:
+def test_help_text_is_plain() -> None:
     for command in HELP_OF:
         result = cli(*command, "--help")
         assert result.returncode == 0, result.stderr
@@ -259,7 +283,7 @@ def test_release_without_an_app_to_ask_the_node_is_one_error_line(
 
 def test_forced_release_needs_no_app(redis_server: RedisServer) -> None:
     _locker(redis_server).try_acquire("app.job:rs", 30, owner=Owner(task_id="t-s", host="w@h"))
-    result = run_cli("--url", redis_server.url, "release", "--force", "app.job:rs")
+    result = cli("--url", redis_server.url, "release", "--force", "app.job:rs")
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
     assert redis_server.client().exists("singleton-lock:{app.job:rs}") == 0
@@ -311,18 +335,18 @@ def test_show_task_finds_the_lock_a_running_task_holds(
 
 
 def test_show_task_without_an_app_says_how_to_name_the_lock(redis_server: RedisServer) -> None:
-    result = run_cli("--url", redis_server.url, "show", "--task", "proj.tasks.job", "--args", "[1]")
+    result = cli("--url", redis_server.url, "show", "--task", "proj.tasks.job", "--args", "[1]")
     line = the_error(result)
     assert "-A" in line and "lock_options.keyer.name(args, kwargs)" in line
 
 
-def test_show_task_with_args_that_are_not_json_is_one_error_line(cli: Cli) -> None:
+def test_show_task_with_args_that_are_not_json_is_one_error_line() -> None:
     line = the_error(cli("show", "--task", "x", "--args", "[1", app=LOCKAPP))
     assert "--args" in line and "JSON" in line
 
 
 def test_show_of_a_key_under_another_prefix_is_one_error_line(redis_server: RedisServer) -> None:
-    line = the_error(run_cli("--url", redis_server.url, "show", "other:{app.job:cc}"))
+    line = the_error(cli("--url", redis_server.url, "show", "other:{app.job:cc}"))
     assert "--prefix other" in line
 
 
@@ -330,7 +354,7 @@ def test_show_of_a_key_under_another_prefix_is_one_error_line(redis_server: Redi
 
 
 @pytest.mark.parametrize(("url", "says"), BAD_URLS.values(), ids=BAD_URLS)
-def test_a_bad_url_is_one_error_line(cli: Cli, url: str, says: str) -> None:
+def test_a_bad_url_is_one_error_line(url: str, says: str) -> None:
     line = the_error(cli("--url", url, "list"))
     assert says in line
 
@@ -338,14 +362,14 @@ def test_a_bad_url_is_one_error_line(cli: Cli, url: str, says: str) -> None:
 def test_an_unreachable_server_is_one_error_line(redis_server: RedisServer) -> None:
     url = redis_server.url
     redis_server.stop()
-    line = the_error(run_cli("--url", url, "list"))
+    line = the_error(cli("--url", url, "list"))
     assert "unavailable" in line and url in line
 
 
 def test_an_unreachable_server_is_one_error_line_for_show(redis_server: RedisServer) -> None:
     url = redis_server.url
     redis_server.stop()
-    line = the_error(run_cli("--url", url, "show", "app.job:aa"))
+    line = the_error(cli("--url", url, "show", "app.job:aa"))
     assert "unavailable" in line and url in line
 
 
@@ -355,7 +379,7 @@ def test_rediss_to_a_plain_server_is_one_error_line_naming_the_mismatch(
     client = redis_server.client()
     before = int(client.info("stats")["total_connections_received"])
     url = redis_server.url.replace("redis://", "rediss://", 1)
-    line = the_error(run_cli("--url", url, "list"))
+    line = the_error(cli("--url", url, "list"))
     after = int(client.info("stats")["total_connections_received"])
     assert "speaks plain Redis, not TLS" in line and "correct the scheme in --url" in line
     # one TLS handshake and one plain PING, as a starting worker: not a handshake per retry
@@ -363,13 +387,13 @@ def test_rediss_to_a_plain_server_is_one_error_line_naming_the_mismatch(
 
 
 def test_an_unresolvable_host_is_one_error_line_naming_host_and_setting() -> None:
-    line = the_error(run_cli("--url", "redis://no-such-host.invalid:6379/0", "list"))
+    line = the_error(cli("--url", "redis://no-such-host.invalid:6379/0", "list"))
     assert "lock server no-such-host.invalid:6379: the host name does not resolve" in line
     assert "correct the host in --url" in line
 
 
 def test_a_limit_below_one_is_one_error_line(redis_server: RedisServer) -> None:
-    line = the_error(run_cli("--url", redis_server.url, "list", "--limit", "0"))
+    line = the_error(cli("--url", redis_server.url, "list", "--limit", "0"))
     assert "--limit" in line
 
 
@@ -377,43 +401,43 @@ def test_a_limit_below_one_is_one_error_line(redis_server: RedisServer) -> None:
 
 
 def test_limit_sets_shows_and_resets_a_tasks_live_cap(redis_server: RedisServer) -> None:
-    set_cap = run_cli("--url", redis_server.url, "limit", "proj.export", "2")
+    set_cap = cli("--url", redis_server.url, "limit", "proj.export", "2")
     assert set_cap.returncode == 0, set_cap.stderr
     assert "live cap of proj.export: 2" in set_cap.stdout
     assert redis_server.client().hget("singleton-lock:cap:proj.export", "cap") == b"2"
     assert (
         "live cap of proj.export: 2"
-        in run_cli("--url", redis_server.url, "limit", "proj.export").stdout
+        in cli("--url", redis_server.url, "limit", "proj.export").stdout
     )
-    reset = run_cli("--url", redis_server.url, "limit", "proj.export", "--reset")
+    reset = cli("--url", redis_server.url, "limit", "proj.export", "--reset")
     assert "live cap of proj.export: none" in reset.stdout
     assert redis_server.client().exists("singleton-lock:cap:proj.export") == 0
 
 
 def test_show_names_the_live_cap_of_a_locks_task(redis_server: RedisServer) -> None:
     redis_server.client().hset("singleton-lock:cap:proj.export", "cap", 1)
-    result = run_cli("--url", redis_server.url, "show", "proj.export:ab")
+    result = cli("--url", redis_server.url, "show", "proj.export:ab")
     assert "live cap: 1 slot(s) taken at most" in result.stdout
 
 
 def test_pause_then_resume_say_what_holds_now(redis_server: RedisServer) -> None:
-    paused = run_cli("--url", redis_server.url, "pause", "proj.export", "--for", "60")
+    paused = cli("--url", redis_server.url, "pause", "proj.export", "--for", "60")
     assert "proj.export: paused for" in paused.stdout, paused.stderr
-    resumed = run_cli("--url", redis_server.url, "resume", "proj.export")
+    resumed = cli("--url", redis_server.url, "resume", "proj.export")
     assert "proj.export: not paused" in resumed.stdout
 
 
 def test_list_names_a_paused_task(redis_server: RedisServer) -> None:
-    run_cli("--url", redis_server.url, "pause", "proj.report")
+    cli("--url", redis_server.url, "pause", "proj.report")
     try:
-        result = run_cli("--url", redis_server.url, "list")
+        result = cli("--url", redis_server.url, "list")
         assert "proj.report: paused: no start until `celery locks resume`" in result.stdout
     finally:
-        run_cli("--url", redis_server.url, "resume", "proj.report")
+        cli("--url", redis_server.url, "resume", "proj.report")
 
 
 def test_limit_refuses_a_cap_below_one(redis_server: RedisServer) -> None:
-    result = run_cli("--url", redis_server.url, "limit", "proj.export", "0")
+    result = cli("--url", redis_server.url, "limit", "proj.export", "0")
     assert result.returncode == 2 and "0 is not in the range x>=1" in result.stderr
 
 
@@ -428,7 +452,7 @@ def test_clear_queued_deletes_the_enqueue_marker_so_the_next_call_is_published(
         locker.markers.enqueue("app.job:aa", "lost-message", 3600) is None
     )  # the marker is written
     assert locker.markers.enqueue("app.job:aa", "next-call", 3600) == "lost-message"  # it blocks
-    result = run_cli("--url", redis_server.url, "clear-queued", "app.job:aa")
+    result = cli("--url", redis_server.url, "clear-queued", "app.job:aa")
     assert result.returncode == 0, result.stderr
     assert "lost-message" in result.stdout
     assert locker.markers.enqueue("app.job:aa", "next-call", 3600) is None
@@ -438,14 +462,14 @@ def test_show_names_the_enqueue_marker_of_a_free_lock_and_how_to_clear_it(
     redis_server: RedisServer,
 ) -> None:
     _locker(redis_server).markers.enqueue("app.job:aa", "lost-message", 3600)
-    result = run_cli("--url", redis_server.url, "show", "app.job:aa")
+    result = cli("--url", redis_server.url, "show", "app.job:aa")
     assert result.returncode == 1, result.stderr  # free
     assert "queued: task lost-message (dedupe_on_enqueue marker, expires in" in result.stdout
     assert "clear-queued app.job:aa" in result.stdout
 
 
 def test_clear_queued_without_a_marker_exits_1(redis_server: RedisServer) -> None:
-    result = run_cli("--url", redis_server.url, "clear-queued", "app.job:none")
+    result = cli("--url", redis_server.url, "clear-queued", "app.job:none")
     assert result.returncode == 1, result.stderr
     assert "no enqueue marker" in result.stdout
 
@@ -463,11 +487,11 @@ def test_list_and_show_name_the_calls_parked_behind_a_lock(redis_server: RedisSe
     locker.try_acquire("app.job:pk", 30, owner=holder, slotted=True)  # a queue task's lock
     for task_id in ("t-p1", "t-p2"):
         _park(locker, "app.job:pk", task_id)
-    listed = run_cli("--url", redis_server.url, "list")
+    listed = cli("--url", redis_server.url, "list")
     assert "task=t-h" in listed.stdout and "parked=2" in listed.stdout
-    as_json = json.loads(run_cli("--url", redis_server.url, "list", "--json").stdout)
+    as_json = json.loads(cli("--url", redis_server.url, "list", "--json").stdout)
     assert [row["parked"] for row in as_json] == [2]
-    shown = run_cli("--url", redis_server.url, "show", "app.job:pk")
+    shown = cli("--url", redis_server.url, "show", "app.job:pk")
     assert shown.returncode == 0, shown.stderr
     assert "parked: 2 call(s), oldest first: t-p1 t-p2" in shown.stdout
 
@@ -480,7 +504,7 @@ def test_release_of_a_lock_with_parked_calls_makes_it_due_for_a_hand_off_now(
     locker.try_acquire("app.job:pr", 30, owner=holder, slotted=True)  # a queue task's lock
     _park(locker, "app.job:pr", "t-p1")
     assert locker.queue.hand_off_due().names == []  # not before the holder's TTL of 30 s
-    result = run_cli("--url", redis_server.url, "release", "--force", "app.job:pr")
+    result = cli("--url", redis_server.url, "release", "--force", "app.job:pr")
     assert result.returncode == 0, result.stderr
     assert "1 call(s) parked behind it" in result.stdout
     assert locker.queue.hand_off_due().names == [
@@ -491,6 +515,6 @@ def test_release_of_a_lock_with_parked_calls_makes_it_due_for_a_hand_off_now(
 def test_locks_pause_on_a_redlock_quorum_is_refused_naming_it() -> None:
     """Each master would keep a rule of its own: no live rule on a quorum (a Cluster has one)."""
     with RedisServer.running() as a, RedisServer.running() as b, RedisServer.running() as c:
-        result = run_cli("--url", ",".join(s.url for s in (a, b, c)), "pause", "proj.job")
+        result = cli("--url", ",".join(s.url for s in (a, b, c)), "pause", "proj.job")
     assert result.returncode != 0
     assert "not a Redlock quorum (each master would keep a rule of its own" in result.stderr

@@ -39,8 +39,22 @@ def _cluster_server() -> RedisServer:
             # would have none
             "--cluster-port",
             str(free_port()),
+            # a replica's full sync starts at once, not after Redis 7's default 5 s wait for
+            # more replicas to share it
+            "--repl-diskless-sync-delay",
+            "0",
         ]
     )
+
+
+def _roles(nodes: str) -> dict[str, tuple[str, bool]]:
+    """``CLUSTER NODES`` as {node id: (its role, whether it is the node that answered)}."""
+    roles = {}
+    for line in nodes.splitlines():
+        node, _address, flags = line.split()[:3]
+        flagged = flags.split(",")
+        roles[node] = ("master" if "master" in flagged else "slave", "myself" in flagged)
+    return roles
 
 
 @dataclass
@@ -111,8 +125,10 @@ class ClusterGroup:
         return self
 
     def _ready(self) -> bool:
-        """Every node says ``cluster_state:ok`` and knows every other node, every replica in
-        sync with its primary."""
+        """Every node says ``cluster_state:ok`` and knows every other node in the role it
+        has, every replica in sync with its primary (a primary that still takes its replica
+        for a primary refuses the replica's ``CLUSTER FAILOVER``)."""
+        views = []
         for port in self._ports():
             client = self.node(port)
             try:
@@ -128,11 +144,16 @@ class ClusterGroup:
                     replication.get("master_link_status") != "up"
                 ):
                     return False
+                views.append(_roles(str(client.execute_command("CLUSTER", "NODES"))))
             except redis.exceptions.RedisError:
                 return False
             finally:
                 client.close()
-        return True
+        # each running node's own line (flag "myself") is the truth about it
+        truth = {node: role for view in views for node, (role, myself) in view.items() if myself}
+        return all(
+            view.get(node, ("", False))[0] == role for view in views for node, role in truth.items()
+        )
 
     def failover(self, timeout: float = FAILOVER_TIMEOUT) -> Failover:
         """``CLUSTER FAILOVER`` on the replica of the first primary; returns once it is a

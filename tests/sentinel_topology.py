@@ -27,6 +27,9 @@ MASTER_NAME = "mymaster"
 #: Seconds the group may take to come up, and a failover to complete.
 READY_TIMEOUT = 30.0
 FAILOVER_TIMEOUT = 30.0
+#: a replica's full sync starts at once, not after Redis 7's default 5 s wait for more
+#: replicas to share it (the replica, and the old master once demoted)
+_SYNC_AT_ONCE = ["--repl-diskless-sync-delay", "0"]
 
 
 class SentinelProcess:
@@ -140,9 +143,11 @@ class SentinelGroup:
     # -- life cycle -----------------------------------------------------------------------------
 
     def start(self) -> SentinelGroup:
-        master = RedisServer().start()
+        master = RedisServer(extra_args=_SYNC_AT_ONCE).start()
         self.servers.append(master)
-        replica = RedisServer(extra_args=["--replicaof", "127.0.0.1", str(master.port)])
+        replica = RedisServer(
+            extra_args=[*_SYNC_AT_ONCE, "--replicaof", "127.0.0.1", str(master.port)]
+        )
         self.servers.append(replica.start())
         probe = master.client(decode_responses=True)
         try:

@@ -27,7 +27,7 @@ from celery.result import AsyncResult
 
 from celery_singleton_lock.testing import RedisServer
 from tests.celery.tasks import restart
-from tests.celery.test_cli import run_cli
+from tests.celery.test_cli import cli
 from tests.celery.test_cluster import ClusterServers
 from tests.celery.workers import CeleryWorkerProcess, client_app, close_client, unique, worker_group
 from tests.cluster_topology import ClusterGroup
@@ -257,12 +257,13 @@ def test_a_finished_replace_call_sent_again_on_a_cluster_is_not_run_again(
 
 @pytest.fixture
 def paused(cluster: Cluster) -> Iterator[Any]:
-    """``restart.newest_waits`` paused on the cluster (``celery locks pause``); resumed after."""
+    """``restart.newest_waits`` paused on the cluster (``celery locks pause``, run in this
+    process); resumed after."""
     task = restart.newest_waits
     url = cluster.servers.group.url  # type: ignore[union-attr]
-    assert run_cli("--url", url, "pause", task.name).returncode == 0
-    yield lambda: run_cli("--url", url, "resume", task.name)
-    run_cli("--url", url, "resume", task.name)
+    assert cli("--url", url, "pause", task.name).returncode == 0
+    yield lambda: cli("--url", url, "resume", task.name)
+    cli("--url", url, "resume", task.name)
 
 
 def test_a_paused_replace_task_on_a_cluster_starts_nothing_until_resumed(

@@ -21,7 +21,7 @@ from redis.crc import key_slot
 
 from celery_singleton_lock.testing import RedisServer
 from tests.celery.tasks import limits, pausing
-from tests.celery.test_cli import run_cli
+from tests.celery.test_cli import cli, run_cli
 from tests.celery.test_cluster import ClusterServers
 from tests.celery.workers import (
     CeleryWorkerProcess,
@@ -48,8 +48,16 @@ class Cluster:
         return self.client.send_task(task.name, args=args, queue=self.worker.queue)
 
     def locks(self, *args: str) -> str:
-        """``celery locks *args`` against the cluster; its output (it must succeed)."""
+        """``celery locks *args`` against the cluster, the real ``celery`` entry point; its
+        output (it must succeed)."""
         done = run_cli("--url", self.group.url, *args)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    def locks_here(self, *args: str) -> str:
+        """:meth:`locks` run in this process (click's CliRunner): the same command, without
+        the seconds a ``celery`` process takes to start on a loaded machine."""
+        done = cli("--url", self.group.url, *args)
         assert done.returncode == 0, done.stderr
         return done.stdout
 
@@ -73,12 +81,21 @@ def cluster(celery_app: Any) -> Iterator[Cluster]:
             close_client(client)
 
 
-@pytest.fixture
-def resumed(cluster: Cluster) -> Iterator[None]:
-    yield
-    for task in (pausing.paused_skip, pausing.rate_limited_api):
-        cluster.locks("resume", task.name)
-    cluster.locks("limit", limits.limit3_skip.name, "--reset")
+def undone_after(*command: str) -> Any:
+    """A fixture that runs ``celery locks *command`` (in this process) after its test: the
+    one rule the test set taken back (each write or delete of a rule is 16,384 copies)."""
+
+    @pytest.fixture
+    def undone(cluster: Cluster) -> Iterator[None]:
+        yield
+        cluster.locks_here(*command)
+
+    return undone
+
+
+skip_resumed = undone_after("resume", pausing.paused_skip.name)
+api_resumed = undone_after("resume", pausing.rate_limited_api.name)
+cap_reset = undone_after("limit", limits.limit3_skip.name, "--reset")
 
 
 def keys_in_two_slots(task: Any) -> tuple[str, str]:
@@ -92,7 +109,7 @@ def keys_in_two_slots(task: Any) -> tuple[str, str]:
 
 
 def test_a_task_paused_on_a_cluster_has_its_call_skipped_with_reason_paused(
-    cluster: Cluster, resumed: None
+    cluster: Cluster, skip_resumed: None
 ) -> None:
     key = unique("k")
     cluster.locks("pause", pausing.paused_skip.name)
@@ -103,16 +120,18 @@ def test_a_task_paused_on_a_cluster_has_its_call_skipped_with_reason_paused(
     assert cluster.starts(key) == []
 
 
-def test_a_task_resumed_on_a_cluster_runs_its_next_call(cluster: Cluster, resumed: None) -> None:
+def test_a_task_resumed_on_a_cluster_runs_its_next_call(
+    cluster: Cluster, skip_resumed: None
+) -> None:
     key = unique("k")
-    cluster.locks("pause", pausing.paused_skip.name)
-    cluster.locks("resume", pausing.paused_skip.name)
+    cluster.locks_here("pause", pausing.paused_skip.name)
+    cluster.locks_here("resume", pausing.paused_skip.name)
     cluster.send(pausing.paused_skip, key).get(timeout=RESULT_TIMEOUT)
     assert len(cluster.starts(key)) == 1
 
 
 def test_pause_for_in_a_body_on_a_cluster_delays_the_start_of_a_key_in_another_slot(
-    cluster: Cluster, resumed: None
+    cluster: Cluster, api_resumed: None
 ) -> None:
     task = pausing.rate_limited_api  # policy retry on a cluster (ClusterServers)
     told, other = keys_in_two_slots(task)
@@ -125,10 +144,10 @@ def test_pause_for_in_a_body_on_a_cluster_delays_the_start_of_a_key_in_another_s
 
 
 def test_a_live_cap_of_1_on_a_cluster_keeps_a_limit_3_task_to_one_body_at_once(
-    cluster: Cluster, resumed: None
+    cluster: Cluster, cap_reset: None
 ) -> None:
     key, task = unique("k"), limits.limit3_skip
-    cluster.locks("limit", task.name, "1")
+    cluster.locks_here("limit", task.name, "1")
     results = [cluster.send(task, key, 2.0) for _ in range(3)]
     outcomes = [result.get(timeout=RESULT_TIMEOUT, propagate=False) for result in results]
     skipped = [o for o in outcomes if type(o).__name__ == "DuplicateTaskSkipped"]

@@ -22,7 +22,7 @@ from redis.crc import key_slot
 
 from celery_singleton_lock.testing import RedisServer
 from tests.celery.tasks import limits, pausing, queueing
-from tests.celery.test_cli import run_cli
+from tests.celery.test_cli import cli
 from tests.celery.test_cluster import ClusterServers
 from tests.celery.workers import (
     CeleryWorkerProcess,
@@ -131,8 +131,9 @@ def test_a_queue_task_with_a_limit_of_3_on_a_cluster_runs_3_at_once_and_each_cal
     cluster: Cluster,
 ) -> None:
     key, task = unique("k"), limits.limit3_queue
-    # long enough for 3 bodies to overlap however late each worker process picks its call up
-    results = [cluster.send(task, key, 4.0) for _ in range(7)]
+    # long enough for 3 bodies to overlap however late each worker process picks its call up;
+    # 5 calls: 3 inside at once, 2 parked and handed on (2 rounds of bodies, not 3)
+    results = [cluster.send(task, key, 4.0) for _ in range(5)]
     for result in results:
         result.get(timeout=RESULT_TIMEOUT)
     runs = [run.split(b"|")[0] for run in cluster.records.lrange(f"runs:{key}", 0, -1)]
@@ -144,7 +145,7 @@ def test_a_timed_pause_on_a_cluster_wakes_its_parked_call_when_it_ends(cluster: 
     key, task = unique("k"), pausing.paused_queue_for
     assert cluster.servers.group is not None
     asked_at = time.time()
-    done = run_cli("--url", cluster.servers.group.url, "pause", task.name, "--for", "3")
+    done = cli("--url", cluster.servers.group.url, "pause", task.name, "--for", "3")
     assert done.returncode == 0, done.stderr
     result = cluster.send(task, key)
     result.get(timeout=RESULT_TIMEOUT)

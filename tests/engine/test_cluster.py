@@ -30,7 +30,7 @@ from celery_singleton_lock.errors import (
     LockConfigurationError,
 )
 from celery_singleton_lock.testing import RedisServer, free_port
-from tests.celery.test_cli import run_cli
+from tests.celery.test_cli import cli, run_cli
 from tests.cluster_topology import ClusterGroup
 from tests.engine.conftest import FakeClock
 from tests.support import CountingConnection, wait_until
@@ -553,8 +553,10 @@ def test_a_mutex_acquire_on_a_cluster_names_the_rules_copy_in_its_own_slot(
 
 
 def locks(cluster: ClusterGroup, *args: str) -> str:
-    """``celery locks *args`` against the cluster (prefix "t"); its output (it must succeed)."""
-    done = run_cli("--url", cluster.url, "--prefix", "t", *args)
+    """``celery locks *args`` against the cluster (prefix "t"), run in this process (the
+    ``celery`` entry point is run by the test of ``list`` above); its output (it must
+    succeed)."""
+    done = cli("--url", cluster.url, "--prefix", "t", *args)
     assert done.returncode == 0, done.stderr
     return done.stdout
 

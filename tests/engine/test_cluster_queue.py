@@ -39,8 +39,9 @@ from tests.support import wait_until
 TTL = 30.0
 #: seconds of a timed pause that the test waits out: set once the call is parked (a pause
 #: writes 16,384 copies of its rule, seconds on a loaded machine: a call sent after it could
-#: miss it), so that nothing needs to happen before its end
-PAUSE = 3.0
+#: miss it), so that nothing needs to happen before its end: a pause that ends while its
+#: copies are still being written only wakes the call as soon as it is read
+PAUSE = 1.0
 #: seconds of a dying holder's TTL or of a debounce that the test waits out: the same, for a
 #: few round trips
 SHORT = 3.0

@@ -164,6 +164,17 @@ def skipped(group: WorkerGroup, task_id: str) -> bool:
     return any(f"[{task_id}] skipped: lock" in worker.log() for worker in group.workers)
 
 
+@contextlib.contextmanager
+def worker_of_its_own(concurrency: int) -> Iterator[tuple[Setup, str]]:
+    """One prefork worker (``-c concurrency``) on a queue of its own, in a :class:`Setup` of its
+    own: a module's, shared by its tests that send it calls of their own keys."""
+    with postgres_setup() as made:
+        queue = made.queue()
+        with worker_group(made.servers) as group:
+            group.start(1, queue=queue, concurrency=concurrency, app=APP)
+            yield made, queue
+
+
 def never_two_at_once(rows: list[tuple[Any, ...]]) -> None:
     """Each run (by start) started after the one before it ended."""
     for before, after in zip(rows, rows[1:]):

@@ -28,6 +28,8 @@ psycopg = pytest.importorskip("psycopg")
 
 APP = "tests.celery.postgresapp"
 BROKER_URL = os.environ.get("CSL_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
+#: the ``seconds`` of a body that runs until the test opens its gate (:meth:`Setup.open_gate`)
+GATED = -1.0
 
 
 def rabbitmq_answers() -> bool:
@@ -104,6 +106,11 @@ class Setup:
             return second
         return None
 
+    def open_gate(self, key: str) -> None:
+        """End the gated bodies of ``key`` (``seconds`` < 0: postgresapp.run_recorded and
+        run_watched wait for it)."""
+        self.admin.execute(f"INSERT INTO {self.schema}.gates (key) VALUES (%s)", (key,))
+
     def now(self) -> Any:
         return self.admin.execute("SELECT clock_timestamp()").fetchone()[0]
 
@@ -150,6 +157,22 @@ def two_prefork_workers(setup: Setup) -> Iterator[tuple[WorkerGroup, str]]:
     with worker_group(setup.servers) as group:
         group.start(2, queue=queue, concurrency=2, app=APP)
         yield group, queue
+
+
+def skipped(group: WorkerGroup, task_id: str) -> bool:
+    """True once a worker of ``group`` logged the call ``task_id`` skipped as a duplicate."""
+    return any(f"[{task_id}] skipped: lock" in worker.log() for worker in group.workers)
+
+
+@contextlib.contextmanager
+def worker_of_its_own(concurrency: int) -> Iterator[tuple[Setup, str]]:
+    """One prefork worker (``-c concurrency``) on a queue of its own, in a :class:`Setup` of its
+    own: a module's, shared by its tests that send it calls of their own keys."""
+    with postgres_setup() as made:
+        queue = made.queue()
+        with worker_group(made.servers) as group:
+            group.start(1, queue=queue, concurrency=concurrency, app=APP)
+            yield made, queue
 
 
 def never_two_at_once(rows: list[tuple[Any, ...]]) -> None:

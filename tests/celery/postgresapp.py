@@ -260,24 +260,26 @@ def pg_debounced(self: Any, key: str, n: int, seconds: float) -> None:
 
 
 def run_watched(task: Any, key: str, n: int, seconds: float) -> None:
-    """Record the start, run ``seconds`` in 0.1 s steps noting when the lease is first seen
-    lost, record the end."""
+    """Record the start, run ``seconds`` (a negative number: until the gate of ``key`` opens,
+    at most 120 s) in 0.1 s steps noting when the lease is first seen lost, record the end."""
     connection, lock = records(), task.request.lock
     (row_id,) = connection.execute(
         f"INSERT INTO {SCHEMA}.records (key, n, pid, fence, started) "
         "VALUES (%s, %s, %s, %s, clock_timestamp()) RETURNING id",
         (key, n, os.getpid(), lock.fence),
     ).fetchone() or (0,)
-    deadline = time.monotonic() + seconds
+    gated = seconds < 0
+    deadline = time.monotonic() + (120.0 if gated else seconds)
     seen = False
-    for _ in range(int(seconds * 10) + 1):
+    gate = f"SELECT 1 FROM {SCHEMA}.gates WHERE key = %s"
+    for _ in range(int((deadline - time.monotonic()) * 10) + 1):
         if lock.lost and not seen:
             seen = True
             connection.execute(
                 f"UPDATE {SCHEMA}.records SET lost_seen = clock_timestamp() WHERE id = %s",
                 (row_id,),
             )
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= deadline or (gated and connection.execute(gate, (key,)).fetchone()):
             break
         time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
     connection.execute(

@@ -12,7 +12,7 @@ from celery import Celery
 
 from celery_singleton_lock import LockedTask
 from celery_singleton_lock.celery.config.lockers import forget_locker
-from tests.celery.pg_workers import APP, Setup, drained
+from tests.celery.pg_workers import APP, Setup, drained, worker_of_its_own
 from tests.celery.test_postgres_workers import setup  # noqa: F401 - the fixture
 from tests.celery.workers import unique, worker_group
 from tests.support import wait_until
@@ -51,25 +51,30 @@ def test_a_limit_of_3_never_runs_more_than_3_of_30_retried_calls_and_runs_all(
     assert most >= 2  # the slots were used side by side, not one at a time
 
 
-def test_a_rate_of_2_per_window_starts_2_of_5_calls(setup: Setup) -> None:  # noqa: F811
-    queue, key = setup.queue(), unique("rated")
-    with worker_group(setup.servers) as group:
-        # one at a time: a call is never skipped for a running one, only for the rate
-        group.start(1, queue=queue, concurrency=1, app=APP)
-        for n in range(5):
-            setup.client.send_task(f"{APP}.pg_rated", args=[key, n], queue=queue)
-        rows = drained(setup, queue, key)
+@pytest.fixture(scope="module")
+def one_at_a_time() -> Iterator[tuple[Setup, str]]:
+    """A worker running one call at a time (-c 1: a call is never skipped for a running one,
+    only for the rate or the cooldown), shared by the tests of the module."""
+    with worker_of_its_own(concurrency=1) as shared:
+        yield shared
+
+
+def test_a_rate_of_2_per_window_starts_2_of_5_calls(one_at_a_time: tuple[Setup, str]) -> None:
+    shared, queue = one_at_a_time
+    key = unique("rated")
+    for n in range(5):
+        shared.client.send_task(f"{APP}.pg_rated", args=[key, n], queue=queue)
+    rows = drained(shared, queue, key)
     assert len(rows) == 2  # the other 3 were skipped: over the rate of 2 per 30 s
 
 
-def test_a_cooldown_skips_a_second_start_within_it(setup: Setup) -> None:  # noqa: F811
-    queue, key = setup.queue(), unique("cooled")
-    with worker_group(setup.servers) as group:
-        group.start(1, queue=queue, concurrency=1, app=APP)
-        setup.client.send_task(f"{APP}.pg_cooled", args=[key, 0], queue=queue)
-        wait_until(lambda: (lambda r: r if r and r[0][4] else None)(setup.rows(key)), 60)
-        setup.client.send_task(f"{APP}.pg_cooled", args=[key, 1], queue=queue)
-        rows = drained(setup, queue, key)
+def test_a_cooldown_skips_a_second_start_within_it(one_at_a_time: tuple[Setup, str]) -> None:
+    shared, queue = one_at_a_time
+    key = unique("cooled")
+    shared.client.send_task(f"{APP}.pg_cooled", args=[key, 0], queue=queue)
+    wait_until(lambda: (lambda r: r if r and r[0][4] else None)(shared.rows(key)), 60)
+    shared.client.send_task(f"{APP}.pg_cooled", args=[key, 1], queue=queue)
+    rows = drained(shared, queue, key)
     assert [row[0] for row in rows] == [0]  # the second came within the 30 s cooldown
 
 
@@ -135,8 +140,9 @@ def test_a_killed_holders_slot_is_taken_again_after_its_lease(setup: Setup) -> N
     held_queue, spare_queue, key = setup.queue(), setup.queue(), unique("slotkill")
     ttl = 3.0  # pg_limited_long's lock_ttl
     with worker_group(setup.servers) as group:
-        holder = group.start(1, queue=held_queue, concurrency=2, app=APP)[0]
-        group.start(1, queue=spare_queue, concurrency=1, app=APP)
+        holder = group.launch(1, queue=held_queue, concurrency=2, app=APP)[0]
+        group.launch(1, queue=spare_queue, concurrency=1, app=APP)
+        group.wait_ready()  # the two start side by side
         for n in range(2):  # both slots, held by bodies that would run 300 s
             setup.client.send_task(f"{APP}.pg_limited_long", args=[key, n, 300.0], queue=held_queue)
         wait_until(lambda: (lambda r: r if len(r) == 2 else None)(setup.rows(key)), 60)

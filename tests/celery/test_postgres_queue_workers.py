@@ -22,6 +22,7 @@ from celery_singleton_lock.testing import RedisServer
 from tests.celery.pg_workers import (
     APP,
     BROKER_URL,
+    GATED,
     PostgresServers,
     Setup,
     drained,
@@ -40,10 +41,6 @@ def pg(setup: Setup) -> Setup:  # noqa: F811 - the fixture of tests/celery/test_
     return setup
 
 
-#: the gated holder's body waits for its gate (postgresapp.run_recorded)
-GATED = -1.0
-
-
 def parked_ids(pg: Setup) -> list[str]:
     return [
         row[0]
@@ -51,10 +48,6 @@ def parked_ids(pg: Setup) -> list[str]:
             f"SELECT task_id FROM {pg.schema}.singleton_lock_parked ORDER BY round, arrival"
         ).fetchall()
     ]
-
-
-def open_gate(pg: Setup, key: str) -> None:
-    pg.admin.execute(f"INSERT INTO {pg.schema}.gates (key) VALUES (%s)", (key,))
 
 
 def started(pg: Setup, key: str, n: int) -> bool:
@@ -81,7 +74,7 @@ def test_20_queued_calls_of_one_key_on_prefork_run_once_each_one_at_a_time_in_or
         pg.client.send_task(f"{APP}.pg_queue", args=[key, 0, GATED], queue=queue)
         wait_until(lambda: started(pg, key, 0), timeout=60)
         park_in_order(pg, "pg_queue", queue, key, 1, 19)
-        open_gate(pg, key)
+        pg.open_gate(key)
         rows = drained(pg, queue, key)
         retries = worker.log().count("lock retry")
     assert [row[0] for row in rows] == list(range(20))  # each once, in arrival order
@@ -179,7 +172,7 @@ def test_replace_runs_the_running_call_and_the_newest_and_supersedes_the_8_betwe
             call = client.send_task(f"{APP}.pg_replace", args=[key, n, 0.1], queue=queue)
             calls.append(call)
             wait_until(lambda call=call: parked_ids(pg) == [call.id], timeout=60)
-        open_gate(pg, key)
+        pg.open_gate(key)
         running.get(timeout=60)
         calls[-1].get(timeout=60)
         wait_until(lambda: all(call.state == "REVOKED" for call in calls[:-1]), timeout=60)

@@ -18,6 +18,7 @@ from tests.celery.pg_workers import (
     never_two_at_once,
     postgres_setup,
     rabbitmq_answers,
+    worker_of_its_own,
 )
 from tests.celery.workers import unique, worker_group
 from tests.support import wait_until
@@ -34,25 +35,34 @@ def setup() -> Iterator[Setup]:
         yield made
 
 
-def test_200_same_argument_skip_calls_never_run_two_at_once(setup: Setup) -> None:
-    queue, key = setup.queue(), unique("skip")
-    with worker_group(setup.servers) as group:
-        group.start(1, queue=queue, concurrency=4, app=APP)
-        for _ in range(200):
-            setup.client.send_task(f"{APP}.pg_skip", args=[key, 0], queue=queue)
-        rows = drained(setup, queue, key)
+@pytest.fixture(scope="module")
+def four_at_a_time() -> Iterator[tuple[Setup, str]]:
+    """One prefork worker (-c 4) shared by the tests of the module."""
+    with worker_of_its_own(concurrency=4) as shared:
+        yield shared
+
+
+def test_200_same_argument_skip_calls_never_run_two_at_once(
+    four_at_a_time: tuple[Setup, str],
+) -> None:
+    shared, queue = four_at_a_time
+    key = unique("skip")
+    for _ in range(200):
+        shared.client.send_task(f"{APP}.pg_skip", args=[key, 0], queue=queue)
+    rows = drained(shared, queue, key)
     assert rows  # some ran
     print(f"200 skip calls: {len(rows)} ran, never two at once")
     never_two_at_once(rows)
 
 
-def test_50_fenced_retry_calls_get_fences_increasing_in_start_order(setup: Setup) -> None:
-    queue, key = setup.queue(), unique("fenced")
-    with worker_group(setup.servers) as group:
-        group.start(1, queue=queue, concurrency=4, app=APP)
-        for n in range(50):
-            setup.client.send_task(f"{APP}.pg_fenced", args=[key, n], queue=queue)
-        rows = wait_until(lambda: (lambda r: r if len(r) == 50 else None)(setup.rows(key)), 180)
+def test_50_fenced_retry_calls_get_fences_increasing_in_start_order(
+    four_at_a_time: tuple[Setup, str],
+) -> None:
+    shared, queue = four_at_a_time
+    key = unique("fenced")
+    for n in range(50):
+        shared.client.send_task(f"{APP}.pg_fenced", args=[key, n], queue=queue)
+    rows = wait_until(lambda: (lambda r: r if len(r) == 50 else None)(shared.rows(key)), 180)
     assert sorted(row[0] for row in rows) == list(range(50))  # each call ran, once
     fences = [row[2] for row in rows]
     assert all(isinstance(fence, int) for fence in fences)

@@ -21,7 +21,7 @@ from celery_singleton_lock.engine.lease import Lease
 from celery_singleton_lock.engine.postgres.locker import PostgresLocker
 from celery_singleton_lock.engine.renewer import Renewer
 from celery_singleton_lock.errors import LockBackendUnavailable
-from tests.celery.pg_workers import APP, postgres_setup, rabbitmq_answers
+from tests.celery.pg_workers import APP, GATED, postgres_setup, rabbitmq_answers, skipped
 from tests.celery.workers import unique, worker_group
 from tests.postgres_servers import PrivatePostgres, private_postgres, private_standby
 from tests.support import wait_until
@@ -124,7 +124,7 @@ def test_a_worker_holding_a_lock_through_a_failover_keeps_it_and_its_duplicate_i
         queue, key = setup.queue(), unique("failover")
         with worker_group(setup.servers) as group:
             group.start(2, queue=queue, concurrency=2, app=APP)
-            setup.client.send_task(f"{APP}.pg_hold", args=[key, 0, 20.0], queue=queue)
+            setup.client.send_task(f"{APP}.pg_hold", args=[key, 0, GATED], queue=queue)
             wait_until(lambda: setup.records(key), timeout=60)
             wait_until(lambda: caught_up(primary, standby), timeout=60, interval=0.1)
             primary.stop("immediate")
@@ -133,7 +133,12 @@ def test_a_worker_holding_a_lock_through_a_failover_keeps_it_and_its_duplicate_i
             wait_until(lambda: "renewal of 1 lease(s) failed" in group.logs(), timeout=30)
             no_primary = time.monotonic() - crashed
             standby.promote()
-            setup.client.send_task(f"{APP}.pg_hold", args=[key, 1, 0.1], queue=queue)
+            duplicate = setup.client.send_task(f"{APP}.pg_hold", args=[key, 1, 0.1], queue=queue)
+            # the holder runs until the duplicate was skipped (or ran: the assertion shows it)
+            wait_until(
+                lambda: skipped(group, duplicate.id) or len(setup.records(key)) > 1, timeout=90
+            )
+            setup.open_gate(key)
             rows = wait_until(lambda: setup.settled(key, quiet=3.0), timeout=90)
             ended = time.monotonic()
     chaos_figures(

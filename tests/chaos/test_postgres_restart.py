@@ -26,9 +26,11 @@ from celery_singleton_lock.engine.acquire_request import AcquireRequest
 from celery_singleton_lock.engine.postgres.locker import PostgresLocker
 from tests.celery.pg_workers import (
     APP,
+    GATED,
     Setup,
     postgres_setup,
     rabbitmq_answers,
+    skipped,
     two_prefork_workers,
 )
 from tests.celery.workers import WorkerGroup, unique
@@ -99,9 +101,9 @@ def test_down_for_less_than_the_lease_the_holder_keeps_it_and_a_duplicate_is_ski
     workers: tuple[WorkerGroup, str],
     chaos_figures: Callable[[dict[str, Any]], None],
 ) -> None:
-    _, queue = workers
+    group, queue = workers
     key = unique("keep")
-    sent = setup.client.send_task(f"{APP}.pg_hold", args=[key, 0, 20.0], queue=queue)
+    sent = setup.client.send_task(f"{APP}.pg_hold", args=[key, 0, GATED], queue=queue)
     wait_until(lambda: setup.records(key), timeout=60)
     before = wait_until(lambda: lease_until(server, sent.id), timeout=30)
     down, up = restart(server, down_for=2.0)
@@ -109,7 +111,10 @@ def test_down_for_less_than_the_lease_the_holder_keeps_it_and_a_duplicate_is_ski
     wait_until(lambda: (lambda until: until is not None and until > before)(
         lease_until(server, sent.id)), timeout=TTL, interval=0.05)  # fmt: skip
     renewed = time.monotonic()
-    setup.client.send_task(f"{APP}.pg_hold", args=[key, 1, 0.1], queue=queue)
+    duplicate = setup.client.send_task(f"{APP}.pg_hold", args=[key, 1, 0.1], queue=queue)
+    # the holder runs until the duplicate was skipped (or ran, which the assertion shows)
+    wait_until(lambda: skipped(group, duplicate.id) or len(setup.records(key)) > 1, timeout=90)
+    setup.open_gate(key)
     rows = wait_until(lambda: setup.settled(key), timeout=90)
     chaos_figures(
         {
@@ -133,7 +138,7 @@ def test_down_for_longer_than_the_lease_it_is_reported_lost_before_a_duplicate_r
 ) -> None:
     _, queue = workers
     key = unique("lose")
-    setup.client.send_task(f"{APP}.pg_hold", args=[key, 0, 40.0], queue=queue)
+    setup.client.send_task(f"{APP}.pg_hold", args=[key, 0, GATED], queue=queue)
     started = wait_until(lambda: setup.records(key), timeout=60)[0][3]
     server.stop("fast")
     stopped = setup.now()
@@ -142,6 +147,9 @@ def test_down_for_longer_than_the_lease_it_is_reported_lost_before_a_duplicate_r
     time.sleep(1.0)
     server.start()
     setup.client.send_task(f"{APP}.pg_hold", args=[key, 1, 0.1], queue=queue)
+    # the holder runs until the duplicate started
+    wait_until(lambda: len(setup.records(key)) > 1, timeout=120)
+    setup.open_gate(key)
     rows = wait_until(lambda: setup.settled(key, count=2), timeout=120)
     holder, duplicate = rows
     lost_after = (holder[6] - stopped).total_seconds()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import datetime, timedelta
 from typing import Iterator
 
 import pytest
@@ -42,12 +43,39 @@ def test_a_lease_outlives_a_restart_shorter_than_its_ttl(
 ) -> None:
     lease = locker.try_acquire("job", 6.0, owner=Owner(task_id="holder"))
     assert isinstance(lease, Lease)
-    server.restart()
-    time.sleep(8.0)  # past the TTL it had at the restart: only renewals kept it
+    looked, ends = time.monotonic(), lease_end(server, locker.prefix, "holder")
+    server.stop()
+    # a renewal since the look (if any) ended the row at most that much later
+    ends += timedelta(seconds=time.monotonic() - looked)
+    server.start()
+    # past the end the row had at the restart, by the server's clock: only renewals kept it
+    wait_until(lambda: server_now(server) > ends, timeout=30, interval=0.1)
     assert lease.held
     assert isinstance(locker.try_acquire("job", 6.0, owner=Owner(task_id="other")), LockHolder)
     assert locker.release(lease)
     assert isinstance(locker.try_acquire("job", 6.0, owner=Owner(task_id="new")), Lease)
+
+
+def lease_end(server: PrivatePostgres, prefix: str, task_id: str) -> datetime:
+    """When the lease row that ``task_id`` holds under ``prefix`` ends (the server's clock)."""
+    import psycopg
+
+    with psycopg.connect(server.url, autocommit=True) as connection:
+        row = connection.execute(
+            "SELECT lease_until FROM singleton_lock_leases WHERE prefix = %s AND task_id = %s",
+            (prefix, task_id),
+        ).fetchone()
+    assert row is not None
+    return row[0]  # type: ignore[no-any-return]
+
+
+def server_now(server: PrivatePostgres) -> datetime:
+    import psycopg
+
+    with psycopg.connect(server.url, autocommit=True) as connection:
+        row = connection.execute("SELECT clock_timestamp()").fetchone()
+    assert row is not None
+    return row[0]  # type: ignore[no-any-return]
 
 
 def test_a_lease_whose_ttl_runs_out_while_the_server_is_down_is_reported_lost(

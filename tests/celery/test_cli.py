@@ -17,12 +17,16 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Callable, Iterator, Optional
 
 import pytest
 import redis
+from celery import Celery
+from click.testing import CliRunner
 
 from celery_singleton_lock.celery import lock_acquired
+from celery_singleton_lock.command_line import locks
 from celery_singleton_lock.engine import Owner, RedisLocker, Renewer
 from celery_singleton_lock.testing import RedisServer
 from tests.celery.conftest import lock_key_of
@@ -63,6 +67,14 @@ def run_cli(
         text=True,
         timeout=60,
     )
+
+
+def locks_in_process(url: str, *args: str) -> Any:
+    """``celery locks --url URL *args`` run in this process (click's runner, Celery's default
+    app as ``celery`` without ``-A`` gives it): the same command without the seconds a
+    ``celery`` process takes to start; its result has ``exit_code``, ``stdout``, ``stderr``."""
+    context = SimpleNamespace(app=Celery(set_as_current=False))
+    return CliRunner().invoke(locks, ["--url", url, *args], obj=context, prog_name="celery locks")
 
 
 def stderr_lines(result: subprocess.CompletedProcess[str]) -> list[str]:

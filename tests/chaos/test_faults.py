@@ -627,7 +627,7 @@ def stall_round(
 # -- 4: redelivery of acks_late tasks that outlive the visibility timeout ---------------------
 
 #: size -> (tasks, distinct keys, seconds watched at most before all must have succeeded)
-REDELIVERY_SIZES = {"reduced": (20, 4, 40.0), "full": (80, 8, 150.0)}
+REDELIVERY_SIZES = {"reduced": (12, 4, 40.0), "full": (80, 8, 150.0)}
 REDELIVERY_BODY = 3.0
 REDELIVERY_VISIBILITY = 2.0
 

@@ -39,18 +39,34 @@ AIMED_KILLS = {"reduced": 1, "full": 10}
 
 
 @pytest.fixture(scope="module")
-def prefork(servers: Servers, celery_app: Any) -> Iterator[CeleryWorkerProcess]:
+def started(servers: Servers, celery_app: Any) -> Iterator[list[CeleryWorkerProcess]]:
+    """The module's workers, started side by side (a start is mostly imports, which two
+    cores overlap): see ``prefork``, ``prefork3`` and ``pair``."""
     with worker_group(servers) as group:
-        (worker,) = group.start(1, pool="prefork", concurrency=2, app=APP)
-        yield worker
+        group.launch(1, pool="prefork", concurrency=2, app=APP)
+        group.launch(1, pool="prefork", concurrency=4, app=APP)
+        group.launch(2, pool="prefork", concurrency=2, app=APP)  # one queue
+        group.wait_ready()
+        yield group.workers
 
 
 @pytest.fixture(scope="module")
-def prefork3(servers: Servers, celery_app: Any) -> Iterator[CeleryWorkerProcess]:
+def prefork(started: list[CeleryWorkerProcess]) -> CeleryWorkerProcess:
+    """A worker shared by the tests, each on keys of its own (a killed child is replaced by
+    the pool)."""
+    return started[0]
+
+
+@pytest.fixture(scope="module")
+def prefork3(started: list[CeleryWorkerProcess]) -> CeleryWorkerProcess:
     """A worker with room for 3 bodies of a key and the calls parked behind them."""
-    with worker_group(servers) as group:
-        (worker,) = group.start(1, pool="prefork", concurrency=4, app=APP)
-        yield worker
+    return started[1]
+
+
+@pytest.fixture(scope="module")
+def pair(started: list[CeleryWorkerProcess]) -> list[CeleryWorkerProcess]:
+    """Two workers on one queue, for the one test that kills one of them."""
+    return started[2:4]
 
 
 def _body_pid(key: str) -> int:
@@ -162,24 +178,22 @@ def test_a_child_killed_between_its_release_and_the_hand_off_of_a_slot_stalls_it
 
 
 def test_a_worker_killed_between_a_release_and_the_hand_off_stalls_the_next_call_briefly(
-    servers: Servers, celery_app: Any, store: redis.Redis
+    pair: list[CeleryWorkerProcess], store: redis.Redis
 ) -> None:
     """Issue 30, item 1, a whole worker: the one that released dies (main process and child)
     before it publishes; the other worker's sweeper sends the parked call once the short
     reservation runs out, within ``lock_ttl`` + 3 s of the holder's end."""
     task = childdeathapp.queued
     key = unique("w")
-    with worker_group(servers) as group:
-        workers = group.start(2, pool="prefork", concurrency=2, app=APP)  # one queue
-        task.apply_async((key, "holder", 2.0), queue=workers[0].queue)
-        _body_pid(key)
-        parked = task.apply_async((key, "p0"), queue=workers[0].queue)
-        parked_key = lock_key(task, key, 0) + ":parked"
-        wait_until(lambda: store.zcard(parked_key) == 1, timeout=20)
-        store.set(childdeathapp.worker_dies_before_publishing(parked.id), 1)
-        assert parked.get(timeout=45) == "p0"
-        # the worker that ran the holder is gone (its main process and child)
-        wait_until(lambda: any(w.process and w.process.poll() is not None for w in workers), 20)
+    task.apply_async((key, "holder", 2.0), queue=pair[0].queue)
+    _body_pid(key)
+    parked = task.apply_async((key, "p0"), queue=pair[0].queue)
+    parked_key = lock_key(task, key, 0) + ":parked"
+    wait_until(lambda: store.zcard(parked_key) == 1, timeout=20)
+    store.set(childdeathapp.worker_dies_before_publishing(parked.id), 1)
+    assert parked.get(timeout=45) == "p0"
+    # the worker that ran the holder is gone (its main process and child)
+    wait_until(lambda: any(w.process and w.process.poll() is not None for w in pair), 20)
     delay = childdeathapp.started(key)[1][2] - dict(childdeathapp.ended(key))["holder"]
     print(f"\nqueue, a worker killed: the parked call started {delay:.2f}s after the release")
     assert delay <= task.lock_options.ttl + 3.0

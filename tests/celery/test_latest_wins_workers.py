@@ -33,10 +33,18 @@ def servers(servers: Servers) -> Servers:
 
 
 @pytest.fixture(scope="module")
-def prefork(servers: Servers, celery_app: Any) -> Iterator[CeleryWorkerProcess]:
+def started(servers: Servers, celery_app: Any) -> Iterator[dict[str, CeleryWorkerProcess]]:
+    """The module's workers, started side by side (a start is mostly imports, which two
+    cores overlap), each on a queue of its own: ``prefork`` shared by the tests on keys of
+    their own, ``default_sweep`` (``tests.celery.latestdefaultapp``) and ``doomed``, which
+    one test kills."""
     with worker_group(servers) as group:
-        (worker,) = group.start(1, pool="prefork", concurrency=2)
-        yield worker
+        yield group.start_named(prefork={}, default_sweep={"app": DEFAULT_SWEEP_APP}, doomed={})
+
+
+@pytest.fixture(scope="module")
+def prefork(started: dict[str, CeleryWorkerProcess]) -> CeleryWorkerProcess:
+    return started["prefork"]
 
 
 def _waiting(store: redis.Redis, task: Any, key: str) -> list[bytes]:
@@ -90,33 +98,28 @@ def test_a_bounded_debounce_runs_during_a_long_burst_and_once_after_it(
 
 
 def test_a_bounded_debounce_starts_on_time_with_the_default_sweep_interval(
-    servers: Servers, celery_app: Any, store: redis.Redis
+    started: dict[str, CeleryWorkerProcess], store: redis.Redis
 ) -> None:
     """Issue 30, item 7: with the default 1 s sweep, the stream's first body starts at
     ``lock_debounce_max`` (4 s) after its first call, not up to a sweep later (4.81-4.83 s
     before): the sweeper sleeps until the due time it read."""
-    key = unique("s")
-    with worker_group(servers) as group:
-        (worker,) = group.start(
-            1, pool="prefork", concurrency=2, app="tests.celery.latestdefaultapp"
-        )
-        first_sent = time.time()
-        calls = []
-        for value in range(10):  # a call every 0.5 s for 5 s: the bound (4 s) ends it
-            calls.append(latestapp.debounced_bounded.apply_async((key, value), queue=worker.queue))
-            time.sleep(0.5)
-        calls[-1].get(timeout=30)
+    key, worker = unique("s"), started["default_sweep"]
+    first_sent = time.time()
+    calls = []
+    for value in range(10):  # a call every 0.5 s for 5 s: the bound (4 s) ends it
+        calls.append(latestapp.debounced_bounded.apply_async((key, value), queue=worker.queue))
+        time.sleep(0.5)
+    calls[-1].get(timeout=30)
     late = latestapp.started(key)[0][1] - first_sent - 4.0
     print(f"\ndebounce max 4 s, default sweep: the first body started {late:+.2f}s after it")
     assert -0.1 <= late <= 1.0
 
 
 def test_a_held_call_runs_once_after_the_worker_that_received_it_is_killed(
-    servers: Servers, store: redis.Redis, celery_app: Any
+    servers: Servers, started: dict[str, CeleryWorkerProcess], store: redis.Redis
 ) -> None:
-    key = unique("k")
+    key, doomed = unique("k"), started["doomed"]
     with worker_group(servers) as group:
-        (doomed,) = group.start(1, pool="prefork", concurrency=2)
         queue = doomed.queue
         held = latestapp.debounced.apply_async((key, "only"), queue=queue)
         wait_until(lambda: _waiting(store, latestapp.debounced, key) == [held.id.encode()], 20)

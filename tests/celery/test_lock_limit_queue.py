@@ -13,13 +13,12 @@ import redis
 from celery.exceptions import WorkerLostError
 
 from tests.celery.tasks import limits
-from tests.celery.test_cli import run_cli
+from tests.celery.test_cli import cli
 from tests.celery.test_lock_limit_processes import RECLAIM_WITHIN, slots_held
 from tests.celery.test_lock_rate import CLOCKS, starts
 from tests.celery.workers import (
     CeleryWorkerProcess,
     Servers,
-    WorkerGroup,
     lock_key,
     unique,
     worker_group,
@@ -27,28 +26,28 @@ from tests.celery.workers import (
 from tests.support import wait_until
 
 
-@pytest.fixture
-def workers(servers: Servers, celery_app: Any) -> Iterator[WorkerGroup]:
+@pytest.fixture(scope="module")
+def started(servers: Servers, celery_app: Any) -> Iterator[dict[str, CeleryWorkerProcess]]:
+    """Workers shared by the tests, each on a key of its own, started side by side (a start
+    is mostly imports, which two cores overlap), each on a queue of its own: ``prefork`` and
+    ``threads`` are never killed (a pool child may be: its worker lives on); ``doomed`` is,
+    by the one test that uses it."""
     with worker_group(servers) as group:
-        yield group
+        yield group.start_named(
+            prefork={"concurrency": 4},
+            threads={"pool": "threads", "concurrency": 4},
+            doomed={"concurrency": 1},
+        )
 
 
 @pytest.fixture(scope="module")
-def shared(servers: Servers, celery_app: Any) -> Iterator[WorkerGroup]:
-    """Workers shared by the tests, each on a key of its own: none is killed (a pool child
-    may be: its worker lives on)."""
-    with worker_group(servers) as group:
-        yield group
+def prefork(started: dict[str, CeleryWorkerProcess]) -> CeleryWorkerProcess:
+    return started["prefork"]
 
 
 @pytest.fixture(scope="module")
-def prefork(shared: WorkerGroup) -> CeleryWorkerProcess:
-    return shared.start(1, pool="prefork", concurrency=4)[0]
-
-
-@pytest.fixture(scope="module")
-def threads(shared: WorkerGroup) -> CeleryWorkerProcess:
-    return shared.start(1, pool="threads", concurrency=4)[0]
+def threads(started: dict[str, CeleryWorkerProcess]) -> CeleryWorkerProcess:
+    return started["threads"]
 
 
 def ran(store: redis.Redis, key: str) -> list[str]:
@@ -122,25 +121,31 @@ def test_a_tenant_sending_after_a_backlog_starts_within_3_5_s_with_lock_fair_by(
 def test_a_live_cap_of_1_set_while_3_run_lets_no_later_bodies_overlap(
     prefork: CeleryWorkerProcess, store: redis.Redis, servers: Servers
 ) -> None:
-    """Issue 31's "live" acceptance: lock_limit=3, 12 calls of one key; ``celery locks limit
-    TASK 1`` while 3 run: the bodies that start after it returns never overlap; all 12 run
-    once. (Its own task: a live cap is the task's.)"""
+    """Issue 31's "live" acceptance: lock_limit=3, 3 calls of one key running and 3 parked
+    behind them; ``celery locks limit TASK 1`` (in this process: the command's own process is
+    test_cli.py's) while the 3 run: the parked bodies, which start after it returns, never
+    overlap; all 6 run once. (Its own task: a live cap is the task's.)"""
     key, task = unique("k"), limits.live3_queue
-    results = [task.apply_async((key, 2.0), queue=prefork.queue) for _ in range(12)]
+    parked = lock_key(task, key) + ":parked"
+    # the holders outlast the parking of the others and the command by seconds
+    results = [task.apply_async((key, 4.0), queue=prefork.queue) for _ in range(3)]
     wait_until(lambda: int(store.get(f"gauge:{key}") or 0) == 3, timeout=30)
+    results += [task.apply_async((key, 2.0), queue=prefork.queue) for _ in range(3)]
+    wait_until(lambda: store.zcard(parked) == 3, timeout=30)
     url = servers.lock.url
     try:
-        result = run_cli("--url", url, "limit", task.name, "1")
+        result = cli("--url", url, "limit", task.name, "1")
         assert result.returncode == 0, result.stderr
         set_at = time.time()
+        assert int(store.get(f"gauge:{key}") or 0) == 3, "the cap was set after a holder ended"
         for call in results:
             call.get(timeout=120)
     finally:
-        run_cli("--url", url, "limit", task.name, "--reset")
+        cli("--url", url, "limit", task.name, "--reset")
     runs = [entry.decode().split("|") for entry in store.lrange(f"runs:{key}", 0, -1)]
     assert sorted(task_id for task_id, _, _ in runs) == sorted(call.id for call in results)
     later = sorted(float(at) for _, _, at in runs if float(at) > set_at)
-    assert len(later) >= 3  # (the command itself takes a second or two to start)
+    assert len(later) == 3  # the parked calls
     assert all(b - a >= 1.9 for a, b in zip(later, later[1:]))  # one at a time (2 s bodies)
 
 
@@ -191,10 +196,10 @@ def test_a_slot_of_a_killed_pool_child_is_handed_to_the_parked_call(
 
 
 def test_a_slot_of_a_killed_worker_is_handed_to_the_parked_call_once_it_expires(
-    workers: WorkerGroup, threads: CeleryWorkerProcess, store: redis.Redis
+    started: dict[str, CeleryWorkerProcess], store: redis.Redis
 ) -> None:
-    key, task, keeper = unique("k"), limits.limit3_queue, threads  # lock_ttl=5
-    (doomed,) = workers.start(1, pool="prefork", concurrency=1)
+    key, task = unique("k"), limits.limit3_queue  # lock_ttl=5
+    keeper, doomed = started["threads"], started["doomed"]
     # the doomed call on slot 2: not the lock key, which the mutex's hand-off would find too
     kept = [task.apply_async((key, 15), queue=keeper.queue)]
     wait_until(lambda: len(slots_held(store, task, key)) == 1, timeout=30)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import pytest
@@ -12,8 +13,10 @@ import redis
 from celery.signals import before_task_publish
 
 from celery_singleton_lock import DuplicateTaskSkipped, LockConfigurationError
+from celery_singleton_lock.celery import lock_duplicate
 from celery_singleton_lock.celery.duplicates.redelivery import BACKOFF_HEADER, RETRY_HEADER
 from celery_singleton_lock.engine import Lease, Owner, RedisLocker
+from celery_singleton_lock.testing import RedisServer
 from tests.celery.registration import register
 from tests.celery.tasks import limits
 from tests.support import wait_until
@@ -26,33 +29,55 @@ def starts(store: redis.Redis, key: str) -> list[float]:
     return sorted(float(raw.split(b"|")[2]) for raw in store.lrange(f"runs:{key}", 0, -1))
 
 
-def test_rate_3_per_3s_with_retry_runs_all_9_calls_sent_at_once(
-    worker: Any, store: redis.Redis, unique_key: str
-) -> None:
-    results = [limits.rate3_retry.delay(unique_key) for _ in range(9)]
-    for result in results:
-        result.get(timeout=60)
-    assert len(starts(store, unique_key)) == 9
+@dataclass
+class RateRun:
+    """9 calls of ``rate3_retry`` (3 per 3 s) on one key, sent at once and all ended."""
+
+    sent: list[str]  # their task ids
+    starts: list[float]  # when each body started, in order
+    rate_retries: int  # lock_duplicate signals with reason "rate" of these calls
 
 
-def test_rate_3_per_3s_never_starts_more_than_3_in_any_3s_window(
-    worker: Any, store: redis.Redis, unique_key: str
-) -> None:
-    for result in [limits.rate3_retry.delay(unique_key) for _ in range(9)]:
-        result.get(timeout=60)
-    times = starts(store, unique_key)
+@pytest.fixture(scope="module")
+def rate_3_per_3s(worker: Any, lock_server: RedisServer) -> RateRun:
+    """One run shared by the tests below (each takes seconds: the rate spaces the calls)."""
+    key = f"k-{uuid.uuid4().hex[:12]}"
+    seen: list[dict[str, Any]] = []
+
+    def receiver(**kwargs: Any) -> None:
+        seen.append(kwargs)
+
+    lock_duplicate.connect(receiver, weak=False)
+    try:
+        results = [limits.rate3_retry.delay(key) for _ in range(9)]
+        for result in results:
+            result.get(timeout=60)
+    finally:
+        lock_duplicate.disconnect(receiver)
+    sent = [result.id for result in results]
+    rate_retries = sum(1 for s in seen if s["task_id"] in sent and s["reason"] == "rate")
+    store = lock_server.client()
+    try:
+        return RateRun(sent, starts(store, key), rate_retries)
+    finally:
+        store.close()
+
+
+def test_rate_3_per_3s_with_retry_runs_all_9_calls_sent_at_once(rate_3_per_3s: RateRun) -> None:
+    assert len(rate_3_per_3s.starts) == 9
+
+
+def test_rate_3_per_3s_never_starts_more_than_3_in_any_3s_window(rate_3_per_3s: RateRun) -> None:
+    times = rate_3_per_3s.starts
     assert all(later - first >= 3.0 - CLOCKS for first, later in zip(times, times[3:]))
 
 
 def test_rate_retries_are_sent_for_when_the_window_allows_not_polled(
-    worker: Any, unique_key: str, duplicates_seen: list[dict[str, Any]]
+    rate_3_per_3s: RateRun,
 ) -> None:
-    for result in [limits.rate3_retry.delay(unique_key) for _ in range(9)]:
-        result.get(timeout=60)
-    rate_retries = [seen for seen in duplicates_seen if seen["reason"] == "rate"]
-    print(f"9 calls at 3/3s: {len(rate_retries)} rate retries")
+    print(f"9 calls at 3/3s: {rate_3_per_3s.rate_retries} rate retries")
     # 6 calls wait one window and 3 of them a second: 9 when every retry lands on time
-    assert len(rate_retries) <= 12
+    assert rate_3_per_3s.rate_retries <= 12
 
 
 def test_9_retry_calls_at_3_per_10s_all_run_within_25s_retried_about_once_each(

@@ -17,7 +17,7 @@ from celery_singleton_lock.celery import lock_duplicate
 from celery_singleton_lock.engine import RedisLocker
 from tests.celery import latestapp
 from tests.celery.tasks import pausing
-from tests.celery.test_cli import run_cli
+from tests.celery.test_cli import cli, run_cli
 from tests.celery.workers import (
     CeleryWorkerProcess,
     Servers,
@@ -45,8 +45,10 @@ def two(shared: WorkerGroup) -> list[CeleryWorkerProcess]:
 
 
 def locks(servers: Servers, *args: str) -> str:
-    """``celery locks *args`` on the workers' lock server; its output (it must succeed)."""
-    done = run_cli("--url", servers.lock.url, *args)
+    """``celery locks *args`` on the workers' lock server, in this process; its output (it must
+    succeed). The workers are what the tests pin; the command's own process is tested in
+    tests/celery/test_cli.py and by ``show`` below."""
+    done = cli("--url", servers.lock.url, *args)
     assert done.returncode == 0, done.stderr
     return done.stdout
 
@@ -60,8 +62,7 @@ def starts(store: redis.Redis, key: str) -> list[float]:
 def resumed(locker: RedisLocker) -> Iterator[None]:
     """Every task of tests/celery/tasks/pausing.py resumed after the test, through the lock
     server's live rules in this process (the same keys the workers read: lockapp's settings).
-    Not through ``celery locks resume``: that command is what the tests pin, and five ``celery``
-    processes here cost about 20 s a test on 2 loaded cores."""
+    Not through ``celery locks resume``: that command is what the tests pin."""
     yield
     rules = locker.live_rules
     assert rules is not None, "the workers' lock server has live rules (one Redis server)"
@@ -220,9 +221,9 @@ def test_a_call_handed_the_lock_during_a_pause_waits_for_its_end(
     servers: Servers, two: list[CeleryWorkerProcess], store: redis.Redis, resumed_latest: None
 ) -> None:
     key, task = unique("k"), pausing.paused_replace
-    # runs while the later call parks and the pause command starts (a `celery` process: some
-    # seconds on a loaded machine); 2 s was too short beside the suite's other processes
-    first = task.apply_async((key, 10.0), queue=two[0].queue)
+    # runs while the later call parks and the pause command runs (in this process: a round
+    # trip), seconds more than that takes on a loaded machine
+    first = task.apply_async((key, 5.0), queue=two[0].queue)
     wait_until(lambda: len(starts(store, key)) == 1, timeout=30)
     later = task.apply_async((key,), queue=two[1].queue)
     wait_until(lambda: waiting(store, task, key) == [later.id.encode()], timeout=30)

@@ -25,6 +25,7 @@ import redis
 
 from celery_singleton_lock.testing import RedisServer
 from tests.celery.tasks import queueing
+from tests.celery.tasks.core import open_gate
 from tests.celery.workers import (
     CeleryWorkerProcess,
     Servers,
@@ -52,10 +53,17 @@ HOLDS = 8.0
 
 
 @pytest.fixture(scope="module")
-def prefork(servers: Servers, celery_app: Any) -> Iterator[CeleryWorkerProcess]:
+def started(servers: Servers, celery_app: Any) -> Iterator[dict[str, CeleryWorkerProcess]]:
+    """The module's workers, started side by side (a start is mostly imports, which two
+    cores overlap), each on a queue of its own: ``prefork`` shared by the tests on keys of
+    their own, and ``doomed`` and ``restarted``, which one test each stops."""
     with worker_group(servers) as group:
-        (worker,) = group.start(1, pool="prefork", concurrency=4)
-        yield worker
+        yield group.start_named(prefork={"concurrency": 4}, doomed={}, restarted={})
+
+
+@pytest.fixture(scope="module")
+def prefork(started: dict[str, CeleryWorkerProcess]) -> CeleryWorkerProcess:
+    return started["prefork"]
 
 
 def size(request: pytest.FixtureRequest, sizes: dict[str, Size]) -> Size:
@@ -66,8 +74,8 @@ def started_order(store: redis.Redis, key: str) -> list[int]:
     return [int(index) for index in store.lrange(f"order:{key}", 0, -1)]
 
 
-def parked_list(key: str) -> str:
-    return lock_key(queueing.queued_in_order, key, 0) + ":parked"
+def parked_list(key: str, task: Any = queueing.queued_in_order) -> str:
+    return lock_key(task, key, 0) + ":parked"
 
 
 def send_in_order(
@@ -160,11 +168,10 @@ def _parked_behind_a_holder(
 
 
 def test_a_holder_killed_with_its_worker_loses_no_parked_call(
-    servers: Servers, store: redis.Redis, celery_app: Any
+    servers: Servers, started: dict[str, CeleryWorkerProcess], store: redis.Redis
 ) -> None:
-    key = unique("k")
+    key, doomed = unique("k"), started["doomed"]
     with worker_group(servers) as group:
-        (doomed,) = group.start(1, pool="prefork", concurrency=2)
         queue = doomed.queue
         _, duplicates = _parked_behind_a_holder(doomed, store, key, parked=4, seconds=30)
         doomed.crash()  # the lock is left to its TTL (5 s)
@@ -175,15 +182,32 @@ def test_a_holder_killed_with_its_worker_loses_no_parked_call(
     assert int(store.get(f"overlaps:{key}") or 0) == 0
 
 
+def _gated_behind_a_holder(
+    worker: CeleryWorkerProcess, store: redis.Redis, key: str, parked: int
+) -> tuple[Any, list[Any]]:
+    """A holder running until the test opens its gate (``gated_in_order``) and ``parked``
+    duplicates parked behind it, one by one (each waits at the gate too once it runs)."""
+    task = queueing.gated_in_order
+    holder = task.apply_async((key, 0), queue=worker.queue)
+    wait_until(lambda: started_order(store, key) == [0], timeout=20)
+    duplicates = []
+    for index in range(1, parked + 1):
+        duplicates.append(task.apply_async((key, index), queue=worker.queue))
+        wait_until(lambda index=index: store.zcard(parked_list(key, task)) == index, timeout=20)
+    return holder, duplicates
+
+
 def test_parked_calls_run_after_a_warm_worker_restart(
-    servers: Servers, store: redis.Redis, celery_app: Any
+    servers: Servers, started: dict[str, CeleryWorkerProcess], store: redis.Redis
 ) -> None:
-    key = unique("k")
+    key, first = unique("k"), started["restarted"]
     with worker_group(servers) as group:
-        (first,) = group.start(1, pool="prefork", concurrency=2)
         queue = first.queue
-        holder, duplicates = _parked_behind_a_holder(first, store, key, parked=3, seconds=HOLDS)
-        assert first.stop(timeout=30) == 0  # warm: the holder ends, and hands the lock on
+        holder, duplicates = _gated_behind_a_holder(first, store, key, parked=3)
+        first.request_stop()  # warm: the holder ends, and hands the lock on
+        wait_until(lambda: "Warm shutdown" in first.log(), timeout=30)
+        open_gate(key, count=4)  # the holder's end, then one for each parked call
+        assert first.wait_exit(30) == 0
         group.start(1, queue=queue, pool="prefork", concurrency=2)
         assert holder.get(timeout=30) == 0
         assert [d.get(timeout=60) for d in duplicates] == [1, 2, 3]

@@ -386,6 +386,14 @@ class WorkerGroup:
             worker.wait_ready()
         return started
 
+    def start_named(self, **kinds: dict[str, Any]) -> dict[str, CeleryWorkerProcess]:
+        """One worker per keyword, each on a queue of its own (its options as :meth:`launch`
+        takes them), started side by side: name -> worker."""
+        launched = {name: self.launch(1, **options)[0] for name, options in kinds.items()}
+        for worker in launched.values():
+            worker.wait_ready()
+        return launched
+
     def launch(
         self,
         count: int = 1,

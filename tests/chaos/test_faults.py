@@ -279,6 +279,7 @@ def run_balances(servers: ChaosServers, plan: Plan) -> BalanceOutcome:
     account_of = {lock_key(chaos.chaos_balance, a, 0, ""): a for a in accounts}
     store = FencedStore(store_client(servers), ns)
     locks = servers.lock.client(socket_timeout=2, socket_connect_timeout=1)
+    broker = redis.Redis.from_url(servers.broker_url, socket_timeout=5)
     client = client_app(servers)
     kills: list[Kill] = []
     restarts: list[LockRestart] = []
@@ -364,11 +365,17 @@ def run_balances(servers: ChaosServers, plan: Plan) -> BalanceOutcome:
                 ):
                     break
                 time.sleep(0.01)
-            # every update applied (or the drain time is up)
+            # every update applied, or every one the broker did not lose (see below), or the
+            # drain time is up
             drain_end = time.monotonic() + plan.drain
-            for _ in range(int(plan.drain / 0.1) + 1):
+            settled = 0
+            for step in range(int(plan.drain / 0.1) + 1):
                 if store.applied_count() >= len(sent) or time.monotonic() > drain_end:
                     break
+                if step % 10 == 9:  # once a second: seen twice in a row, 1 s apart
+                    settled = settled + 1 if only_lost_left(group, broker, sent, store) else 0
+                    if settled == 2:
+                        break
                 time.sleep(0.1)
             seconds = time.monotonic() - began
             stuck, gone_after = wait_no_locks(locks, BALANCE_TTL + 2)
@@ -416,7 +423,24 @@ def run_balances(servers: ChaosServers, plan: Plan) -> BalanceOutcome:
     finally:
         close_client(client)
         locks.close()
+        broker.close()
         store.client.close()
+
+
+def only_lost_left(
+    group: WorkerGroup, broker: redis.Redis, sent: dict[str, Any], store: FencedStore
+) -> bool:
+    """Every update a worker logged received is applied and the broker holds none: none
+    waiting in a queue, none delivered and unacknowledged (kombu's ``unacked`` hash, where a
+    killed worker's messages wait to be restored). What was sent and is not applied then was
+    lost by the broker (see run_balances), and never will be: waiting on is the drain's
+    whole time (two minutes) for nothing."""
+    received = received_task_ids([worker.log() for worker in group.workers])
+    if store.applied_count() < len(received & sent.keys()):
+        return False
+    return broker.hlen("unacked") == 0 and not any(
+        broker.type(key) == b"list" and broker.llen(key) for key in broker.scan_iter(count=1000)
+    )
 
 
 def kill_and_restart(
@@ -627,7 +651,7 @@ def stall_round(
 # -- 4: redelivery of acks_late tasks that outlive the visibility timeout ---------------------
 
 #: size -> (tasks, distinct keys, seconds watched at most before all must have succeeded)
-REDELIVERY_SIZES = {"reduced": (20, 4, 40.0), "full": (80, 8, 150.0)}
+REDELIVERY_SIZES = {"reduced": (12, 4, 40.0), "full": (80, 8, 150.0)}
 REDELIVERY_BODY = 3.0
 REDELIVERY_VISIBILITY = 2.0
 

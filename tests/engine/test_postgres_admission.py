@@ -10,8 +10,16 @@ from typing import Any, Iterator
 
 import pytest
 
-from celery_singleton_lock.engine import AcquireRequest, Lease, LiveRule, LockHolder, Owner, Renewer
-from celery_singleton_lock.errors import AlreadyFinished, LockConfigurationError
+from celery_singleton_lock.engine import (
+    AcquireRequest,
+    Lease,
+    LiveRule,
+    LockHolder,
+    Owner,
+    PausingRules,
+    Renewer,
+)
+from celery_singleton_lock.errors import AlreadyFinished
 from tests.engine.conftest import stop_renewing
 from tests.postgres_support import postgres_schema
 from tests.support import wait_until
@@ -349,6 +357,5 @@ def test_a_live_cap_is_read_back_by_family_and_listed(locker: PostgresLocker) ->
     )
 
 
-def test_a_pause_on_postgres_is_refused_naming_the_backend(locker: PostgresLocker) -> None:
-    with pytest.raises(LockConfigurationError, match="PostgreSQL backend keeps live caps"):
-        locker.live_rules.pause("proj.job", 30)
+def test_postgres_live_rules_keep_caps_and_declare_no_pause(locker: PostgresLocker) -> None:
+    assert not isinstance(locker.live_rules, PausingRules)

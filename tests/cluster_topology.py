@@ -47,6 +47,23 @@ def _cluster_server() -> RedisServer:
     )
 
 
+def _start_node(server: RedisServer, attempts: int = 3) -> None:
+    """Start a node of :func:`_cluster_server`. Its bus port, chosen free, may be taken before
+    the server binds it (an ephemeral port of another connection), and the server exits:
+    ``RedisServer.start`` chooses a new client port then, not a new bus port, so the node
+    is started again here on a new bus port."""
+    at = server.extra_args.index("--cluster-port") + 1
+    for attempt in range(1, attempts + 1):
+        try:
+            server.start()
+        except RuntimeError:
+            if attempt == attempts:
+                raise
+            server.extra_args[at] = str(free_port())
+        else:
+            return
+
+
 def _roles(nodes: str) -> dict[str, tuple[str, bool]]:
     """``CLUSTER NODES`` as {node id: (its role, whether it is the node that answered)}."""
     roles = {}
@@ -111,7 +128,7 @@ class ClusterGroup:
 
     def start(self) -> ClusterGroup:
         for server in self.servers:
-            server.start()
+            _start_node(server)
         subprocess.run(
             ["redis-cli", "--cluster", "create"]
             + [f"127.0.0.1:{port}" for port in self._ports()]

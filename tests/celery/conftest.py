@@ -54,8 +54,8 @@ def celery_session_app(broker_server: RedisServer, lock_server: RedisServer) -> 
     # Imported here, not at the top: this conftest loads before the session starts, and at
     # session start pytest reads every name of pytest-celery's plugin module, among them
     # shared-task proxies (celery.contrib.testing.tasks) that finalize the *current* app.
-    # Were lockapp imported by then, its tasks would be bound before configure() below sets
-    # what Celery reads at binding (task_track_started).
+    # Were lockapp imported by then, all its tasks would be bound before configure() below
+    # (what a task reads at binding is the app's own definition: tasks/core.py).
     from tests.celery import lockapp
 
     assert not lockapp.app.finalized, "lockapp was finalized before it was configured"

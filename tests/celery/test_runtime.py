@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -236,6 +239,32 @@ def test_a_locked_task_with_track_started_is_started_while_its_body_runs(
     assert runtime.reports_its_state.lock_track_started
     assert not runtime.reports_its_state.track_started  # the tracer's own store is off
     assert runtime.reports_its_state.delay(unique_key).get(timeout=10) == "STARTED"
+
+
+#: binds one task of the test app before configure() (as a test module's ``task.name`` at import
+#: does) and one after; prints what each read at binding
+_BOUND_EARLY_AND_LATE = """
+from tests.celery.tasks import core, policies
+early = policies.hold_retry
+read_early = (early.lock_track_started, early.lock_options.priority_sign)
+core.configure(broker_url="redis://127.0.0.1:1/1", backend_url="redis://127.0.0.1:1/2",
+               lock_url="redis://127.0.0.1:1/3")
+late = policies.hold_skip
+print(read_early, (late.lock_track_started, late.lock_options.priority_sign))
+"""
+
+
+def test_a_task_bound_before_the_test_app_is_configured_reads_what_one_bound_after_reads() -> None:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("CSL_", "CELERY_"))}
+    done = subprocess.run(
+        [sys.executable, "-c", _BOUND_EARLY_AND_LATE],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=environment,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "(True, -1) (True, -1)"
 
 
 def test_apply_with_too_few_replicas_fails_with_backend_unavailable_and_leaves_no_lock(

@@ -26,6 +26,15 @@ from tests.support import broker_polling
 
 app = Celery("lockapp")
 
+# What a task reads when it is bound (Celery's ``Task.bind``, LockedTask's options) belongs to
+# the app's definition, set before any task exists: a task keeps what it read then, and a
+# test module may bind one before the session configures the app (``policies.hold_skip.name``
+# at import does; so does a test that sends by name before it asks for ``celery_app``).
+# configure() only points the app at servers. Bound with task_track_started set later, a
+# task would store no STARTED; the broker URL, a closed port here, gives the kind of broker
+# every configure() gives (Redis), whose priority order the tasks' options read.
+app.add_defaults({"task_track_started": True, "broker_url": "redis://127.0.0.1:1/0"})
+
 #: lock_min_replicas of the tasks that wait for replicas: a worker whose locks are on a Redis
 #: Cluster refuses to start with one (tests/celery/test_cluster.py sets 0).
 REPLICAS = int(os.environ.get("CSL_MIN_REPLICAS", "1"))
@@ -70,7 +79,6 @@ def configure(
         broker_transport_options=transport,
         broker_connection_retry_on_startup=True,
         worker_prefetch_multiplier=1,
-        task_track_started=True,
         result_expires=600,
         # tests stop servers on purpose: give up reconnecting the result store quickly
         result_backend_transport_options={

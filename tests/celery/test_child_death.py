@@ -26,6 +26,7 @@ from typing import Any, Iterator
 import celery
 import pytest
 import redis
+from celery.result import AsyncResult
 
 from tests.celery import childdeathapp
 from tests.celery.workers import CeleryWorkerProcess, Servers, lock_key, unique, worker_group
@@ -59,7 +60,8 @@ def prefork(started: list[CeleryWorkerProcess]) -> CeleryWorkerProcess:
 
 @pytest.fixture(scope="module")
 def prefork3(started: list[CeleryWorkerProcess]) -> CeleryWorkerProcess:
-    """A worker with room for 3 bodies of a key and the calls parked behind them."""
+    """A worker with room for 3 bodies of a key and the calls parked behind them (4
+    children: the hand-off test where two idle children park at once runs on it too)."""
     return started[1]
 
 
@@ -121,33 +123,67 @@ def test_a_replace_waiter_starts_within_two_seconds_of_the_holder_childs_kill(
     assert int(store.get(f"overlaps:{key}") or 0) == 0
 
 
+def _in_arrival_order(
+    store: redis.Redis, parked_key: str, calls: list[AsyncResult]
+) -> list[AsyncResult]:
+    """``calls`` in the order they reached the lock (its parked set's order), which is the
+    order they are handed it in: not always the order they were sent, as two idle children
+    park two calls at once, in either order."""
+    by_id = {call.id.encode(): call for call in calls}
+    return [by_id[task_id] for task_id in store.zrange(parked_key, 0, -1)]
+
+
+def _hand_offs_after_aimed_kills(
+    worker: CeleryWorkerProcess, store: redis.Redis, kills: int
+) -> list[float]:
+    """``kills`` times: a holder with two calls parked behind it, and its child killed just
+    before it sends the first of them; each time, every call runs once, in arrival order, with no
+    overlap. The seconds from the holder's end to the next call's start, one per kill."""
+    task = childdeathapp.queued
+    delays = []
+    for _ in range(kills):
+        key = unique("q")
+        task.apply_async((key, "holder", 2.0), queue=worker.queue)
+        _body_pid(key)
+        sent = [task.apply_async((key, f"p{i}"), queue=worker.queue) for i in range(2)]
+        parked_key = lock_key(task, key, 0) + ":parked"
+        wait_until(lambda key=parked_key: store.zcard(key) == 2, timeout=20)
+        parked = _in_arrival_order(store, parked_key, sent)
+        # aimed at the call handed the lock first, sent by the holder's child: aimed at the
+        # other, it would kill the child of the first after its body, whose result would be
+        # WorkerLostError
+        store.set(childdeathapp.die_before_publishing(parked[0].id), 1)
+        arrived = [f"p{sent.index(call)}" for call in parked]  # "p1", "p0" at times on -c 4
+        assert [result.get(timeout=45) for result in parked] == arrived
+        holder_end = dict(childdeathapp.ended(key))["holder"]
+        assert [value for value, _, _ in childdeathapp.started(key)] == ["holder", *arrived]
+        delays.append(childdeathapp.started(key)[1][2] - holder_end)
+        print(f"\n{worker!r}: parked {', '.join(arrived)}; next start {delays[-1]:.2f}s after")
+        assert not store.exists(childdeathapp.die_before_publishing(parked[0].id))  # it died
+        assert int(store.get(f"overlaps:{key}") or 0) == 0
+    return delays
+
+
 def test_a_child_killed_between_its_release_and_the_hand_off_stalls_the_next_call_briefly(
     prefork: CeleryWorkerProcess, store: redis.Redis, request: pytest.FixtureRequest
 ) -> None:
     """Issue 30, item 1: the next parked call starts within ``lock_ttl`` + 3 s of the holder's
     end (before: ``singleton_lock_handoff_timeout``, 60 s), and arrival order holds (once;
     ``--full``: 10 kills in a row, as the issue asks)."""
-    task = childdeathapp.queued
-    delays = []
-    for _ in range(AIMED_KILLS["full" if request.config.getoption("--full") else "reduced"]):
-        key = unique("q")
-        task.apply_async((key, "holder", 2.0), queue=prefork.queue)
-        _body_pid(key)
-        parked = [task.apply_async((key, f"p{i}"), queue=prefork.queue) for i in range(2)]
-        parked_key = lock_key(task, key, 0) + ":parked"
-        wait_until(lambda key=parked_key: store.zcard(key) == 2, timeout=20)
-        store.set(childdeathapp.die_before_publishing(parked[0].id), 1)
-        assert [result.get(timeout=45) for result in parked] == ["p0", "p1"]
-        holder_end = dict(childdeathapp.ended(key))["holder"]
-        assert [value for value, _, _ in childdeathapp.started(key)] == ["holder", "p0", "p1"]
-        delays.append(childdeathapp.started(key)[1][2] - holder_end)
-        assert not store.exists(childdeathapp.die_before_publishing(parked[0].id))  # it died
-        assert int(store.get(f"overlaps:{key}") or 0) == 0
-    print(
-        f"\nqueue, lock_ttl=6: the next parked call started {[round(d, 2) for d in delays]}"
-        " s after the release"
-    )
-    assert all(delay <= task.lock_options.ttl + 3.0 for delay in delays), delays
+    kills = AIMED_KILLS["full" if request.config.getoption("--full") else "reduced"]
+    delays = _hand_offs_after_aimed_kills(prefork, store, kills)
+    assert all(delay <= childdeathapp.queued.lock_options.ttl + 3.0 for delay in delays), delays
+
+
+def test_a_child_killed_before_the_hand_off_on_a_worker_of_four_children_stalls_it_briefly(
+    prefork3: CeleryWorkerProcess, store: redis.Redis, request: pytest.FixtureRequest
+) -> None:
+    """As the test above on a worker of 4 children, where the two calls sent behind the holder
+    are parked by two children at once, either one first: the kill is aimed at the child
+    sending the call that reached the lock first, and the calls run in that order."""
+    kills = AIMED_KILLS["full" if request.config.getoption("--full") else "reduced"]
+    delays = _hand_offs_after_aimed_kills(prefork3, store, kills)
+    assert all(delay <= childdeathapp.queued.lock_options.ttl + 3.0 for delay in delays), delays
 
 
 def test_a_child_killed_between_its_release_and_the_hand_off_of_a_slot_stalls_it_briefly(

@@ -214,6 +214,20 @@ def pg_queue(self: Any, key: str, n: int, seconds: float) -> None:
     run_recorded(key, n, None, seconds)
 
 
+@app.task(
+    base=LockedTask,
+    bind=True,
+    on_duplicate="queue",
+    lock_ttl=5,
+    lock_on=["key"],
+    lock_fair_by=["tenant"],
+)
+def pg_queue_fair(self: Any, key: str, tenant: str, n: int, seconds: float) -> None:
+    """One lock per key; its parked calls served round robin across tenants, each tenant's
+    turn to its call of the highest priority."""
+    run_recorded(key, n, None, seconds)
+
+
 @app.task(base=LockedTask, bind=True, on_duplicate="replace", lock_ttl=5, lock_on=["key"])
 def pg_replace(self: Any, key: str, n: int, seconds: float) -> None:
     run_recorded(key, n, None, seconds)

@@ -87,6 +87,82 @@ def test_20_queued_calls_of_one_key_on_prefork_run_once_each_one_at_a_time_in_or
     )
 
 
+# -- priority: the message's, read the broker's way (sql/turn.sql) -----------------------------
+
+
+@pytest.fixture
+def redis_broker(pg: Setup, redis_server: RedisServer) -> Iterator[tuple[PostgresServers, Celery]]:
+    """Workers whose broker is Redis (0 is its highest priority: the tasks' ``priority_sign``
+    is -1), their locks in the test's schema; and a client of that broker."""
+    servers = PostgresServers(
+        broker_url=redis_server.url,
+        lock=None,
+        backend_url="-",
+        app=APP,
+        lock_url=pg.servers.lock_url,
+    )
+    client = Celery(unique("pg-redis-broker"), set_as_current=False)
+    client.conf.update(broker_url=redis_server.url, broker_connection_retry_on_startup=True)
+    yield servers, client
+    client.close()
+
+
+def run_order(
+    pg: Setup, servers: PostgresServers, client: Celery, task: str, calls: list[list[Any]]
+) -> list[int]:
+    """A gated call of ``task`` (args ``calls[0]``) holds the lock; each of the others (args,
+    then its priority last) is sent once the one before is parked; then the gate opens. The
+    ``n`` of each run, in start order. Every args list is ``[key, ..., n, seconds]``."""
+    queue, key = pg.queue(), calls[0][0]
+    with worker_group(servers) as group:
+        group.start(1, queue=queue, concurrency=2, app=APP)
+        client.send_task(f"{APP}.{task}", args=calls[0], queue=queue)
+        wait_until(lambda: started(pg, key, calls[0][-2]), timeout=60)
+        for *args, priority in calls[1:]:
+            sent = client.send_task(f"{APP}.{task}", args=args, queue=queue, priority=priority)
+            wait_until(lambda sent=sent: sent.id in parked_ids(pg), timeout=60, interval=0.05)
+        pg.open_gate(key)
+
+        def all_ended() -> Optional[list[tuple[Any, ...]]]:
+            rows = pg.rows(key)
+            return rows if len(rows) == len(calls) and all(row[4] for row in rows) else None
+
+        rows = wait_until(all_ended, timeout=120, interval=0.2)
+    never_two_at_once(rows)
+    return [row[0] for row in rows]
+
+
+def test_parked_calls_run_by_their_messages_priority_lower_first_on_a_redis_broker(
+    pg: Setup, redis_broker: tuple[PostgresServers, Celery]
+) -> None:
+    """Priorities 9, 0, 5, parked in that order (n 1, 2, 3): 0 runs first, then 5, then 9."""
+    key = unique("prio")
+    calls = [[key, 0, GATED]] + [[key, n, 0.1, p] for n, p in ((1, 9), (2, 0), (3, 5))]
+    assert run_order(pg, *redis_broker, "pg_queue", calls) == [0, 2, 3, 1]
+
+
+def test_parked_calls_run_by_their_messages_priority_higher_first_on_rabbitmq(
+    pg: Setup,
+) -> None:
+    """Priorities 9, 0, 5, parked in that order (n 1, 2, 3): 9 runs first, then 5, then 0."""
+    key = unique("prio")
+    calls = [[key, 0, GATED]] + [[key, n, 0.1, p] for n, p in ((1, 9), (2, 0), (3, 5))]
+    assert run_order(pg, pg.servers, pg.client, "pg_queue", calls) == [0, 1, 3, 2]
+
+
+def test_fair_parked_calls_go_round_robin_across_tenants_each_turn_by_priority(
+    pg: Setup, redis_broker: tuple[PostgresServers, Celery]
+) -> None:
+    """Redis broker: 0 first. Tenant a parks priorities 9, 0, 5 (n 1, 2, 3), then tenant b
+    one call (n 4): a's turn goes to its 0, then b's turn, then a's 5 and 9."""
+    key = unique("fair")
+    calls = [[key, "h", 0, GATED]]
+    calls += [
+        [key, t, n, 0.1, p] for t, n, p in (("a", 1, 9), ("a", 2, 0), ("a", 3, 5), ("b", 4, 9))
+    ]
+    assert run_order(pg, *redis_broker, "pg_queue_fair", calls) == [0, 2, 4, 3, 1]
+
+
 def test_parked_calls_run_once_each_after_a_kill_9_of_the_holders_worker(pg: Setup) -> None:
     queue, key = pg.queue(), unique("killed")
     with worker_group(pg.servers) as group:

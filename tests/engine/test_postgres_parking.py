@@ -199,6 +199,141 @@ def test_fair_parking_hands_the_lock_round_robin_across_values(locker: PostgresL
     assert release(locker, lease)[1] == [message("x1")]
 
 
+# -- priority (the message's, read the broker's way by the Celery layer: sql/turn.sql) --------
+
+
+def hand_out_order(locker: PostgresLocker, holder: Lease) -> list[str]:
+    """Release ``holder``, then let each call handed the lock take it and release it in turn:
+    the task ids in the order they were handed the lock."""
+    order: list[str] = []
+    handed = release(locker, holder)[1]
+    for _ in range(20):  # more than any test parks
+        if not handed:
+            break
+        (sent,) = handed
+        order.append(sent.decode().split("\n", 1)[0])
+        handed = release(locker, queue_call(locker, order[-1]))[1]
+    return order
+
+
+def park_ranked(locker: PostgresLocker, *calls: tuple[str, int], fair: str = "") -> Lease:
+    """The lock taken by "h", then each ``(task id, rank)`` parked (with ``fair``): "h"'s
+    lease."""
+    holder = queue_call(locker, "h")
+    for task_id, rank in calls:
+        assert isinstance(queue_call(locker, task_id, fair=fair, priority=rank), Parked)
+    return holder
+
+
+def test_parked_calls_are_handed_the_lock_by_rank_the_redis_brokers_way(
+    locker: PostgresLocker,
+) -> None:
+    """Priorities 9, 0, 5 on a Redis broker (lower first) are ranks -9, 0, -5."""
+    holder = park_ranked(locker, ("p9", -9), ("p0", 0), ("p5", -5))
+    assert hand_out_order(locker, holder) == ["p0", "p5", "p9"]
+
+
+def test_a_parked_call_of_a_higher_rank_is_placed_before_older_ones(
+    locker: PostgresLocker,
+) -> None:
+    park_ranked(locker, ("c", 0))
+    parked = queue_call(locker, "d", priority=5)
+    assert isinstance(parked, Parked) and parked.position == 1
+    assert locker.inspect.parked("job") == ["d", "c"]
+
+
+def test_parked_calls_of_one_rank_keep_their_arrival_order(locker: PostgresLocker) -> None:
+    holder = park_ranked(locker, ("c", 3), ("d", 3), ("e", 3), ("f", -3))
+    assert hand_out_order(locker, holder) == ["c", "d", "e", "f"]
+
+
+def test_a_rank_beyond_255_counts_as_255(locker: PostgresLocker) -> None:
+    park_ranked(locker, ("a", 255), ("b", 1000))
+    assert locker.inspect.parked("job") == ["a", "b"]
+
+
+def park_fairly(locker: PostgresLocker, *calls: tuple[str, str, int]) -> Lease:
+    """The lock taken by "h", then each ``(task id, value, rank)`` parked fairly: "h"'s
+    lease."""
+    holder = queue_call(locker, "h")
+    for task_id, value, rank in calls:
+        assert isinstance(queue_call(locker, task_id, fair=value, priority=rank), Parked)
+    return holder
+
+
+def test_a_fair_values_turn_goes_to_its_parked_call_of_the_highest_rank(
+    locker: PostgresLocker,
+) -> None:
+    holder = park_fairly(locker, ("a1", "A", 0), ("a2", "A", 0), ("b1", "B", 0), ("a3", "A", 5))
+    assert hand_out_order(locker, holder) == ["a3", "b1", "a1", "a2"]
+
+
+def test_fair_values_keep_their_round_robin_whatever_their_calls_ranks(
+    locker: PostgresLocker,
+) -> None:
+    holder = park_fairly(
+        locker, ("a1", "A", 9), ("a2", "A", 9), ("a3", "A", 9), ("b1", "B", -9), ("b2", "B", 0)
+    )
+    assert hand_out_order(locker, holder) == ["a1", "b2", "a2", "b1", "a3"]
+
+
+def test_fair_calls_of_one_value_and_rank_go_in_arrival_order(locker: PostgresLocker) -> None:
+    holder = park_fairly(locker, ("a1", "A", 3), ("a2", "A", 3), ("a3", "A", 3), ("a0", "A", 0))
+    assert hand_out_order(locker, holder) == ["a1", "a2", "a3", "a0"]
+
+
+def test_a_call_passed_over_in_its_values_turn_keeps_its_place_among_equals(
+    locker: PostgresLocker,
+) -> None:
+    """a1's turn goes to a3 (rank 5), a1 waits in a3's later turn; a1 is still older than a2."""
+    holder = park_fairly(locker, ("a1", "A", 0), ("a2", "A", 0), ("a3", "A", 5))
+    assert hand_out_order(locker, holder) == ["a3", "a1", "a2"]
+
+
+def test_a_fair_call_whose_reservation_ran_out_is_handed_the_lock_again_not_its_values_next(
+    locker: PostgresLocker,
+) -> None:
+    queue = locker.queue
+    assert queue is not None
+    holder = park_fairly(locker, ("a1", "A", 0), ("a2", "A", 5))
+    assert queue.release_handing_on(holder, limit=1, reservation_ttl=0.3)[1] == [message("a2")]
+    assert isinstance(queue_call(locker, "a3", fair="A", priority=9), Parked)
+    time.sleep(0.5)  # a2's message was never delivered: its reservation ran out
+    assert queue.hand_on("job", reservation_ttl=RESERVE) == [message("a2")]
+
+
+def test_a_dropped_fair_call_is_never_handed_its_values_turn(locker: PostgresLocker) -> None:
+    queue = locker.queue
+    assert queue is not None
+    holder = park_fairly(locker, ("a1", "A", 0), ("a2", "A", 5))
+    assert queue.drop_parked("job", "a2", reservation_ttl=RESERVE) is True
+    assert hand_out_order(locker, holder) == ["a1"]
+
+
+#: the parked table as a schema made before the ranks holds it (tables.sql adds the columns)
+PARKED_BEFORE_RANKS = """CREATE TABLE {schema}.singleton_lock_parked (
+    prefix text NOT NULL, name text NOT NULL, task_id text NOT NULL,
+    round bigint NOT NULL DEFAULT 0, arrival bigint NOT NULL, fair text NOT NULL DEFAULT '',
+    message bytea NOT NULL, PRIMARY KEY (prefix, name, task_id))"""
+
+
+def test_a_schema_made_before_the_ranks_gets_them_and_parks_by_rank() -> None:
+    psycopg = pytest.importorskip("psycopg")
+    with postgres_schema() as url:
+        base, schema = url.rsplit("?schema=", 1)
+        with psycopg.connect(base, autocommit=True) as admin:
+            admin.execute(f"CREATE SCHEMA {schema}")
+            admin.execute(PARKED_BEFORE_RANKS.format(schema=schema))
+        renewer = Renewer()
+        locker = PostgresLocker(url, prefix="t", renewer=renewer)
+        try:
+            park_ranked(locker, ("c", 0), ("d", 5))
+            assert locker.inspect.parked("job") == ["d", "c"]
+        finally:
+            stop_renewing(renewer)
+            locker.close()
+
+
 def test_a_queue_of_several_holders_is_refused(locker: PostgresLocker) -> None:
     assert locker.queue is not None
     lease = queue_call(locker, "a")

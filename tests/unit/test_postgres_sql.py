@@ -15,9 +15,10 @@ PINNED = {
     "singleton_lock_row_v1": "f7229cb46e898599",
     "singleton_lock_take_v1": "27b03a75087307a9",
     "singleton_lock_reserve_v1": "af240db941075b86",
+    "singleton_lock_turn_v1": "1abe63f5617ac443",
     "singleton_lock_take_slot_v1": "6c595449776b18a6",
-    "singleton_lock_park_v1": "4cb768b71f24acae",
-    "singleton_lock_hand_on_v1": "0c51a91e5d33f44a",
+    "singleton_lock_park_v2": "33f418d96fab4c17",
+    "singleton_lock_hand_on_v2": "3944f5caf7787a53",
     "singleton_lock_latest_v1": "f86879951ff2515b",
 }
 

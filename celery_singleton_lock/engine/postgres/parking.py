@@ -1,10 +1,13 @@
 """Policy ``queue`` on PostgreSQL (``on_duplicate='queue'``), for the mutex: a call that finds
 the lock held is parked behind it as a row of ``singleton_lock_parked`` (its task id, the
-message a hand-off sends again, its arrival, its fairness value), in the same statement as its
-acquire, and each release hands the lock to the oldest parked call in the same transaction:
-the lease row is RESERVED for that task id for a short send window and its message returned
-for the Celery layer to publish, as :class:`~..kinds.slot_queue.SlotQueue` does on Redis. The
-functions, and why they are so: ``sql/park.sql`` and ``sql/hand_on.sql``.
+message a hand-off sends again, its arrival, its fairness value, its rank: the message's
+priority the broker's way), in the same statement as its acquire, and each release hands the
+lock on in the same transaction, as :class:`~..kinds.slot_queue.SlotQueue` does on Redis: to
+the parked call of the highest rank, the oldest first within one; with a fairness value, round
+robin across values, each value's turn to its call of the highest rank. The lease row is
+RESERVED for that task id for a short send window and its message returned for the Celery
+layer to publish. The functions, and why they are so: ``sql/park.sql``, ``sql/hand_on.sql``
+and ``sql/turn.sql`` (whose turn is next).
 
 No index of due locks is kept: :meth:`PostgresParking.hand_off_due` reads them from the state
 (calls parked behind a lease that is not live), so a holder killed mid-run, a reservation never
@@ -102,11 +105,13 @@ class PostgresParking:
         return LockKeys.build(self.prefix, name)
 
     def acquire(self, request: AcquireRequest, owner: Owner, token: str) -> AcquireOutcome:
-        """One statement (``singleton_lock_park_v1``): the lock taken, or the call parked."""
+        """One statement (``singleton_lock_park_v2``): the lock taken, or the call parked."""
         keys = self.keys(request.name)
         refuse_slots(request.limit, request.rate, keys.lock)
         params = owner_params(self.prefix, request, owner, token)
-        params.update(reserve_ms=ms(request.reservation_ttl), fair=request.fair)
+        params.update(
+            reserve_ms=ms(request.reservation_ttl), fair=request.fair, rank=request.priority
+        )
         sent_at = self.clock()
         (row,) = self.connections.run(self.statements.park, params, keys.lock)
         state, place, handed = row[0], row[7], row[8]
@@ -133,7 +138,7 @@ class PostgresParking:
         remember_for: Optional[float] = None,
         task_id: str = "",
     ) -> tuple[int, Optional[bytes]]:
-        """``singleton_lock_hand_on_v1`` in ``mode`` (see sql/hand_on.sql): (done, handed)."""
+        """``singleton_lock_hand_on_v2`` in ``mode`` (see sql/hand_on.sql): (done, handed)."""
         keys = self.keys(name)
         params = {
             "prefix": self.prefix,
@@ -152,10 +157,10 @@ class PostgresParking:
     def release_to_next(
         self, lease: Lease, *, reservation_ttl: float, remember_for: Optional[float] = None
     ) -> tuple[bool, Optional[bytes]]:
-        """Release ``lease`` and, in the same transaction, reserve the lock for the oldest
-        parked call: whether the lock was still ours, and that call's message to publish
-        (None when none is parked). One never published is not lost: its reservation runs
-        out and a sweeper reserves the lock for the same id again."""
+        """Release ``lease`` and, in the same transaction, reserve the lock for the parked call
+        whose turn is next (sql/turn.sql): whether the lock was still ours, and that call's
+        message to publish (None when none is parked). One never published is not lost: its
+        reservation runs out and a sweeper reserves the lock for the same id again."""
         if not lease.releasing():
             return False, None
         try:
@@ -207,8 +212,8 @@ class PostgresParking:
         return Due(names, next_in)
 
     def hand_on(self, name: str, *, reservation_ttl: float) -> list[bytes]:
-        """A sweeper's step on lock ``name``: if it is free, reserve it for the oldest parked
-        call; that call's message, to publish."""
+        """A sweeper's step on lock ``name``: if it is free, reserve it for the parked call
+        whose turn is next; that call's message, to publish."""
         _, handed = self._hand_on(name, "sweep", "", reservation_ttl)
         return [] if handed is None else [handed]
 

@@ -24,7 +24,9 @@ class QueueStatements:
         cancels = f"{s}.singleton_lock_cancels"
         function = schema.functions
         #: sql/park.sql
-        self.park = f"SELECT * FROM {function['park']}({_OWNER}, %(reserve_ms)s, %(fair)s)"
+        self.park = (
+            f"SELECT * FROM {function['park']}({_OWNER}, %(reserve_ms)s, %(fair)s, %(rank)s)"
+        )
         #: sql/latest.sql
         self.latest = (
             f"SELECT * FROM {function['latest']}({_OWNER}, %(keep_ms)s, %(grace_ms)s, "

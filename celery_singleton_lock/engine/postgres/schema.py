@@ -38,7 +38,7 @@ _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,39}$")
 _CREATES = re.compile(r"^CREATE FUNCTION __schema__\.(\w+)\(", re.MULTILINE)
 
 #: the function files, in the order they are created (a function after those it calls)
-FUNCTION_FILES = ("row", "take", "reserve", "take_slot", "park", "hand_on", "latest")
+FUNCTION_FILES = ("row", "take", "reserve", "turn", "take_slot", "park", "hand_on", "latest")
 
 
 @functools.cache

@@ -1,8 +1,10 @@
--- singleton_lock_hand_on_v1: the release of a lock whose duplicates queue or wait as the newest
+-- singleton_lock_hand_on_v2: the release of a lock whose duplicates queue or wait as the newest
 -- ('release'), a sweeper's step ('sweep') or the drop of a parked id that will never run
 -- ('drop'), each followed by the hand-off of the lock, if it is free and no debounce holds
--- the waiting call back (lock_debounce: not before its due time), to the oldest parked id
--- (reserved for it for reserve_ms, its message returned); or ('sent') the word that a handed
+-- the waiting call back (lock_debounce: not before its due time), to the parked id whose
+-- turn is next (turn.sql: by rank, then arrival; with lock_fair_by, round robin across values,
+-- a value's turn to its call of the highest rank), reserved for it for reserve_ms, its
+-- message returned; or ('sent') the word that a handed
 -- id's message was published: its reservation, made short so that a death before the
 -- publish stalls nobody for long, now lives reserve_ms from now. As lua/hand_on_slots.lua
 -- and lua/release_latest.lua are on Redis, for a mutex.
@@ -13,7 +15,7 @@
 --          hold the lock: nothing released), dropped ('drop': 0 if the id was neither parked
 --          nor reserved for), swept, or 'sent' (0 if the lock is not reserved for the id);
 --          handed the message of the id just handed the lock (NULL if none; never on 'sent').
-CREATE FUNCTION __schema__.singleton_lock_hand_on_v1(
+CREATE FUNCTION __schema__.singleton_lock_hand_on_v2(
     p_prefix text, p_name text, p_mode text, p_subject text, p_reserve_ms bigint,
     p_remember_ms bigint, p_finish_task_id text, p_channel text, p_key text)
 RETURNS TABLE (done integer, handed bytea)
@@ -71,13 +73,12 @@ BEGIN
         RETURN QUERY SELECT v_done, NULL::bytea;
         RETURN;
     END IF;
-    SELECT p.task_id, p.message INTO head FROM __schema__.singleton_lock_parked p
-    WHERE p.prefix = p_prefix AND p.name = p_name
-    ORDER BY p.round, p.arrival LIMIT 1;
+    SELECT t.t_task_id, t.t_message INTO head
+    FROM __schema__.singleton_lock_turn_v1(p_prefix, p_name) t;
     IF FOUND THEN
-        PERFORM __schema__.singleton_lock_reserve_v1(p_prefix, p_name, head.task_id,
+        PERFORM __schema__.singleton_lock_reserve_v1(p_prefix, p_name, head.t_task_id,
             p_reserve_ms);
-        RETURN QUERY SELECT v_done, head.message;
+        RETURN QUERY SELECT v_done, head.t_message;
     ELSE
         RETURN QUERY SELECT v_done, NULL::bytea;
     END IF;

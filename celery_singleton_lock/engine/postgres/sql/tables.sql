@@ -23,9 +23,17 @@
 -- The calls parked behind a lock (policies queue, replace and restart):
 --
 -- __schema__.singleton_lock_parked      the calls parked behind a lock: (prefix, name, task_id)
---                                       the key; round and arrival their order (round 0 for
---                                       arrival order, rounds with lock_fair_by); fair the
---                                       call's fairness value; message what a hand-off sends
+--                                       the key; round and arrival the order of their turns:
+--                                       without lock_fair_by, round is minus the call's rank
+--                                       (its message's priority the broker's way, higher:
+--                                       sooner), so a higher rank goes first, then arrival;
+--                                       with it, the rounds across values (turn.sql); fair the
+--                                       call's fairness value; rank the call's rank; fair_arrival
+--                                       (lock_fair_by) the call's own arrival while it waits
+--                                       for its value's turn (its arrival is its turn's: two
+--                                       calls of one value swap turns when the later takes the
+--                                       earlier's), NULL once handed a turn (it keeps that
+--                                       one); message what a hand-off sends
 -- __schema__.singleton_lock_arrival     the sequence of arrivals (strictly increasing)
 -- __schema__.singleton_lock_superseded  the calls of policy replace a newer one displaced:
 --                                       kept until `until` (a stale copy is refused); message
@@ -85,10 +93,28 @@ CREATE TABLE IF NOT EXISTS __schema__.singleton_lock_parked (
     arrival bigint NOT NULL,
     fair text NOT NULL DEFAULT '',
     message bytea NOT NULL,
+    rank integer NOT NULL DEFAULT 0,
+    fair_arrival bigint,
     PRIMARY KEY (prefix, name, task_id)
 );
 CREATE INDEX IF NOT EXISTS singleton_lock_parked_order
     ON __schema__.singleton_lock_parked (prefix, name, round, arrival);
+-- rank and fair_arrival came after the table's first text: a schema made before gets them
+-- here (its rows rank 0, as they were parked). Only when missing: an ALTER TABLE locks the
+-- table against every other statement, and only the table's owner may run it.
+DO $alter$ BEGIN
+IF NOT EXISTS (SELECT 1 FROM pg_attribute
+               WHERE attrelid = '__schema__.singleton_lock_parked'::regclass
+                   AND attname = 'fair_arrival' AND NOT attisdropped) THEN
+    ALTER TABLE __schema__.singleton_lock_parked
+        ADD COLUMN IF NOT EXISTS rank integer NOT NULL DEFAULT 0,
+        ADD COLUMN IF NOT EXISTS fair_arrival bigint;
+END IF;
+END $alter$;
+-- a fairness value's calls waiting for its turn, the best first (turn.sql)
+CREATE INDEX IF NOT EXISTS singleton_lock_parked_fair
+    ON __schema__.singleton_lock_parked (prefix, name, fair, rank DESC, fair_arrival)
+    WHERE fair_arrival IS NOT NULL;
 CREATE SEQUENCE IF NOT EXISTS __schema__.singleton_lock_arrival;
 -- a record per task id until a time, as the finish records are (their key included)
 CREATE TABLE IF NOT EXISTS __schema__.singleton_lock_superseded (

@@ -2,6 +2,11 @@
 -- message behind the lock's N slots in arrival order, in one round trip. A free slot goes
 -- to the oldest parked id without a reservation (reserved here, its message returned for
 -- the caller to publish), not to a newer caller; a slot reserved for this id is taken over.
+-- With lock_fair_by, a free slot goes to the taker of the first turn without a reservation,
+-- the best call of the turn's value (includes/fair_queue.lua), for this call too: parked, it
+-- takes a slot at the first turn it is the taker of (as its value's best call, the value's
+-- first turn: the call whose turn that was waits in this call's), and at its own turn, when
+-- another call of its value is the best, hands the slot to that call and parks on in its turn.
 -- (How the slots are handed on: includes/slot_queue.lua; the slot table: slot_table.lua.)
 -- KEYS[1..2]  the lock's slot table: slots, slot-data
 -- KEYS[3]     shared fence counter
@@ -86,6 +91,7 @@ if not take then
     return pttl .. '|' .. string.sub(held, 34)
   end
 end
+local turn, member  -- the parked id whose turn this call takes, its fair-order member there
 local holder = ''  -- the slot that frees first before this call hands any on
 local first, first_pttl = slot_first(q.S, now)
 if first then
@@ -98,7 +104,7 @@ if take then
   end
 else
   local free, reached = room(q, n, now), nil
-  handed, free, reached = hand_slots(n, q, free, now, n, id)
+  handed, free, reached, turn, member = hand_slots(n, q, free, now, n, id)
   if reached and free > 0 then
     redis.call('ZREM', q.starts, 'r:' .. id)
     if rate_wait(q.starts, q.rate, q.window, now) == 0 then
@@ -111,6 +117,7 @@ else
   end
 end
 if take then
+  fair_take(q, turn, id, member)  -- takes turn's place: turn waits in this call's
   unpark(q.parked, q.messages, id)
   fair_forget(q, id)
   local value, fence = fenced(ARGV[2], ARGV[3], KEYS[3])

@@ -15,11 +15,12 @@
 --   P:{N}:parked-fair-ids  hash: task id -> its member there
 -- When the turn of parked id X comes and Y is the best call of X's value, Y is handed the
 -- slot and the two swap places in the parked set: the value keeps its turns (the round robin
--- across values is untouched) and X waits in Y's. Deciding at the turn, not at parking,
--- keeps a park and a hand-off O(log n): placing a late urgent call in its value's earliest
--- turn at parking would move every later call of the value back one turn. So the parked
--- set's order (a call's place, `locks show`) is the order of the turns; within one value
--- the calls take them by rank.
+-- across values is untouched) and X waits in Y's. So it goes when Y, parked, finds a slot
+-- free and takes it itself (acquire_slot_or_park.lua), and when X finds one free: Y is
+-- handed it, X parks on. Deciding at the turn, not at parking, keeps a park and a hand-off
+-- O(log n): placing a late urgent call in its value's earliest turn at parking would move
+-- every later call of the value back one turn. So the parked set's order (a call's place,
+-- `locks show`) is the order of the turns; within one value the calls take them by rank.
 --- @include "park_priority"
 --- @include "slot_table"
 

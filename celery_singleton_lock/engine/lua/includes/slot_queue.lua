@@ -85,9 +85,15 @@ local function reservations_of(q, ids)
 end
 
 -- Reserve free slots (`free` of them may be taken) for the parked ids without one, first
--- first (each turn of a fairness value to its best call), while the rate allows, stopping at stop_id (the caller, who takes a slot itself)
--- and after max slots. Returns the handed messages, the room left, and whether the walk
--- reached stop_id or the end of the list (false: it stopped for the rate or for max).
+-- first (each turn of a fairness value to its best call), while the rate allows, stopping at
+-- the first turn stop_id (the caller, who takes a slot itself) is the taker of, and after max
+-- slots. That turn is its own, or, as its value's best call, its value's first turn: the
+-- caller takes no turn another call of its value is the best for (its own included), nor
+-- keeps its later turn when it takes its value's first (fair_take, by the caller once it
+-- takes its slot: the rate may still refuse it one). Returns the handed messages, the room left,
+-- whether the walk reached stop_id's turn or the end of the list (false: it stopped for the
+-- rate or for max), and, reached, the parked id whose turn the caller takes and fair_turn's
+-- member of the caller there (nil: not in the fair order).
 local function hand_slots(n, q, free, now, max, stop_id)
   local handed = {}
   if free == 0 then
@@ -101,16 +107,13 @@ local function hand_slots(n, q, free, now, max, stop_id)
   local moved = {}  -- taker -> the id that now waits in its place (fair_take's swap)
   for i, id in ipairs(walked) do
     id = moved[id] or id
-    if id == stop_id then
-      return handed, free, true
-    end
     if not (indexed[i] and (exact or reserved_for(q, id, now))) then
       if free == 0 or #handed >= max then
         return handed, free, false
       end
       local taker, member = fair_turn(q, id, now)
-      if taker == stop_id then  -- the caller is the best of this turn's value: it takes it
-        return handed, free, true
+      if taker == stop_id then  -- the caller is this turn's taker: it takes the slot itself
+        return handed, free, true, id, member
       end
       if q.rate then
         redis.call('ZREM', q.starts, 'r:' .. taker)

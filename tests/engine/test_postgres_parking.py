@@ -268,6 +268,25 @@ def test_a_fair_values_turn_goes_to_its_parked_call_of_the_highest_rank(
     assert hand_out_order(locker, holder) == ["a3", "b1", "a1", "a2"]
 
 
+def test_a_fair_values_best_call_finding_the_lock_free_takes_its_values_first_turn(
+    locker: PostgresLocker,
+) -> None:
+    holder = park_fairly(locker, ("a1", "A", 0), ("b1", "B", 0), ("a2", "A", 5))
+    holder.release()  # a plain release (by hand): the lock is free, nothing handed on
+    taken = queue_call(locker, "a2", fair="A", priority=5)  # its message again
+    assert isinstance(taken, Lease)
+    assert hand_out_order(locker, taken) == ["b1", "a1"]  # a1 waits in a2's later turn
+
+
+def test_a_fair_call_finding_the_lock_free_at_its_turn_hands_it_to_its_values_best_call(
+    locker: PostgresLocker,
+) -> None:
+    holder = park_fairly(locker, ("a1", "A", 0), ("b1", "B", 0), ("a2", "A", 5))
+    holder.release()  # a plain release (by hand): the lock is free, nothing handed on
+    late = queue_call(locker, "a1", fair="A")  # its message again
+    assert isinstance(late, Parked) and late.handed == message("a2")
+
+
 def test_fair_values_keep_their_round_robin_whatever_their_calls_ranks(
     locker: PostgresLocker,
 ) -> None:
